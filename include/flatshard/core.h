@@ -1,0 +1,162 @@
+/*
+ * flatshard/core.h — the pieces every other module stands on.
+ *
+ *   - status codes and a per-thread error message (FS_TRY, fs_errorf);
+ *   - always-on assertions (FS_ASSERT) that name the rank and the location;
+ *   - the accounting allocator: the only way flatshard obtains memory, with bytes and
+ *     peaks per category and an allocation counter that proves a step allocates nothing;
+ *   - a small thread pool (fs_pool) that kernels split their work over;
+ *   - a monotonic clock and a counter-based random number generator.
+ *
+ * What it deliberately does not do: print for humans or exit (only cli/ does that, apart
+ * from a failed FS_ASSERT, which aborts because the program is already wrong).
+ *
+ * Dimension vocabulary used across flatshard (see also model.h):
+ *   B batch rows, T sequence length, N = B*T token rows, C hidden size, NH attention heads,
+ *   NKV key/value heads, HS head size = C/NH, FF intermediate (MLP) size, V vocabulary,
+ *   L decoder blocks. Element counts end in _numel, byte counts in _bytes.
+ */
+#ifndef FLATSHARD_CORE_H
+#define FLATSHARD_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ status, errors */
+
+typedef enum fs_status {
+    FS_OK = 0,
+    FS_ERR_USAGE,    /* an invalid argument, option or configuration value */
+    FS_ERR_IO,       /* a file is missing, unreadable or unwritable, or a read/write is short */
+    FS_ERR_FORMAT,   /* file content is malformed: bad magic, truncated, bad JSON, bad field */
+    FS_ERR_NOMEM,    /* an allocation failed or would exceed the memory limit */
+    FS_ERR_INTERNAL, /* a broken invariant that was reported rather than asserted */
+} fs_status;
+
+/* Records a formatted message for the calling thread and returns st, so that a failing
+ * function can `return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));`.
+ * The message names what failed and where (file, field, option), without a trailing newline. */
+fs_status fs_errorf(fs_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes the calling thread's current message with "<context>: " and returns st; used to add
+ * the outer context (for example the config path) to an error raised deeper down. */
+fs_status fs_error_wrap(fs_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The calling thread's last message ("" if none). Valid until the next fs_errorf on the thread. */
+const char *fs_error_message(void);
+
+/* A short name for a status ("io error", "format error", ...). */
+const char *fs_status_name(fs_status st);
+
+#define FS_TRY(expr)                                                                        \
+    do {                                                                                    \
+        fs_status fs_try_status_ = (expr);                                                  \
+        if (fs_try_status_ != FS_OK) return fs_try_status_;                                 \
+    } while (0)
+
+/* ------------------------------------------------------------------ assertions */
+
+/* Always on, in release builds too. On failure prints "flatshard: rank R: assertion failed:
+ * COND at FILE:LINE" to stderr, runs the abort hook (a multi-rank run installs one that takes
+ * every rank down, so that nobody hangs waiting for the dead rank), then aborts. */
+#define FS_ASSERT(cond)                                                                     \
+    do {                                                                                    \
+        if (!(cond)) fs_assert_fail(#cond, __FILE__, __LINE__);                             \
+    } while (0)
+
+_Noreturn void fs_assert_fail(const char *cond, const char *file, int line);
+
+/* The rank the calling thread works for, used in assertion messages (-1: not set). */
+void fs_set_thread_rank(int rank);
+int fs_thread_rank(void);
+
+/* Called by fs_assert_fail before abort(). NULL restores the default (none). */
+void fs_set_abort_hook(void (*hook)(void));
+
+/* ------------------------------------------------------------------ accounting allocator */
+
+typedef enum fs_mem_category {
+    FS_MEM_MASTER,        /* fp32 master weights (shard) */
+    FS_MEM_GRADS,         /* fp32 gradient (shard) */
+    FS_MEM_OPTIM,         /* optimizer state: AdamW m and v */
+    FS_MEM_COMPUTE_SHARD, /* compute-dtype copy of the weights (bf16 policy) */
+    FS_MEM_WEIGHT_BUF,    /* full-unit weight buffers (the ring) */
+    FS_MEM_GRAD_BUF,      /* full-unit gradient buffers (the ring) */
+    FS_MEM_ACTIVATIONS,   /* saved activations and backward scratch */
+    FS_MEM_COMM,          /* communication staging buffers */
+    FS_MEM_OTHER,         /* everything else: tables, data batches, small state */
+    FS_MEM_N_CATEGORIES
+} fs_mem_category;
+
+const char *fs_mem_category_name(fs_mem_category cat);
+
+typedef struct fs_mem_stats {
+    size_t bytes[FS_MEM_N_CATEGORIES]; /* live bytes per category */
+    size_t peak[FS_MEM_N_CATEGORIES];  /* highest live bytes per category */
+    size_t total_bytes, total_peak;
+    uint64_t n_allocs, n_frees;        /* counters: a training step must not move n_allocs */
+} fs_mem_stats;
+
+/* One accounting allocator per rank (in-process ranks are threads, so there is no global
+ * one). Not thread-safe: a rank allocates from its own thread. */
+typedef struct fs_mem fs_mem;
+
+/* limit_bytes = 0 means unlimited. */
+fs_status fs_mem_init(fs_mem **out, size_t limit_bytes);
+/* Frees the allocator's bookkeeping; blocks still live are released too. NULL is a no-op. */
+void fs_mem_free(fs_mem *mem);
+
+/* Allocates `bytes` (0 allowed: returns a unique non-NULL pointer), 64-byte aligned, zero
+ * filled (so every page is touched once, here, and padding reads as zero). Blocks of 2 MiB or
+ * more are 2 MiB aligned and advised as huge pages. On failure returns FS_ERR_NOMEM with a
+ * message naming `what` and the category, and *out is NULL. */
+fs_status fs_mem_alloc(fs_mem *mem, fs_mem_category cat, size_t bytes, const char *what,
+                       void **out);
+/* Releases a block from fs_mem_alloc. NULL is a no-op; an unknown pointer is an assertion. */
+void fs_mem_release(fs_mem *mem, void *p);
+
+fs_mem_stats fs_mem_get_stats(const fs_mem *mem);
+
+/* Fault injection for tests: the n-th allocation from now (1 = the next) fails. 0 disables. */
+void fs_mem_fail_after(fs_mem *mem, uint64_t n);
+
+/* ------------------------------------------------------------------ thread pool */
+
+/* A fixed set of worker threads that run parallel loops for one compute thread. The caller
+ * takes part as thread 0, so a pool of size 1 has no workers and runs everything inline. */
+typedef struct fs_pool fs_pool;
+
+/* A loop body: processes the items [begin, end); `thread` is in [0, pool size). */
+typedef void (*fs_pool_fn)(void *arg, int64_t begin, int64_t end, int thread);
+
+fs_status fs_pool_init(fs_pool **out, int n_threads);
+void fs_pool_free(fs_pool *pool); /* joins the workers; NULL is a no-op */
+int fs_pool_size(const fs_pool *pool); /* 1 for a NULL pool */
+
+/* Splits [0, n) into at most pool-size contiguous ranges of whole `grain`-sized blocks, runs
+ * fn on each and returns when all are done. The split depends only on n, grain and the pool
+ * size, so results are reproducible for a given thread count. A NULL pool runs inline.
+ * Must not be called from inside a loop body of the same pool. */
+void fs_pool_parallel_for(fs_pool *pool, int64_t n, int64_t grain, fs_pool_fn fn, void *arg);
+
+/* Number of online CPUs (at least 1). */
+int fs_cpu_count(void);
+
+/* ------------------------------------------------------------------ time, random numbers */
+
+/* Seconds on a monotonic clock. */
+double fs_now(void);
+
+/* Counter-based generator: a pure function of (seed, stream, counter), so any element of any
+ * random sequence can be computed without the ones before it (a sharded rank initialises its
+ * own slice; a resumed run samples the same batches). SplitMix64 finalizer over a mix of the
+ * three inputs. */
+uint64_t fs_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter);
+/* Uniform in [0, 1) with 24 random bits. */
+float fs_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
+/* Standard normal (Box-Muller on two counter values). */
+float fs_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter);
+/* Uniform integer in [0, n), n > 0, without modulo bias beyond 2^-64. */
+uint64_t fs_rand_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_t n);
+
+#endif /* FLATSHARD_CORE_H */

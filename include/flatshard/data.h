@@ -1,0 +1,102 @@
+/*
+ * flatshard/data.h — the byte-level tokenizer, token files and the batch sampler.
+ *
+ * Tokenizer: byte level. Token id = byte value, vocabulary 256, no special tokens: a text is
+ * its UTF-8 bytes, and documents are separated by whatever the text uses (the fortunes corpus
+ * separates entries with a line holding "%"). Decoding is the identity on bytes.
+ *
+ * Token file (docs/formats.md has the byte-level specification): the llm.c .bin layout.
+ *   a header of 256 little-endian int32:
+ *     [0] magic 20240520
+ *     [1] version: 1 = uint16 tokens, 2 = uint32 tokens (llm.c: 1 for GPT-2, 2 for Llama 3)
+ *     [2] number of tokens (0 .. 2^31-1)
+ *     [3] vocabulary size the tokens were made for (flatshard's field; llm.c leaves it 0,
+ *         which reads as "unknown")
+ *     [4..255] zero
+ *   then the tokens, little-endian, uint16 or uint32.
+ * Any other file is read as text and tokenized byte by byte.
+ *
+ * Sampler: batch row r of step s starts at a position drawn from fs_rand_below(seed, s, r):
+ * every row of every step is reproducible from the seed alone, without any state, so a
+ * resumed run or another rank computes the same rows.
+ *
+ * What it does not do: shuffle epochs, pack documents or pad; every window is T+1 tokens of
+ * the stream.
+ */
+#ifndef FLATSHARD_DATA_H
+#define FLATSHARD_DATA_H
+
+#include <stdint.h>
+
+#include "flatshard/core.h"
+
+#define FS_TOKENFILE_MAGIC 20240520
+#define FS_TOKENFILE_HEADER_INTS 256
+#define FS_BYTE_VOCAB_SIZE 256
+
+/* A read-only token stream: a token file or a text file, memory-mapped. */
+typedef struct fs_token_data {
+    char path[512];
+    int64_t n_tokens;
+    int32_t vocab_size;  /* from the token file header; 256 for text; 0 if unknown */
+    int token_bytes;     /* 1 (text), 2 (uint16 token file) or 4 (uint32 token file) */
+    int is_text;
+    const uint8_t *tokens; /* points into the mapping, past any header */
+    void *map;             /* the whole mapping (NULL for an empty file) */
+    size_t map_bytes;
+} fs_token_data;
+
+/* Opens path, detecting a token file by its magic. Errors (FS_ERR_IO, FS_ERR_FORMAT) name the
+ * file and the problem: missing, unreadable, a header that is not llm.c's, an unknown
+ * version, a token count that disagrees with the file's size (truncated or trailing bytes).
+ * On error *out is left closed (safe to pass to fs_token_data_close). */
+fs_status fs_token_data_open(fs_token_data *out, const char *path);
+void fs_token_data_close(fs_token_data *data); /* idempotent */
+
+/* Token i, 0 <= i < n_tokens. */
+static inline int32_t fs_token_data_get(const fs_token_data *d, int64_t i) {
+    if (d->token_bytes == 1) return d->tokens[i];
+    if (d->token_bytes == 2) {
+        const uint8_t *p = d->tokens + 2 * i;
+        return (int32_t)(p[0] | (p[1] << 8));
+    }
+    const uint8_t *p = d->tokens + 4 * i;
+    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                     ((uint32_t)p[3] << 24));
+}
+
+/* Checks that every token is < vocab_size (and that the header's vocabulary, if stated, does
+ * not exceed it); the error names the file, the first offending position and its value. */
+fs_status fs_token_data_check_vocab(const fs_token_data *data, int32_t vocab_size);
+
+/* Checks that the stream holds at least T + 1 tokens, so a window of inputs and targets fits. */
+fs_status fs_token_data_check_length(const fs_token_data *data, int64_t T);
+
+/* Writes a token file: uint16 tokens when vocab_size <= 65536, else uint32. The file is written
+ * to "<path>.tmp" and renamed, so an existing file is never left half written. */
+fs_status fs_tokenfile_write(const char *path, const int32_t *tokens, int64_t n_tokens,
+                             int32_t vocab_size);
+
+/* Tokenizes the given text files (byte level, concatenated in order) into one token file. */
+fs_status fs_tokenize_files(const char *out_path, const char *const *text_paths, int n_paths,
+                            int64_t *n_tokens_out);
+
+/* Byte-level tokenizer. encode: ids[i] = bytes[i]. decode: bytes[i] = ids[i]; ids outside
+ * [0, 256) decode to '?'. */
+void fs_tokenizer_encode(int32_t *ids, const uint8_t *bytes, int64_t n);
+void fs_tokenizer_decode(uint8_t *bytes, const int32_t *ids, int64_t n);
+
+/* Fills rows [row0, row0 + rows) of the batch of `step`: inputs[r, t] = stream[pos_r + t],
+ * targets[r, t] = stream[pos_r + t + 1], pos_r = fs_rand_below(seed, step, row, n_tokens - T).
+ * inputs and targets are (rows, T). Requires n_tokens >= T + 1. */
+void fs_sampler_fill(const fs_token_data *data, uint64_t seed, int64_t step, int64_t row0,
+                     int64_t rows, int64_t T, int32_t *inputs, int32_t *targets);
+
+/* Sequential, non-overlapping windows for evaluation: row r holds window w = window0 + r,
+ * inputs at positions [w*T, w*T + T), targets one later. Requires (window0 + rows) * T + 1 <=
+ * n_tokens; fs_sampler_n_windows tells how many windows the stream holds. */
+int64_t fs_sampler_n_windows(const fs_token_data *data, int64_t T);
+void fs_sampler_fill_sequential(const fs_token_data *data, int64_t window0, int64_t rows,
+                                int64_t T, int32_t *inputs, int32_t *targets);
+
+#endif /* FLATSHARD_DATA_H */

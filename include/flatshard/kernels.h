@@ -1,0 +1,233 @@
+/*
+ * flatshard/kernels.h — CPU compute kernels, fp32, forward and backward.
+ *
+ * Conventions (llm.c style):
+ *   - outputs first, then inputs, then sizes; every pointer carries a shape comment;
+ *   - row-major storage; a "row stride" argument (ld*) is the distance in floats between
+ *     consecutive token rows when a tensor lives inside a wider one (q, k and v are column
+ *     ranges of one fused qkv activation);
+ *   - backward kernels ACCUMULATE (+=) into every gradient they produce, input and weight
+ *     gradients alike; the caller zeroes a gradient buffer before its first use. The one
+ *     exception is matmul, whose GEMM beta makes "write" free, so it takes explicit flags;
+ *   - every kernel splits its work over `pool` (NULL runs on the calling thread) and gives
+ *     the same bits for the same pool size; reductions over token rows use a split that does
+ *     not depend on the pool size where that is cheap (noted per kernel);
+ *   - sizes are int64_t; nothing here allocates.
+ *
+ * What it does not do: choose precisions, own buffers, or know about units and ranks.
+ * Forward formulas are restated beside each backward kernel.
+ */
+#ifndef FLATSHARD_KERNELS_H
+#define FLATSHARD_KERNELS_H
+
+#include <stdint.h>
+
+#include "flatshard/core.h"
+
+/* Sets the BLAS library to one thread: flatshard threads GEMMs itself by splitting rows over
+ * its pool, calling single-threaded sgemm on each slice. Call once before any matmul. */
+void fs_kernels_init(void);
+
+/* The OpenBLAS core type in use (for benchmarks; OPENBLAS_CORETYPE changes it). */
+const char *fs_kernels_blas_corename(void);
+
+/* ------------------------------------------------------------------ matmul (OpenBLAS sgemm)
+ * Linear layer with PyTorch's weight layout (out_features, in_features):
+ *   out = inp @ weight^T            (accumulate = 0)
+ *   out += inp @ weight^T           (accumulate = 1)
+ */
+void fs_matmul_forward(fs_pool *pool,
+                       float *out,          /* (N, OC) */
+                       const float *inp,    /* (N, IC) */
+                       const float *weight, /* (OC, IC) */
+                       int64_t N, int64_t IC, int64_t OC, int accumulate);
+
+/* Backward of out = inp @ weight^T:
+ *   dinp    (=|+=) dout @ weight      if dinp != NULL (accumulate_dinp selects += )
+ *   dweight (=|+=) dout^T @ inp       if dweight != NULL (accumulate_dweight selects += )
+ * dweight is split over its rows, so its bits do not depend on the pool size. */
+void fs_matmul_backward(fs_pool *pool,
+                        float *dinp,          /* (N, IC) or NULL */
+                        float *dweight,       /* (OC, IC) or NULL */
+                        const float *dout,    /* (N, OC) */
+                        const float *inp,     /* (N, IC) */
+                        const float *weight,  /* (OC, IC) */
+                        int64_t N, int64_t IC, int64_t OC,
+                        int accumulate_dinp, int accumulate_dweight);
+
+/* ------------------------------------------------------------------ embedding
+ * Rows [row0, row0 + rows) of the embedding table (a vocabulary chunk; the whole table when
+ * row0 = 0 and rows = V). For every n with row0 <= tokens[n] < row0 + rows:
+ *   out[n, :] = wte[tokens[n] - row0, :]
+ * Rows of out whose token is outside the chunk are left untouched. */
+void fs_embedding_forward(fs_pool *pool,
+                          float *out,             /* (N, C) */
+                          const int32_t *tokens,  /* (N) */
+                          const float *wte,       /* (rows, C) */
+                          int64_t N, int64_t C, int64_t row0, int64_t rows);
+
+/* dwte[tokens[n] - row0, :] += dout[n, :] for the tokens in the chunk. Split over columns of
+ * C and summed in token order, so the bits do not depend on the pool size. */
+void fs_embedding_backward(fs_pool *pool,
+                           float *dwte,            /* (rows, C) */
+                           const float *dout,      /* (N, C) */
+                           const int32_t *tokens,  /* (N) */
+                           int64_t N, int64_t C, int64_t row0, int64_t rows);
+
+/* ------------------------------------------------------------------ RMSNorm
+ *   rstd[n] = 1 / sqrt(mean_c(inp[n, c]^2) + eps)        (mean in float, like PyTorch's
+ *   out[n, c] = inp[n, c] * rstd[n] * weight[c]           reference Llama RMSNorm)
+ */
+void fs_rmsnorm_forward(fs_pool *pool,
+                        float *out,          /* (N, C) */
+                        float *rstd,         /* (N) saved for backward */
+                        const float *inp,    /* (N, C) */
+                        const float *weight, /* (C) */
+                        int64_t N, int64_t C, float eps);
+
+/* dinp += d/dinp, dweight += sum_n dout[n, c] * inp[n, c] * rstd[n]. dweight is split over
+ * columns and summed in row order (bits independent of the pool size). */
+void fs_rmsnorm_backward(fs_pool *pool,
+                         float *dinp,         /* (N, C) */
+                         float *dweight,      /* (C) */
+                         const float *dout,   /* (N, C) */
+                         const float *inp,    /* (N, C) */
+                         const float *weight, /* (C) */
+                         const float *rstd,   /* (N) */
+                         int64_t N, int64_t C);
+
+/* ------------------------------------------------------------------ RoPE (Hugging Face layout)
+ * Rotary embedding in the "rotate half" convention of Hugging Face's Llama: within each head,
+ * element i (i < HS/2) is paired with element i + HS/2:
+ *   x'[i]        = x[i] * cos[t, i] - x[i + HS/2] * sin[t, i]
+ *   x'[i + HS/2] = x[i + HS/2] * cos[t, i] + x[i] * sin[t, i]
+ * with cos/sin from fs_rope_table, positions t = 0..T-1 within each sequence. In place.
+ * x[(b*T + t)*ld + h*HS + i] for h < n_heads. */
+void fs_rope_table(float *cos_table, /* (T, HS/2) */
+                   float *sin_table, /* (T, HS/2) */
+                   int64_t T, int64_t HS, float theta);
+
+void fs_rope_forward(fs_pool *pool, float *x, int64_t ld, const float *cos_table,
+                     const float *sin_table, int64_t B, int64_t T, int64_t n_heads, int64_t HS);
+
+/* The rotation is orthogonal, so the backward is the inverse rotation applied to the
+ * gradient, in place: dx = R(-t) dx'. (The one in-place backward: nothing accumulates.) */
+void fs_rope_backward(fs_pool *pool, float *dx, int64_t ld, const float *cos_table,
+                      const float *sin_table, int64_t B, int64_t T, int64_t n_heads, int64_t HS);
+
+/* ------------------------------------------------------------------ causal attention (GQA)
+ * For batch b, query head h (kv head g = h / (NH / NKV)), query position t:
+ *   s[u]  = scale * q[b,t,h,:] . k[b,u,g,:]     for u <= t, scale = 1/sqrt(HS)
+ *   p     = softmax(s)
+ *   out[b,t,h,:] = sum_u p[u] * v[b,u,g,:]
+ *   lse[b,h,t]   = log sum_u exp(s[u])          (saved for backward)
+ * q, k, v live inside one activation with row stride ld_qkv (q at column 0, k at NH*HS,
+ * v at (NH+NKV)*HS when they come from the fused qkv projection). Online softmax: no T x T
+ * matrix is ever stored. Split over (b, h). */
+void fs_attention_forward(fs_pool *pool,
+                          float *out,      /* (N, NH*HS) */
+                          float *lse,      /* (B, NH, T) */
+                          const float *q,  /* (N, NH*HS)  with row stride ld_qkv */
+                          const float *k,  /* (N, NKV*HS) with row stride ld_qkv */
+                          const float *v,  /* (N, NKV*HS) with row stride ld_qkv */
+                          int64_t ld_qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                          int64_t HS);
+
+/* Backward, recomputing p from q, k and lse (flash-attention style):
+ *   D[t]  = dout[t] . out[t]
+ *   dp[u] = dout[t] . v[u];  ds[u] = p[u] * (dp[u] - D[t])
+ *   dq[t] += scale * sum_u ds[u] k[u];  dk[u] += scale * ds[u] q[t];  dv[u] += p[u] dout[t]
+ * dq, dk, dv live inside one gradient activation with row stride ld_dqkv. Split over
+ * (b, kv head), so the query heads that share a kv head accumulate into it in order. */
+void fs_attention_backward(fs_pool *pool,
+                           float *dq, float *dk, float *dv, /* like q, k, v; stride ld_dqkv */
+                           int64_t ld_dqkv,
+                           const float *dout, /* (N, NH*HS) */
+                           const float *q, const float *k, const float *v, int64_t ld_qkv,
+                           const float *out,  /* (N, NH*HS) forward output */
+                           const float *lse,  /* (B, NH, T) */
+                           int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+
+/* ------------------------------------------------------------------ SwiGLU
+ * gu holds the fused gate/up projection, gate in columns [0, FF), up in [FF, 2FF):
+ *   out[n, j] = silu(gate[n, j]) * up[n, j],  silu(x) = x * sigmoid(x) */
+void fs_swiglu_forward(fs_pool *pool,
+                       float *out,      /* (N, FF) */
+                       const float *gu, /* (N, 2*FF) */
+                       int64_t N, int64_t FF);
+
+/* dgate += dout * up * silu'(gate),  dup += dout * silu(gate),
+ * silu'(x) = sigmoid(x) * (1 + x * (1 - sigmoid(x))). */
+void fs_swiglu_backward(fs_pool *pool,
+                        float *dgu,        /* (N, 2*FF) */
+                        const float *dout, /* (N, FF) */
+                        const float *gu,   /* (N, 2*FF) */
+                        int64_t N, int64_t FF);
+
+/* ------------------------------------------------------------------ softmax cross-entropy
+ * Over vocabulary chunks, so that the B x T x V logits never exist at once: chunk c holds the
+ * logits of rows [v0, v0 + Vc) of the LM head. An online log-sum-exp keeps, per token row,
+ * the running max and the sum of exp(logit - max); the chunk containing the target records
+ * the target's logit.
+ *
+ * fs_xent_chunk_forward: first = 1 starts the running state (overwrites row_max, row_sum,
+ * target_logit), first = 0 continues it.
+ * fs_xent_finish: lse[n] = row_max[n] + log(row_sum[n]); losses[n] = lse[n] - target_logit[n];
+ * returns the mean of losses over N as a double. lse may alias row_max.
+ * fs_xent_chunk_backward: dlogits[n, j] = dloss * (exp(logits[n, j] - lse[n]) - [v0 + j ==
+ * targets[n]]) — written, not accumulated, and may alias logits (in place). dloss is the
+ * gradient of the reduced loss with respect to each row's loss, 1/N for the mean.
+ * Targets must be in [0, V); the caller validates data before it reaches a kernel. */
+void fs_xent_chunk_forward(fs_pool *pool,
+                           float *row_max,        /* (N) */
+                           float *row_sum,        /* (N) */
+                           float *target_logit,   /* (N) */
+                           const float *logits,   /* (N, Vc) */
+                           const int32_t *targets,/* (N) */
+                           int64_t N, int64_t Vc, int64_t v0, int first);
+
+double fs_xent_finish(float *lse,               /* (N) out */
+                      float *losses,            /* (N) out, may be NULL */
+                      const float *row_max,     /* (N) */
+                      const float *row_sum,     /* (N) */
+                      const float *target_logit,/* (N) */
+                      int64_t N);
+
+void fs_xent_chunk_backward(fs_pool *pool,
+                            float *dlogits,        /* (N, Vc) */
+                            const float *logits,   /* (N, Vc) */
+                            const float *lse,      /* (N) */
+                            const int32_t *targets,/* (N) */
+                            int64_t N, int64_t Vc, int64_t v0, float dloss);
+
+/* ------------------------------------------------------------------ AdamW (PyTorch semantics)
+ * torch.optim.AdamW, one step, step >= 1 (1-based, as PyTorch counts):
+ *   param *= 1 - lr * weight_decay                       (decoupled weight decay)
+ *   m = beta1 * m + (1 - beta1) * grad
+ *   v = beta2 * v + (1 - beta2) * grad^2
+ *   param -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ * with the same operation order and float rounding points as PyTorch's single-tensor CPU
+ * implementation; bias corrections are computed in double and rounded once to float. */
+typedef struct fs_adamw_params {
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+} fs_adamw_params;
+
+void fs_adamw_update(fs_pool *pool,
+                     float *param,      /* (n) */
+                     float *m,          /* (n) */
+                     float *v,          /* (n) */
+                     const float *grad, /* (n) */
+                     int64_t n, fs_adamw_params hp);
+
+/* ------------------------------------------------------------------ reductions and scaling */
+
+/* sum of x[i]^2 in double. The vector is cut into a fixed number of pieces (independent of
+ * the pool size), each summed in order and the pieces added in order: the same bits on any
+ * pool size. */
+double fs_sum_squares(fs_pool *pool, const float *x, int64_t n);
+
+/* x *= alpha */
+void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha);
+
+#endif /* FLATSHARD_KERNELS_H */

@@ -1,0 +1,70 @@
+/*
+ * error.c — status names, the per-thread error message, and always-on assertions.
+ *
+ * The message lives in thread-local storage because in-process ranks are threads: each rank
+ * reports its own failure without a lock and without overwriting another rank's message.
+ */
+#include "flatshard/core.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FS_ERROR_MESSAGE_BYTES 1024
+
+static _Thread_local char error_message[FS_ERROR_MESSAGE_BYTES];
+static _Thread_local int thread_rank = -1;
+static void (*abort_hook)(void);
+
+fs_status fs_errorf(fs_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+fs_status fs_error_wrap(fs_status st, const char *fmt, ...) {
+    char prefix[FS_ERROR_MESSAGE_BYTES];
+    char inner[FS_ERROR_MESSAGE_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(inner, error_message, sizeof inner);
+    /* Truncation of an over-long message is acceptable; say so to the compiler. */
+    int n = snprintf(error_message, sizeof error_message, "%s: ", prefix);
+    if (n >= 0 && (size_t)n < sizeof error_message)
+        snprintf(error_message + n, sizeof error_message - (size_t)n, "%s", inner);
+    return st;
+}
+
+const char *fs_error_message(void) { return error_message; }
+
+const char *fs_status_name(fs_status st) {
+    switch (st) {
+    case FS_OK: return "ok";
+    case FS_ERR_USAGE: return "usage error";
+    case FS_ERR_IO: return "i/o error";
+    case FS_ERR_FORMAT: return "format error";
+    case FS_ERR_NOMEM: return "out of memory";
+    case FS_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+void fs_set_thread_rank(int rank) { thread_rank = rank; }
+int fs_thread_rank(void) { return thread_rank; }
+void fs_set_abort_hook(void (*hook)(void)) { abort_hook = hook; }
+
+_Noreturn void fs_assert_fail(const char *cond, const char *file, int line) {
+    if (thread_rank >= 0)
+        fprintf(stderr, "flatshard: rank %d: assertion failed: %s at %s:%d\n", thread_rank, cond,
+                file, line);
+    else
+        fprintf(stderr, "flatshard: assertion failed: %s at %s:%d\n", cond, file, line);
+    fflush(stderr);
+    if (abort_hook) abort_hook();
+    abort();
+}
