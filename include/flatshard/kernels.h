@@ -209,7 +209,10 @@ void fs_xent_chunk_backward(fs_pool *pool,
  * with the same operation order and float rounding points as PyTorch's single-tensor CPU
  * implementation; bias corrections are computed in double and rounded once to float. */
 typedef struct fs_adamw_params {
-    float lr, beta1, beta2, eps, weight_decay;
+    /* double, like PyTorch's Python-side hyperparameters: derived scalars (1 - lr*wd,
+     * 1 - beta1, lr / bias_correction1, ...) are formed in double and rounded to float once,
+     * where PyTorch rounds them. */
+    double lr, beta1, beta2, eps, weight_decay;
     int64_t step;
 } fs_adamw_params;
 
@@ -223,8 +226,8 @@ void fs_adamw_update(fs_pool *pool,
 /* ------------------------------------------------------------------ reductions and scaling */
 
 /* sum of x[i]^2 in double. The vector is cut into a fixed number of pieces (independent of
- * the pool size), each summed in order and the pieces added in order: the same bits on any
- * pool size. */
+ * the pool size), each summed in a fixed order (eight lanes, see reduce.c) and the pieces
+ * added in order: the same bits on any pool size. */
 double fs_sum_squares(fs_pool *pool, const float *x, int64_t n);
 
 /* x *= alpha */

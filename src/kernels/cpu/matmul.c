@@ -1,0 +1,142 @@
+/*
+ * matmul.c — linear layers (forward and backward) on OpenBLAS sgemm, threaded by our pool.
+ *
+ * OpenBLAS runs single-threaded (fs_kernels_init); each pool thread calls sgemm on its own
+ * slice of the output, so one runtime (ours) decides the thread count per rank and nothing
+ * nests. Slices are whole multiples of 16 rows or columns: each starts on a 64-byte line of
+ * the output (no two threads write one line) and is big enough for sgemm's blocking.
+ *
+ *   forward          out  (N, OC)  = inp (N, IC) @ weight^T
+ *   backward, input  dinp (N, IC)  = dout (N, OC) @ weight (OC, IC)
+ *       both split over the N rows of the output, or over its columns when N is too small to
+ *       give every thread 16 rows (N = 1 when generating, small test batches); the bits are
+ *       the same for the same pool size;
+ *   backward, weight dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC)
+ *       cut into fixed blocks of OC rows (a function of OC alone), one sgemm per block, the
+ *       blocks shared out over the pool: every element comes from the same sgemm call
+ *       whatever the pool size, so the bits do not depend on it.
+ *
+ * What it does not do: other precisions, bias terms, or any allocation of its own (OpenBLAS
+ * takes its packing buffers from its own table, filled on first use and reused after).
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+#include "cpu_common.h"
+
+/* Height or width of the smallest output slice given to a thread. */
+#define MM_GRAIN 16
+/* Below this many multiply-adds a GEMM runs on the calling thread: waking the pool costs
+ * more than the work. */
+#define MM_MIN_PARALLEL_MACS (1 << 18)
+
+void fs_kernels_init(void) { openblas_set_num_threads(1); }
+
+const char *fs_kernels_blas_corename(void) { return openblas_get_corename(); }
+
+/* One row-major sgemm C (M, Ncol) = A' @ B' (+ beta C), A' = A or A^T, B' = B or B^T, sliced
+ * over the rows or the columns of C. */
+typedef struct gemm_job {
+    enum CBLAS_TRANSPOSE ta, tb;
+    int64_t M, Ncol, K;
+    const float *A;
+    int64_t lda;
+    const float *B;
+    int64_t ldb;
+    float beta;
+    float *C;
+    int64_t ldc;
+    int split_cols;      /* 0: slices are rows of C; 1: columns */
+    int64_t fixed_block; /* > 0: one sgemm per block of this many rows, wherever it runs */
+} gemm_job;
+
+static void sgemm_slice(const gemm_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    int64_t m = r1 - r0, n = c1 - c0;
+    if (m <= 0 || n <= 0) return;
+    float *C = j->C + r0 * j->ldc + c0;
+    if (j->K == 0) { /* nothing to multiply; sgemm would reject the zero leading dimension */
+        if (j->beta == 0.0f)
+            for (int64_t r = 0; r < m; r++) memset(C + r * j->ldc, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const float *A = j->A + (j->ta == CblasNoTrans ? r0 * j->lda : r0);
+    const float *B = j->B + (j->tb == CblasNoTrans ? c0 : c0 * j->ldb);
+    cblas_sgemm(CblasRowMajor, j->ta, j->tb, (blasint)m, (blasint)n, (blasint)j->K, 1.0f, A,
+                (blasint)j->lda, B, (blasint)j->ldb, j->beta, C, (blasint)j->ldc);
+}
+
+static void gemm_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const gemm_job *j = arg;
+    if (j->split_cols) {
+        sgemm_slice(j, 0, j->M, begin, end);
+    } else if (j->fixed_block > 0) {
+        for (int64_t r = begin; r < end; r += j->fixed_block)
+            sgemm_slice(j, r, r + j->fixed_block < end ? r + j->fixed_block : end, 0, j->Ncol);
+    } else {
+        sgemm_slice(j, begin, end, 0, j->Ncol);
+    }
+}
+
+static void gemm_run(fs_pool *pool, gemm_job *j) {
+    FS_ASSERT(j->M <= INT_MAX && j->Ncol <= INT_MAX && j->K <= INT_MAX);
+    FS_ASSERT(j->lda <= INT_MAX && j->ldb <= INT_MAX && j->ldc <= INT_MAX);
+    if (j->M <= 0 || j->Ncol <= 0) return;
+    if (j->fixed_block > 0) {
+        /* the pool hands out whole blocks, so the blocks are the same for any pool size */
+        fs_pool_parallel_for(pool, j->M, j->fixed_block, gemm_range, j);
+        return;
+    }
+    int threads = fs_pool_size(pool);
+    if ((double)j->M * (double)j->Ncol * (double)j->K < MM_MIN_PARALLEL_MACS) threads = 1;
+    if (threads == 1) {
+        gemm_range(j, 0, j->M, 0);
+        return;
+    }
+    int64_t row_blocks = (j->M + MM_GRAIN - 1) / MM_GRAIN;
+    int64_t col_blocks = (j->Ncol + MM_GRAIN - 1) / MM_GRAIN;
+    j->split_cols = row_blocks < threads && col_blocks > row_blocks;
+    fs_pool_parallel_for(pool, j->split_cols ? j->Ncol : j->M, MM_GRAIN, gemm_range, j);
+}
+
+/* Rows of dweight per sgemm call, a function of OC only: about 24 blocks (enough to share
+ * out over a pool), at least 96 rows, a multiple of 16. Every call repacks all of inp: at
+ * N = 1024, IC = OC = 768, 64-row blocks ran 3-9% slower than a single sgemm, 96-row blocks
+ * within the noise (~2%). */
+static int64_t dweight_block_rows(int64_t OC) {
+    int64_t b = (OC + 23) / 24;
+    b = (b + MM_GRAIN - 1) / MM_GRAIN * MM_GRAIN;
+    return b < 96 ? 96 : b;
+}
+
+static int64_t ld_of(int64_t n) { return n < 1 ? 1 : n; }
+
+void fs_matmul_forward(fs_pool *pool, float *out, const float *inp, const float *weight,
+                       int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
+    gemm_job j = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .Ncol = OC, .K = IC,
+                  .A = inp, .lda = ld_of(IC), .B = weight, .ldb = ld_of(IC),
+                  .beta = accumulate ? 1.0f : 0.0f, .C = out, .ldc = ld_of(OC)};
+    gemm_run(pool, &j);
+}
+
+void fs_matmul_backward(fs_pool *pool, float *dinp, float *dweight, const float *dout,
+                        const float *inp, const float *weight, int64_t N, int64_t IC,
+                        int64_t OC, int accumulate_dinp, int accumulate_dweight) {
+    /* forward: out (N, OC) = inp (N, IC) @ weight (OC, IC)^T */
+    if (dinp) {
+        /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
+        gemm_job j = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .Ncol = IC, .K = OC,
+                      .A = dout, .lda = ld_of(OC), .B = weight, .ldb = ld_of(IC),
+                      .beta = accumulate_dinp ? 1.0f : 0.0f, .C = dinp, .ldc = ld_of(IC)};
+        gemm_run(pool, &j);
+    }
+    if (dweight) {
+        /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout is stored (N, OC) */
+        gemm_job j = {.ta = CblasTrans, .tb = CblasNoTrans, .M = OC, .Ncol = IC, .K = N,
+                      .A = dout, .lda = ld_of(OC), .B = inp, .ldb = ld_of(IC),
+                      .beta = accumulate_dweight ? 1.0f : 0.0f, .C = dweight,
+                      .ldc = ld_of(IC), .fixed_block = dweight_block_rows(OC)};
+        gemm_run(pool, &j);
+    }
+}

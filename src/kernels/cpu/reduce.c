@@ -1,0 +1,67 @@
+/*
+ * reduce.c — the sum of squares (for gradient-norm clipping) and in-place scaling.
+ *
+ * fs_sum_squares cuts the vector into FS_SUMSQ_PIECES pieces at boundaries that depend only
+ * on n; each piece is summed in double over eight fixed lanes (lane j takes the elements j mod
+ * 8 of the piece, so the loop vectorises without reordering anything), and the piece sums are
+ * added in piece order on the calling thread. Nothing depends on which thread summed which
+ * piece, so the result has the same bits on any pool size: every rank of a sharded run, with
+ * whatever threads it has, computes the same norm from the same shard.
+ *
+ * What it does not do: reduce across ranks (the caller all-reduces the returned sum).
+ */
+#include "cpu_common.h"
+
+#define FS_SUMSQ_PIECES 64
+#define SCALE_GRAIN 16384
+
+typedef struct sumsq_job {
+    const float *x;
+    int64_t n;
+    double *piece_sums; /* (FS_SUMSQ_PIECES) */
+} sumsq_job;
+
+static void sumsq_pieces(void *arg, int64_t begin, int64_t end, int thread) {
+    const sumsq_job *j = arg;
+    for (int64_t p = begin; p < end; p++) {
+        int64_t i0 = j->n * p / FS_SUMSQ_PIECES, i1 = j->n * (p + 1) / FS_SUMSQ_PIECES;
+        const float *restrict x = j->x + i0;
+        const int64_t len = i1 - i0;
+        double acc[FS_CPU_LANES] = {0};
+        int64_t i = 0;
+        for (; i + FS_CPU_LANES <= len; i += FS_CPU_LANES)
+            for (int l = 0; l < FS_CPU_LANES; l++)
+                acc[l] += (double)x[i + l] * (double)x[i + l];
+        for (int l = 0; i < len; i++, l++) acc[l] += (double)x[i] * (double)x[i];
+        j->piece_sums[p] =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+}
+
+double fs_sum_squares(fs_pool *pool, const float *x, int64_t n) {
+    double piece_sums[FS_SUMSQ_PIECES];
+    sumsq_job j = {.x = x, .n = n, .piece_sums = piece_sums};
+    /* n * (p + 1) must not overflow int64 */
+    FS_ASSERT(n >= 0 && n <= INT64_MAX / FS_SUMSQ_PIECES);
+    fs_pool_parallel_for(n < FS_SUMSQ_PIECES * FS_CPU_MIN_BLOCK_NUMEL ? NULL : pool,
+                         FS_SUMSQ_PIECES, 1, sumsq_pieces, &j);
+    double total = 0.0;
+    for (int p = 0; p < FS_SUMSQ_PIECES; p++) total += piece_sums[p];
+    return total;
+}
+
+typedef struct scale_job {
+    float *x;
+    float alpha;
+} scale_job;
+
+static void scale_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const scale_job *j = arg;
+    float *restrict x = j->x;
+    for (int64_t i = begin; i < end; i++) x[i] *= j->alpha;
+}
+
+void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha) {
+    scale_job j = {.x = x, .alpha = alpha};
+    fs_pool_parallel_for(pool, n, SCALE_GRAIN, scale_range, &j);
+}

@@ -1,0 +1,102 @@
+/*
+ * rmsnorm.c — RMSNorm, forward and backward, in fp32.
+ *
+ * The forward follows Hugging Face's LlamaRMSNorm evaluated in float32, rounding where it
+ * rounds: variance = mean(x^2) in float, rstd = 1 / sqrt(variance + eps), and
+ * out = weight * (x * rstd) (the product x * rstd is rounded before the weight multiplies
+ * it). The mean is summed over eight fixed lanes, so it differs from PyTorch's sum in the
+ * last bits only.
+ *
+ * The backward is split twice: dinp over token rows (each row independent), dweight over
+ * columns with every thread walking all rows in order, so that dweight has no races and the
+ * same bits on any pool size.
+ *
+ * What it does not do: a bias, a mean subtraction (that is LayerNorm), or a fused residual.
+ */
+#include <math.h>
+
+#include "cpu_common.h"
+
+#define RMS_COL_GRAIN 16 /* columns per block in the dweight pass: one 64-byte line */
+
+typedef struct rms_job {
+    float *out;          /* forward: out (N, C); backward: dinp (N, C) */
+    float *rstd;         /* forward only: (N) */
+    float *dweight;      /* backward only: (C) */
+    const float *dout;   /* backward only: (N, C) */
+    const float *inp;    /* (N, C) */
+    const float *weight; /* (C) */
+    const float *rstd_in; /* backward only: (N) */
+    int64_t N, C;
+    float eps;
+} rms_job;
+
+static void rms_forward_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const rms_job *j = arg;
+    const int64_t C = j->C;
+    for (int64_t n = begin; n < end; n++) {
+        const float *restrict x = j->inp + n * C;
+        float *restrict o = j->out + n * C;
+        float variance = fs_cpu_dot(x, x, C) / (float)C;
+        float r = 1.0f / sqrtf(variance + j->eps);
+        for (int64_t c = 0; c < C; c++) o[c] = j->weight[c] * (x[c] * r);
+        j->rstd[n] = r;
+    }
+}
+
+void fs_rmsnorm_forward(fs_pool *pool, float *out, float *rstd, const float *inp,
+                        const float *weight, int64_t N, int64_t C, float eps) {
+    rms_job j = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C,
+                 .eps = eps};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(C), rms_forward_rows, &j);
+}
+
+/*
+ * Forward: out_c = w_c * x_c * r,  r = (sum_c x_c^2 / C + eps)^(-1/2).
+ * Since dr/dx_c = -r^3 x_c / C:
+ *   dinp_c += r * (w_c * dout_c - x_c * r^2 * (sum_k dout_k w_k x_k) / C)
+ *   dweight_c += sum_n dout[n, c] * (x[n, c] * r[n])
+ */
+static void rms_backward_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const rms_job *j = arg;
+    const int64_t C = j->C;
+    const float *restrict w = j->weight;
+    for (int64_t n = begin; n < end; n++) {
+        const float *restrict x = j->inp + n * C;
+        const float *restrict dy = j->dout + n * C;
+        float *restrict dx = j->out + n * C;
+        float r = j->rstd_in[n];
+        /* sum_k dout_k w_k x_k, over eight lanes like fs_cpu_dot */
+        float acc[FS_CPU_LANES] = {0};
+        int64_t c = 0;
+        for (; c + FS_CPU_LANES <= C; c += FS_CPU_LANES)
+            for (int l = 0; l < FS_CPU_LANES; l++) acc[l] += (dy[c + l] * w[c + l]) * x[c + l];
+        for (int l = 0; c < C; c++, l++) acc[l] += (dy[c] * w[c]) * x[c];
+        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        float coef = r * r * s / (float)C;
+        for (c = 0; c < C; c++) dx[c] += r * (w[c] * dy[c] - x[c] * coef);
+    }
+}
+
+static void rms_backward_cols(void *arg, int64_t begin, int64_t end, int thread) {
+    const rms_job *j = arg;
+    const int64_t C = j->C;
+    float *restrict dw = j->dweight + begin;
+    const int64_t width = end - begin;
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *restrict x = j->inp + n * C + begin;
+        const float *restrict dy = j->dout + n * C + begin;
+        float r = j->rstd_in[n];
+        for (int64_t c = 0; c < width; c++) dw[c] += dy[c] * (x[c] * r);
+    }
+}
+
+void fs_rmsnorm_backward(fs_pool *pool, float *dinp, float *dweight, const float *dout,
+                         const float *inp, const float *weight, const float *rstd, int64_t N,
+                         int64_t C) {
+    rms_job j = {.out = dinp, .dweight = dweight, .dout = dout, .inp = inp, .weight = weight,
+                 .rstd_in = rstd, .N = N, .C = C};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(C), rms_backward_rows, &j);
+    fs_pool_parallel_for(N * C < FS_CPU_MIN_BLOCK_NUMEL ? NULL : pool, C, RMS_COL_GRAIN,
+                         rms_backward_cols, &j);
+}

@@ -1,0 +1,72 @@
+/*
+ * swiglu.c — the SwiGLU gate of the Llama MLP: out = silu(gate) * up.
+ *
+ * gate and up are the two halves of one fused projection (N, 2*FF), gate first. silu is
+ * computed as x / (1 + exp(-x)), the formula of PyTorch's CPU silu kernel, so that the
+ * forward rounds like the reference (exp itself may differ from PyTorch's SLEEF exp by an
+ * ulp). exp(-x) overflowing to inf for x < -88 gives silu = -0 and a zero gradient, which is
+ * the right limit, so no clamping is needed.
+ *
+ * What it does not do: other gated activations (GeGLU) or the projections themselves.
+ */
+#include <math.h>
+
+#include "cpu_common.h"
+
+typedef struct swiglu_job {
+    float *out;        /* forward: out (N, FF); backward: dgu (N, 2*FF) */
+    const float *dout; /* backward only: (N, FF) */
+    const float *gu;   /* (N, 2*FF) */
+    int64_t FF;
+} swiglu_job;
+
+static void swiglu_forward_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu_job *j = arg;
+    const int64_t FF = j->FF;
+    for (int64_t n = begin; n < end; n++) {
+        const float *restrict gate = j->gu + n * 2 * FF;
+        const float *restrict up = gate + FF;
+        float *restrict o = j->out + n * FF;
+        for (int64_t i = 0; i < FF; i++) {
+            float x = gate[i];
+            o[i] = x / (1.0f + expf(-x)) * up[i];
+        }
+    }
+}
+
+void fs_swiglu_forward(fs_pool *pool, float *out, const float *gu, int64_t N, int64_t FF) {
+    swiglu_job j = {.out = out, .gu = gu, .FF = FF};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF), swiglu_forward_rows, &j);
+}
+
+/*
+ * Forward: out = silu(g) * u,  silu(g) = g * sigmoid(g).
+ * Backward:
+ *   dg += dout * u * silu'(g),  silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+ *   du += dout * silu(g)
+ */
+static void swiglu_backward_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu_job *j = arg;
+    const int64_t FF = j->FF;
+    for (int64_t n = begin; n < end; n++) {
+        const float *restrict gate = j->gu + n * 2 * FF;
+        const float *restrict up = gate + FF;
+        const float *restrict dy = j->dout + n * FF;
+        float *restrict dgate = j->out + n * 2 * FF;
+        float *restrict dup = dgate + FF;
+        for (int64_t i = 0; i < FF; i++) {
+            float x = gate[i];
+            float e1 = 1.0f + expf(-x);
+            float sig = 1.0f / e1;
+            float silu = x / e1;
+            dgate[i] += dy[i] * up[i] * (sig * (1.0f + x * (1.0f - sig)));
+            dup[i] += dy[i] * silu;
+        }
+    }
+}
+
+void fs_swiglu_backward(fs_pool *pool, float *dgu, const float *dout, const float *gu,
+                        int64_t N, int64_t FF) {
+    swiglu_job j = {.out = dgu, .dout = dout, .gu = gu, .FF = FF};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(2 * FF), swiglu_backward_rows, &j);
+}
