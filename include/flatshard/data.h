@@ -8,12 +8,14 @@
  * Token file (docs/formats.md has the byte-level specification): the llm.c .bin layout.
  *   a header of 256 little-endian int32:
  *     [0] magic 20240520
- *     [1] version: 1 = uint16 tokens, 2 = uint32 tokens (llm.c: 1 for GPT-2, 2 for Llama 3)
+ *     [1] version: 1 = uint16 tokens (llm.c's GPT-2 files), 2 = uint32 tokens (flatshard's)
  *     [2] number of tokens (0 .. 2^31-1)
  *     [3] vocabulary size the tokens were made for (flatshard's field; llm.c leaves it 0,
  *         which reads as "unknown")
  *     [4..255] zero
  *   then the tokens, little-endian, uint16 or uint32.
+ * The reader also accepts llm.c's Llama 3 files: magic 20240801, version 7, uint32 tokens,
+ * the same header otherwise. The writer writes only magic 20240520 (version 1 or 2).
  * Any other file is read as text and tokenized byte by byte.
  *
  * Sampler: batch row r of step s starts at a position drawn from fs_rand_below(seed, s, r):
@@ -31,6 +33,7 @@
 #include "flatshard/core.h"
 
 #define FS_TOKENFILE_MAGIC 20240520
+#define FS_TOKENFILE_MAGIC_LLMC_LLAMA3 20240801 /* read only: llm.c's uint32 files, version 7 */
 #define FS_TOKENFILE_HEADER_INTS 256
 #define FS_BYTE_VOCAB_SIZE 256
 

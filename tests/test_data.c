@@ -1,0 +1,798 @@
+/*
+ * tests/test_data.c — the byte-level tokenizer, token files (llm.c layout, byte by byte),
+ * hostile and broken files, vocabulary and length checks, the sampler (reproducibility,
+ * ranges, the shift by one, slices of a batch equal to the whole batch), sequential windows,
+ * and tokenizing several text files into one token file.
+ *
+ * Every file lives in a mkdtemp directory that is removed at the end. Files over 2 GiB are
+ * sparse (ftruncate plus a few pwrites), so they cost no disk space and no time.
+ */
+#define _FILE_OFFSET_BITS 64
+#include "flatshard/data.h"
+#include "harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char test_dir[256];
+
+/* A path inside the test directory. The result lives in a ring of 256 static buffers, more
+ * than any one test calls tpath, so a test may keep its paths in variables. */
+static const char *tpath(const char *name) {
+    static char bufs[256][512];
+    static unsigned next;
+    char *b = bufs[next++ % 256];
+    snprintf(b, sizeof bufs[0], "%s/%s", test_dir, name);
+    return b;
+}
+
+static void write_file(const char *path, const void *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "test setup: cannot create %s\n", path);
+        abort();
+    }
+    if (n > 0 && fwrite(bytes, 1, n, f) != n) abort();
+    if (fclose(f) != 0) abort();
+}
+
+/* Reads at most cap bytes of path; returns the file's size (-1 if it cannot be opened). */
+static long long read_file(const char *path, uint8_t *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t got = fread(buf, 1, cap, f);
+    fseek(f, 0, SEEK_END);
+    long long size = ftell(f);
+    fclose(f);
+    (void)got;
+    return size;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void put_le32(uint8_t *p, uint32_t u) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(u >> (8 * i));
+}
+
+static uint32_t get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+
+/* A 1024-byte header as llm.c (vocab 0) or flatshard writes it. */
+static void make_header(uint8_t *h, uint32_t magic, uint32_t version, uint32_t n,
+                        uint32_t vocab) {
+    memset(h, 0, 1024);
+    put_le32(h, magic);
+    put_le32(h + 4, version);
+    put_le32(h + 8, n);
+    put_le32(h + 12, vocab);
+}
+
+/* Writes a header with the given magic followed by `payload_bytes` bytes of tokens. */
+static void write_token_file_magic(const char *path, uint32_t magic, uint32_t version,
+                                   uint32_t n, uint32_t vocab, const void *payload,
+                                   size_t payload_bytes) {
+    static uint8_t buf[1024 + 4096];
+    make_header(buf, magic, version, n, vocab);
+    if (payload_bytes > 4096) abort();
+    if (payload_bytes) memcpy(buf + 1024, payload, payload_bytes);
+    write_file(path, buf, 1024 + payload_bytes);
+}
+
+static void write_token_file(const char *path, uint32_t version, uint32_t n, uint32_t vocab,
+                             const void *payload, size_t payload_bytes) {
+    write_token_file_magic(path, FS_TOKENFILE_MAGIC, version, n, vocab, payload, payload_bytes);
+}
+
+static int is_closed(const fs_token_data *d) {
+    return d->map == NULL && d->tokens == NULL && d->n_tokens == 0 && d->map_bytes == 0;
+}
+
+/* Opening path must fail with `want`, a message naming the file and holding `words`, and a
+ * closed struct. */
+#define CHECK_OPEN_FAILS(path, want, words)                                                 \
+    do {                                                                                    \
+        const char *p_ = (path);                                                            \
+        fs_token_data d_;                                                                   \
+        memset(&d_, 0xAB, sizeof d_);                                                       \
+        fs_status st_ = fs_token_data_open(&d_, p_);                                        \
+        const char *m_ = fs_error_message();                                                \
+        CHECK(st_ == (want), "%s: got %s, want %s (%s)", p_, fs_status_name(st_),           \
+              fs_status_name(want), m_);                                                    \
+        CHECK(strstr(m_, p_) != NULL, "message does not name %s: %s", p_, m_);              \
+        CHECK(strstr(m_, words) != NULL, "message lacks \"%s\": %s", words, m_);            \
+        CHECK(strchr(m_, '\n') == NULL, "message is not one line: %s", m_);                 \
+        CHECK(is_closed(&d_), "%s: struct not left closed after a failed open", p_);        \
+        fs_token_data_close(&d_);                                                           \
+        fs_token_data_close(&d_);                                                           \
+    } while (0)
+
+/* ------------------------------------------------------------------ tokenizer */
+
+static void test_tokenizer_round_trip(void) {
+    uint8_t bytes[256], back[256];
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++) bytes[i] = (uint8_t)(255 - i);
+    fs_tokenizer_encode(ids, bytes, 256);
+    int ok = 1;
+    for (int i = 0; i < 256; i++) ok &= ids[i] == 255 - i;
+    CHECK(ok, "encode: id = byte value");
+    fs_tokenizer_decode(back, ids, 256);
+    CHECK(memcmp(back, bytes, 256) == 0, "decode(encode(x)) == x");
+    int32_t odd[4] = {-1, 256, 70000, 65};
+    uint8_t out[4];
+    fs_tokenizer_decode(out, odd, 4);
+    CHECK(memcmp(out, "???A", 4) == 0, "ids outside [0, 256) decode to '?': %.4s", out);
+}
+
+/* ------------------------------------------------------------------ text files */
+
+static void test_text_file_is_its_bytes(void) {
+    const char *text = "%\nA fortune.\n%\nAnother one, \xc3\xa9t\xc3\xa9.\n";
+    const char *p = tpath("fortunes.txt");
+    write_file(p, text, strlen(text));
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(d.is_text == 1 && d.token_bytes == 1 && d.vocab_size == 256, "text flags");
+    CHECK(d.n_tokens == (int64_t)strlen(text), "n_tokens %lld", (long long)d.n_tokens);
+    CHECK(strcmp(d.path, p) == 0, "path kept");
+    int ok = 1;
+    for (int64_t i = 0; i < d.n_tokens; i++) ok &= fs_token_data_get(&d, i) == (uint8_t)text[i];
+    CHECK(ok, "tokens are the bytes");
+    CHECK_OK(fs_token_data_check_vocab(&d, 256));
+    fs_token_data_close(&d);
+    CHECK(is_closed(&d), "closed");
+    fs_token_data_close(&d); /* idempotent */
+
+    /* shorter than the magic, and 4+ bytes that are not the magic: text */
+    const char *short_paths[3] = {tpath("one.txt"), tpath("three.txt"), tpath("nearmagic.txt")};
+    uint8_t near[8];
+    put_le32(near, FS_TOKENFILE_MAGIC + 1);
+    put_le32(near + 4, 1);
+    write_file(short_paths[0], "x", 1);
+    write_file(short_paths[1], near, 3); /* the first three bytes of the magic */
+    write_file(short_paths[2], near, 8);
+    int64_t want_n[3] = {1, 3, 8};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(fs_token_data_open(&d, short_paths[i]));
+        CHECK(d.is_text && d.n_tokens == want_n[i], "%s: text of %lld bytes", short_paths[i],
+              (long long)want_n[i]);
+        fs_token_data_close(&d);
+    }
+}
+
+static void test_empty_file_is_empty_text(void) {
+    const char *p = tpath("empty.txt");
+    write_file(p, "", 0);
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(d.is_text && d.n_tokens == 0 && d.map == NULL, "empty text, no mapping");
+    CHECK_OK(fs_token_data_check_vocab(&d, 256));
+    fs_status st = fs_token_data_check_length(&d, 8);
+    CHECK(st == FS_ERR_FORMAT, "check_length on an empty file: %s", fs_status_name(st));
+    CHECK(strstr(fs_error_message(), p) && strstr(fs_error_message(), "holds 0 tokens"),
+          "message: %s", fs_error_message());
+    fs_token_data_close(&d);
+}
+
+/* ------------------------------------------------------------------ token files */
+
+static void test_write_uint16_round_trip(void) {
+    enum { N = 5000 };
+    static int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(((uint32_t)i * 2654435761u) % 65536u);
+    toks[0] = 0;
+    toks[N - 1] = 65535; /* the largest id uint16 holds, with vocab 65536 */
+    const char *p = tpath("u16.bin");
+    CHECK_OK(fs_tokenfile_write(p, toks, N, 65536));
+    CHECK(!file_exists(tpath("u16.bin.tmp")), "temporary removed by the rename");
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(!d.is_text && d.token_bytes == 2 && d.vocab_size == 65536 && d.n_tokens == N,
+          "uint16 file: text=%d bytes=%d vocab=%d n=%lld", d.is_text, d.token_bytes,
+          d.vocab_size, (long long)d.n_tokens);
+    CHECK(d.map_bytes == 1024 + 2 * (size_t)N, "map_bytes %zu", d.map_bytes);
+    int ok = 1;
+    for (int i = 0; i < N; i++) ok &= fs_token_data_get(&d, i) == toks[i];
+    CHECK(ok, "uint16 tokens read back");
+    CHECK_OK(fs_token_data_check_vocab(&d, 65536));
+    fs_token_data_close(&d);
+}
+
+static void test_write_uint32_round_trip(void) {
+    enum { N = 3000 };
+    static int32_t toks[N];
+    const int32_t V = 128256; /* Llama 3 */
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)V);
+    toks[1] = V - 1;
+    toks[2] = 65536; /* just past what uint16 holds */
+    const char *p = tpath("u32.bin");
+    CHECK_OK(fs_tokenfile_write(p, toks, N, V));
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(!d.is_text && d.token_bytes == 4 && d.vocab_size == V && d.n_tokens == N,
+          "uint32 file: bytes=%d vocab=%d n=%lld", d.token_bytes, d.vocab_size,
+          (long long)d.n_tokens);
+    int ok = 1;
+    for (int i = 0; i < N; i++) ok &= fs_token_data_get(&d, i) == toks[i];
+    CHECK(ok, "uint32 tokens read back");
+    CHECK_OK(fs_token_data_check_vocab(&d, V));
+    fs_token_data_close(&d);
+
+    /* zero tokens is a valid file */
+    CHECK_OK(fs_tokenfile_write(tpath("none.bin"), NULL, 0, 50257));
+    CHECK_OK(fs_token_data_open(&d, tpath("none.bin")));
+    CHECK(d.n_tokens == 0 && !d.is_text && d.map_bytes == 1024, "an empty token file");
+    fs_token_data_close(&d);
+}
+
+static void test_llmc_layout_byte_by_byte(void) {
+    uint8_t buf[1100];
+    int32_t t16[3] = {1, 258, 65535};
+    CHECK_OK(fs_tokenfile_write(tpath("l16.bin"), t16, 3, 65536));
+    long long size = read_file(tpath("l16.bin"), buf, sizeof buf);
+    CHECK(size == 1024 + 6, "uint16 file size %lld", size);
+    CHECK(buf[0] == 0x88 && buf[1] == 0xD8 && buf[2] == 0x34 && buf[3] == 0x01,
+          "magic 20240520 = 0x0134D888 little-endian at offset 0");
+    CHECK(get_le32(buf + 4) == 1, "version 1 at offset 4");
+    CHECK(get_le32(buf + 8) == 3, "count at offset 8");
+    CHECK(get_le32(buf + 12) == 65536, "vocab at offset 12: %u", get_le32(buf + 12));
+    int zero = 1;
+    for (int i = 16; i < 1024; i++) zero &= buf[i] == 0;
+    CHECK(zero, "header ints 4..255 are zero");
+    const uint8_t want16[6] = {0x01, 0x00, 0x02, 0x01, 0xFF, 0xFF};
+    CHECK(memcmp(buf + 1024, want16, 6) == 0, "uint16 tokens little-endian");
+
+    int32_t t32[2] = {0x01020304, 70000};
+    CHECK_OK(fs_tokenfile_write(tpath("l32.bin"), t32, 2, 100000000));
+    size = read_file(tpath("l32.bin"), buf, sizeof buf);
+    CHECK(size == 1024 + 8, "uint32 file size %lld", size);
+    CHECK(get_le32(buf) == FS_TOKENFILE_MAGIC && get_le32(buf + 4) == 2 &&
+              get_le32(buf + 8) == 2 && get_le32(buf + 12) == 100000000,
+          "uint32 header");
+    const uint8_t want32[8] = {0x04, 0x03, 0x02, 0x01, 0x70, 0x11, 0x01, 0x00};
+    CHECK(memcmp(buf + 1024, want32, 8) == 0, "uint32 tokens little-endian");
+
+    /* a file as llm.c writes it: vocab field 0 ("unknown") */
+    uint8_t payload[6] = {0x10, 0x00, 0x50, 0xC4, 0x00, 0x01}; /* 16, 50256, 256 */
+    write_token_file(tpath("llmc.bin"), 1, 3, 0, payload, 6);
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, tpath("llmc.bin")));
+    CHECK(d.vocab_size == 0 && d.n_tokens == 3 && fs_token_data_get(&d, 0) == 16 &&
+              fs_token_data_get(&d, 1) == 50256 && fs_token_data_get(&d, 2) == 256,
+          "llm.c file read");
+    CHECK_OK(fs_token_data_check_vocab(&d, 50257));
+    fs_token_data_close(&d);
+
+    /* llm.c's Llama 3 layout: magic 20240801, version 7, uint32 tokens */
+    uint8_t p32[8] = {0x00, 0xF5, 0x01, 0x00, 0xFF, 0xF4, 0x01, 0x00}; /* 128256, 128255 */
+    write_token_file_magic(tpath("llama3.bin"), FS_TOKENFILE_MAGIC_LLMC_LLAMA3, 7, 2, 0, p32, 8);
+    CHECK_OK(fs_token_data_open(&d, tpath("llama3.bin")));
+    CHECK(!d.is_text && d.token_bytes == 4 && d.n_tokens == 2 &&
+              fs_token_data_get(&d, 0) == 128256 && fs_token_data_get(&d, 1) == 128255,
+          "llm.c Llama 3 file read as uint32 tokens");
+    CHECK(fs_token_data_check_vocab(&d, 128256) == FS_ERR_FORMAT &&
+              strstr(fs_error_message(), "token 128256 at position 0"),
+          "Llama 3 file checked: %s", fs_error_message());
+    fs_token_data_close(&d);
+}
+
+static void test_write_replaces_and_refuses(void) {
+    const char *p = tpath("replace.bin");
+    int32_t a[4] = {1, 2, 3, 4}, b[2] = {7, 8};
+    CHECK_OK(fs_tokenfile_write(p, a, 4, 256));
+    CHECK_OK(fs_tokenfile_write(p, b, 2, 256));
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(d.n_tokens == 2 && fs_token_data_get(&d, 1) == 8, "replaced");
+    fs_token_data_close(&d);
+
+    /* refused before anything is written: the existing file stays, no temporary remains */
+    int32_t bad[3] = {1, 300, 2};
+    fs_status st = fs_tokenfile_write(p, bad, 3, 256);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "token 300 at position 1") &&
+              strstr(fs_error_message(), p),
+          "token >= vocab: %s: %s", fs_status_name(st), fs_error_message());
+    int32_t neg[1] = {-5};
+    CHECK(fs_tokenfile_write(p, neg, 1, 256) == FS_ERR_USAGE, "negative token");
+    CHECK(fs_tokenfile_write(p, a, -1, 256) == FS_ERR_USAGE, "negative count");
+    CHECK(fs_tokenfile_write(p, a, 4, 0) == FS_ERR_USAGE, "vocab 0");
+    CHECK(fs_tokenfile_write(p, a, (int64_t)INT32_MAX + 1, 256) == FS_ERR_USAGE,
+          "more tokens than the header counts");
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(d.n_tokens == 2, "existing file untouched by refused writes");
+    fs_token_data_close(&d);
+    CHECK(!file_exists(tpath("replace.bin.tmp")), "no temporary left");
+
+    const char *nodir = tpath("no/such/dir/x.bin");
+    st = fs_tokenfile_write(nodir, a, 4, 256);
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), nodir),
+          "unwritable place: %s: %s", fs_status_name(st), fs_error_message());
+}
+
+/* ------------------------------------------------------------------ hostile files */
+
+static void test_missing_directory_and_unreadable(void) {
+    CHECK_OPEN_FAILS(tpath("does-not-exist.bin"), FS_ERR_IO, "cannot open");
+    CHECK_OPEN_FAILS(test_dir, FS_ERR_IO, "is a directory");
+    write_file(tpath("plain"), "abc", 3);
+    CHECK_OPEN_FAILS(tpath("plain/child"), FS_ERR_IO, "cannot open");
+    mkfifo(tpath("fifo"), 0600);
+    CHECK_OPEN_FAILS(tpath("fifo"), FS_ERR_IO, "not a regular file");
+    /* Permission bits do not stop root, so the unreadable case runs only as another user. */
+    const char *p = tpath("secret.txt");
+    write_file(p, "secret", 6);
+    chmod(p, 0);
+    if (geteuid() != 0) {
+        CHECK_OPEN_FAILS(p, FS_ERR_IO, "cannot open");
+    } else {
+        printf("     (running as root: the permission-denied case is not exercised)\n");
+    }
+    fs_token_data d;
+    CHECK(fs_token_data_open(&d, NULL) == FS_ERR_USAGE && is_closed(&d), "NULL path");
+    static char long_path[700];
+    memset(long_path, 'a', sizeof long_path - 1);
+    CHECK(fs_token_data_open(&d, long_path) == FS_ERR_USAGE && is_closed(&d),
+          "a path that does not fit fs_token_data.path");
+}
+
+static void test_hostile_headers(void) {
+    uint8_t h[1024 + 16];
+    uint8_t payload[8] = {1, 0, 2, 0, 3, 0, 4, 0};
+
+    /* the magic, then less than a header */
+    make_header(h, FS_TOKENFILE_MAGIC, 1, 0, 0);
+    write_file(tpath("short4.bin"), h, 4);
+    CHECK_OPEN_FAILS(tpath("short4.bin"), FS_ERR_FORMAT, "less than the 1024-byte header");
+    write_file(tpath("short1023.bin"), h, 1023);
+    CHECK_OPEN_FAILS(tpath("short1023.bin"), FS_ERR_FORMAT, "holds only 1023 bytes");
+
+    write_token_file(tpath("v0.bin"), 0, 4, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("v0.bin"), FS_ERR_FORMAT, "version 0 is unknown");
+    write_token_file(tpath("v3.bin"), 3, 4, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("v3.bin"), FS_ERR_FORMAT, "version 3 is unknown");
+    write_token_file(tpath("vneg.bin"), 0xFFFFFFFFu, 4, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("vneg.bin"), FS_ERR_FORMAT, "version -1 is unknown");
+
+    write_token_file_magic(tpath("l3v1.bin"), FS_TOKENFILE_MAGIC_LLMC_LLAMA3, 1, 4, 0, payload,
+                           8);
+    CHECK_OPEN_FAILS(tpath("l3v1.bin"), FS_ERR_FORMAT, "version 1 is unknown");
+    write_token_file_magic(tpath("l3short.bin"), FS_TOKENFILE_MAGIC_LLMC_LLAMA3, 7, 0, 0, payload,
+                           0);
+    CHECK(truncate(tpath("l3short.bin"), 100) == 0, "truncate");
+    CHECK_OPEN_FAILS(tpath("l3short.bin"), FS_ERR_FORMAT, "holds only 100 bytes");
+
+    write_token_file(tpath("negcount.bin"), 1, 0x80000000u, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("negcount.bin"), FS_ERR_FORMAT, "-2147483648 tokens: negative");
+    write_token_file(tpath("negvocab.bin"), 1, 4, 0xFFFFFF00u, payload, 8);
+    CHECK_OPEN_FAILS(tpath("negvocab.bin"), FS_ERR_FORMAT, "vocabulary size of -256");
+
+    write_token_file(tpath("trunc.bin"), 1, 4, 0, payload, 7);
+    CHECK_OPEN_FAILS(tpath("trunc.bin"), FS_ERR_FORMAT,
+                     "says 4 uint16 tokens (8 bytes after the 1024-byte header) but the file "
+                     "holds 7 bytes after the header (1031 in all): truncated");
+    write_token_file(tpath("trunc32.bin"), 2, 4, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("trunc32.bin"), FS_ERR_FORMAT, "4 uint32 tokens (16 bytes");
+    write_token_file(tpath("headeronly.bin"), 2, 1000, 0, payload, 0);
+    CHECK_OPEN_FAILS(tpath("headeronly.bin"), FS_ERR_FORMAT, "truncated");
+    write_token_file(tpath("trailing.bin"), 1, 3, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("trailing.bin"), FS_ERR_FORMAT, "trailing bytes");
+    /* a huge count in a small file: no out-of-bounds read, just a size mismatch */
+    write_token_file(tpath("huge.bin"), 2, 0x7FFFFFFFu, 0, payload, 8);
+    CHECK_OPEN_FAILS(tpath("huge.bin"), FS_ERR_FORMAT, "(8589934588 bytes after");
+}
+
+static void test_check_vocab(void) {
+    fs_token_data d;
+    uint8_t p16[8] = {1, 0, 0x10, 0x27, 0x11, 0x27, 0x12, 0x27}; /* 1, 10000, 10001, 10002 */
+    write_token_file(tpath("vocab16.bin"), 1, 4, 0, p16, 8);
+    CHECK_OK(fs_token_data_open(&d, tpath("vocab16.bin")));
+    CHECK_OK(fs_token_data_check_vocab(&d, 10003));
+    fs_status st = fs_token_data_check_vocab(&d, 10001);
+    const char *m = fs_error_message();
+    CHECK(st == FS_ERR_FORMAT && strstr(m, tpath("vocab16.bin")) &&
+              strstr(m, "token 10001 at position 2") && strstr(m, "10001"),
+          "first offending token: %s: %s", fs_status_name(st), m);
+    CHECK(fs_token_data_check_vocab(&d, 0) == FS_ERR_USAGE, "vocab 0 to check against");
+    fs_token_data_close(&d);
+
+    /* a uint32 token >= 2^31 must not slip through as a negative int32 */
+    uint8_t p32[8] = {5, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF};
+    write_token_file(tpath("vocab32.bin"), 2, 2, 0, p32, 8);
+    CHECK_OK(fs_token_data_open(&d, tpath("vocab32.bin")));
+    st = fs_token_data_check_vocab(&d, 128256);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "token 4294967295 at position 1"),
+          "token 0xFFFFFFFF: %s", fs_error_message());
+    fs_token_data_close(&d);
+
+    /* the header's vocabulary is larger than the model's */
+    write_token_file(tpath("bigvocab.bin"), 1, 4, 50257, p16, 8);
+    CHECK_OK(fs_token_data_open(&d, tpath("bigvocab.bin")));
+    st = fs_token_data_check_vocab(&d, 32000);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), tpath("bigvocab.bin")) &&
+              strstr(fs_error_message(), "vocabulary of 50257") &&
+              strstr(fs_error_message(), "32000"),
+          "header vocab > model vocab: %s", fs_error_message());
+    CHECK_OK(fs_token_data_check_vocab(&d, 50257));
+    fs_token_data_close(&d);
+
+    /* text checked against a vocabulary smaller than 256 */
+    write_file(tpath("abc.txt"), "abcc", 4);
+    CHECK_OK(fs_token_data_open(&d, tpath("abc.txt")));
+    CHECK_OK(fs_token_data_check_vocab(&d, 100)); /* 'a'..'c' = 97..99 */
+    fs_token_data_close(&d);
+    write_file(tpath("abce.txt"), "abce", 4);
+    CHECK_OK(fs_token_data_open(&d, tpath("abce.txt")));
+    CHECK(fs_token_data_check_vocab(&d, 100) == FS_ERR_FORMAT &&
+              strstr(fs_error_message(), "token 101 at position 3"),
+          "text byte >= vocab: %s", fs_error_message());
+    fs_token_data_close(&d);
+}
+
+static void test_check_length(void) {
+    fs_token_data d;
+    write_file(tpath("len.txt"), "0123456789", 10);
+    CHECK_OK(fs_token_data_open(&d, tpath("len.txt")));
+    CHECK_OK(fs_token_data_check_length(&d, 9));
+    fs_status st = fs_token_data_check_length(&d, 10);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), tpath("len.txt")) &&
+              strstr(fs_error_message(), "holds 10 tokens") &&
+              strstr(fs_error_message(), "T + 1 = 11"),
+          "10 tokens, T = 10: %s", fs_error_message());
+    CHECK(fs_token_data_check_length(&d, 0) == FS_ERR_USAGE, "T = 0");
+    CHECK(fs_token_data_check_length(&d, INT64_MAX) == FS_ERR_FORMAT, "T = INT64_MAX");
+    fs_token_data_close(&d);
+}
+
+static void test_close_is_safe(void) {
+    fs_token_data d;
+    memset(&d, 0, sizeof d);
+    fs_token_data_close(&d);
+    fs_token_data_close(&d);
+    fs_token_data_close(NULL);
+    CHECK(is_closed(&d), "zero struct stays closed");
+}
+
+/* ------------------------------------------------------------------ large files */
+
+/* Sparse files over 2 GiB: a text file of 3 GiB and a uint32 token file with the largest
+ * count (2^31 - 1 tokens, 8 GiB), each with a few known values past 2 and 4 GiB. */
+static void test_files_over_2gib(void) {
+    const char *p = tpath("big.txt");
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0, "create %s", p);
+    if (fd < 0) return;
+    const int64_t text_bytes = (int64_t)3 << 30;
+    const int64_t mark = ((int64_t)1 << 31) + 5;
+    int ok = ftruncate(fd, (off_t)text_bytes) == 0 && pwrite(fd, "Q", 1, (off_t)mark) == 1 &&
+             pwrite(fd, "Z", 1, (off_t)(text_bytes - 1)) == 1;
+    close(fd);
+    CHECK(ok, "sparse text file set up");
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, p));
+    CHECK(d.is_text && d.n_tokens == text_bytes, "3 GiB text: n_tokens %lld",
+          (long long)d.n_tokens);
+    if (d.n_tokens == text_bytes) {
+        CHECK(fs_token_data_get(&d, mark) == 'Q' && fs_token_data_get(&d, mark - 1) == 0 &&
+                  fs_token_data_get(&d, text_bytes - 1) == 'Z',
+              "bytes past 2 GiB");
+        int32_t in[4], tg[4];
+        int64_t last_window = fs_sampler_n_windows(&d, 4) - 1;
+        fs_sampler_fill_sequential(&d, last_window, 1, 4, in, tg);
+        CHECK(last_window == (text_bytes - 1) / 4 - 1 && tg[3] == 0,
+              "last sequential window");
+    }
+    fs_token_data_close(&d);
+    unlink(p);
+
+    const char *q = tpath("big.bin");
+    fd = open(q, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0, "create %s", q);
+    if (fd < 0) return;
+    const int64_t n = INT32_MAX;
+    uint8_t h[1024], t[4];
+    make_header(h, FS_TOKENFILE_MAGIC, 2, (uint32_t)n, 128256);
+    const int64_t mid = ((int64_t)5 << 30) / 4; /* a token at byte offset 5 GiB + 1024 */
+    ok = pwrite(fd, h, 1024, 0) == 1024 && ftruncate(fd, (off_t)(1024 + 4 * n)) == 0;
+    put_le32(t, 128255);
+    ok = ok && pwrite(fd, t, 4, (off_t)(1024 + 4 * (n - 1))) == 4;
+    put_le32(t, 77777);
+    ok = ok && pwrite(fd, t, 4, (off_t)(1024 + 4 * mid)) == 4;
+    close(fd);
+    CHECK(ok, "sparse token file set up");
+    CHECK_OK(fs_token_data_open(&d, q));
+    CHECK(d.n_tokens == n && d.token_bytes == 4 && d.map_bytes == (size_t)(1024 + 4 * n),
+          "8 GiB token file: n %lld", (long long)d.n_tokens);
+    if (d.n_tokens == n) {
+        CHECK(fs_token_data_get(&d, n - 1) == 128255 && fs_token_data_get(&d, mid) == 77777,
+              "tokens past 4 GiB");
+    }
+    fs_token_data_close(&d);
+    /* one token short of its header: the size arithmetic must not wrap */
+    CHECK(truncate(q, (off_t)(1024 + 4 * (n - 1))) == 0, "truncate");
+    CHECK_OPEN_FAILS(q, FS_ERR_FORMAT, "8589934588 bytes after the 1024-byte header) but the "
+                                       "file holds 8589934584 bytes");
+    unlink(q);
+}
+
+/* ------------------------------------------------------------------ sampler */
+
+/* A uint32 token file whose token i is i * 3 + 1, so a window shows where it starts. */
+static void make_counting_file(const char *path, int64_t n, int32_t vocab) {
+    static int32_t toks[100000];
+    if (n > 100000) abort();
+    for (int64_t i = 0; i < n; i++) toks[i] = (int32_t)(i * 3 + 1);
+    if (fs_tokenfile_write(path, toks, n, vocab) != FS_OK) abort();
+}
+
+static void test_sampler_windows(void) {
+    enum { N = 10000, T = 16, B = 12 };
+    make_counting_file(tpath("count.bin"), N, 100000);
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, tpath("count.bin")));
+    CHECK(d.token_bytes == 4, "uint32 counting file");
+    static int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
+    int in_range = 1, shifted = 1, contiguous = 1;
+    int64_t min_pos = N, max_pos = -1;
+    for (int64_t step = 0; step < 200; step++) {
+        fs_sampler_fill(&d, 1234, step, 0, B, T, in, tg);
+        for (int r = 0; r < B; r++) {
+            int64_t pos = (in[r * T] - 1) / 3;
+            in_range &= pos >= 0 && pos + T + 1 <= N && (in[r * T] - 1) % 3 == 0;
+            if (pos < min_pos) min_pos = pos;
+            if (pos > max_pos) max_pos = pos;
+            for (int t = 0; t < T; t++) {
+                contiguous &= in[r * T + t] == (int32_t)((pos + t) * 3 + 1);
+                shifted &= tg[r * T + t] == (int32_t)((pos + t + 1) * 3 + 1);
+            }
+        }
+    }
+    CHECK(in_range, "every window lies inside the stream");
+    CHECK(contiguous, "inputs are T consecutive tokens");
+    CHECK(shifted, "targets are the inputs shifted by one");
+    CHECK(min_pos < 200 && max_pos > N - T - 200, "starts cover the stream: [%lld, %lld]",
+          (long long)min_pos, (long long)max_pos);
+
+    /* reproducible; rows, steps and seeds differ */
+    fs_sampler_fill(&d, 1234, 7, 0, B, T, in, tg);
+    fs_sampler_fill(&d, 1234, 7, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0,
+          "same seed and step: same batch");
+    int rows_differ = 1;
+    for (int r = 1; r < B; r++) rows_differ &= in[r * T] != in[0];
+    CHECK(rows_differ, "rows of one step start at different positions");
+    fs_sampler_fill(&d, 1234, 8, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) != 0, "another step: another batch");
+    fs_sampler_fill(&d, 4321, 7, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) != 0, "another seed: another batch");
+
+    /* slices of the global batch equal the rows of the whole batch (ranks take slices) */
+    int slices_match = 1;
+    for (int r0 = 0; r0 < B; r0++)
+        for (int k = 0; r0 + k <= B; k++) {
+            fs_sampler_fill(&d, 1234, 7, r0, k, T, in2, tg2);
+            slices_match &= memcmp(in2, in + r0 * T, sizeof(int32_t) * (size_t)(k * T)) == 0 &&
+                            memcmp(tg2, tg + r0 * T, sizeof(int32_t) * (size_t)(k * T)) == 0;
+        }
+    CHECK(slices_match, "rows [r0, r0+k) == rows r0.. of the whole batch");
+    /* 3 ranks x 4 rows == 12 rows */
+    for (int rank = 0; rank < 3; rank++)
+        fs_sampler_fill(&d, 1234, 7, rank * 4, 4, T, in2 + rank * 4 * T, tg2 + rank * 4 * T);
+    CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0,
+          "three ranks' slices assemble the global batch");
+    fs_token_data_close(&d);
+
+    /* the smallest stream: T + 1 tokens, the only window starts at 0 */
+    make_counting_file(tpath("tiny.bin"), T + 1, 100000);
+    CHECK_OK(fs_token_data_open(&d, tpath("tiny.bin")));
+    CHECK_OK(fs_token_data_check_length(&d, T));
+    int only = 1;
+    for (int64_t step = 0; step < 20; step++) {
+        fs_sampler_fill(&d, 99, step, 0, B, T, in, tg);
+        for (int r = 0; r < B; r++) only &= in[r * T] == 1 && tg[r * T + T - 1] == T * 3 + 1;
+    }
+    CHECK(only, "with T + 1 tokens every window is the whole stream");
+    fs_token_data_close(&d);
+}
+
+static void test_sampler_all_widths(void) {
+    /* the same stream as bytes (text), uint16 and uint32 gives the same batches */
+    enum { N = 3000, T = 8, B = 5 };
+    static uint8_t text[N];
+    static int32_t toks[N];
+    for (int i = 0; i < N; i++) {
+        text[i] = (uint8_t)((i * 7 + i / 256) & 255);
+        toks[i] = text[i];
+    }
+    write_file(tpath("w1.txt"), text, N);
+    CHECK_OK(fs_tokenfile_write(tpath("w2.bin"), toks, N, 256));
+    CHECK_OK(fs_tokenfile_write(tpath("w4.bin"), toks, N, 70000));
+    const char *paths[3] = {tpath("w1.txt"), tpath("w2.bin"), tpath("w4.bin")};
+    int32_t in[3][B * T], tg[3][B * T];
+    int32_t sin[3][B * T], stg[3][B * T];
+    for (int w = 0; w < 3; w++) {
+        fs_token_data d;
+        CHECK_OK(fs_token_data_open(&d, paths[w]));
+        CHECK(d.token_bytes == (w == 0 ? 1 : w == 1 ? 2 : 4), "width of %s", paths[w]);
+        fs_sampler_fill(&d, 5, 3, 0, B, T, in[w], tg[w]);
+        fs_sampler_fill_sequential(&d, 10, B, T, sin[w], stg[w]);
+        fs_token_data_close(&d);
+    }
+    for (int w = 1; w < 3; w++) {
+        CHECK(memcmp(in[0], in[w], sizeof in[0]) == 0 && memcmp(tg[0], tg[w], sizeof tg[0]) == 0,
+              "random batch, width %d == bytes", w);
+        CHECK(memcmp(sin[0], sin[w], sizeof sin[0]) == 0 &&
+                  memcmp(stg[0], stg[w], sizeof stg[0]) == 0,
+              "sequential batch, width %d == bytes", w);
+    }
+    int ok = 1;
+    for (int r = 0; r < B; r++)
+        for (int t = 0; t < T; t++)
+            ok &= sin[0][r * T + t] == text[(10 + r) * T + t] &&
+                  stg[0][r * T + t] == text[(10 + r) * T + t + 1];
+    CHECK(ok, "sequential windows read the text bytes");
+}
+
+static void test_sequential_windows(void) {
+    enum { T = 10 };
+    fs_token_data d;
+    int32_t in[4 * T], tg[4 * T];
+    /* n = 4T + 1: exactly 4 windows; n = 4T: 3 */
+    make_counting_file(tpath("seq41.bin"), 4 * T + 1, 1000);
+    CHECK_OK(fs_token_data_open(&d, tpath("seq41.bin")));
+    CHECK(fs_sampler_n_windows(&d, T) == 4, "4T+1 tokens: %lld windows",
+          (long long)fs_sampler_n_windows(&d, T));
+    fs_sampler_fill_sequential(&d, 0, 4, T, in, tg);
+    int ok = 1;
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < T; t++)
+            ok &= in[r * T + t] == (r * T + t) * 3 + 1 && tg[r * T + t] == (r * T + t + 1) * 3 + 1;
+    CHECK(ok, "windows are w*T .. w*T + T, targets one later");
+    fs_sampler_fill_sequential(&d, 2, 2, T, in, tg);
+    CHECK(in[0] == (2 * T) * 3 + 1 && tg[2 * T - 1] == (4 * T) * 3 + 1, "from window 2");
+    fs_token_data_close(&d);
+
+    make_counting_file(tpath("seq40.bin"), 4 * T, 1000);
+    CHECK_OK(fs_token_data_open(&d, tpath("seq40.bin")));
+    CHECK(fs_sampler_n_windows(&d, T) == 3, "4T tokens: 3 windows");
+    CHECK(fs_sampler_n_windows(&d, 4 * T) == 0, "T = n: no window");
+    fs_token_data_close(&d);
+
+    write_file(tpath("seq0.txt"), "", 0);
+    CHECK_OK(fs_token_data_open(&d, tpath("seq0.txt")));
+    CHECK(fs_sampler_n_windows(&d, 1) == 0, "empty stream: no window");
+    fs_token_data_close(&d);
+}
+
+/* ------------------------------------------------------------------ tokenize_files */
+
+static void test_tokenize_files(void) {
+    const char *a = "%\nThe first fortune.\n", *c = "%\nThe third, \xe2\x9c\x93.\n";
+    write_file(tpath("a.txt"), a, strlen(a));
+    write_file(tpath("b.txt"), "", 0);
+    write_file(tpath("c.txt"), c, strlen(c));
+    /* larger than the streaming chunk, so several reads and writes are needed */
+    enum { BIG = 100000 };
+    static uint8_t big[BIG];
+    for (int i = 0; i < BIG; i++) big[i] = (uint8_t)(i * 31 + 7);
+    big[0] = 'x'; /* not the magic */
+    write_file(tpath("big.dat"), big, BIG);
+    const char *paths[4] = {tpath("a.txt"), tpath("b.txt"), tpath("c.txt"), tpath("big.dat")};
+    const char *out = tpath("corpus.bin");
+    int64_t n = -1;
+    CHECK_OK(fs_tokenize_files(out, paths, 4, &n));
+    int64_t want_n = (int64_t)(strlen(a) + strlen(c)) + BIG;
+    CHECK(n == want_n, "token count %lld, want %lld", (long long)n, (long long)want_n);
+    CHECK(!file_exists(tpath("corpus.bin.tmp")), "no temporary left");
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, out));
+    CHECK(!d.is_text && d.token_bytes == 2 && d.vocab_size == 256 && d.n_tokens == want_n,
+          "byte-level token file: bytes=%d vocab=%d n=%lld", d.token_bytes, d.vocab_size,
+          (long long)d.n_tokens);
+    if (d.n_tokens == want_n) {
+        int ok = 1;
+        int64_t i = 0;
+        for (size_t k = 0; a[k]; k++) ok &= fs_token_data_get(&d, i++) == (uint8_t)a[k];
+        for (size_t k = 0; c[k]; k++) ok &= fs_token_data_get(&d, i++) == (uint8_t)c[k];
+        for (int k = 0; k < BIG; k++) ok &= fs_token_data_get(&d, i++) == big[k];
+        CHECK(ok, "the files' bytes, concatenated in order");
+        /* decode gives the text back */
+        static int32_t ids[64];
+        uint8_t txt[64];
+        for (int k = 0; k < (int)strlen(a); k++) ids[k] = fs_token_data_get(&d, k);
+        fs_tokenizer_decode(txt, ids, (int64_t)strlen(a));
+        CHECK(memcmp(txt, a, strlen(a)) == 0, "decode returns the text");
+    }
+    CHECK_OK(fs_token_data_check_vocab(&d, 256));
+    fs_token_data_close(&d);
+    CHECK_OK(fs_tokenize_files(out, paths, 1, NULL)); /* NULL count is allowed */
+
+    /* errors name the input and leave no output behind */
+    const char *out2 = tpath("never.bin");
+    const char *missing[2] = {tpath("a.txt"), tpath("nope.txt")};
+    fs_status st = fs_tokenize_files(out2, missing, 2, &n);
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), tpath("nope.txt")) && n == 0,
+          "missing input: %s: %s", fs_status_name(st), fs_error_message());
+    const char *dir[1] = {test_dir};
+    st = fs_tokenize_files(out2, dir, 1, &n);
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "is a directory"),
+          "directory input: %s", fs_error_message());
+    int32_t some[3] = {1, 2, 3};
+    CHECK_OK(fs_tokenfile_write(tpath("tok.bin"), some, 3, 256));
+    const char *tokfile[2] = {tpath("a.txt"), tpath("tok.bin")};
+    st = fs_tokenize_files(out2, tokfile, 2, &n);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), tpath("tok.bin")) &&
+              strstr(fs_error_message(), "is a token file"),
+          "token file as text input: %s", fs_error_message());
+    const char *l3[1] = {tpath("l3.bin")};
+    write_token_file_magic(l3[0], FS_TOKENFILE_MAGIC_LLMC_LLAMA3, 7, 0, 0, NULL, 0);
+    st = fs_tokenize_files(out2, l3, 1, &n);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "is a token file"),
+          "llm.c Llama 3 file as text input: %s", fs_error_message());
+    CHECK(fs_tokenize_files(out2, paths, 0, &n) == FS_ERR_USAGE, "no inputs");
+    CHECK(!file_exists(out2) && !file_exists(tpath("never.bin.tmp")), "no output on error");
+
+    /* more bytes than a token file can count (a sparse file of 2^31 bytes) */
+    const char *huge = tpath("huge.txt");
+    int fd = open(huge, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)1 << 31) == 0, "sparse 2 GiB text");
+    if (fd >= 0) close(fd);
+    const char *hp[1] = {huge};
+    st = fs_tokenize_files(out2, hp, 1, &n);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "2147483648 bytes"),
+          "2^31 bytes of text: %s: %s", fs_status_name(st), fs_error_message());
+    CHECK(!file_exists(out2) && !file_exists(tpath("never.bin.tmp")), "no output on error");
+    unlink(huge);
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void remove_test_dir(void) {
+    DIR *dir = opendir(test_dir);
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        unlink(tpath(e->d_name));
+    }
+    closedir(dir);
+    rmdir(test_dir);
+}
+
+int main(void) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(test_dir, sizeof test_dir, "%s/flatshard-test-data-XXXXXX",
+             tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(test_dir)) {
+        fprintf(stderr, "test_data: cannot create a temporary directory under %s\n",
+                tmp && tmp[0] ? tmp : "/tmp");
+        return 1;
+    }
+    RUN(test_tokenizer_round_trip);
+    RUN(test_text_file_is_its_bytes);
+    RUN(test_empty_file_is_empty_text);
+    RUN(test_write_uint16_round_trip);
+    RUN(test_write_uint32_round_trip);
+    RUN(test_llmc_layout_byte_by_byte);
+    RUN(test_write_replaces_and_refuses);
+    RUN(test_missing_directory_and_unreadable);
+    RUN(test_hostile_headers);
+    RUN(test_check_vocab);
+    RUN(test_check_length);
+    RUN(test_close_is_safe);
+    RUN(test_files_over_2gib);
+    RUN(test_sampler_windows);
+    RUN(test_sampler_all_widths);
+    RUN(test_sequential_windows);
+    RUN(test_tokenize_files);
+    remove_test_dir();
+    return fs_test_summary();
+}
