@@ -1,0 +1,240 @@
+/*
+ * flatshard/model.h — the Llama model: configuration, units, activations, forward/backward.
+ *
+ * The model knows the math and nothing of ranks. It declares its parameters as *units*
+ * (DESIGN.md §2-3): the norm group, the embedding (one unit, or several vocabulary-row
+ * chunks), each decoder block, and the LM head (chunks again, absent when the embedding is
+ * tied). Each unit's tensors are concatenated into one flat fp32 vector in a fixed order. The
+ * model runs forward or backward of one *op* (a use of a unit: the embedding lookup, a block,
+ * a head chunk with its share of the cross-entropy) given pointers to that unit's flat weights
+ * and gradient slots, wherever they live: in one process's arrays, or in the gathered
+ * full-unit buffers of the sharding engine.
+ *
+ * Glossary (sizes; the same letters are used in every shape comment of flatshard):
+ *   B   batch rows of a micro-batch          T   sequence length
+ *   N   token rows = B * T                   C   hidden_size
+ *   NH  num_attention_heads                  NKV num_key_value_heads (divides NH)
+ *   HS  head size = C / NH                   QKV fused q/k/v width = (NH + 2*NKV) * HS
+ *   FF  intermediate_size                    V   vocab_size
+ *   L   num_hidden_layers                    Vc  rows of one vocabulary chunk
+ *
+ * Tensor order inside a block unit (Hugging Face names under model.layers.<l>.):
+ *   self_attn.q_proj.weight (NH*HS, C), self_attn.k_proj.weight (NKV*HS, C),
+ *   self_attn.v_proj.weight (NKV*HS, C)   -- contiguous: one fused (QKV, C) matrix
+ *   self_attn.o_proj.weight (C, NH*HS)
+ *   mlp.gate_proj.weight (FF, C), mlp.up_proj.weight (FF, C)   -- one fused (2FF, C) matrix
+ *   mlp.down_proj.weight (C, FF)
+ * The norm group holds, in order: model.layers.<l>.input_layernorm.weight and
+ * model.layers.<l>.post_attention_layernorm.weight for every l, then model.norm.weight.
+ */
+#ifndef FLATSHARD_MODEL_H
+#define FLATSHARD_MODEL_H
+
+#include <stdint.h>
+
+#include "flatshard/core.h"
+
+/* ------------------------------------------------------------------ configuration */
+
+/* Field names and meanings are those of Hugging Face's LlamaConfig. */
+typedef struct fs_llama_config {
+    int64_t hidden_size;             /* C */
+    int64_t intermediate_size;       /* FF */
+    int64_t num_hidden_layers;       /* L */
+    int64_t num_attention_heads;     /* NH */
+    int64_t num_key_value_heads;     /* NKV; defaults to NH */
+    int64_t vocab_size;              /* V */
+    int64_t max_position_embeddings; /* the longest T the model accepts */
+    double rms_norm_eps;
+    double rope_theta;
+    double initializer_range;        /* std of the normal initialisation of matrices */
+    int tie_word_embeddings;         /* LM head = embedding table */
+} fs_llama_config;
+
+/* Named presets: "tiny" (~3M parameters, the demo) and "small" (~104M). Unknown name:
+ * FS_ERR_USAGE naming the preset and listing the known ones. */
+fs_status fs_llama_config_preset(const char *name, fs_llama_config *out);
+/* The preset names, NULL-terminated. */
+const char *const *fs_llama_config_preset_names(void);
+
+/* Reads a Hugging Face config.json. Required: hidden_size, intermediate_size,
+ * num_hidden_layers, num_attention_heads, vocab_size. Optional with Hugging Face's defaults:
+ * num_key_value_heads (= num_attention_heads), rms_norm_eps (1e-6), rope_theta (10000),
+ * max_position_embeddings (2048), tie_word_embeddings (false), initializer_range (0.02).
+ * Fields flatshard cannot honour are refused by name (hidden_act other than "silu",
+ * attention_bias or mlp_bias true, a rope_scaling object, head_dim != C/NH). Errors name the
+ * file and the field. The result is validated. */
+fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out);
+/* The same from a JSON text (len bytes); `origin` names it in errors. */
+fs_status fs_llama_config_from_json(const char *json, size_t len, const char *origin,
+                                    fs_llama_config *out);
+
+/* A preset name or, if `spec` names an existing file (or ends in .json), a config.json. */
+fs_status fs_llama_config_load(const char *spec, fs_llama_config *out);
+
+/* Checks ranges and divisibility; the message names the field. */
+fs_status fs_llama_config_validate(const fs_llama_config *cfg);
+
+/* Writes the config as Hugging Face config.json text into buf (NUL-terminated). Returns the
+ * length, or a negative number if buf is too small. */
+int fs_llama_config_to_json(const fs_llama_config *cfg, char *buf, size_t buf_bytes);
+
+/* ------------------------------------------------------------------ units and tensors */
+
+typedef enum fs_unit_kind {
+    FS_UNIT_NORMS, /* all RMSNorm weights: the norm group, used by every block and the head */
+    FS_UNIT_EMBED, /* embedding rows [row0, row0 + rows) */
+    FS_UNIT_BLOCK, /* one decoder block */
+    FS_UNIT_HEAD,  /* LM head rows [row0, row0 + rows) (untied models only) */
+} fs_unit_kind;
+
+typedef struct fs_unit_info {
+    fs_unit_kind kind;
+    int index;           /* block number for blocks, chunk number for embed/head chunks */
+    int64_t row0, rows;  /* vocabulary rows of an embed/head chunk; 0, 0 otherwise */
+    int64_t numel;       /* length of the unit's flat vector */
+    int first_tensor, n_tensors;
+} fs_unit_info;
+
+typedef struct fs_tensor_info {
+    char name[96];       /* Hugging Face name of the whole tensor */
+    int unit;            /* the unit holding this piece */
+    int64_t offset;      /* first element of the piece within the unit's flat vector */
+    int ndim;            /* 1 or 2 */
+    int64_t shape[2];    /* shape of the piece (rows, cols) or (n, 1) */
+    int64_t full_rows;   /* rows of the whole tensor; a vocabulary chunk holds part of them */
+    int64_t row0;        /* first row of the whole tensor held by this piece */
+    int64_t numel;
+    int weight_decay;    /* 1: matrices (decayed); 0: norm weights (not decayed) */
+} fs_tensor_info;
+
+/* One use of a unit in the forward order; backward runs the ops in reverse. */
+typedef struct fs_op {
+    fs_unit_kind kind;   /* FS_UNIT_EMBED, FS_UNIT_BLOCK or FS_UNIT_HEAD (the head stage,
+                            whose unit is an embed unit when tied) */
+    int unit;
+    int first_of_kind, last_of_kind; /* the head stage's first op runs the final norm */
+} fs_op;
+
+typedef struct fs_layout {
+    fs_llama_config cfg;
+    int n_units;
+    fs_unit_info *units;     /* (n_units) */
+    int n_tensors;
+    fs_tensor_info *tensors; /* (n_tensors) */
+    int n_ops;
+    fs_op *ops;              /* (n_ops) forward order */
+    int norm_unit;           /* index of the norm group */
+    int64_t vocab_chunk_rows;
+    int64_t max_unit_numel;  /* the largest unit other than the norm group */
+    int64_t total_numel;     /* parameters, all units */
+} fs_layout;
+
+/* Builds the units, tensors and ops for cfg. vocab_chunk_rows = 0 keeps the embedding and
+ * head as one unit each; otherwise they are split into chunks of at most that many rows. */
+fs_status fs_layout_init(fs_layout *out, const fs_llama_config *cfg, int64_t vocab_chunk_rows);
+void fs_layout_free(fs_layout *layout); /* idempotent */
+
+/* Index of the tensor piece with this Hugging Face name and first row, or -1. */
+int fs_layout_find_tensor(const fs_layout *layout, const char *name, int64_t row0);
+
+/* Fills elements [begin, end) of unit `unit`'s flat vector with their initial values:
+ * norm weights 1, matrices N(0, initializer_range^2). Each element's value is a pure function
+ * of (seed, tensor name, element index within the whole tensor), so any slice of any unit,
+ * chunked or sharded, gets the values an unsharded run would. */
+void fs_layout_init_weights(const fs_layout *layout, int unit, int64_t begin, int64_t end,
+                            float *out, uint64_t seed);
+
+/* Model FLOPs of one training token (forward + backward, no recomputation) at sequence
+ * length T: 6 * (matmul parameters, the LM head included even when tied) + 6 * L * C * (T+1)
+ * for causal attention (on average (T+1)/2 keys per query, QK^T and PV). */
+double fs_layout_train_flops_per_token(const fs_layout *layout, int64_t T);
+
+/* ------------------------------------------------------------------ kernel-time profile */
+
+typedef enum fs_prof_kind {
+    FS_PROF_GEMM, FS_PROF_ATTENTION, FS_PROF_NORM, FS_PROF_ROPE, FS_PROF_SWIGLU,
+    FS_PROF_EMBED, FS_PROF_XENT, FS_PROF_OPTIM, FS_PROF_OTHER, FS_PROF_N_KINDS
+} fs_prof_kind;
+
+typedef struct fs_profile {
+    double seconds[FS_PROF_N_KINDS];
+    int64_t calls[FS_PROF_N_KINDS];
+} fs_profile;
+
+const char *fs_prof_kind_name(fs_prof_kind kind);
+
+/* ------------------------------------------------------------------ activations */
+
+/* Everything one micro-batch of (B, T) needs, allocated once (FS_MEM_ACTIVATIONS, inputs and
+ * targets FS_MEM_OTHER) and reused every step. */
+typedef struct fs_acts {
+    int64_t B, T, N;
+    int32_t *inputs;     /* (N) */
+    int32_t *targets;    /* (N) */
+    float *rope_cos;     /* (T, HS/2) */
+    float *rope_sin;     /* (T, HS/2) */
+    /* saved by forward, per block l */
+    float *x;            /* (L+1, N, C) residual stream: x[l] enters block l */
+    float *ln1;          /* (L, N, C) */
+    float *rstd1;        /* (L, N) */
+    float *qkv;          /* (L, N, QKV) q and k after RoPE */
+    float *att;          /* (L, N, C) attention output, before o_proj */
+    float *lse;          /* (L, B, NH, T) attention log-sum-exp */
+    float *xmid;         /* (L, N, C) residual after attention */
+    float *ln2;          /* (L, N, C) */
+    float *rstd2;        /* (L, N) */
+    float *gu;           /* (L, N, 2FF) gate | up */
+    float *h;            /* (L, N, FF) silu(gate) * up */
+    /* head stage */
+    float *lnf;          /* (N, C) final norm output */
+    float *rstdf;        /* (N) */
+    float *logits;       /* (N, Vc) logits of one chunk (the last forward chunk after forward) */
+    int logits_op;       /* the op whose logits are in `logits`, -1 if none */
+    float *row_max;      /* (N) online log-sum-exp state; row_max becomes the final lse */
+    float *row_sum;      /* (N) */
+    float *target_logit; /* (N) */
+    double loss;         /* mean cross-entropy of the micro-batch, after the last head op */
+    /* backward scratch, shared by all blocks */
+    float *dres;         /* (N, C) gradient of the residual stream */
+    float *dln;          /* (N, C) */
+    float *dqkv;         /* (N, QKV) */
+    float *datt;         /* (N, C) */
+    float *dgu;          /* (N, 2FF) */
+    float *dh;           /* (N, FF) */
+    float *dlnf;         /* (N, C) */
+} fs_acts;
+
+/* Bytes fs_acts_init allocates for (B, T), by category (activations, other). */
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, size_t *activation_bytes,
+                   size_t *other_bytes);
+fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
+                       fs_mem *mem);
+void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
+
+/* ------------------------------------------------------------------ execution */
+
+/* What a forward or backward op needs besides weights: the layout, the pool its kernels split
+ * over, and an optional kernel-time profile (NULL: not timed). */
+typedef struct fs_model {
+    const fs_layout *layout;
+    fs_pool *pool;
+    fs_profile *profile;
+} fs_model;
+
+/* Forward of op `op` for the micro-batch in acts (inputs/targets filled by the caller).
+ *   w       the flat weights of the op's unit (layout->units[unit].numel floats)
+ *   norm_w  the flat weights of the norm group
+ * After the last head op, acts->loss holds the mean cross-entropy. */
+void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const float *w,
+                      const float *norm_w);
+
+/* Backward of op `op` (call in reverse op order after a full forward).
+ *   dw          the unit's flat gradient slots: written when accumulate = 0, added to when 1
+ *               (a tied unit is used twice: the second use must accumulate)
+ *   norm_dw     the norm group's gradient: always accumulated (zero it before a step)
+ * The gradient of the loss is that of acts->loss (the mean over the micro-batch's tokens). */
+void fs_model_backward(const fs_model *m, fs_acts *acts, int op, const float *w, float *dw,
+                       int accumulate, const float *norm_w, float *norm_dw);
+
+#endif /* FLATSHARD_MODEL_H */

@@ -1,0 +1,96 @@
+/*
+ * flatshard/safetensors.h — reading and writing safetensors files.
+ *
+ * The format (https://huggingface.co/docs/safetensors, "Format"; summarised with flatshard's
+ * checks in docs/formats.md): an unsigned 64-bit little-endian header length N; N bytes of
+ * JSON mapping each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
+ * from the first byte after the header) and an optional "__metadata__" object whose values
+ * are strings; then the tensor data, row-major, little-endian.
+ *
+ * The reader trusts nothing: the header length is bounded by the file size and a fixed cap,
+ * the JSON is parsed whole, and every entry is checked before any data is read — a known
+ * dtype, at most FS_ST_MAX_DIMS non-negative dimensions whose product does not overflow,
+ * offsets inside the data area, a byte length equal to numel x dtype size, and no two
+ * tensors overlapping. The header parser works on a memory buffer so it can be fuzzed.
+ *
+ * The writer writes to "<path>.tmp", fsyncs, renames over path and fsyncs the directory: an
+ * existing file is replaced whole or not at all.
+ */
+#ifndef FLATSHARD_SAFETENSORS_H
+#define FLATSHARD_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "flatshard/core.h"
+
+#define FS_ST_MAX_DIMS 8
+#define FS_ST_MAX_HEADER_BYTES ((uint64_t)100 << 20)
+
+typedef enum fs_st_dtype {
+    FS_ST_F64, FS_ST_F32, FS_ST_F16, FS_ST_BF16, FS_ST_I64, FS_ST_I32, FS_ST_I16, FS_ST_I8,
+    FS_ST_U64, FS_ST_U32, FS_ST_U16, FS_ST_U8, FS_ST_BOOL, FS_ST_N_DTYPES
+} fs_st_dtype;
+
+const char *fs_st_dtype_name(fs_st_dtype dtype); /* "F32", ... */
+size_t fs_st_dtype_bytes(fs_st_dtype dtype);
+
+typedef struct fs_st_tensor {
+    char *name;
+    fs_st_dtype dtype;
+    int ndim;
+    int64_t shape[FS_ST_MAX_DIMS];
+    int64_t numel;
+    uint64_t begin, end; /* byte offsets in the data area */
+} fs_st_tensor;
+
+typedef struct fs_safetensors {
+    char path[512];
+    FILE *file;          /* NULL when parsed from memory */
+    uint64_t data_start; /* file offset of the data area */
+    uint64_t data_bytes;
+    int n_tensors;
+    fs_st_tensor *tensors; /* in header order */
+    int n_metadata;
+    char **metadata;       /* key0, value0, key1, value1, ... */
+} fs_safetensors;
+
+/* Opens and validates a file. Errors name the file and the problem (FS_ERR_IO, FS_ERR_FORMAT,
+ * FS_ERR_NOMEM); on error *out is closed. */
+fs_status fs_safetensors_open(fs_safetensors *out, const char *path);
+
+/* Validates a header (the JSON text, n bytes) for a data area of data_bytes bytes; `origin`
+ * names the source in errors. The result has no file: fs_safetensors_read refuses it. */
+fs_status fs_safetensors_parse_header(fs_safetensors *out, const char *json, size_t n,
+                                      uint64_t data_bytes, const char *origin);
+
+void fs_safetensors_close(fs_safetensors *st); /* idempotent, safe on a zeroed struct */
+
+/* The entry with this name, or NULL. */
+const fs_st_tensor *fs_safetensors_find(const fs_safetensors *st, const char *name);
+
+/* A metadata value, or NULL. */
+const char *fs_safetensors_metadata(const fs_safetensors *st, const char *key);
+
+/* Reads `bytes` bytes of tensor t's data starting `offset` bytes into it. */
+fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, uint64_t offset,
+                              void *dst, size_t bytes);
+
+/* One tensor to write; its data may come in several pieces written back to back (a tensor
+ * held as vocabulary chunks in different units). */
+typedef struct fs_st_entry {
+    const char *name;
+    fs_st_dtype dtype;
+    int ndim;
+    int64_t shape[FS_ST_MAX_DIMS];
+    int n_pieces;
+    const void *const *pieces;
+    const size_t *piece_bytes; /* must add up to numel x dtype size */
+} fs_st_entry;
+
+/* Writes the entries in order. metadata: NULL, or key, value, ..., NULL (strings). */
+fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,
+                               const char *const *metadata);
+
+#endif /* FLATSHARD_SAFETENSORS_H */

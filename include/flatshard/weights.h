@@ -1,0 +1,60 @@
+/*
+ * flatshard/weights.h — all of a model's parameters in one process, and safetensors files.
+ *
+ * fs_weights is the storage a single process uses for a full copy of the units (weights,
+ * gradients, optimizer moments): one fp32 array, unit u at data + unit_offset[u], each unit
+ * starting on a 64-byte boundary. The sharding engine keeps shards instead; both fill units
+ * with the same layout (model.h), so they are interchangeable at the model's seam.
+ *
+ * safetensors (https://huggingface.co/docs/safetensors; format summary in docs/formats.md):
+ * an 8-byte little-endian header length, a JSON header mapping each tensor name to
+ * {dtype, shape, data_offsets}, then the data. flatshard writes Hugging Face Llama names
+ * (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., lm_head.weight),
+ * dtype F32, and puts its config.json text in the header's __metadata__ under
+ * "flatshard_config", so a weights file is self-describing.
+ *
+ * What it does not do (yet): sharded checkpoints, bf16 files, optimizer state.
+ */
+#ifndef FLATSHARD_WEIGHTS_H
+#define FLATSHARD_WEIGHTS_H
+
+#include <stdint.h>
+
+#include "flatshard/core.h"
+#include "flatshard/model.h"
+
+typedef struct fs_weights {
+    const fs_layout *layout;
+    float *data;           /* (numel) every unit, padded to 16 floats */
+    int64_t *unit_offset;  /* (n_units) */
+    int64_t numel;
+} fs_weights;
+
+/* Allocates zeroed storage for every unit of layout (category cat) and its offset table
+ * (FS_MEM_OTHER). */
+fs_status fs_weights_init(fs_weights *out, const fs_layout *layout, fs_mem *mem,
+                          fs_mem_category cat, const char *what);
+void fs_weights_free(fs_weights *w, fs_mem *mem); /* idempotent */
+
+static inline float *fs_weights_unit(const fs_weights *w, int unit) {
+    return w->data + w->unit_offset[unit];
+}
+
+/* Fills every unit with its initial values (fs_layout_init_weights). */
+void fs_weights_init_random(fs_weights *w, uint64_t seed);
+
+/* Writes w as a safetensors file (F32) with the config in the metadata, to "<path>.tmp",
+ * fsynced, then renamed over path: an existing file is replaced whole or not at all. */
+fs_status fs_weights_save_safetensors(const fs_weights *w, const char *path);
+
+/* Reads the config stored in a flatshard safetensors file's metadata. FS_ERR_FORMAT if the
+ * file has none (a file from elsewhere: give the config explicitly). */
+fs_status fs_safetensors_read_config(const char *path, fs_llama_config *out);
+
+/* Loads every tensor of w's layout from a safetensors file. Every tensor must be present
+ * with dtype F32 and its Hugging Face shape; names the file does not need are refused by
+ * name, except rotary inv_freq buffers (derived data some exporters include). Errors name
+ * the file and the tensor; on error w's contents are unspecified. */
+fs_status fs_weights_load_safetensors(fs_weights *w, const char *path);
+
+#endif /* FLATSHARD_WEIGHTS_H */

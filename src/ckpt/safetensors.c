@@ -1,0 +1,389 @@
+/*
+ * safetensors.c — the safetensors reader and writer (contract in safetensors.h).
+ *
+ * JSON parsing is cJSON's; every number it gives is a double, exact for integers below 2^53,
+ * which bounds every offset and dimension we accept. The writer prints the header itself so
+ * that large offsets come out as exact integers.
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "flatshard/safetensors.h"
+
+static const struct {
+    const char *name;
+    size_t bytes;
+} dtypes[FS_ST_N_DTYPES] = {
+    [FS_ST_F64] = {"F64", 8},  [FS_ST_F32] = {"F32", 4},  [FS_ST_F16] = {"F16", 2},
+    [FS_ST_BF16] = {"BF16", 2}, [FS_ST_I64] = {"I64", 8},  [FS_ST_I32] = {"I32", 4},
+    [FS_ST_I16] = {"I16", 2},  [FS_ST_I8] = {"I8", 1},    [FS_ST_U64] = {"U64", 8},
+    [FS_ST_U32] = {"U32", 4},  [FS_ST_U16] = {"U16", 2},  [FS_ST_U8] = {"U8", 1},
+    [FS_ST_BOOL] = {"BOOL", 1},
+};
+
+const char *fs_st_dtype_name(fs_st_dtype d) {
+    return (int)d >= 0 && d < FS_ST_N_DTYPES ? dtypes[d].name : "invalid";
+}
+
+size_t fs_st_dtype_bytes(fs_st_dtype d) {
+    return (int)d >= 0 && d < FS_ST_N_DTYPES ? dtypes[d].bytes : 0;
+}
+
+/* ------------------------------------------------------------------ reading */
+
+void fs_safetensors_close(fs_safetensors *st) {
+    if (!st) return;
+    if (st->file) fclose(st->file);
+    for (int i = 0; i < st->n_tensors; i++) free(st->tensors[i].name);
+    free(st->tensors);
+    for (int i = 0; i < 2 * st->n_metadata; i++) free(st->metadata[i]);
+    free(st->metadata);
+    memset(st, 0, sizeof *st);
+}
+
+/* A non-negative integer below 2^53 (where doubles stop being exact). */
+static int json_u53(const cJSON *item, uint64_t *out) {
+    if (!cJSON_IsNumber(item)) return 0;
+    double v = item->valuedouble;
+    if (!(v >= 0 && v < 9007199254740992.0) || v != floor(v)) return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+static int cmp_by_begin(const void *a, const void *b) {
+    const fs_st_tensor *x = *(const fs_st_tensor *const *)a, *y = *(const fs_st_tensor *const *)b;
+    return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+static fs_status parse_entry(fs_st_tensor *t, const cJSON *e, uint64_t data_bytes,
+                             const char *origin) {
+    const char *name = e->string;
+    if (!cJSON_IsObject(e))
+        return fs_errorf(FS_ERR_FORMAT, "%s: header entry '%s' is not an object", origin, name);
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsString(dtype))
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has no dtype string", origin, name);
+    int d = 0;
+    while (d < FS_ST_N_DTYPES && strcmp(dtypes[d].name, dtype->valuestring) != 0) d++;
+    if (d == FS_ST_N_DTYPES)
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%.32s'", origin, name,
+                         dtype->valuestring);
+    t->dtype = (fs_st_dtype)d;
+    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > FS_ST_MAX_DIMS)
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' needs a shape array of at most %d dims",
+                         origin, name, FS_ST_MAX_DIMS);
+    t->ndim = cJSON_GetArraySize(shape);
+    uint64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        uint64_t dim = 0;
+        if (!json_u53(cJSON_GetArrayItem(shape, i), &dim))
+            return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' dimension %d is not a non-negative "
+                             "integer", origin, name, i);
+        if (dim != 0 && numel > (((uint64_t)1 << 53) / dim))
+            return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has too many elements", origin, name);
+        numel *= dim;
+        t->shape[i] = (int64_t)dim;
+    }
+    t->numel = (int64_t)numel;
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
+        !json_u53(cJSON_GetArrayItem(offs, 0), &t->begin) ||
+        !json_u53(cJSON_GetArrayItem(offs, 1), &t->end))
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' needs data_offsets [begin, end]", origin,
+                         name);
+    if (t->begin > t->end || t->end > data_bytes)
+        return fs_errorf(FS_ERR_FORMAT,
+                         "%s: tensor '%s' data_offsets [%llu, %llu] lie outside the %llu-byte "
+                         "data area",
+                         origin, name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                         (unsigned long long)data_bytes);
+    if (t->end - t->begin != numel * dtypes[d].bytes)
+        return fs_errorf(FS_ERR_FORMAT,
+                         "%s: tensor '%s' holds %llu bytes but its shape and dtype need %llu",
+                         origin, name, (unsigned long long)(t->end - t->begin),
+                         (unsigned long long)(numel * dtypes[d].bytes));
+    return FS_OK;
+}
+
+static fs_status parse_metadata(fs_safetensors *st, const cJSON *meta, const char *origin) {
+    if (!cJSON_IsObject(meta))
+        return fs_errorf(FS_ERR_FORMAT, "%s: __metadata__ is not an object", origin);
+    int n = cJSON_GetArraySize(meta);
+    st->metadata = calloc((size_t)(2 * n + 1), sizeof *st->metadata);
+    if (!st->metadata) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
+    for (const cJSON *m = meta->child; m; m = m->next) {
+        if (!cJSON_IsString(m))
+            return fs_errorf(FS_ERR_FORMAT, "%s: metadata value '%s' is not a string", origin,
+                             m->string);
+        st->metadata[2 * st->n_metadata] = strdup(m->string);
+        st->metadata[2 * st->n_metadata + 1] = strdup(m->valuestring);
+        st->n_metadata++;
+        if (!st->metadata[2 * st->n_metadata - 2] || !st->metadata[2 * st->n_metadata - 1])
+            return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
+    }
+    return FS_OK;
+}
+
+static fs_status parse_root(fs_safetensors *st, const cJSON *root, uint64_t data_bytes,
+                            const char *origin) {
+    if (!cJSON_IsObject(root))
+        return fs_errorf(FS_ERR_FORMAT, "%s: the header is not a JSON object", origin);
+    int n = cJSON_GetArraySize(root);
+    st->tensors = calloc((size_t)n + 1, sizeof *st->tensors);
+    if (!st->tensors) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
+    for (const cJSON *e = root->child; e; e = e->next) {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            if (st->metadata) return fs_errorf(FS_ERR_FORMAT, "%s: two __metadata__ entries", origin);
+            FS_TRY(parse_metadata(st, e, origin));
+            continue;
+        }
+        for (int i = 0; i < st->n_tensors; i++)
+            if (strcmp(st->tensors[i].name, e->string) == 0)
+                return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' appears twice", origin, e->string);
+        fs_st_tensor *t = &st->tensors[st->n_tensors];
+        t->name = strdup(e->string);
+        if (!t->name) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
+        st->n_tensors++;
+        FS_TRY(parse_entry(t, e, data_bytes, origin));
+    }
+    /* no two tensors may share bytes */
+    fs_st_tensor **sorted = malloc(((size_t)st->n_tensors + 1) * sizeof *sorted);
+    if (!sorted) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
+    for (int i = 0; i < st->n_tensors; i++) sorted[i] = &st->tensors[i];
+    qsort(sorted, (size_t)st->n_tensors, sizeof *sorted, cmp_by_begin);
+    fs_status status = FS_OK;
+    for (int i = 1; i < st->n_tensors && status == FS_OK; i++)
+        if (sorted[i]->begin < sorted[i - 1]->end)
+            status = fs_errorf(FS_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", origin,
+                               sorted[i - 1]->name, sorted[i]->name);
+    free(sorted);
+    return status;
+}
+
+fs_status fs_safetensors_parse_header(fs_safetensors *out, const char *json, size_t n,
+                                      uint64_t data_bytes, const char *origin) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->path, sizeof out->path, "%s", origin);
+    out->data_bytes = data_bytes;
+    cJSON *root = cJSON_ParseWithLength(json, n);
+    if (!root) return fs_errorf(FS_ERR_FORMAT, "%s: the header is not valid JSON", origin);
+    fs_status st = parse_root(out, root, data_bytes, origin);
+    cJSON_Delete(root);
+    if (st != FS_OK) fs_safetensors_close(out);
+    return st;
+}
+
+fs_status fs_safetensors_open(fs_safetensors *out, const char *path) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return fs_errorf(FS_ERR_IO, "%s: not a regular file", path);
+    }
+    uint64_t file_bytes = (uint64_t)sb.st_size;
+    uint8_t len_le[8];
+    if (file_bytes < 8 || fread(len_le, 1, 8, f) != 8) {
+        fclose(f);
+        return fs_errorf(FS_ERR_FORMAT, "%s: too short for a safetensors file (%llu bytes)", path,
+                         (unsigned long long)file_bytes);
+    }
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) n |= (uint64_t)len_le[i] << (8 * i);
+    if (n < 2 || n > FS_ST_MAX_HEADER_BYTES || n > file_bytes - 8) {
+        fclose(f);
+        return fs_errorf(FS_ERR_FORMAT,
+                         "%s: header length %llu is impossible for a file of %llu bytes", path,
+                         (unsigned long long)n, (unsigned long long)file_bytes);
+    }
+    char *text = malloc((size_t)n);
+    if (!text) {
+        fclose(f);
+        return fs_errorf(FS_ERR_NOMEM, "%s: cannot allocate %llu bytes for the header", path,
+                         (unsigned long long)n);
+    }
+    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        fclose(f);
+        return fs_errorf(FS_ERR_IO, "%s: short read of the header", path);
+    }
+    fs_status st = fs_safetensors_parse_header(out, text, (size_t)n, file_bytes - 8 - n, path);
+    free(text);
+    if (st != FS_OK) {
+        fclose(f);
+        return st;
+    }
+    out->file = f;
+    out->data_start = 8 + n;
+    return FS_OK;
+}
+
+const fs_st_tensor *fs_safetensors_find(const fs_safetensors *st, const char *name) {
+    for (int i = 0; i < st->n_tensors; i++)
+        if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+    return NULL;
+}
+
+const char *fs_safetensors_metadata(const fs_safetensors *st, const char *key) {
+    for (int i = 0; i < st->n_metadata; i++)
+        if (strcmp(st->metadata[2 * i], key) == 0) return st->metadata[2 * i + 1];
+    return NULL;
+}
+
+fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, uint64_t offset,
+                              void *dst, size_t bytes) {
+    if (!st->file) return fs_errorf(FS_ERR_INTERNAL, "%s: no file to read from", st->path);
+    if (offset > t->end - t->begin || bytes > t->end - t->begin - offset)
+        return fs_errorf(FS_ERR_INTERNAL, "%s: read past the end of tensor '%s'", st->path, t->name);
+    if (fseeko(st->file, (off_t)(st->data_start + t->begin + offset), SEEK_SET) != 0 ||
+        fread(dst, 1, bytes, st->file) != bytes)
+        return fs_errorf(FS_ERR_IO, "%s: short read of tensor '%s'", st->path, t->name);
+    return FS_OK;
+}
+
+/* ------------------------------------------------------------------ writing */
+
+typedef struct text_buf {
+    char *p;
+    size_t len, cap;
+    int failed;
+} text_buf;
+
+__attribute__((format(printf, 2, 3))) static void tb_printf(text_buf *b, const char *fmt, ...) {
+    while (!b->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = 1;
+        } else if (b->p && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        } else {
+            size_t cap = 2 * b->cap + (size_t)n + 64;
+            char *p = realloc(b->p, cap);
+            if (!p) b->failed = 1;
+            else {
+                b->p = p;
+                b->cap = cap;
+            }
+        }
+    }
+}
+
+static void tb_json_string(text_buf *b, const char *s) {
+    tb_printf(b, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') tb_printf(b, "\\%c", *c);
+        else if (*c == '\n') tb_printf(b, "\\n");
+        else if (*c < 0x20) tb_printf(b, "\\u%04x", *c);
+        else tb_printf(b, "%c", *c);
+    }
+    tb_printf(b, "\"");
+}
+
+static void fsync_parent(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    free(copy);
+    if (fd < 0) return; /* some filesystems refuse; the rename itself is still atomic */
+    fsync(fd);
+    close(fd);
+}
+
+fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,
+                               const char *const *metadata) {
+    text_buf hb = {0};
+    tb_printf(&hb, "{");
+    int first = 1;
+    if (metadata && metadata[0]) {
+        tb_printf(&hb, "\"__metadata__\":{");
+        for (int i = 0; metadata[i] && metadata[i + 1]; i += 2) {
+            if (i) tb_printf(&hb, ",");
+            tb_json_string(&hb, metadata[i]);
+            tb_printf(&hb, ":");
+            tb_json_string(&hb, metadata[i + 1]);
+        }
+        tb_printf(&hb, "}");
+        first = 0;
+    }
+    uint64_t offset = 0;
+    for (int i = 0; i < n_entries; i++) {
+        const fs_st_entry *e = &entries[i];
+        uint64_t numel = 1, bytes = 0;
+        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+        for (int p = 0; p < e->n_pieces; p++) bytes += e->piece_bytes[p];
+        if (bytes != numel * fs_st_dtype_bytes(e->dtype)) {
+            free(hb.p);
+            return fs_errorf(FS_ERR_INTERNAL, "%s: tensor '%s' has %llu bytes for its shape's %llu",
+                             path, e->name, (unsigned long long)bytes,
+                             (unsigned long long)(numel * fs_st_dtype_bytes(e->dtype)));
+        }
+        tb_printf(&hb, "%s", first ? "" : ",");
+        first = 0;
+        tb_json_string(&hb, e->name);
+        tb_printf(&hb, ":{\"dtype\":\"%s\",\"shape\":[", fs_st_dtype_name(e->dtype));
+        for (int d = 0; d < e->ndim; d++)
+            tb_printf(&hb, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+        tb_printf(&hb, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+                  (unsigned long long)(offset + bytes));
+        offset += bytes;
+    }
+    tb_printf(&hb, "}");
+    while (!hb.failed && hb.len % 8 != 0) tb_printf(&hb, " "); /* data starts 8-aligned */
+    if (hb.failed) {
+        free(hb.p);
+        return fs_errorf(FS_ERR_NOMEM, "%s: out of memory building the header", path);
+    }
+
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        free(hb.p);
+        return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        int e = errno;
+        free(hb.p);
+        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(e));
+    }
+    uint8_t len_le[8];
+    for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
+    int ok = fwrite(len_le, 1, 8, f) == 8 && fwrite(hb.p, 1, hb.len, f) == hb.len;
+    free(hb.p);
+    for (int i = 0; ok && i < n_entries; i++)
+        for (int p = 0; ok && p < entries[i].n_pieces; p++)
+            ok = fwrite(entries[i].pieces[p], 1, entries[i].piece_bytes[p], f) ==
+                 entries[i].piece_bytes[p];
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int saved_errno = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        saved_errno = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        return fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(saved_errno));
+    }
+    if (rename(tmp, path) != 0) {
+        saved_errno = errno;
+        unlink(tmp);
+        return fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", path,
+                         strerror(saved_errno));
+    }
+    fsync_parent(path);
+    return FS_OK;
+}

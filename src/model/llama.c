@@ -1,0 +1,352 @@
+/*
+ * llama.c — activations and the forward/backward of each op of the Llama model.
+ *
+ * One op at a time, with the op's unit weights passed in: the caller decides where weights
+ * and gradients live (a single process's arrays, or the sharding engine's gathered buffers),
+ * and the order of the calls (every op forward, then every op backward in reverse).
+ *
+ * Block forward, for block l (x = x[l]):
+ *   ln1 = rmsnorm(x) ; qkv = ln1 Wqkv^T ; rope(q), rope(k) ; att = attention(q, k, v)
+ *   xmid = x + att Wo^T ; ln2 = rmsnorm(xmid) ; gu = ln2 Wgu^T ; h = silu(gate) * up
+ *   x[l+1] = xmid + h Wd^T
+ * The residual additions are GEMMs with beta = 1 onto a copy of the residual, so no separate
+ * add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
+ * every block in place, picking up the two RMSNorm input gradients on the way.
+ *
+ * Not here: where weights live, optimizer, data, ranks.
+ */
+#include <string.h>
+
+#include "flatshard/kernels.h"
+#include "flatshard/model.h"
+
+#define PROF(m, kind, call)                                                                 \
+    do {                                                                                    \
+        double prof_t0_ = (m)->profile ? fs_now() : 0.0;                                    \
+        call;                                                                               \
+        if ((m)->profile) {                                                                 \
+            (m)->profile->seconds[kind] += fs_now() - prof_t0_;                             \
+            (m)->profile->calls[kind]++;                                                    \
+        }                                                                                   \
+    } while (0)
+
+/* ------------------------------------------------------------------ sizes */
+
+typedef struct dims {
+    int64_t B, T, N, C, NH, NKV, HS, QKV, FF, V, L, Vc;
+} dims;
+
+static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
+    const fs_llama_config *c = &layout->cfg;
+    dims d;
+    d.B = B;
+    d.T = T;
+    d.N = B * T;
+    d.C = c->hidden_size;
+    d.NH = c->num_attention_heads;
+    d.NKV = c->num_key_value_heads;
+    d.HS = d.C / d.NH;
+    d.QKV = (d.NH + 2 * d.NKV) * d.HS;
+    d.FF = c->intermediate_size;
+    d.V = c->vocab_size;
+    d.L = c->num_hidden_layers;
+    d.Vc = 0;
+    for (int i = 0; i < layout->n_ops; i++)
+        if (layout->ops[i].kind == FS_UNIT_HEAD && layout->units[layout->ops[i].unit].rows > d.Vc)
+            d.Vc = layout->units[layout->ops[i].unit].rows;
+    return d;
+}
+
+/* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
+ * that every array starts on a cache line. */
+#define N_ACT_ARRAYS 26
+static void act_numels(const dims *d, int64_t numel[N_ACT_ARRAYS]) {
+    int64_t i = 0;
+    numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
+    numel[i++] = d->T * (d->HS / 2);           /* rope_sin */
+    numel[i++] = (d->L + 1) * d->N * d->C;     /* x */
+    numel[i++] = d->L * d->N * d->C;           /* ln1 */
+    numel[i++] = d->L * d->N;                  /* rstd1 */
+    numel[i++] = d->L * d->N * d->QKV;         /* qkv */
+    numel[i++] = d->L * d->N * d->C;           /* att */
+    numel[i++] = d->L * d->B * d->NH * d->T;   /* lse */
+    numel[i++] = d->L * d->N * d->C;           /* xmid */
+    numel[i++] = d->L * d->N * d->C;           /* ln2 */
+    numel[i++] = d->L * d->N;                  /* rstd2 */
+    numel[i++] = d->L * d->N * 2 * d->FF;      /* gu */
+    numel[i++] = d->L * d->N * d->FF;          /* h */
+    numel[i++] = d->N * d->C;                  /* lnf */
+    numel[i++] = d->N;                         /* rstdf */
+    numel[i++] = d->N * d->Vc;                 /* logits */
+    numel[i++] = d->N;                         /* row_max */
+    numel[i++] = d->N;                         /* row_sum */
+    numel[i++] = d->N;                         /* target_logit */
+    numel[i++] = d->N * d->C;                  /* dres */
+    numel[i++] = d->N * d->C;                  /* dln */
+    numel[i++] = d->N * d->QKV;                /* dqkv */
+    numel[i++] = d->N * d->C;                  /* datt */
+    numel[i++] = d->N * 2 * d->FF;             /* dgu */
+    numel[i++] = d->N * d->FF;                 /* dh */
+    numel[i++] = d->N * d->C;                  /* dlnf */
+    FS_ASSERT(i == N_ACT_ARRAYS);
+}
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, size_t *activation_bytes,
+                   size_t *other_bytes) {
+    dims d = get_dims(layout, B, T);
+    int64_t numel[N_ACT_ARRAYS], total = 0;
+    act_numels(&d, numel);
+    for (int i = 0; i < N_ACT_ARRAYS; i++) total += round16(numel[i]);
+    *activation_bytes = (size_t)total * sizeof(float);
+    *other_bytes = (size_t)(2 * round16(d.N)) * sizeof(int32_t);
+}
+
+fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T, fs_mem *mem) {
+    memset(a, 0, sizeof *a);
+    const fs_llama_config *c = &layout->cfg;
+    if (B < 1 || T < 1)
+        return fs_errorf(FS_ERR_USAGE, "batch size (%lld) and sequence length (%lld) must be >= 1",
+                         (long long)B, (long long)T);
+    if (T > c->max_position_embeddings)
+        return fs_errorf(FS_ERR_USAGE,
+                         "sequence length %lld exceeds the model's max_position_embeddings (%lld)",
+                         (long long)T, (long long)c->max_position_embeddings);
+    dims d = get_dims(layout, B, T);
+    size_t act_bytes, other_bytes;
+    fs_acts_bytes(layout, B, T, &act_bytes, &other_bytes);
+    float *base = NULL;
+    int32_t *tokens = NULL;
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, act_bytes, "activations", (void **)&base));
+    fs_status st = fs_mem_alloc(mem, FS_MEM_OTHER, other_bytes, "batch tokens", (void **)&tokens);
+    if (st != FS_OK) {
+        fs_mem_release(mem, base);
+        return st;
+    }
+    int64_t numel[N_ACT_ARRAYS];
+    act_numels(&d, numel);
+    float **slots[N_ACT_ARRAYS] = {
+        &a->rope_cos, &a->rope_sin, &a->x,    &a->ln1,    &a->rstd1,   &a->qkv,
+        &a->att,      &a->lse,      &a->xmid, &a->ln2,    &a->rstd2,   &a->gu,
+        &a->h,        &a->lnf,      &a->rstdf, &a->logits, &a->row_max, &a->row_sum,
+        &a->target_logit, &a->dres, &a->dln,  &a->dqkv,   &a->datt,    &a->dgu,
+        &a->dh,       &a->dlnf,
+    };
+    float *p = base;
+    for (int i = 0; i < N_ACT_ARRAYS; i++) {
+        *slots[i] = p;
+        p += round16(numel[i]);
+    }
+    a->inputs = tokens;
+    a->targets = tokens + round16(d.N);
+    a->B = B;
+    a->T = T;
+    a->N = d.N;
+    a->logits_op = -1;
+    fs_rope_table(a->rope_cos, a->rope_sin, T, d.HS, (float)c->rope_theta);
+    return FS_OK;
+}
+
+void fs_acts_free(fs_acts *a, fs_mem *mem) {
+    if (!a) return;
+    fs_mem_release(mem, a->rope_cos); /* the first array: the start of the allocation */
+    fs_mem_release(mem, a->inputs);
+    memset(a, 0, sizeof *a);
+}
+
+/* ------------------------------------------------------------------ block weights */
+
+typedef struct block_weights {
+    const float *qkv;  /* (QKV, C) q, k and v projections stacked */
+    const float *o;    /* (C, C) */
+    const float *gu;   /* (2FF, C) gate and up projections stacked */
+    const float *down; /* (C, FF) */
+} block_weights;
+
+typedef struct block_grads {
+    float *qkv, *o, *gu, *down; /* shapes as block_weights */
+} block_grads;
+
+static block_weights split_block(const dims *d, const float *w) {
+    block_weights bw;
+    bw.qkv = w;
+    bw.o = bw.qkv + d->QKV * d->C;
+    bw.gu = bw.o + d->C * d->C;
+    bw.down = bw.gu + 2 * d->FF * d->C;
+    return bw;
+}
+
+static block_grads split_block_grads(const dims *d, float *dw) {
+    block_grads g;
+    g.qkv = dw;
+    g.o = g.qkv + d->QKV * d->C;
+    g.gu = g.o + d->C * d->C;
+    g.down = g.gu + 2 * d->FF * d->C;
+    return g;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
+                          const float *norm_w) {
+    fs_pool *pool = m->pool;
+    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF;
+    const float eps = (float)m->layout->cfg.rms_norm_eps;
+    block_weights bw = split_block(d, w);
+    const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
+    float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
+    float *ln1 = a->ln1 + l * N * C, *rstd1 = a->rstd1 + l * N;
+    float *qkv = a->qkv + l * N * QKV, *att = a->att + l * N * C;
+    float *lse = a->lse + l * d->B * d->NH * d->T;
+    float *xmid = a->xmid + l * N * C, *ln2 = a->ln2 + l * N * C, *rstd2 = a->rstd2 + l * N;
+    float *gu = a->gu + l * N * 2 * FF, *h = a->h + l * N * FF;
+    float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+
+    PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln1, rstd1, x, ln1_w, N, C, eps));
+    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, qkv, ln1, bw.qkv, N, C, QKV, 0));
+    PROF(m, FS_PROF_ROPE, {
+        fs_rope_forward(pool, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+        fs_rope_forward(pool, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
+    });
+    PROF(m, FS_PROF_ATTENTION,
+         fs_attention_forward(pool, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS));
+    PROF(m, FS_PROF_OTHER, memcpy(xmid, x, (size_t)(N * C) * sizeof *x));
+    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, xmid, att, bw.o, N, C, C, 1));
+    PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln2, rstd2, xmid, ln2_w, N, C, eps));
+    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    PROF(m, FS_PROF_SWIGLU, fs_swiglu_forward(pool, h, gu, N, FF));
+    PROF(m, FS_PROF_OTHER, memcpy(x_next, xmid, (size_t)(N * C) * sizeof *x));
+    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, x_next, h, bw.down, N, FF, C, 1));
+}
+
+static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const float *w,
+                         const float *norm_w) {
+    const fs_op *o = &m->layout->ops[op];
+    const fs_unit_info *u = &m->layout->units[o->unit];
+    const int64_t N = d->N, C = d->C;
+    if (o->first_of_kind) {
+        const float *final_w = norm_w + 2 * d->L * C;
+        PROF(m, FS_PROF_NORM,
+             fs_rmsnorm_forward(m->pool, a->lnf, a->rstdf, a->x + d->L * N * C, final_w, N, C,
+                                (float)m->layout->cfg.rms_norm_eps));
+    }
+    PROF(m, FS_PROF_GEMM, fs_matmul_forward(m->pool, a->logits, a->lnf, w, N, C, u->rows, 0));
+    a->logits_op = op;
+    PROF(m, FS_PROF_XENT,
+         fs_xent_chunk_forward(m->pool, a->row_max, a->row_sum, a->target_logit, a->logits,
+                               a->targets, N, u->rows, u->row0, o->first_of_kind));
+    if (o->last_of_kind)
+        PROF(m, FS_PROF_XENT,
+             a->loss = fs_xent_finish(a->row_max, NULL, a->row_max, a->row_sum, a->target_logit, N));
+}
+
+void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
+                      const float *norm_w) {
+    const fs_layout *layout = m->layout;
+    FS_ASSERT(op >= 0 && op < layout->n_ops);
+    dims d = get_dims(layout, a->B, a->T);
+    const fs_op *o = &layout->ops[op];
+    const fs_unit_info *u = &layout->units[o->unit];
+    switch (o->kind) {
+    case FS_UNIT_EMBED:
+        PROF(m, FS_PROF_EMBED,
+             fs_embedding_forward(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
+        break;
+    case FS_UNIT_BLOCK: block_forward(m, a, &d, u->index, w, norm_w); break;
+    case FS_UNIT_HEAD: head_forward(m, a, &d, op, w, norm_w); break;
+    case FS_UNIT_NORMS: FS_ASSERT(!"the norm group is not an op"); break;
+    }
+}
+
+/* ------------------------------------------------------------------ backward */
+
+static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
+                           float *dw, int accumulate, const float *norm_w, float *norm_dw) {
+    fs_pool *pool = m->pool;
+    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF;
+    block_weights bw = split_block(d, w);
+    block_grads bg = split_block_grads(d, dw);
+    const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
+    float *dln1_w = norm_dw + (2 * l) * C, *dln2_w = norm_dw + (2 * l + 1) * C;
+    const float *x = a->x + l * N * C;
+    const float *ln1 = a->ln1 + l * N * C, *rstd1 = a->rstd1 + l * N;
+    const float *qkv = a->qkv + l * N * QKV, *att = a->att + l * N * C;
+    const float *lse = a->lse + l * d->B * d->NH * d->T;
+    const float *xmid = a->xmid + l * N * C, *ln2 = a->ln2 + l * N * C;
+    const float *rstd2 = a->rstd2 + l * N;
+    const float *gu = a->gu + l * N * 2 * FF, *h = a->h + l * N * FF;
+    const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+    float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
+
+    /* dres = dL/dx[l+1] on entry; MLP branch */
+    PROF(m, FS_PROF_GEMM,
+         fs_matmul_backward(pool, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+    PROF(m, FS_PROF_OTHER, memset(a->dgu, 0, (size_t)(N * 2 * FF) * sizeof(float)));
+    PROF(m, FS_PROF_SWIGLU, fs_swiglu_backward(pool, a->dgu, a->dh, gu, N, FF));
+    PROF(m, FS_PROF_GEMM,
+         fs_matmul_backward(pool, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    PROF(m, FS_PROF_NORM,
+         fs_rmsnorm_backward(pool, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
+    /* dres = dL/dxmid; attention branch */
+    PROF(m, FS_PROF_GEMM,
+         fs_matmul_backward(pool, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
+    PROF(m, FS_PROF_OTHER, memset(a->dqkv, 0, (size_t)(N * QKV) * sizeof(float)));
+    PROF(m, FS_PROF_ATTENTION,
+         fs_attention_backward(pool, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
+                               d->T, d->NH, d->NKV, d->HS));
+    PROF(m, FS_PROF_ROPE, {
+        fs_rope_backward(pool, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+        fs_rope_backward(pool, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
+    });
+    PROF(m, FS_PROF_GEMM,
+         fs_matmul_backward(pool, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
+    PROF(m, FS_PROF_NORM,
+         fs_rmsnorm_backward(pool, a->dres, dln1_w, a->dln, x, ln1_w, rstd1, N, C));
+    /* dres = dL/dx[l] */
+}
+
+static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, const float *w,
+                          float *dw, int accumulate, const float *norm_w, float *norm_dw) {
+    const fs_op *o = &m->layout->ops[op];
+    const fs_unit_info *u = &m->layout->units[o->unit];
+    const int64_t N = d->N, C = d->C, Vc = u->rows;
+    /* The logits of the last forward chunk are still in the buffer; earlier chunks are
+     * recomputed (one extra GEMM per chunk instead of holding B x T x V logits). */
+    if (a->logits_op != op)
+        PROF(m, FS_PROF_GEMM, fs_matmul_forward(m->pool, a->logits, a->lnf, w, N, C, Vc, 0));
+    PROF(m, FS_PROF_XENT,
+         fs_xent_chunk_backward(m->pool, a->logits, a->logits, a->row_max, a->targets, N, Vc,
+                                u->row0, 1.0f / (float)N));
+    a->logits_op = -1; /* the buffer now holds dlogits */
+    /* backward visits the last forward chunk first: it writes dlnf, the others add */
+    PROF(m, FS_PROF_GEMM,
+         fs_matmul_backward(m->pool, a->dlnf, dw, a->logits, a->lnf, w, N, C, Vc,
+                            !o->last_of_kind, accumulate));
+    if (o->first_of_kind) { /* all chunks done: back through the final norm */
+        const float *final_w = norm_w + 2 * d->L * C;
+        PROF(m, FS_PROF_OTHER, memset(a->dres, 0, (size_t)(N * C) * sizeof(float)));
+        PROF(m, FS_PROF_NORM,
+             fs_rmsnorm_backward(m->pool, a->dres, norm_dw + 2 * d->L * C, a->dlnf,
+                                 a->x + d->L * N * C, final_w, a->rstdf, N, C));
+    }
+}
+
+void fs_model_backward(const fs_model *m, fs_acts *a, int op, const float *w, float *dw,
+                       int accumulate, const float *norm_w, float *norm_dw) {
+    const fs_layout *layout = m->layout;
+    FS_ASSERT(op >= 0 && op < layout->n_ops);
+    dims d = get_dims(layout, a->B, a->T);
+    const fs_op *o = &layout->ops[op];
+    const fs_unit_info *u = &layout->units[o->unit];
+    switch (o->kind) {
+    case FS_UNIT_EMBED:
+        if (!accumulate) PROF(m, FS_PROF_OTHER, memset(dw, 0, (size_t)u->numel * sizeof(float)));
+        PROF(m, FS_PROF_EMBED,
+             fs_embedding_backward(m->pool, dw, a->dres, a->inputs, d.N, d.C, u->row0, u->rows));
+        break;
+    case FS_UNIT_BLOCK: block_backward(m, a, &d, u->index, w, dw, accumulate, norm_w, norm_dw); break;
+    case FS_UNIT_HEAD: head_backward(m, a, &d, op, w, dw, accumulate, norm_w, norm_dw); break;
+    case FS_UNIT_NORMS: FS_ASSERT(!"the norm group is not an op"); break;
+    }
+}
