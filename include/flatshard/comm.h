@@ -1,0 +1,318 @@
+/*
+ * flatshard/comm.h — collectives over a communicator: all-gather, reduce-scatter (with an
+ * fp32-accumulating variant for bf16 data), all-reduce, broadcast and barrier, on two
+ * backends, plus the per-rank communication worker that runs them in FIFO order.
+ *
+ * Backends (one opaque handle type, fs_comm, carrying rank, world size and backend; there is
+ * no global communicator):
+ *   - inproc: W ranks as threads of one process (tests, single-machine runs, failure
+ *     injection). Point-to-point messages are single copies from the sender's buffer into the
+ *     receiver's, handed over under a mutex/condvar rendezvous.
+ *   - mpi: one rank per process, launched by mpirun (OpenMPI or MPICH) or a scheduler's
+ *     launcher. MPI is initialised by fs_comm_mpi_init, not before, so a program that never
+ *     asks for it runs without mpirun.
+ *
+ * Algorithms (per communicator, and per call through fs_comm_op.algo):
+ *   - ring (default): flatshard's own algorithms, written once over the backends'
+ *     point-to-point sendrecv, so the same code runs on both backends:
+ *       all-gather       ring, straight from and into the caller's buffers, no staging;
+ *       reduce-scatter   fp32/int32/int64: ring passing partial sums through two staging
+ *                        segments; bf16: direct (pairwise) exchange — each rank receives the
+ *                        W-1 bf16 pieces of its own chunk and sums them in fp32, so bf16
+ *                        travels on the wire and the sum is rounded once, at the end;
+ *       all-reduce       reduce-scatter (as above) then all-gather, over chunks that need not
+ *                        divide evenly; every rank ends with the same bits;
+ *       broadcast        a pipelined chain from the root, segment by segment;
+ *       barrier          dissemination (ceil(log2 W) rounds of empty messages).
+ *     Staging is two buffers of cfg.segment_bytes allocated once, at initialisation, from the
+ *     rank's accounting allocator (category FS_MEM_COMM); larger messages are pipelined through
+ *     them. No collective allocates.
+ *   - builtin: the backend's own collectives. mpi: MPI_Allgather, MPI_Reduce_scatter_block,
+ *     MPI_Allreduce, MPI_Bcast, MPI_Barrier (bf16 sums use a user-defined MPI_Op that rounds to
+ *     bf16 after every pairwise sum, which is how MPI reduces; counts must fit in an int; no
+ *     dtype conversion or accumulation — fs_comm_reduce_scatter_ex with those returns
+ *     FS_ERR_USAGE). inproc: a plain shared-memory implementation — each rank publishes its
+ *     buffer pointers and computes the part it owns from everybody's buffers (sums in rank
+ *     order, bf16 in fp32), between two barriers.
+ *
+ * Conventions (NCCL's): arguments are (send, recv, count, dtype, [op | root], comm); counts
+ * are elements, not bytes; all-gather's count is what each rank sends (recv holds W*count),
+ * reduce-scatter's is what each rank receives (send holds W*count). In place:
+ *   all-gather      send == recv + rank*count (in elements);
+ *   reduce-scatter  recv == send + rank*recvcount; the rest of send is unspecified afterwards
+ *                   (ring leaves it unchanged; MPI's builtin overwrites the first chunk);
+ *   all-reduce      send == recv;
+ *   broadcast       send == recv (send is read on the root only, and may be NULL elsewhere).
+ * Any other overlap between send and recv is FS_ERR_USAGE. A zero count is a valid no-op.
+ *
+ * Errors: every call returns fs_status and, on failure, a message naming the collective
+ * ("fs_comm_all_gather: ..."). Invalid arguments (NULL buffers with count > 0, unknown dtype
+ * or op, root out of range, avg on integer or byte data, sums of bytes, a dtype pair that
+ * reduce_scatter_ex does not support, bad overlap) return FS_ERR_USAGE before anything is
+ * sent. Every rank of a communicator must make the same sequence of calls with the same
+ * kind, count, dtypes, op, root, accumulate flag and algorithm. The debug check
+ * (fs_comm_set_debug, or FLATSHARD_DEBUG_COLLECTIVES=1 in the environment when the
+ * communicator is created; all ranks must agree on it) verifies that before each collective:
+ * the ranks exchange those fields and, on any difference or any rank's invalid arguments,
+ * every rank returns FS_ERR_USAGE naming the collective and the ranks that disagree. Without
+ * it a mismatch is undefined behaviour (wrong data, or a hang).
+ *
+ * Nothing hangs silently: in-process, fs_comm_abort (which fs_comm_inproc_run calls for a
+ * rank whose function fails) marks the group failed, and every call blocked on, or later
+ * made by, any rank of the group returns FS_ERR_INTERNAL naming the failed rank. Under MPI a
+ * rank that cannot go on calls fs_comm_abort, which is MPI_Abort: the launcher ends every
+ * process. (A process that dies without that is the launcher's business; see issue 9.)
+ *
+ * Threads: a communicator is used by one thread at a time (the rank's compute thread during
+ * setup, its worker during a step). Distinct communicators may be used concurrently.
+ *
+ * What this module does not do: choose what to communicate (the engine does), pick
+ * algorithms by message size, or survive the loss of a process.
+ */
+#ifndef FLATSHARD_COMM_H
+#define FLATSHARD_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flatshard/core.h"
+
+/* ------------------------------------------------------------------ types */
+
+typedef enum fs_dtype {
+    FS_DTYPE_FP32,  /* float */
+    FS_DTYPE_BF16,  /* bfloat16 stored as uint16_t (the high half of an fp32) */
+    FS_DTYPE_INT32, /* int32_t; sums wrap modulo 2^32 */
+    FS_DTYPE_INT64, /* int64_t; sums wrap modulo 2^64 */
+    FS_DTYPE_BYTES, /* uint8_t, moved but never reduced */
+    FS_DTYPE_N
+} fs_dtype;
+
+typedef enum fs_redop {
+    FS_REDOP_SUM,
+    FS_REDOP_AVG, /* sum / W, fp32 and bf16 only; the division is one correctly rounded fp32
+                     division of the fp32 sum (then one rounding to bf16 for bf16 results) */
+    FS_REDOP_N
+} fs_redop;
+
+typedef enum fs_comm_algo {
+    FS_COMM_ALGO_DEFAULT, /* in a call: the communicator's algorithm */
+    FS_COMM_ALGO_RING,    /* flatshard's own, over point-to-point (see the header comment) */
+    FS_COMM_ALGO_BUILTIN, /* the backend's own collectives */
+    FS_COMM_ALGO_N
+} fs_comm_algo;
+
+typedef enum fs_comm_backend {
+    FS_COMM_BACKEND_INPROC,
+    FS_COMM_BACKEND_MPI,
+} fs_comm_backend;
+
+typedef enum fs_coll {
+    FS_COLL_ALL_GATHER,
+    FS_COLL_REDUCE_SCATTER,
+    FS_COLL_ALL_REDUCE,
+    FS_COLL_BROADCAST,
+    FS_COLL_BARRIER,
+    FS_COLL_N
+} fs_coll;
+
+typedef struct fs_comm fs_comm;
+
+typedef struct fs_comm_config {
+    fs_comm_algo algo;    /* default algorithm; FS_COMM_ALGO_DEFAULT means ring */
+    size_t segment_bytes; /* bytes of each of the two staging buffers (rounded down to a
+                             multiple of 64, at least 64); also the broadcast pipeline step */
+    int debug;            /* 1: the cross-rank argument check before every collective */
+} fs_comm_config;
+
+/* ring, 4 MiB segments (the best measured, bench/comm_results.md), debug off. */
+fs_comm_config fs_comm_config_default(void);
+
+/* Bytes of one element (1 for bytes); 0 for an invalid dtype. */
+size_t fs_dtype_size(fs_dtype dtype);
+/* "fp32", "bf16", "int32", "int64", "bytes"; "invalid" otherwise. Same style for the others. */
+const char *fs_dtype_name(fs_dtype dtype);
+const char *fs_redop_name(fs_redop op);          /* "sum", "avg" */
+const char *fs_comm_algo_name(fs_comm_algo algo); /* "default", "ring", "builtin" */
+const char *fs_coll_name(fs_coll coll);           /* "all_gather", "reduce_scatter", ... */
+
+/* bf16 <-> fp32. The narrowing rounds to nearest, ties to even, and keeps NaN a NaN. */
+static inline float fs_bf16_to_fp32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+static inline uint16_t fs_fp32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* ------------------------------------------------------------------ communicators */
+
+/* Creates the W communicators of one in-process group, comms[0..world) (rank r is comms[r]),
+ * each to be used by its own thread. mems[r] is rank r's accounting allocator, charged with
+ * that rank's staging; mems == NULL gives every communicator a private allocator. Creation
+ * allocates from mems[] on the calling thread, so call it before the ranks' threads use
+ * their allocators. world is 1 to 256. On error nothing is left allocated and comms[] is
+ * all NULL. Free each with fs_comm_free (the group goes with the last one). */
+fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems,
+                              fs_comm **comms);
+
+/* A rank's body for fs_comm_inproc_run: runs on its own thread with its own communicator
+ * (fs_thread_rank() is set to the rank). */
+typedef fs_status (*fs_comm_rank_fn)(fs_comm *comm, void *arg);
+
+/* Runs fn on W threads, one per rank, each with its own communicator of a fresh group (with
+ * private allocators), and returns when all have returned. A rank whose fn fails aborts the
+ * group (fs_comm_abort), so ranks blocked in, or later entering, a collective return an
+ * error instead of waiting forever. Returns FS_OK, or the first failure in time, its message
+ * prefixed "rank R: ". */
+fs_status fs_comm_inproc_run(int world, fs_comm_config cfg, fs_comm_rank_fn fn, void *arg);
+
+/* Creates the communicator of this process over MPI_COMM_WORLD (duplicated, with errors
+ * returned rather than fatal). The first call initialises MPI with MPI_Init_thread asking
+ * MPI_THREAD_MULTIPLE; MPI_THREAD_SERIALIZED is accepted too, because during a step only the
+ * communication worker calls MPI (the compute thread calls it only while the worker is idle:
+ * creation, teardown, or between a wait and the next enqueue). Anything lower is an error
+ * naming the level provided. mem (required) is charged with the staging. Returns
+ * FS_ERR_USAGE when flatshard was built without MPI (make MPI=none). */
+fs_status fs_comm_mpi_init(fs_comm_config cfg, fs_mem *mem, fs_comm **out);
+
+/* Finalises MPI if fs_comm_mpi_init initialised it and every MPI communicator has been
+ * freed; otherwise does nothing. Call once, at the end of the program. */
+void fs_comm_mpi_finalize(void);
+
+/* 1 when the environment says this process was started by an MPI launcher (OpenMPI's
+ * OMPI_COMM_WORLD_SIZE, PMI_SIZE from MPICH's hydra or srun's PMI-2, PMIX_RANK from PMIx). */
+int fs_comm_mpi_launched(void);
+
+/* Releases the staging and, with the last communicator of a group, the group. Must not be
+ * called while a collective is in flight on it. NULL is a no-op. */
+void fs_comm_free(fs_comm *comm);
+
+int fs_comm_rank(const fs_comm *comm);
+int fs_comm_world(const fs_comm *comm);
+fs_comm_backend fs_comm_backend_kind(const fs_comm *comm);
+/* One line about the backend, e.g. "inproc" or "mpi: Open MPI v4.1.4, MPI_THREAD_MULTIPLE". */
+const char *fs_comm_describe(const fs_comm *comm);
+fs_comm_config fs_comm_get_config(const fs_comm *comm);
+
+/* Per-communicator settings. Every rank must set the same values (the debug check itself
+ * cannot catch a rank that skips it). */
+fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo);
+void fs_comm_set_debug(fs_comm *comm, int on);
+
+/* This rank cannot go on. inproc: the group is marked failed; every pending and future call
+ * of every rank returns FS_ERR_INTERNAL naming this rank. mpi: MPI_Abort (does not return). */
+void fs_comm_abort(fs_comm *comm);
+
+/* ------------------------------------------------------------------ collectives */
+
+/* One collective call, as data: what fs_comm_run executes and what the worker queues. Build
+ * it with the fs_comm_op_* constructors (they fill every field); set .algo to pick the
+ * algorithm of this call. */
+typedef struct fs_comm_op {
+    fs_coll coll;
+    const void *send;
+    void *recv;
+    size_t count;        /* see the conventions above */
+    fs_dtype dtype;      /* the send type (and the recv type, except for reduce_scatter_ex) */
+    fs_dtype recv_dtype; /* reduce-scatter's output type */
+    fs_redop op;
+    int root;            /* broadcast */
+    int accumulate;      /* reduce-scatter: 1 adds the result into recv instead of storing it */
+    fs_comm_algo algo;   /* FS_COMM_ALGO_DEFAULT: the communicator's */
+} fs_comm_op;
+
+fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
+fs_comm_op fs_comm_op_reduce_scatter(const void *send, void *recv, size_t recvcount,
+                                     fs_dtype dtype, fs_redop op);
+fs_comm_op fs_comm_op_reduce_scatter_ex(const void *send, void *recv, size_t recvcount,
+                                        fs_dtype send_dtype, fs_dtype recv_dtype, fs_redop op,
+                                        int accumulate);
+fs_comm_op fs_comm_op_all_reduce(const void *send, void *recv, size_t count, fs_dtype dtype,
+                                 fs_redop op);
+fs_comm_op fs_comm_op_broadcast(const void *send, void *recv, size_t count, fs_dtype dtype,
+                                int root);
+fs_comm_op fs_comm_op_barrier(void);
+
+/* Runs one collective on the calling thread and returns when this rank's part is done. */
+fs_status fs_comm_run(fs_comm *comm, const fs_comm_op *op);
+
+/* recv (W*sendcount) = the concatenation of every rank's send (sendcount), in rank order. */
+fs_status fs_comm_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype,
+                             fs_comm *comm);
+
+/* recv (recvcount) = op over ranks of send[rank*recvcount .. (rank+1)*recvcount).
+ * fp32, int32, int64: ring order (see docs/comm.md); bf16: summed in fp32, rounded once. */
+fs_status fs_comm_reduce_scatter(const void *send, void *recv, size_t recvcount,
+                                 fs_dtype dtype, fs_redop op, fs_comm *comm);
+
+/* The engine's gradient reduce-scatter: as fs_comm_reduce_scatter, with the output type
+ * chosen and an accumulate flag:
+ *   send_dtype -> recv_dtype:  X -> X for fp32, bf16, int32, int64; or bf16 -> fp32;
+ *   result = sum over ranks, in fp32 for fp32 and bf16 input ("/ W" for avg);
+ *   recv   = accumulate ? recv + result : result, rounded once to recv_dtype.
+ * bf16 input travels as bf16 (half the bytes) and is summed in fp32: for bf16 -> fp32 the
+ * result is the fp32 sum itself. With a conversion or accumulate, send and recv must not
+ * overlap, and the mpi builtin algorithm is refused. */
+fs_status fs_comm_reduce_scatter_ex(const void *send, void *recv, size_t recvcount,
+                                    fs_dtype send_dtype, fs_dtype recv_dtype, fs_redop op,
+                                    int accumulate, fs_comm *comm);
+
+/* recv (count) = op over ranks of send (count), identical bits on every rank. */
+fs_status fs_comm_all_reduce(const void *send, void *recv, size_t count, fs_dtype dtype,
+                             fs_redop op, fs_comm *comm);
+
+/* recv (count) on every rank = send (count) of rank root. */
+fs_status fs_comm_broadcast(const void *send, void *recv, size_t count, fs_dtype dtype,
+                            int root, fs_comm *comm);
+
+fs_status fs_comm_barrier(fs_comm *comm);
+
+/* ------------------------------------------------------------------ the communication worker */
+
+/* One thread per rank that runs collectives (and small functions) in FIFO order, so the
+ * compute thread can enqueue a gather, go on computing, and wait for it later (DESIGN.md §5).
+ * Every rank must enqueue the same collectives in the same order.
+ *
+ *   - enqueue returns a ticket (1, 2, 3, ... per worker); wait(ticket) blocks until that job
+ *     and every job before it are done, and returns that job's status.
+ *   - The first job that fails stops the queue: later jobs are not run (a failed collective
+ *     leaves the ranks out of step) and their waits return FS_ERR_INTERNAL "cancelled",
+ *     naming the failed job. Earlier tickets keep returning FS_OK.
+ *   - The queue is a fixed ring of `capacity` slots allocated at init: enqueue never
+ *     allocates, and blocks while the ring is full.
+ *   - fs_comm_worker_free drains: jobs still queued are run (or cancelled, after a failure)
+ *     before the thread exits, so every rank executes the same collectives even when it
+ *     shuts down without waiting; after fs_comm_abort they fail at once, so nothing hangs.
+ * Only the thread that created the worker enqueues, waits and frees; it must not use the
+ * communicator directly while the worker may be running jobs. */
+typedef struct fs_comm_worker fs_comm_worker;
+
+/* A job that is not a collective: runs fn(arg) on the worker thread, in FIFO order (the
+ * engine's "signal ready after the gather"; tests). Its failure stops the queue like a
+ * collective's. */
+typedef fs_status (*fs_comm_job_fn)(void *arg);
+
+/* Starts the worker thread of comm; the slots come from the communicator's allocator
+ * (FS_MEM_COMM). capacity 1 to 65536. */
+fs_status fs_comm_worker_init(fs_comm *comm, int capacity, fs_comm_worker **out);
+
+/* Queues a collective (copied; the buffers must stay valid until its wait returns). */
+fs_status fs_comm_worker_enqueue(fs_comm_worker *w, const fs_comm_op *op, uint64_t *ticket);
+fs_status fs_comm_worker_enqueue_fn(fs_comm_worker *w, fs_comm_job_fn fn, void *arg,
+                                    uint64_t *ticket);
+
+/* Blocks until job `ticket` and all before it are done; returns the job's status. A ticket
+ * that was never issued is FS_ERR_USAGE. */
+fs_status fs_comm_worker_wait(fs_comm_worker *w, uint64_t ticket);
+
+/* Waits for every job enqueued so far; returns the first failure, or FS_OK. */
+fs_status fs_comm_worker_flush(fs_comm_worker *w);
+
+/* Drains the queue (see above), joins the thread and frees the worker. NULL is a no-op. */
+void fs_comm_worker_free(fs_comm_worker *w);
+
+#endif /* FLATSHARD_COMM_H */

@@ -1,0 +1,106 @@
+/*
+ * comm_internal.h — what the pieces of src/comm share: the communicator struct, the backend
+ * table, the algorithms written over it, and the element-wise reduction loops.
+ *
+ * A backend supplies point-to-point sendrecv (the only thing the ring algorithms need), its
+ * builtin collectives, abort and teardown. comm.c validates arguments, runs the debug check
+ * and picks the algorithm; ring.c holds flatshard's own algorithms; loops.c the element-wise
+ * loops.
+ */
+#ifndef FLATSHARD_COMM_INTERNAL_H
+#define FLATSHARD_COMM_INTERNAL_H
+
+#include "flatshard/comm.h"
+
+typedef struct fs_comm_backend_ops {
+    /* Sends sbytes from sbuf to rank dst and receives rbytes into rbuf from rank src, both at
+     * once (neither waits for the other to finish first, so a ring of sendrecvs cannot
+     * deadlock). dst < 0: receive only; src < 0: send only. A message whose size differs from
+     * what the receiver expects is an error on the receiver (and on the sender where the
+     * backend can tell). */
+    fs_status (*sendrecv)(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                          size_t rbytes, int src);
+    /* The builtin algorithm of a validated op. */
+    fs_status (*builtin)(fs_comm *c, const fs_comm_op *op);
+    void (*abort)(fs_comm *c);
+    /* Releases the backend state of c (not the staging, not c itself). */
+    void (*destroy)(fs_comm *c);
+} fs_comm_backend_ops;
+
+/* What every rank contributes to the debug check; fields that do not apply to the
+ * collective are zero, so that only arguments that matter can disagree. */
+typedef struct fs_comm_check {
+    int32_t coll, dtype, recv_dtype, op, root, accumulate, algo, invalid;
+    uint64_t count;
+} fs_comm_check;
+
+struct fs_comm {
+    int rank, world;
+    fs_comm_backend backend;
+    const fs_comm_backend_ops *ops;
+    void *impl;               /* the backend's state */
+    fs_comm_config cfg;       /* algo resolved to ring or builtin; segment_bytes rounded */
+    fs_mem *mem;              /* the allocator charged with the staging */
+    int owns_mem;             /* mem was created for this communicator */
+    void *staging[2];         /* cfg.segment_bytes each, 64-byte aligned, FS_MEM_COMM */
+    fs_comm_check *check_buf; /* (world) the debug check's exchange */
+    char describe[160];
+};
+
+/* Allocates c's staging and check buffer from c->mem (set by the backend before calling).
+ * Fills cfg from the given config and the environment. */
+fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg);
+/* Releases what fs_comm_setup_common allocated, and the allocator if owned. */
+void fs_comm_teardown_common(fs_comm *c);
+
+/* ------------------------------------------------------------------ chunk layouts
+ * Chunk j of a buffer split over W ranks: offset j*base + min(j, rem), length base + (j <
+ * rem). Reduce-scatter uses base = recvcount, rem = 0; all-reduce splits count as evenly as
+ * it can (base = count / W, rem = count % W). */
+typedef struct fs_layout {
+    size_t base, rem;
+} fs_layout;
+
+static inline size_t fs_layout_off(fs_layout l, int j) {
+    return (size_t)j * l.base + ((size_t)j < l.rem ? (size_t)j : l.rem);
+}
+static inline size_t fs_layout_len(fs_layout l, int j) {
+    return l.base + ((size_t)j < l.rem ? 1 : 0);
+}
+
+/* ------------------------------------------------------------------ algorithms (ring.c)
+ * All take validated arguments. The reduce-scatters write chunk `rank` of the layout into
+ * `out` and read their own contribution from `send` (which may contain out: the in-place
+ * case). */
+fs_status fs_ring_all_gather(fs_comm *c, const void *send, void *recv, fs_layout l,
+                             size_t elem_bytes);
+fs_status fs_ring_reduce_scatter(fs_comm *c, const void *send, void *out, fs_layout l,
+                                 fs_dtype dtype, fs_dtype out_dtype, fs_redop op,
+                                 int accumulate);
+fs_status fs_ring_broadcast(fs_comm *c, const void *send, void *recv, size_t bytes, int root);
+fs_status fs_ring_barrier(fs_comm *c);
+/* The validated op on the ring algorithms. */
+fs_status fs_ring_run(fs_comm *c, const fs_comm_op *op);
+
+/* ------------------------------------------------------------------ loops (loops.c)
+ * Element-wise kernels over n elements; pointers may alias exactly (dst == a) but not
+ * partially. Integer sums wrap (computed unsigned). */
+
+/* memcpy of non-overlapping buffers, in cache-sized blocks (faster for large copies; see
+ * loops.c). */
+void fs_comm_copy(void *dst, const void *src, size_t bytes);
+/* dst = a + b, for fp32, int32, int64. */
+void fs_reduce_add(fs_dtype dtype, void *dst, const void *a, const void *b, size_t n);
+/* acc = fp32(x) */
+void fs_reduce_bf16_load(float *acc, const uint16_t *x, size_t n);
+/* acc = fp32(a) + fp32(b) */
+void fs_reduce_bf16_sum2(float *acc, const uint16_t *a, const uint16_t *b, size_t n);
+/* acc += fp32(x) */
+void fs_reduce_bf16_add(float *acc, const uint16_t *x, size_t n);
+/* The last step of a reduction whose sum is `sum` (fp32 for fp32 and bf16 data, else the
+ * data type), n elements: r = sum (/ world for avg); out = accumulate ? out + r : r, rounded
+ * once into out_dtype. sum may equal out when out_dtype is sum's type. */
+void fs_reduce_finish(void *out, fs_dtype out_dtype, const void *sum, fs_dtype sum_dtype,
+                      size_t n, fs_redop op, int world, int accumulate);
+
+#endif /* FLATSHARD_COMM_INTERNAL_H */

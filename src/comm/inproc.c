@@ -1,0 +1,392 @@
+/*
+ * inproc.c — the in-process backend: W ranks are W threads of one process.
+ *
+ * DESIGN. A group is the state the W communicators share: one mutex, one condition variable
+ * per rank, a mailbox per ordered pair of ranks, the builtin algorithm's pointer table and
+ * barrier, and the failure record.
+ *
+ *   Point-to-point (sendrecv) is a rendezvous with a single copy. The sender posts (pointer,
+ *   size) in mailbox[src][dst] (EMPTY -> POSTED) and signals the receiver's condvar; it does
+ *   not wait before receiving, so rings of sendrecvs cannot deadlock. The receiver waits on
+ *   its own condvar for POSTED, marks COPYING, copies from the sender's buffer without the
+ *   lock, marks DONE and signals the sender's condvar. The sender, waiting on its own
+ *   condvar, sees DONE and empties the mailbox before returning, so its buffer is never read
+ *   after it returns. Each rank's condvar has one waiter at a time (a communicator is used by
+ *   one thread at a time), so signals go to exactly the thread that needs them.
+ *
+ *   Builtin collectives publish each rank's (send, recv) pointers in the table, meet at a
+ *   barrier (generation counter + cv_barrier), let each rank compute the part it owns from
+ *   every rank's buffers, and meet at a second barrier so that no buffer is reused or freed
+ *   while another rank may still read or write it.
+ *
+ *   Failure: fs_comm_abort records the first failing rank and its message, sets `failed` and
+ *   broadcasts every condvar. Every wait loop also checks `failed`: a receiver waiting for a
+ *   message returns an error; a sender whose message was not taken yet withdraws it and
+ *   returns an error; a sender whose message is being copied waits for the copy (it is
+ *   bounded) so that the copy never reads freed memory. Calls made after the failure return
+ *   the error at once. A failed group stays failed.
+ */
+#include "comm_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FS_INPROC_MAX_WORLD 256
+/* Elements per block of the builtin reductions: the fp32 (or int64) sum of one block lives on
+ * the stack, 16 KiB. */
+#define FS_INPROC_BLOCK 2048
+
+typedef enum box_state { BOX_EMPTY, BOX_POSTED, BOX_COPYING, BOX_DONE } box_state;
+
+typedef struct inproc_box {
+    box_state state;
+    const void *buf;
+    size_t bytes;
+    size_t expected; /* what the receiver wanted, set with DONE */
+} inproc_box;
+
+typedef struct inproc_slot {
+    const void *send;
+    void *recv;
+} inproc_slot;
+
+typedef struct inproc_group {
+    int world;
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t *cv;  /* (world) rank r waits on cv[r] */
+    inproc_box *boxes;   /* (world, world): boxes[src * world + dst] */
+    inproc_slot *slots;  /* (world) builtin: pointers published by each rank */
+    pthread_cond_t cv_barrier;
+    int barrier_arrived;
+    uint64_t barrier_generation;
+    int failed;          /* set once, by the first fs_comm_abort */
+    int failed_rank;
+    char failed_msg[512];
+} inproc_group;
+
+static inproc_group *group_of(fs_comm *c) { return c->impl; }
+
+/* Under g->mu. */
+static fs_status group_failed_error(const inproc_group *g) {
+    return fs_errorf(FS_ERR_INTERNAL, "rank %d failed (%s); the in-process group is unusable",
+                     g->failed_rank, g->failed_msg);
+}
+
+static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst,
+                                 void *rbuf, size_t rbytes, int src) {
+    inproc_group *g = group_of(c);
+    int world = g->world, rank = c->rank;
+    inproc_box *out = dst >= 0 ? &g->boxes[rank * world + dst] : NULL;
+    inproc_box *in = src >= 0 ? &g->boxes[src * world + rank] : NULL;
+    fs_status st = FS_OK;
+    pthread_mutex_lock(&g->mu);
+    if (g->failed) {
+        st = group_failed_error(g);
+        pthread_mutex_unlock(&g->mu);
+        return st;
+    }
+    if (out) {
+        FS_ASSERT(out->state == BOX_EMPTY);
+        *out = (inproc_box){.state = BOX_POSTED, .buf = sbuf, .bytes = sbytes};
+        pthread_cond_signal(&g->cv[dst]);
+    }
+    if (in) {
+        while (in->state != BOX_POSTED && !g->failed) pthread_cond_wait(&g->cv[rank], &g->mu);
+        if (in->state != BOX_POSTED) {
+            st = group_failed_error(g);
+        } else {
+            in->state = BOX_COPYING;
+            const void *from = in->buf;
+            size_t bytes = in->bytes;
+            pthread_mutex_unlock(&g->mu);
+            if (bytes == rbytes && bytes > 0) fs_comm_copy(rbuf, from, bytes);
+            pthread_mutex_lock(&g->mu);
+            in->expected = rbytes;
+            in->state = BOX_DONE;
+            pthread_cond_signal(&g->cv[src]);
+            if (bytes != rbytes)
+                st = fs_errorf(FS_ERR_USAGE,
+                               "rank %d sent %zu bytes where rank %d expected %zu (mismatched "
+                               "collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 checks them)",
+                               src, bytes, rank, rbytes);
+        }
+    }
+    if (out) {
+        while (out->state != BOX_DONE) {
+            if (g->failed && out->state == BOX_POSTED) break; /* never taken: withdraw */
+            pthread_cond_wait(&g->cv[rank], &g->mu);
+        }
+        if (out->state == BOX_DONE && out->expected != sbytes && st == FS_OK)
+            st = fs_errorf(FS_ERR_USAGE,
+                           "rank %d sent %zu bytes where rank %d expected %zu (mismatched "
+                           "collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 checks them)",
+                           rank, sbytes, dst, out->expected);
+        else if (out->state != BOX_DONE && st == FS_OK)
+            st = group_failed_error(g);
+        out->state = BOX_EMPTY;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+static fs_status group_barrier(inproc_group *g) {
+    fs_status st = FS_OK;
+    pthread_mutex_lock(&g->mu);
+    if (g->failed) {
+        st = group_failed_error(g);
+    } else if (++g->barrier_arrived == g->world) {
+        g->barrier_arrived = 0;
+        g->barrier_generation++;
+        pthread_cond_broadcast(&g->cv_barrier);
+    } else {
+        uint64_t gen = g->barrier_generation;
+        while (gen == g->barrier_generation && !g->failed)
+            pthread_cond_wait(&g->cv_barrier, &g->mu);
+        if (gen == g->barrier_generation) st = group_failed_error(g);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* ------------------------------------------------------------------ builtin (shared memory) */
+
+/* The sum type of a reduction: fp32 for fp32 and bf16 data, the data type otherwise. */
+static fs_dtype sum_dtype_of(fs_dtype d) { return d == FS_DTYPE_BF16 ? FS_DTYPE_FP32 : d; }
+
+/* acc (n elements of sum_dtype_of(dtype)) = sum over ranks j, in rank order, of element
+ * [off, off + n) of slots[j].send. */
+static void sum_block(const inproc_group *g, void *acc, fs_dtype dtype, size_t off, size_t n) {
+    size_t elem = fs_dtype_size(dtype);
+    for (int j = 0; j < g->world; j++) {
+        const char *src = (const char *)g->slots[j].send + off * elem;
+        if (dtype == FS_DTYPE_BF16) {
+            if (j == 0) fs_reduce_bf16_load(acc, (const uint16_t *)src, n);
+            else fs_reduce_bf16_add(acc, (const uint16_t *)src, n);
+        } else if (j == 0) {
+            memcpy(acc, src, n * elem);
+        } else {
+            fs_reduce_add(dtype, acc, acc, src, n);
+        }
+    }
+}
+
+static void builtin_compute(fs_comm *c, const fs_comm_op *op) {
+    inproc_group *g = group_of(c);
+    int world = g->world, rank = c->rank;
+    size_t elem = fs_dtype_size(op->dtype);
+    _Alignas(64) unsigned char acc[FS_INPROC_BLOCK * sizeof(int64_t)];
+    switch (op->coll) {
+    case FS_COLL_ALL_GATHER: {
+        size_t bytes = op->count * elem;
+        for (int j = 0; j < world; j++) {
+            char *to = (char *)op->recv + (size_t)j * bytes;
+            if (to != g->slots[j].send) fs_comm_copy(to, g->slots[j].send, bytes);
+        }
+        break;
+    }
+    case FS_COLL_REDUCE_SCATTER: {
+        size_t relem = fs_dtype_size(op->recv_dtype), base = (size_t)rank * op->count;
+        for (size_t b = 0; b < op->count; b += FS_INPROC_BLOCK) {
+            size_t n = op->count - b < FS_INPROC_BLOCK ? op->count - b : FS_INPROC_BLOCK;
+            sum_block(g, acc, op->dtype, base + b, n);
+            fs_reduce_finish((char *)op->recv + b * relem, op->recv_dtype, acc,
+                             sum_dtype_of(op->dtype), n, op->op, world, op->accumulate);
+        }
+        break;
+    }
+    case FS_COLL_ALL_REDUCE: {
+        /* Rank r owns chunk r: it reads that chunk from every send buffer and writes the
+         * result into every recv buffer; nobody else touches those elements, so in place is
+         * safe. */
+        fs_layout l = {op->count / (size_t)world, op->count % (size_t)world};
+        size_t off = fs_layout_off(l, rank), len = fs_layout_len(l, rank);
+        for (size_t b = 0; b < len; b += FS_INPROC_BLOCK) {
+            size_t n = len - b < FS_INPROC_BLOCK ? len - b : FS_INPROC_BLOCK;
+            sum_block(g, acc, op->dtype, off + b, n);
+            for (int j = 0; j < world; j++)
+                fs_reduce_finish((char *)g->slots[j].recv + (off + b) * elem, op->dtype, acc,
+                                 sum_dtype_of(op->dtype), n, op->op, world, 0);
+        }
+        break;
+    }
+    case FS_COLL_BROADCAST:
+        if (g->slots[op->root].send != op->recv)
+            fs_comm_copy(op->recv, g->slots[op->root].send, op->count * elem);
+        break;
+    case FS_COLL_BARRIER:
+    case FS_COLL_N: break;
+    }
+}
+
+static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
+    inproc_group *g = group_of(c);
+    pthread_mutex_lock(&g->mu);
+    g->slots[c->rank] = (inproc_slot){.send = op->send, .recv = op->recv};
+    pthread_mutex_unlock(&g->mu);
+    FS_TRY(group_barrier(g));
+    if (op->coll == FS_COLL_BARRIER) return FS_OK;
+    builtin_compute(c, op);
+    return group_barrier(g);
+}
+
+/* ------------------------------------------------------------------ lifetime, failure */
+
+static void group_free(inproc_group *g) {
+    if (!g) return;
+    if (g->cv)
+        for (int r = 0; r < g->world; r++) pthread_cond_destroy(&g->cv[r]);
+    pthread_cond_destroy(&g->cv_barrier);
+    pthread_mutex_destroy(&g->mu);
+    free(g->cv);
+    free(g->boxes);
+    free(g->slots);
+    free(g);
+}
+
+static void inproc_abort(fs_comm *c) {
+    inproc_group *g = group_of(c);
+    const char *why = fs_error_message();
+    pthread_mutex_lock(&g->mu);
+    if (!g->failed) {
+        g->failed = 1;
+        g->failed_rank = c->rank;
+        snprintf(g->failed_msg, sizeof g->failed_msg, "%s", why[0] ? why : "aborted");
+        for (int r = 0; r < g->world; r++) pthread_cond_broadcast(&g->cv[r]);
+        pthread_cond_broadcast(&g->cv_barrier);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void inproc_destroy(fs_comm *c) {
+    inproc_group *g = group_of(c);
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
+    free(c);
+}
+
+static const fs_comm_backend_ops inproc_ops = {
+    .sendrecv = inproc_sendrecv,
+    .builtin = inproc_builtin,
+    .abort = inproc_abort,
+    .destroy = inproc_destroy,
+};
+
+static fs_status group_init(int world, inproc_group **out) {
+    *out = NULL;
+    inproc_group *g = calloc(1, sizeof *g);
+    if (!g) return fs_errorf(FS_ERR_NOMEM, "cannot allocate an in-process group");
+    g->world = world;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv_barrier, NULL);
+    g->cv = calloc((size_t)world, sizeof *g->cv);
+    g->boxes = calloc((size_t)world * (size_t)world, sizeof *g->boxes);
+    g->slots = calloc((size_t)world, sizeof *g->slots);
+    if (!g->cv || !g->boxes || !g->slots) {
+        free(g->cv);
+        g->cv = NULL;
+        group_free(g);
+        return fs_errorf(FS_ERR_NOMEM, "cannot allocate an in-process group of %d ranks", world);
+    }
+    for (int r = 0; r < world; r++) pthread_cond_init(&g->cv[r], NULL);
+    *out = g;
+    return FS_OK;
+}
+
+fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems,
+                              fs_comm **comms) {
+    if (!comms) return fs_errorf(FS_ERR_USAGE, "fs_comm_inproc_init: comms is NULL");
+    if (world < 1 || world > FS_INPROC_MAX_WORLD)
+        return fs_errorf(FS_ERR_USAGE,
+                         "fs_comm_inproc_init: world size %d is out of range (1 to %d)", world,
+                         FS_INPROC_MAX_WORLD);
+    for (int r = 0; r < world; r++) comms[r] = NULL;
+    inproc_group *g = NULL;
+    FS_TRY(group_init(world, &g));
+    fs_status st = FS_OK;
+    for (int r = 0; r < world && st == FS_OK; r++) {
+        fs_comm *c = calloc(1, sizeof *c);
+        if (!c) {
+            st = fs_errorf(FS_ERR_NOMEM, "cannot allocate communicator %d of %d", r, world);
+            break;
+        }
+        *c = (fs_comm){.rank = r, .world = world, .backend = FS_COMM_BACKEND_INPROC,
+                       .ops = &inproc_ops, .impl = g};
+        atomic_fetch_add(&g->refs, 1);
+        comms[r] = c;
+        snprintf(c->describe, sizeof c->describe, "inproc: %d threads of one process", world);
+        if (mems && mems[r]) {
+            c->mem = mems[r];
+        } else {
+            st = fs_mem_init(&c->mem, 0);
+            if (st != FS_OK) break;
+            c->owns_mem = 1;
+        }
+        st = fs_comm_setup_common(c, cfg);
+    }
+    if (st != FS_OK) {
+        /* The group goes with the last communicator that holds it, or here if none does. */
+        int created = 0;
+        for (int r = 0; r < world; r++) {
+            created += comms[r] != NULL;
+            fs_comm_free(comms[r]);
+            comms[r] = NULL;
+        }
+        if (created == 0) group_free(g);
+        return fs_error_wrap(st, "fs_comm_inproc_init");
+    }
+    return FS_OK;
+}
+
+/* ------------------------------------------------------------------ the run helper */
+
+typedef struct run_rank {
+    fs_comm *comm;
+    fs_comm_rank_fn fn;
+    void *arg;
+    fs_status st;
+} run_rank;
+
+static void *run_main(void *p) {
+    run_rank *rr = p;
+    fs_set_thread_rank(rr->comm->rank);
+    rr->st = rr->fn(rr->comm, rr->arg);
+    if (rr->st != FS_OK) fs_comm_abort(rr->comm); /* records this rank's message if first */
+    return NULL;
+}
+
+fs_status fs_comm_inproc_run(int world, fs_comm_config cfg, fs_comm_rank_fn fn, void *arg) {
+    if (!fn) return fs_errorf(FS_ERR_USAGE, "fs_comm_inproc_run: fn is NULL");
+    if (world < 1 || world > FS_INPROC_MAX_WORLD)
+        return fs_errorf(FS_ERR_USAGE,
+                         "fs_comm_inproc_run: world size %d is out of range (1 to %d)", world,
+                         FS_INPROC_MAX_WORLD);
+    fs_comm *comms[FS_INPROC_MAX_WORLD];
+    run_rank ranks[FS_INPROC_MAX_WORLD];
+    pthread_t threads[FS_INPROC_MAX_WORLD];
+    FS_TRY(fs_comm_inproc_init(world, cfg, NULL, comms));
+    inproc_group *g = group_of(comms[0]);
+    int started = 0;
+    fs_status st = FS_OK;
+    for (int r = 0; r < world; r++) {
+        ranks[r] = (run_rank){.comm = comms[r], .fn = fn, .arg = arg, .st = FS_OK};
+        if (pthread_create(&threads[r], NULL, run_main, &ranks[r]) != 0) {
+            st = fs_errorf(FS_ERR_NOMEM, "fs_comm_inproc_run: cannot start the thread of rank %d",
+                           r);
+            fs_comm_abort(comms[r]); /* the ranks already running must not wait for it */
+            break;
+        }
+        started++;
+    }
+    for (int r = 0; r < started; r++) pthread_join(threads[r], NULL);
+    if (st == FS_OK && g->failed) {
+        /* The first failure in time is the cause; the others are its consequences. */
+        st = fs_errorf(FS_ERR_INTERNAL, "rank %d: %s", g->failed_rank, g->failed_msg);
+        for (int r = 0; r < started; r++)
+            if (r == g->failed_rank && ranks[r].st != FS_OK) st = ranks[r].st;
+    }
+    for (int r = 0; r < world; r++) fs_comm_free(comms[r]);
+    return st;
+}

@@ -1,0 +1,305 @@
+/*
+ * mpi.c — the MPI backend: one rank per process, over a duplicate of MPI_COMM_WORLD.
+ *
+ * Built when the Makefile defines FS_HAVE_MPI=1 (OpenMPI by default, MPICH with MPI=mpich);
+ * with MPI=none fs_comm_mpi_init returns an error that says so, and nothing else changes.
+ *
+ * Threads. MPI_Init_thread asks for MPI_THREAD_MULTIPLE and accepts MPI_THREAD_SERIALIZED:
+ * flatshard's communication worker, not the main thread, calls MPI during a step, so
+ * FUNNELED is not enough, but the worker is the only caller while it runs, so MULTIPLE is not
+ * needed. The provided level is reported by fs_comm_describe.
+ *
+ * Errors. The duplicated communicator returns errors instead of aborting
+ * (MPI_ERRORS_RETURN); they become FS_ERR_IO with MPI's own text, except truncation (a
+ * message longer than the receiver expected: mismatched arguments), which is FS_ERR_USAGE.
+ * A peer that dies is not detected here: the launcher (mpirun, srun) ends the job.
+ *
+ * Point-to-point is MPI_Sendrecv of bytes, in pieces of at most 1 GiB so that counts fit an
+ * int. The builtin collectives are MPI's; bf16 sums use a user-defined MPI_Op that adds in
+ * fp32 and rounds each pairwise sum to bf16, which is all an MPI_Op can do; avg is MPI_SUM
+ * followed by a local division.
+ *
+ * Process-wide state: whether this module initialised MPI and how many communicators are
+ * alive, so fs_comm_mpi_finalize finalises only what it started. MPI itself is per process.
+ */
+#include "comm_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(FS_HAVE_MPI) && FS_HAVE_MPI
+
+#include <mpi.h>
+
+#define FS_MPI_PIECE_BYTES ((size_t)1 << 30)
+#define FS_MPI_TAG 7401
+
+static int mpi_we_initialized;
+static int mpi_live_comms;
+
+typedef struct mpi_impl {
+    MPI_Comm comm;
+    MPI_Op bf16_sum;
+} mpi_impl;
+
+static mpi_impl *impl_of(fs_comm *c) { return c->impl; }
+
+static fs_status mpi_error(int rc, const char *what) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0, cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "error %d", rc);
+    return fs_errorf(cls == MPI_ERR_TRUNCATE ? FS_ERR_USAGE : FS_ERR_IO, "%s: %s", what, text);
+}
+
+#define MPI_TRY(call, what)                                                                 \
+    do {                                                                                    \
+        int mpi_try_rc_ = (call);                                                           \
+        if (mpi_try_rc_ != MPI_SUCCESS) return mpi_error(mpi_try_rc_, what);                \
+    } while (0)
+
+/* Pieces of at most FS_MPI_PIECE_BYTES that carry `bytes`; an empty message is still one
+ * message (the barrier is built from them). */
+static size_t piece_count(size_t bytes) {
+    return bytes == 0 ? 1 : (bytes + FS_MPI_PIECE_BYTES - 1) / FS_MPI_PIECE_BYTES;
+}
+
+/* Bytes of piece i of a message of `bytes`, 0 beyond its end. */
+static int piece_bytes(size_t bytes, size_t i) {
+    size_t off = i * FS_MPI_PIECE_BYTES;
+    if (off >= bytes) return 0;
+    return (int)(bytes - off < FS_MPI_PIECE_BYTES ? bytes - off : FS_MPI_PIECE_BYTES);
+}
+
+static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                              size_t rbytes, int src) {
+    MPI_Comm comm = impl_of(c)->comm;
+    size_t ns = dst < 0 ? 0 : piece_count(sbytes), nr = src < 0 ? 0 : piece_count(rbytes);
+    size_t n = ns > nr ? ns : nr;
+    for (size_t i = 0; i < n; i++) {
+        size_t so = i * FS_MPI_PIECE_BYTES;
+        int sn = i < ns ? piece_bytes(sbytes, i) : 0;
+        int rn = i < nr ? piece_bytes(rbytes, i) : 0;
+        MPI_Status status;
+        MPI_TRY(MPI_Sendrecv(sn > 0 ? (const char *)sbuf + so : NULL, sn, MPI_BYTE,
+                             i < ns ? dst : MPI_PROC_NULL, FS_MPI_TAG,
+                             rn > 0 ? (char *)rbuf + so : NULL, rn, MPI_BYTE,
+                             i < nr ? src : MPI_PROC_NULL, FS_MPI_TAG, comm, &status),
+                "MPI_Sendrecv");
+        if (i < nr) {
+            int got = 0;
+            MPI_Get_count(&status, MPI_BYTE, &got);
+            if (got != rn)
+                return fs_errorf(FS_ERR_USAGE,
+                                 "rank %d sent a message of %d bytes where rank %d expected %d "
+                                 "(mismatched collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 "
+                                 "checks them)",
+                                 src, got, c->rank, rn);
+        }
+    }
+    return FS_OK;
+}
+
+static MPI_Datatype mpi_type(fs_dtype d) {
+    switch (d) {
+    case FS_DTYPE_FP32: return MPI_FLOAT;
+    case FS_DTYPE_BF16: return MPI_UINT16_T;
+    case FS_DTYPE_INT32: return MPI_INT32_T;
+    case FS_DTYPE_INT64: return MPI_INT64_T;
+    default: return MPI_BYTE;
+    }
+}
+
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = fs_fp32_to_bf16(fs_bf16_to_fp32(a[i]) + fs_bf16_to_fp32(b[i]));
+}
+
+/* avg = the sum, divided here. */
+static void divide_by_world(void *buf, fs_dtype dtype, size_t n, int world) {
+    float w = (float)world;
+    if (dtype == FS_DTYPE_FP32) {
+        fs_reduce_finish(buf, FS_DTYPE_FP32, buf, FS_DTYPE_FP32, n, FS_REDOP_AVG, world, 0);
+    } else {
+        uint16_t *h = buf;
+        for (size_t i = 0; i < n; i++) h[i] = fs_fp32_to_bf16(fs_bf16_to_fp32(h[i]) / w);
+    }
+}
+
+static fs_status mpi_builtin(fs_comm *c, const fs_comm_op *op) {
+    mpi_impl *m = impl_of(c);
+    MPI_Datatype t = mpi_type(op->dtype);
+    MPI_Op sum = op->dtype == FS_DTYPE_BF16 ? m->bf16_sum : MPI_SUM;
+    size_t elem = fs_dtype_size(op->dtype);
+    int count = (int)op->count; /* validated to fit */
+    switch (op->coll) {
+    case FS_COLL_ALL_GATHER: {
+        int in_place = op->send == (char *)op->recv + (size_t)c->rank * op->count * elem;
+        MPI_TRY(MPI_Allgather(in_place ? MPI_IN_PLACE : op->send, count, t, op->recv, count, t,
+                              m->comm),
+                "MPI_Allgather");
+        return FS_OK;
+    }
+    case FS_COLL_REDUCE_SCATTER: {
+        char *base = (char *)op->recv - (size_t)c->rank * op->count * elem;
+        if (base == op->send) {
+            /* MPI's in place reads the whole buffer and leaves the result at its start. */
+            MPI_TRY(MPI_Reduce_scatter_block(MPI_IN_PLACE, base, count, t, sum, m->comm),
+                    "MPI_Reduce_scatter_block");
+            if (base != op->recv) memmove(op->recv, base, op->count * elem);
+        } else {
+            MPI_TRY(MPI_Reduce_scatter_block(op->send, op->recv, count, t, sum, m->comm),
+                    "MPI_Reduce_scatter_block");
+        }
+        if (op->op == FS_REDOP_AVG) divide_by_world(op->recv, op->dtype, op->count, c->world);
+        return FS_OK;
+    }
+    case FS_COLL_ALL_REDUCE:
+        MPI_TRY(MPI_Allreduce(op->send == op->recv ? MPI_IN_PLACE : op->send, op->recv, count, t,
+                              sum, m->comm),
+                "MPI_Allreduce");
+        if (op->op == FS_REDOP_AVG) divide_by_world(op->recv, op->dtype, op->count, c->world);
+        return FS_OK;
+    case FS_COLL_BROADCAST:
+        if (c->rank == op->root && op->send != op->recv)
+            fs_comm_copy(op->recv, op->send, op->count * elem);
+        MPI_TRY(MPI_Bcast(op->recv, count, t, op->root, m->comm), "MPI_Bcast");
+        return FS_OK;
+    case FS_COLL_BARRIER:
+        MPI_TRY(MPI_Barrier(m->comm), "MPI_Barrier");
+        return FS_OK;
+    case FS_COLL_N: break;
+    }
+    return fs_errorf(FS_ERR_INTERNAL, "unknown collective %d", (int)op->coll);
+}
+
+static void mpi_abort(fs_comm *c) {
+    const char *why = fs_error_message();
+    fprintf(stderr, "flatshard: rank %d: aborting every MPI process%s%s\n", c->rank,
+            why[0] ? ": " : "", why);
+    fflush(stderr);
+    MPI_Abort(impl_of(c)->comm, 1);
+    abort(); /* MPI_Abort does not return; this says so to the compiler */
+}
+
+static void mpi_destroy(fs_comm *c) {
+    mpi_impl *m = impl_of(c);
+    if (m) {
+        if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
+        if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+        free(m);
+        mpi_live_comms--;
+    }
+    free(c);
+}
+
+static const fs_comm_backend_ops mpi_ops = {
+    .sendrecv = mpi_sendrecv,
+    .builtin = mpi_builtin,
+    .abort = mpi_abort,
+    .destroy = mpi_destroy,
+};
+
+static const char *level_name(int level) {
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown thread level";
+    }
+}
+
+/* The first line of MPI_Get_library_version, up to the first comma, blanks squeezed:
+ * "Open MPI v4.1.4" or "MPICH Version: 4.0.2". */
+static void library_name(char *out, size_t n) {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) len = 0;
+    size_t o = 0;
+    for (int i = 0; i < len && text[i] && text[i] != '\n' && text[i] != ',' && o + 1 < n; i++) {
+        char ch = text[i] == '\t' ? ' ' : text[i];
+        if (ch == ' ' && (o == 0 || out[o - 1] == ' ')) continue;
+        out[o++] = ch;
+    }
+    while (o > 0 && out[o - 1] == ' ') o--;
+    out[o] = '\0';
+}
+
+fs_status fs_comm_mpi_init(fs_comm_config cfg, fs_mem *mem, fs_comm **out) {
+    if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_mpi_init: out is NULL");
+    *out = NULL;
+    if (!mem) return fs_errorf(FS_ERR_USAGE, "fs_comm_mpi_init: mem is NULL");
+    int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) return fs_errorf(FS_ERR_USAGE, "fs_comm_mpi_init: MPI was already finalized");
+    if (!initialized) {
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "fs_comm_mpi_init: MPI_Init_thread");
+        mpi_we_initialized = 1;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+        return fs_errorf(FS_ERR_USAGE,
+                         "fs_comm_mpi_init: MPI provides %s; flatshard needs at least "
+                         "MPI_THREAD_SERIALIZED (its communication worker calls MPI from a "
+                         "thread of its own)",
+                         level_name(provided));
+    fs_comm *c = calloc(1, sizeof *c);
+    mpi_impl *m = calloc(1, sizeof *m);
+    if (!c || !m) {
+        free(c);
+        free(m);
+        return fs_errorf(FS_ERR_NOMEM, "fs_comm_mpi_init: cannot allocate a communicator");
+    }
+    m->comm = MPI_COMM_NULL;
+    m->bf16_sum = MPI_OP_NULL;
+    *c = (fs_comm){.backend = FS_COMM_BACKEND_MPI, .ops = &mpi_ops, .impl = m, .mem = mem};
+    mpi_live_comms++;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &c->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &c->world);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum);
+    fs_status st = rc == MPI_SUCCESS ? FS_OK : mpi_error(rc, "fs_comm_mpi_init");
+    if (st == FS_OK) {
+        char lib[96];
+        library_name(lib, sizeof lib);
+        snprintf(c->describe, sizeof c->describe, "mpi: %s, %s", lib, level_name(provided));
+        st = fs_comm_setup_common(c, cfg);
+    }
+    if (st != FS_OK) {
+        fs_comm_free(c);
+        return st;
+    }
+    *out = c;
+    return FS_OK;
+}
+
+void fs_comm_mpi_finalize(void) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (mpi_we_initialized && mpi_live_comms == 0 && !finalized) MPI_Finalize();
+}
+
+#else /* !FS_HAVE_MPI */
+
+fs_status fs_comm_mpi_init(fs_comm_config cfg, fs_mem *mem, fs_comm **out) {
+    (void)cfg;
+    (void)mem;
+    if (out) *out = NULL;
+    return fs_errorf(FS_ERR_USAGE,
+                     "fs_comm_mpi_init: this flatshard was built without MPI (make MPI=none); "
+                     "rebuild with 'make' (OpenMPI) or 'make MPI=mpich'");
+}
+
+void fs_comm_mpi_finalize(void) {}
+
+#endif /* FS_HAVE_MPI */

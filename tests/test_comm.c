@@ -1,0 +1,347 @@
+/*
+ * tests/test_comm.c — the collectives and the worker on the in-process backend.
+ *
+ * Every check of tests/comm_checks.h (the same ones tests/mpi/test_comm_mpi.c runs under
+ * mpirun) runs for world sizes 1 to 5, with the smallest staging segment (64 bytes, so every
+ * message crosses many segments and partial segments) and with the default one. Then what
+ * only threads can show: staging allocated once and nothing allocated per call, a failing
+ * rank that unblocks its peers, size mismatches caught without the debug check, a barrier
+ * that really waits, the environment switch of the debug check, bf16 rounding.
+ */
+#include "flatshard/comm.h"
+#include "harness.h"
+#include "comm_checks.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_W 5
+
+/* ------------------------------------------------------------------ the shared checks */
+
+static size_t current_check;
+
+static void run_current_check(void) {
+    const cc_check *c = &cc_checks[current_check];
+    fs_comm_config configs[2] = {fs_comm_config_default(), fs_comm_config_default()};
+    configs[0].segment_bytes = 64;
+    for (int k = 0; k < 2; k++)
+        for (int w = 1; w <= MAX_W; w++) {
+            fs_status st = fs_comm_inproc_run(w, configs[k], c->fn, NULL);
+            CHECK(st == FS_OK, "%s, W=%d, segment %zu bytes: %s", c->name, w,
+                  configs[k].segment_bytes, fs_error_message());
+        }
+}
+
+/* ------------------------------------------------------------------ small pieces */
+
+static void test_bf16_conversion(void) {
+    union { uint32_t u; float f; } v;
+    CHECK(fs_fp32_to_bf16(1.0f) == 0x3f80, "1.0");
+    CHECK(fs_bf16_to_fp32(0xc040) == -3.0f, "-3.0");
+    v.u = 0x3f808000u; /* 1 + 2^-8: a tie, rounds to the even 1.0 */
+    CHECK(fs_fp32_to_bf16(v.f) == 0x3f80, "tie to even (down): %04x", fs_fp32_to_bf16(v.f));
+    v.u = 0x3f818000u; /* a tie between 0x3f81 and 0x3f82: rounds to the even 0x3f82 */
+    CHECK(fs_fp32_to_bf16(v.f) == 0x3f82, "tie to even (up): %04x", fs_fp32_to_bf16(v.f));
+    v.u = 0x3f808001u;
+    CHECK(fs_fp32_to_bf16(v.f) == 0x3f81, "above the tie rounds up");
+    v.u = 0x7f7fffffu; /* FLT_MAX rounds to infinity, as round-to-nearest must */
+    CHECK(fs_fp32_to_bf16(v.f) == 0x7f80, "FLT_MAX -> inf: %04x", fs_fp32_to_bf16(v.f));
+    v.u = 0x7f800001u; /* a NaN whose payload is only in the low bits stays a NaN */
+    uint16_t h = fs_fp32_to_bf16(v.f);
+    CHECK((h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0, "NaN stays NaN: %04x", h);
+    for (uint32_t x = 0; x < 0x10000; x += 7) /* widening then narrowing is the identity */
+        if ((x & 0x7f80) != 0x7f80 || (x & 0x7f) == 0)
+            CHECK(fs_fp32_to_bf16(fs_bf16_to_fp32((uint16_t)x)) == x, "round trip %04x", x);
+}
+
+static void test_names(void) {
+    CHECK(strcmp(fs_dtype_name(FS_DTYPE_BF16), "bf16") == 0, "bf16 name");
+    CHECK(strcmp(fs_dtype_name((fs_dtype)99), "invalid") == 0, "invalid dtype name");
+    CHECK(fs_dtype_size(FS_DTYPE_INT64) == 8 && fs_dtype_size((fs_dtype)-1) == 0, "sizes");
+    CHECK(strcmp(fs_coll_name(FS_COLL_REDUCE_SCATTER), "reduce_scatter") == 0, "coll name");
+    CHECK(strcmp(fs_redop_name(FS_REDOP_AVG), "avg") == 0, "op name");
+    CHECK(strcmp(fs_comm_algo_name(FS_COMM_ALGO_BUILTIN), "builtin") == 0, "algo name");
+}
+
+static void test_config_and_errors_of_creation(void) {
+    fs_comm *comms[3] = {NULL, NULL, NULL};
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.segment_bytes = 100;
+    CHECK_OK(fs_comm_inproc_init(3, cfg, NULL, comms));
+    if (!comms[0]) return;
+    CHECK(fs_comm_get_config(comms[1]).segment_bytes == 64, "segment rounded down to 64: %zu",
+          fs_comm_get_config(comms[1]).segment_bytes);
+    CHECK(fs_comm_rank(comms[2]) == 2 && fs_comm_world(comms[2]) == 3, "rank, world");
+    CHECK(fs_comm_backend_kind(comms[0]) == FS_COMM_BACKEND_INPROC, "backend");
+    CHECK(strstr(fs_comm_describe(comms[0]), "inproc") != NULL, "describe: %s",
+          fs_comm_describe(comms[0]));
+    CHECK(fs_comm_get_config(comms[0]).algo == FS_COMM_ALGO_RING, "ring by default");
+    CHECK_OK(fs_comm_set_algo(comms[0], FS_COMM_ALGO_BUILTIN));
+    CHECK(fs_comm_get_config(comms[0]).algo == FS_COMM_ALGO_BUILTIN, "set_algo");
+    for (int r = 0; r < 3; r++) fs_comm_free(comms[r]);
+    fs_comm_free(NULL);
+
+    CHECK(fs_comm_inproc_init(0, cfg, NULL, comms) == FS_ERR_USAGE, "world 0");
+    CHECK(fs_comm_inproc_init(257, cfg, NULL, comms) == FS_ERR_USAGE, "world 257");
+    cfg.algo = (fs_comm_algo)9;
+    CHECK(fs_comm_inproc_init(2, cfg, NULL, comms) == FS_ERR_USAGE && !comms[0] && !comms[1],
+          "bad algorithm in the config");
+    cfg = fs_comm_config_default();
+    cfg.segment_bytes = (size_t)4 << 30;
+    CHECK(fs_comm_inproc_init(2, cfg, NULL, comms) == FS_ERR_USAGE, "segment too large");
+    CHECK(fs_comm_inproc_run(2, fs_comm_config_default(), NULL, NULL) == FS_ERR_USAGE, "NULL fn");
+
+    /* an allocation failure during creation leaves nothing behind */
+    fs_mem *mems[2] = {NULL, NULL};
+    CHECK_OK(fs_mem_init(&mems[0], 0));
+    CHECK_OK(fs_mem_init(&mems[1], 0));
+    fs_mem_fail_after(mems[1], 2);
+    CHECK(fs_comm_inproc_init(2, fs_comm_config_default(), mems, comms) == FS_ERR_NOMEM &&
+              !comms[0] && !comms[1],
+          "injected allocation failure: %s", fs_error_message());
+    CHECK(fs_mem_get_stats(mems[0]).total_bytes == 0 && fs_mem_get_stats(mems[1]).total_bytes == 0,
+          "everything released after the failure");
+    fs_mem_free(mems[0]);
+    fs_mem_free(mems[1]);
+#if defined(FS_HAVE_MPI) && !FS_HAVE_MPI
+    fs_comm *m = NULL;
+    fs_mem *mem = NULL;
+    CHECK_OK(fs_mem_init(&mem, 0));
+    CHECK(fs_comm_mpi_init(fs_comm_config_default(), mem, &m) == FS_ERR_USAGE && !m,
+          "built without MPI");
+    CHECK(strstr(fs_error_message(), "without MPI") != NULL, "message: %s", fs_error_message());
+    fs_comm_mpi_finalize();
+    fs_mem_free(mem);
+#endif
+}
+
+/* ------------------------------------------------------------------ no allocation per call */
+
+typedef struct alloc_rank {
+    fs_comm *comm;
+    fs_mem *mem;
+    uint64_t allocs_before, allocs_after;
+    fs_status st;
+} alloc_rank;
+
+static void *alloc_rank_main(void *p) {
+    alloc_rank *a = p;
+    fs_comm *c = a->comm;
+    int W = fs_comm_world(c);
+    enum { N = 5000 };
+    static float bufs[MAX_W][2][N * MAX_W];
+    static uint16_t half[MAX_W][N * MAX_W];
+    float *x = bufs[fs_comm_rank(c)][0], *y = bufs[fs_comm_rank(c)][1];
+    uint16_t *h = half[fs_comm_rank(c)];
+    fs_comm_worker *w = NULL;
+    a->st = fs_comm_worker_init(c, 8, &w); /* the queue: allocated once, here */
+    a->allocs_before = fs_mem_get_stats(a->mem).n_allocs;
+    for (int rep = 0; rep < 3 && a->st == FS_OK; rep++)
+        for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN && a->st == FS_OK; algo++) {
+            fs_comm_op ops[6] = {
+                fs_comm_op_all_gather(x, y, N, FS_DTYPE_FP32),
+                fs_comm_op_reduce_scatter(x, y, N, FS_DTYPE_FP32, FS_REDOP_AVG),
+                fs_comm_op_reduce_scatter_ex(h, y, N, FS_DTYPE_BF16, FS_DTYPE_FP32, FS_REDOP_SUM, 1),
+                fs_comm_op_all_reduce(x, x, (size_t)N * (size_t)W, FS_DTYPE_FP32, FS_REDOP_SUM),
+                fs_comm_op_broadcast(x, y, N, FS_DTYPE_FP32, W - 1),
+                fs_comm_op_barrier(),
+            };
+            for (int k = 0; k < 6 && a->st == FS_OK; k++) {
+                ops[k].algo = (fs_comm_algo)algo;
+                a->st = fs_comm_run(c, &ops[k]);
+                uint64_t t = 0;
+                if (a->st == FS_OK) a->st = fs_comm_worker_enqueue(w, &ops[k], &t);
+                if (a->st == FS_OK) a->st = fs_comm_worker_wait(w, t);
+            }
+        }
+    a->allocs_after = fs_mem_get_stats(a->mem).n_allocs;
+    fs_comm_worker_free(w);
+    if (a->st != FS_OK) fs_comm_abort(c);
+    return NULL;
+}
+
+static void test_staging_allocated_once(void) {
+    for (int W = 1; W <= MAX_W; W += 2) {
+        fs_mem *mems[MAX_W];
+        fs_comm *comms[MAX_W];
+        alloc_rank ranks[MAX_W];
+        pthread_t th[MAX_W];
+        for (int r = 0; r < W; r++) CHECK_OK(fs_mem_init(&mems[r], 0));
+        fs_comm_config cfg = fs_comm_config_default();
+        cfg.segment_bytes = 4096;
+        CHECK_OK(fs_comm_inproc_init(W, cfg, mems, comms));
+        fs_mem_stats s = fs_mem_get_stats(mems[0]);
+        CHECK(s.bytes[FS_MEM_COMM] >= 2 * 4096 && s.bytes[FS_MEM_COMM] < 2 * 4096 + 1024,
+              "comm bytes %zu: two staging segments and the check buffer", s.bytes[FS_MEM_COMM]);
+        CHECK(s.total_bytes == s.bytes[FS_MEM_COMM], "everything is in the comm category");
+        for (int r = 0; r < W; r++) {
+            ranks[r] = (alloc_rank){.comm = comms[r], .mem = mems[r]};
+            pthread_create(&th[r], NULL, alloc_rank_main, &ranks[r]);
+        }
+        for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < W; r++) {
+            CHECK(ranks[r].st == FS_OK, "W=%d rank %d: %s", W, r, fs_status_name(ranks[r].st));
+            CHECK(ranks[r].allocs_after == ranks[r].allocs_before,
+                  "W=%d rank %d: %llu allocations during collectives", W, r,
+                  (unsigned long long)(ranks[r].allocs_after - ranks[r].allocs_before));
+            fs_comm_free(comms[r]);
+            CHECK(fs_mem_get_stats(mems[r]).total_bytes == 0, "staging released");
+            fs_mem_free(mems[r]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ failures do not hang */
+
+typedef struct fail_arg {
+    int failing_rank;
+    int where;               /* 0: before any collective; 1: after two */
+    fs_comm_algo algo;
+    int use_worker;
+    fs_status st[MAX_W];     /* what each surviving rank's collective returned */
+    char msg[MAX_W][256];
+} fail_arg;
+
+/* The survivors record the status of the first call that fails: once the group is failed,
+ * even a collective the failed rank had already finished its part of may fail (abort takes
+ * effect at once), so that can be one of the gathers before the all-reduce. */
+static fs_status fail_rank_fn(fs_comm *comm, void *p) {
+    fail_arg *a = p;
+    int r = fs_comm_rank(comm);
+    float x[8] = {0}, y[8 * MAX_W];
+    fs_status st = FS_OK;
+    for (int k = 0; k < (a->where ? 2 : 0) && st == FS_OK; k++)
+        st = fs_comm_all_gather(x, y, 8, FS_DTYPE_FP32, comm);
+    if (st == FS_OK && r == a->failing_rank)
+        return fs_errorf(FS_ERR_IO, "rank %d gives up on purpose", r);
+    fs_comm_op o = fs_comm_op_all_reduce(x, x, 8, FS_DTYPE_FP32, FS_REDOP_SUM);
+    o.algo = a->algo;
+    if (st == FS_OK && a->use_worker) {
+        fs_comm_worker *w = NULL;
+        uint64_t t = 0;
+        FS_TRY(fs_comm_worker_init(comm, 4, &w));
+        st = fs_comm_worker_enqueue(w, &o, &t);
+        if (st == FS_OK) st = fs_comm_worker_wait(w, t);
+        fs_comm_worker_free(w);
+    } else if (st == FS_OK) {
+        st = fs_comm_run(comm, &o);
+    }
+    a->st[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", fs_error_message());
+    return st;
+}
+
+static void test_failing_rank_unblocks_the_others(void) {
+    for (int where = 0; where < 2; where++)
+        for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++)
+            for (int use_worker = 0; use_worker < 2; use_worker++) {
+                fail_arg a = {.failing_rank = 1, .where = where, .algo = (fs_comm_algo)algo,
+                              .use_worker = use_worker};
+                fs_status st = fs_comm_inproc_run(3, fs_comm_config_default(), fail_rank_fn, &a);
+                const char *msg = fs_error_message();
+                CHECK(st == FS_ERR_IO && strstr(msg, "rank 1: rank 1 gives up on purpose"),
+                      "run returns the first failure: %s %s", fs_status_name(st), msg);
+                for (int r = 0; r < 3; r += 2)
+                    CHECK(a.st[r] == FS_ERR_INTERNAL && strstr(a.msg[r], "rank 1 failed"),
+                          "where=%d algo=%s worker=%d: rank %d got %s: %s", where,
+                          fs_comm_algo_name((fs_comm_algo)algo), use_worker, r,
+                          fs_status_name(a.st[r]), a.msg[r]);
+            }
+}
+
+typedef struct mismatch_arg {
+    fs_comm_algo algo;
+} mismatch_arg;
+
+static fs_status mismatch_rank_fn(fs_comm *comm, void *p) {
+    mismatch_arg *a = p;
+    int r = fs_comm_rank(comm);
+    float x[16] = {0}, y[16 * MAX_W];
+    fs_comm_op o = fs_comm_op_all_gather(x, y, r == 1 ? 9 : 8, FS_DTYPE_FP32);
+    o.algo = a->algo;
+    return fs_comm_run(comm, &o);
+}
+
+static void test_size_mismatch_caught_without_debug(void) {
+    /* The ring's messages carry their size: a count that differs fails rather than hangs or
+     * overruns, even with the debug check off. */
+    for (int w = 2; w <= 4; w++) {
+        mismatch_arg a = {FS_COMM_ALGO_RING};
+        fs_status st = fs_comm_inproc_run(w, fs_comm_config_default(), mismatch_rank_fn, &a);
+        CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "expected"),
+              "W=%d: %s: %s", w, fs_status_name(st), fs_error_message());
+    }
+}
+
+typedef struct barrier_arg {
+    atomic_int arrived[20];
+    fs_comm_algo algo;
+    atomic_int wrong;
+} barrier_arg;
+
+static fs_status barrier_rank_fn(fs_comm *comm, void *p) {
+    barrier_arg *a = p;
+    int W = fs_comm_world(comm), r = fs_comm_rank(comm);
+    for (int k = 0; k < 20; k++) {
+        if ((k + r) % 3 == 0) { /* some ranks arrive late */
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+        atomic_fetch_add(&a->arrived[k], 1);
+        fs_comm_op o = fs_comm_op_barrier();
+        o.algo = a->algo;
+        FS_TRY(fs_comm_run(comm, &o));
+        if (atomic_load(&a->arrived[k]) != W) atomic_fetch_add(&a->wrong, 1);
+    }
+    return FS_OK;
+}
+
+static void test_barrier_waits_for_everyone(void) {
+    for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++)
+        for (int w = 1; w <= MAX_W; w++) {
+            barrier_arg a;
+            memset(&a, 0, sizeof a);
+            a.algo = (fs_comm_algo)algo;
+            CHECK_OK(fs_comm_inproc_run(w, fs_comm_config_default(), barrier_rank_fn, &a));
+            CHECK(atomic_load(&a.wrong) == 0, "W=%d %s: %d ranks left a barrier early", w,
+                  fs_comm_algo_name(a.algo), atomic_load(&a.wrong));
+        }
+}
+
+static fs_status debug_env_rank_fn(fs_comm *comm, void *p) {
+    (void)p;
+    int r = fs_comm_rank(comm);
+    float x[16] = {0}, y[16 * MAX_W];
+    if (!fs_comm_get_config(comm).debug)
+        return fs_errorf(FS_ERR_INTERNAL, "FLATSHARD_DEBUG_COLLECTIVES=1 did not turn the check on");
+    fs_status st = fs_comm_all_gather(x, y, r == 0 ? 4 : 5, FS_DTYPE_FP32, comm);
+    if (st == FS_ERR_USAGE && strstr(fs_error_message(), "debug check")) return FS_OK;
+    return fs_errorf(FS_ERR_INTERNAL, "mismatch not caught: %s", fs_error_message());
+}
+
+static void test_debug_check_from_the_environment(void) {
+    setenv("FLATSHARD_DEBUG_COLLECTIVES", "1", 1);
+    fs_status st = fs_comm_inproc_run(3, fs_comm_config_default(), debug_env_rank_fn, NULL);
+    unsetenv("FLATSHARD_DEBUG_COLLECTIVES");
+    CHECK(st == FS_OK, "%s", fs_error_message());
+}
+
+int main(void) {
+    /* A broken algorithm or check can deadlock the ranks; a test must fail, not hang. The
+     * whole program takes a few seconds (about a minute under ThreadSanitizer). */
+    alarm(600);
+    RUN(test_bf16_conversion);
+    RUN(test_names);
+    RUN(test_config_and_errors_of_creation);
+    for (current_check = 0; current_check < CC_N_CHECKS; current_check++)
+        fs_test_run(cc_checks[current_check].name, run_current_check);
+    RUN(test_staging_allocated_once);
+    RUN(test_failing_rank_unblocks_the_others);
+    RUN(test_size_mismatch_caught_without_debug);
+    RUN(test_barrier_waits_for_everyone);
+    RUN(test_debug_check_from_the_environment);
+    return fs_test_summary();
+}
