@@ -1,1 +1,62 @@
-int main(void) { return 0; }
+/*
+ * cli/main.c — `flatshard <command> [options]`: dispatch to a command.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "args.h"
+#include "commands.h"
+#include "flatshard/core.h"
+
+#define FS_VERSION "0.1.0"
+
+typedef struct fs_command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} fs_command;
+
+static const fs_command commands[] = {
+    {"train", fs_cmd_train, "train a model (one process for now)"},
+    {"eval", fs_cmd_eval, "mean loss of saved weights on a data file"},
+    {"generate", fs_cmd_generate, "sample text from saved weights"},
+    {"tokenize", fs_cmd_tokenize, "convert text files into a token file"},
+    {"bench", fs_cmd_bench, "measure parts of the system (see 'flatshard bench --help')"},
+    {NULL, NULL, NULL},
+};
+
+static void print_usage(FILE *f) {
+    fprintf(f,
+            "usage: flatshard <command> [options]\n\n"
+            "flatshard trains Llama-family language models with fully sharded data\n"
+            "parallelism (YaFSDP-style layer-wise sharding), in C.\n\ncommands:\n");
+    for (const fs_command *c = commands; c->name; c++) fprintf(f, "  %-10s %s\n", c->name, c->summary);
+    fprintf(f, "\n'flatshard <command> --help' lists a command's options with their defaults.\n"
+               "'flatshard --version' prints the version.\n");
+}
+
+int fs_cli_report(const char *cmd, int status) {
+    fprintf(stderr, "flatshard %s: %s\n", cmd, fs_error_message());
+    return status == FS_ERR_USAGE ? FS_EXIT_USAGE : FS_EXIT_RUNTIME;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_usage(stderr);
+        return FS_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        print_usage(stdout);
+        return FS_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("flatshard %s\n", FS_VERSION);
+        return FS_EXIT_OK;
+    }
+    for (const fs_command *c = commands; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "flatshard: unknown command '%s'; run 'flatshard --help' for the list\n",
+            argv[1]);
+    return FS_EXIT_USAGE;
+}

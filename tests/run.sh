@@ -41,7 +41,7 @@ for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "$t" "$t"
 done
-for s in tests/cli/*.sh; do
+for s in tests/cli/test_*.sh; do
     [ -f "$s" ] || continue
     run_one "$s" env FLATSHARD_BUILD="$build" bash "$s"
 done

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# tests/cli/test_train_cli.sh — flatshard end to end: tokenize a real corpus, train, check
+# the loss falls below a stated threshold, evaluate, generate; and every kind of bad input
+# gets one clear line and the documented exit code (2 usage, 1 runtime).
+. "$(dirname "$0")/lib.sh"
+
+CORPUS_DIR=/usr/share/games/fortunes
+if [ ! -f "$CORPUS_DIR/fortunes" ]; then
+    fail "fortunes corpus" "$CORPUS_DIR/fortunes is missing: the test setup installs Debian's 'fortunes' package (./quickstart.sh test)"
+    summary; exit
+fi
+# every text file of the corpus except the index (.dat) files and the .u8 links
+mapfile -t TEXTS < <(find "$CORPUS_DIR" -maxdepth 1 -type f ! -name '*.dat' | sort)
+
+# --- help tells the truth
+run "flatshard --help" 0 "$FS" --help
+expect "--help lists the commands" grep -q "train" "$WORK/out"
+for cmd in train eval generate tokenize "bench step" "bench gemm"; do
+    # shellcheck disable=SC2086
+    run "flatshard $cmd --help" 0 "$FS" $cmd --help
+    opts=$(grep -cE '^  (-., )?    --|^  -., --' "$WORK/out")
+    defaults=$(grep -cE '\[default: ' "$WORK/out")
+    expect "$cmd --help gives a default for each of its $opts options" [ "$opts" -gt 0 ] && [ "$opts" -eq "$defaults" ]
+done
+
+# --- tokenize the corpus
+run "tokenize the fortunes corpus" 0 "$FS" tokenize -o "$WORK/fortunes.bin" "${TEXTS[@]}"
+corpus_bytes=$(cat "${TEXTS[@]}" | wc -c)
+bin_bytes=$(stat -c %s "$WORK/fortunes.bin")
+expect "token file is a 1024-byte header plus 2 bytes per byte of text" [ "$bin_bytes" -eq $((1024 + 2 * corpus_bytes)) ]
+
+# --- train: the loss must fall from ln(256) = 5.55 to below 2.8 in 150 steps of 8 x 64 tokens
+# (it reaches ~2.5; a broken gradient or optimizer stays above 3)
+run "train tiny on fortunes" 0 "$FS" train --model tiny --data "$WORK/fortunes.bin" --steps 150 \
+    --batch 8 --seq 64 --lr 2e-3 --warmup 20 --log-every 50 --threads 2 \
+    --metrics "$WORK/metrics.jsonl" --out "$WORK/model/tiny.safetensors"
+cp "$WORK/out" "$WORK/train.out"
+final_loss=$(grep -E '^step +150/150' "$WORK/train.out" | sed -E 's/.*loss ([0-9.]+).*/\1/')
+expect "training printed step 150 (loss '$final_loss')" [ -n "$final_loss" ]
+expect "final training loss $final_loss < 2.8" awk -v l="${final_loss:-99}" 'BEGIN { exit !(l < 2.8) }'
+expect "progress lines show step, loss and tok/s" grep -qE '^step +50/150 \| loss [0-9.]+ .*tok/s' "$WORK/train.out"
+expect "weights saved" [ -s "$WORK/model/tiny.safetensors" ]
+expect "metrics has one JSON object per step with step, loss, tokens_per_s" \
+    /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 150, len(rows)
+for i, r in enumerate(rows, 1):
+    assert r["step"] == i and r["loss"] > 0 and r["tokens_per_s"] > 0 and r["tokens"] == 512, r
+assert rows[-1]["loss"] < rows[0]["loss"] - 2
+' "$WORK/metrics.jsonl"
+
+# --- eval and generate from the saved weights
+run "eval --json" 0 "$FS" eval --weights "$WORK/model/tiny.safetensors" --data "$WORK/fortunes.bin" \
+    --batch 4 --seq 64 --batches 8 --json
+expect "eval prints {\"loss\": x} with x < 3 and the batch count" /usr/bin/python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert 0 < r["loss"] < 3.0 and r["batches"] == 8 and r["tokens"] == 8 * 4 * 64, r
+' "$WORK/out"
+run "generate" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
+expect "generate prints the prompt and 80 bytes" [ "$(head -c 3 "$WORK/out")" = "Q: " ] && [ "$(wc -c <"$WORK/out")" -eq $((3 + 80 + 1)) ]
+cp "$WORK/out" "$WORK/gen1"
+run "generate again with the same seed" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
+expect "generation is reproducible from the seed" cmp -s "$WORK/out" "$WORK/gen1"
+run "train directly on a text file" 0 "$FS" train --data "$CORPUS_DIR/fortunes" --steps 2 --batch 2 --seq 32 --no-save
+
+# --- bad input: one line, exit 2 for usage errors, 1 for runtime errors
+refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
+refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
+refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten
+refuse "out-of-range integer" 2 "--batch: 0 is out of range" "$FS" train --data x --batch 0
+refuse "missing --data" 2 "--data FILE is required" "$FS" train
+refuse "unknown preset" 2 "unknown model preset 'huge'" "$FS" train --model huge --data "$WORK/fortunes.bin"
+refuse "sequence longer than the model allows" 2 "max_position_embeddings" "$FS" train --data "$WORK/fortunes.bin" --seq 4096 --no-save
+refuse "missing data file" 1 "/nonexistent/data.bin" "$FS" train --data /nonexistent/data.bin
+head -c 5000 "$WORK/fortunes.bin" >"$WORK/truncated.bin"
+refuse "truncated token file" 1 "truncated" "$FS" train --data "$WORK/truncated.bin" --no-save
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100}' >"$WORK/nolayers.json"
+refuse "config without num_hidden_layers" 1 "num_hidden_layers" "$FS" train --model "$WORK/nolayers.json" --data "$WORK/fortunes.bin"
+printf '{"hidden_size": 64,' >"$WORK/broken.json"
+refuse "config that is not JSON" 1 "broken.json: invalid JSON" "$FS" train --model "$WORK/broken.json" --data "$WORK/fortunes.bin"
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100}' >"$WORK/v100.json"
+refuse "tokens beyond the vocabulary" 1 "fortunes.bin.*(token|position)" "$FS" train --model "$WORK/v100.json" --data "$WORK/fortunes.bin" --seq 16 --no-save
+refuse "eval without --weights" 2 "--weights FILE is required" "$FS" eval --data x
+refuse "generate from a missing file" 1 "/nonexistent.safetensors" "$FS" generate --weights /nonexistent.safetensors
+head -c 3000 "$WORK/model/tiny.safetensors" >"$WORK/cut.safetensors"
+refuse "eval of truncated weights" 1 "cut.safetensors" "$FS" eval --weights "$WORK/cut.safetensors" --data "$WORK/fortunes.bin"
+refuse "weights for another model" 1 "must have shape" "$FS" eval --model small --weights "$WORK/model/tiny.safetensors" --data "$WORK/fortunes.bin"
+refuse "unwritable output directory" 1 "/proc/flatshard" "$FS" train --data "$WORK/fortunes.bin" --steps 1 --out /proc/flatshard/x.safetensors
+refuse "unknown benchmark" 2 "unknown benchmark 'gpu'" "$FS" bench gpu
+
+summary
