@@ -58,8 +58,8 @@ test)
     install_missing "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     echo "== building (warnings are errors)"
     make -j"$jobs" WERROR=1
-    echo "== running the test suite"
-    make test WERROR=1
+    echo "== running the test suite (plain build, then under ASan, UBSan and TSan)"
+    make check WERROR=1
     ;;
 *)
     echo "usage: $0 demo|test" >&2

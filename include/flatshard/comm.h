@@ -125,7 +125,7 @@ typedef struct fs_comm_config {
     int debug;            /* 1: the cross-rank argument check before every collective */
 } fs_comm_config;
 
-/* ring, 4 MiB segments (the best measured, bench/comm_results.md), debug off. */
+/* ring, 4 MiB segments (the best measured, BENCHMARKS.md "Collectives"), debug off. */
 fs_comm_config fs_comm_config_default(void);
 
 /* Bytes of one element (1 for bytes); 0 for an invalid dtype. */

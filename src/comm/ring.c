@@ -27,7 +27,7 @@
  * before the next segment starts, so the staging is two segments whatever the message size.
  * A segment trades the per-message cost (a rendezvous; with MPI, pinning the pages for a
  * single-copy transfer) against cache locality; 4 MiB measured best on 2 ranks, both
- * backends (bench/comm_results.md).
+ * backends (BENCHMARKS.md, "Collectives").
  */
 #include "comm_internal.h"
 
