@@ -76,21 +76,31 @@ static int bench_step(int argc, char **argv) {
     cfg.steps = warmup + steps;
     cfg.threads = (int)threads;
     cfg.vocab_chunk_rows = vocab_chunk;
-    fs_trainer tr;
-    st = fs_trainer_init(&tr, &mcfg, &cfg, &data);
-    if (st != FS_OK) {
-        fs_token_data_close(&data);
-        return fs_cli_report("bench step", st);
-    }
+    /* one rank: its allocator and an in-process communicator of one */
+    fs_mem *mem = NULL;
+    fs_comm *comm = NULL;
+    fs_trainer tr = {0};
+    st = fs_mem_init(&mem, 0);
+    if (st == FS_OK) st = fs_comm_inproc_init(1, fs_comm_config_default(), &mem, &comm);
+    if (st == FS_OK) st = fs_trainer_init(&tr, &mcfg, &cfg, &data, comm, mem);
     double *secs = calloc((size_t)steps, sizeof *secs);
+    if (st == FS_OK && !secs) st = fs_errorf(FS_ERR_NOMEM, "out of memory");
     fs_step_stats s;
-    for (int64_t i = 0; i < warmup; i++) fs_trainer_step(&tr, &s);
+    for (int64_t i = 0; i < warmup && st == FS_OK; i++) st = fs_trainer_step(&tr, &s);
     memset(&tr.profile, 0, sizeof tr.profile);
     double total = 0;
-    for (int64_t i = 0; i < steps; i++) {
-        fs_trainer_step(&tr, &s);
+    for (int64_t i = 0; i < steps && st == FS_OK; i++) {
+        st = fs_trainer_step(&tr, &s);
         secs[i] = s.seconds;
         total += s.seconds;
+    }
+    if (st != FS_OK) {
+        free(secs);
+        fs_trainer_free(&tr);
+        fs_comm_free(comm);
+        fs_mem_free(mem);
+        fs_token_data_close(&data);
+        return fs_cli_report("bench step", st);
     }
     double tokens = (double)(batch * seq);
     double step_med = median(secs, (int)steps), step_min = secs[0], step_max = secs[steps - 1];
@@ -119,6 +129,8 @@ static int bench_step(int argc, char **argv) {
                step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename());
     free(secs);
     fs_trainer_free(&tr);
+    fs_comm_free(comm);
+    fs_mem_free(mem);
     fs_token_data_close(&data);
     return FS_EXIT_OK;
 }

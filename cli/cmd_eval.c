@@ -66,7 +66,7 @@ int fs_cmd_eval(int argc, char **argv) {
                        "of %" PRId64 "; use a smaller --batch or --seq",
                        data_path, windows, seq, batch);
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, cm.mem);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
         fs_model m = {.layout = &cm.layout, .pool = pool, .profile = NULL};

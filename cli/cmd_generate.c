@@ -106,7 +106,7 @@ int fs_cmd_generate(int argc, char **argv) {
     fs_acts acts = {0};
     if (!tokens || !scratch) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the generation buffers");
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, cm.mem);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
         int64_t len = 0;

@@ -1,12 +1,17 @@
 /*
- * cli/cmd_train.c — `flatshard train`: train a model in one process, print progress, write
- * per-step metrics and save the weights.
+ * cli/cmd_train.c — `flatshard train`: train on W ranks (threads of this process with
+ * --ranks W, or processes under mpirun/srun), print progress from rank 0, write per-step
+ * metrics and save the weights.
+ *
+ * Each rank runs train_rank() with its own communicator, allocator and trainer; rank 0 alone
+ * prints and writes files. Under an MPI launcher the backend is MPI and --ranks must be left
+ * out (or equal the launcher's count).
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "commands.h"
@@ -14,34 +19,210 @@
 #include "flatshard/train.h"
 
 static const fs_command_help train_help = {
-    .usage = "flatshard train --data FILE [options]",
+    .usage = "flatshard train --data FILE [options]\n"
+             "       mpirun -np W flatshard train --data FILE [options]",
     .description =
-        "Trains a Llama-family model from scratch on a text or token file, in one process.\n"
-        "Prints step, loss and tokens/s, writes one JSON object per step with --metrics, and\n"
-        "saves the weights as a safetensors file (Hugging Face Llama names, F32, the config\n"
-        "in the metadata) at the end. Batches are sampled reproducibly from --seed.",
-    .epilog = "example:\n"
-              "  flatshard train --model tiny --data corpus.txt --steps 300 --out out/tiny.safetensors\n"
-              "  flatshard generate --weights out/tiny.safetensors --prompt 'The '",
+        "Trains a Llama-family model from scratch on a text or token file with fully sharded\n"
+        "data parallelism: --ranks W runs W ranks as threads of this process; under mpirun (or\n"
+        "srun) every process is a rank and the ranks talk over MPI. Each rank trains on its\n"
+        "own --batch rows of every micro-batch (the global batch is ranks x batch x\n"
+        "grad-accum sequences), and W ranks train exactly the model one rank would train on\n"
+        "the same global batch. Rank 0 prints step, loss and tokens/s, writes one JSON object\n"
+        "per step with --metrics, and saves the weights as a safetensors file (Hugging Face\n"
+        "Llama names, F32, the config in the metadata) at the end.",
+    .epilog = "examples:\n"
+              "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
+              "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
+              "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
+static const char *const strategy_choices[] = {"ddp", "zero1", "zero2", "zero3-param", "yafsdp", NULL};
+static const char *const precision_choices[] = {"fp32", "bf16", NULL};
+static const char *const on_off[] = {"on", "off", NULL};
+
+typedef struct train_run {
+    fs_llama_config mcfg;
+    fs_train_config cfg;
+    const char *model_name, *data_path, *out_path, *metrics_path;
+    const fs_token_data *data;
+    FILE *metrics;
+    int64_t log_every;
+    int profile, memory, no_save, ranks_here;
+} train_run;
+
+/* One rank's memory as rank 0 prints it: the plan's prediction and what was measured. */
+typedef struct rank_memory {
+    uint64_t plan[FS_MEM_N_CATEGORIES];
+    uint64_t bytes[FS_MEM_N_CATEGORIES], peak[FS_MEM_N_CATEGORIES];
+    uint64_t plan_total, peak_total;
+    uint64_t allocs_after_step1, allocs_at_end;
+} rank_memory;
+
+static void print_memory(const rank_memory *all, int world, int64_t steps, const fs_plan *plan) {
+    printf("memory per rank, MiB: the plan's prediction / measured peak (live at the end)\n");
+    printf("  %-14s", "category");
+    for (int r = 0; r < world; r++) printf("  rank %-19d", r);
+    printf("\n");
+    for (int k = 0; k <= FS_MEM_N_CATEGORIES; k++) {
+        printf("  %-14s", k < FS_MEM_N_CATEGORIES ? fs_mem_category_name((fs_mem_category)k) : "total");
+        for (int r = 0; r < world; r++) {
+            const rank_memory *m = &all[r];
+            double p = (double)(k < FS_MEM_N_CATEGORIES ? m->plan[k] : m->plan_total) / 1048576.0;
+            double pk = (double)(k < FS_MEM_N_CATEGORIES ? m->peak[k] : m->peak_total) / 1048576.0;
+            char cell[64];
+            if (k < FS_MEM_N_CATEGORIES)
+                snprintf(cell, sizeof cell, "%.2f / %.2f (%.2f)", p, pk, (double)m->bytes[k] / 1048576.0);
+            else
+                snprintf(cell, sizeof cell, "%.2f / %.2f", p, pk);
+            printf("  %-24s", cell);
+        }
+        printf("\n");
+    }
+    for (int r = 0; r < world; r++)
+        printf("  rank %d: %" PRIu64 " allocations after step 1, %" PRIu64 " after step %" PRId64 "%s\n", r,
+               all[r].allocs_after_step1, all[r].allocs_at_end, steps,
+               plan->allocs_per_step > 0 ? " (zero3-param allocates per use by design)" : "");
+}
+
+static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
+    const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
+    const int lead = rank == 0;
+    fs_train_config cfg = run->cfg;
+    if (cfg.threads == 0) cfg.threads = fs_train_default_threads(run->ranks_here);
+    fs_trainer tr;
+    FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
+    if (lead) {
+        char desc[256];
+        fs_cli_describe_model(&tr.layout, desc, sizeof desc);
+        printf("flatshard train: %s %s\n", run->model_name, desc);
+        printf("  %d rank%s (%s), strategy %s, precision %s, overlap %s, %d thread%s per rank%s\n",
+               world, world == 1 ? "" : "s", fs_comm_describe(comm), fs_strategy_name(cfg.strategy),
+               fs_precision_name(cfg.precision), cfg.overlap ? "on" : "off", cfg.threads,
+               cfg.threads == 1 ? "" : "s",
+               cfg.ckpt_layers > 0 ? ", activation checkpointing" : "");
+        printf("  data %s: %" PRId64 " tokens; global batch %d ranks x %" PRId64 " x %" PRId64
+               " micro-batches of %" PRId64 " tokens; %" PRId64 " steps\n",
+               run->data_path, run->data->n_tokens, world, cfg.batch, cfg.grad_accum, cfg.seq,
+               cfg.steps);
+        fflush(stdout);
+    }
+    double train_seconds = 0, wait_seconds = 0;
+    int64_t train_tokens = 0;
+    uint64_t allocs_after_step1 = 0;
+    fs_step_stats s = {0};
+    fs_status st = FS_OK;
+    for (int64_t i = 0; i < cfg.steps && st == FS_OK; i++) {
+        st = fs_trainer_step(&tr, &s);
+        if (st != FS_OK) break;
+        if (s.step == 1) allocs_after_step1 = fs_mem_get_stats(mem).n_allocs;
+        if (s.step > 1) { /* the first step pays one-off costs (page faults, BLAS set-up) */
+            train_seconds += s.seconds;
+            wait_seconds += s.comm_wait_s;
+            train_tokens += s.tokens;
+        }
+        if (!lead) continue;
+        double tps = (double)s.tokens / s.seconds;
+        if (s.step == 1 || s.step == cfg.steps || s.step % run->log_every == 0) {
+            printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s"
+                   " | %.3f s (comm wait %.3f s)\n",
+                   s.step, cfg.steps, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s);
+            fflush(stdout);
+        }
+        if (run->metrics) {
+            fprintf(run->metrics,
+                    "{\"step\":%" PRId64 ",\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+                    "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"comm_wait_time\":%.6f,"
+                    "\"tokens\":%" PRId64 "}\n",
+                    s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s, s.tokens);
+            fflush(run->metrics);
+        }
+    }
+    if (st == FS_OK && lead && cfg.steps > 1)
+        printf("trained %" PRId64 " steps: mean %.0f tok/s over steps 2..%" PRId64
+               ", rank 0 waited for communication %.1f%% of that time\n",
+               cfg.steps, (double)train_tokens / train_seconds, cfg.steps,
+               100.0 * wait_seconds / train_seconds);
+    if (st == FS_OK && lead && run->profile) fs_cli_print_profile(stdout, &tr.profile);
+
+    if (st == FS_OK && run->memory) {
+        rank_memory mine = {0}, *all = calloc((size_t)world, sizeof *all);
+        fs_mem_stats ms = fs_mem_get_stats(mem);
+        for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
+            mine.plan[k] = tr.plan.bytes[k];
+            mine.bytes[k] = ms.bytes[k];
+            mine.peak[k] = ms.peak[k];
+        }
+        mine.plan_total = tr.plan.total_bytes;
+        mine.peak_total = ms.total_peak;
+        mine.allocs_after_step1 = allocs_after_step1;
+        mine.allocs_at_end = ms.n_allocs;
+        st = all ? fs_engine_all_gather_bytes(tr.engine, &mine, sizeof mine, all)
+                 : fs_errorf(FS_ERR_NOMEM, "out of memory");
+        if (st == FS_OK && lead) print_memory(all, world, cfg.steps, &tr.plan);
+        free(all);
+    }
+#ifdef FS_DEBUG
+    if (st == FS_OK && cfg.steps > 1 && tr.plan.allocs_per_step == 0)
+        FS_ASSERT(fs_mem_get_stats(mem).n_allocs == allocs_after_step1);
+#endif
+
+    if (st == FS_OK && !run->no_save) {
+        /* every rank takes part in the gather; rank 0 writes */
+        fs_mem *wmem = NULL;
+        fs_weights w = {0};
+        st = fs_mem_init(&wmem, 0);
+        if (st == FS_OK) st = fs_weights_init(&w, &tr.layout, wmem, FS_MEM_OTHER, "weights to save");
+        if (st == FS_OK) st = fs_trainer_gather_weights(&tr, &w);
+        if (st == FS_OK && lead) st = fs_weights_save_safetensors(&w, run->out_path);
+        if (st == FS_OK && lead) printf("saved weights to %s\n", run->out_path);
+        fs_mem_free(wmem);
+    }
+    fs_trainer_free(&tr);
+    return st;
+}
+
+typedef struct inproc_args {
+    train_run *run;
+    fs_mem **mems;
+} inproc_args;
+
+static fs_status inproc_rank(fs_comm *comm, void *arg) {
+    inproc_args *a = arg;
+    return train_rank(comm, a->mems[fs_comm_rank(comm)], a->run);
+}
+
+/* Ranks of this job on this machine, for the default thread count. */
+static int local_ranks(int world) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return world;
+}
+
 int fs_cmd_train(int argc, char **argv) {
-    fs_train_config cfg = fs_train_config_default();
-    const char *model = "tiny", *data_path = NULL, *metrics_path = NULL;
-    const char *out_path = "out/model.safetensors";
-    int64_t batch = cfg.batch, seq = cfg.seq, steps = cfg.steps, warmup = cfg.warmup_steps;
-    int64_t grad_accum = cfg.grad_accum, seed = (int64_t)cfg.seed, threads = cfg.threads;
-    int64_t log_every = 10, vocab_chunk = cfg.vocab_chunk_rows, max_mem = 0;
-    double lr = cfg.lr, min_lr = cfg.min_lr, wd = cfg.adamw.weight_decay;
-    double beta1 = cfg.adamw.beta1, beta2 = cfg.adamw.beta2, eps = cfg.adamw.eps, clip = cfg.clip;
-    int profile = 0, no_save = 0;
+    train_run run = {.cfg = fs_train_config_default(), .model_name = "tiny",
+                     .out_path = "out/model.safetensors", .log_every = 10};
+    fs_train_config *c = &run.cfg;
+    const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on";
+    int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
+    int64_t grad_accum = c->grad_accum, seed = (int64_t)c->seed, threads = c->threads;
+    int64_t vocab_chunk = c->vocab_chunk_rows, max_mem = 0, ranks = 0, ckpt = 0;
+    double lr = c->lr, min_lr = c->min_lr, wd = c->adamw.weight_decay;
+    double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset (tiny, small) or a Hugging Face config.json", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
+        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small) or a Hugging Face config.json", NULL, 0, 0},
+        {"data", 'd', FS_OPT_STRING, &run.data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
+        {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
+        {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
+        {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
+        {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
         {"steps", 0, FS_OPT_INT, &steps, "N", "optimizer steps", NULL, 0, INT64_MAX},
-        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch", NULL, 1, 1 << 20},
+        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per rank", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
         {"grad-accum", 0, FS_OPT_INT, &grad_accum, "K", "micro-batches per optimizer step", NULL, 1, 1 << 20},
+        {"ckpt-layers", 0, FS_OPT_INT, &ckpt, "N", "recompute the activations of the first N blocks in backward", NULL, 0, 1 << 20},
         {"lr", 0, FS_OPT_FLOAT, &lr, "LR", "peak learning rate (after warmup)", NULL, 0, 0},
         {"min-lr", 0, FS_OPT_FLOAT, &min_lr, "LR", "final learning rate of the cosine decay", NULL, 0, 0},
         {"warmup", 0, FS_OPT_INT, &warmup, "N", "linear warmup steps", NULL, 0, INT64_MAX},
@@ -51,113 +232,105 @@ int fs_cmd_train(int argc, char **argv) {
         {"adam-eps", 0, FS_OPT_FLOAT, &eps, "EPS", "AdamW epsilon", NULL, 0, 0},
         {"clip", 0, FS_OPT_FLOAT, &clip, "NORM", "clip the global gradient norm to NORM (0: off)", NULL, 0, 0},
         {"seed", 0, FS_OPT_INT, &seed, "S", "seed of the weight initialisation and the batch sampler", NULL, 0, INT64_MAX},
-        {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads (0: one per CPU)", NULL, 0, 1024},
-        {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "split the embedding and LM head into chunks of ROWS rows (0: whole)", NULL, 0, INT64_MAX},
-        {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if the run needs more memory than this (0: no limit)", NULL, 0, 0},
-        {"metrics", 0, FS_OPT_STRING, &metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time, tokens)", NULL, 0, 0},
-        {"log-every", 0, FS_OPT_INT, &log_every, "N", "print a progress line every N steps (and the first and last)", NULL, 1, INT64_MAX},
-        {"out", 'o', FS_OPT_STRING, &out_path, "FILE", "where to save the weights at the end (safetensors)", NULL, 0, 0},
-        {"no-save", 0, FS_OPT_FLAG, &no_save, NULL, "do not save the weights", NULL, 0, 0},
-        {"profile", 0, FS_OPT_FLAG, &profile, NULL, "print the share of time per kernel at the end", NULL, 0, 0},
+        {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads per rank (0: the CPUs shared among this machine's ranks)", NULL, 0, 1024},
+        {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
+        {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
+        {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
+        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time, comm_wait_time, tokens)", NULL, 0, 0},
+        {"log-every", 0, FS_OPT_INT, &run.log_every, "N", "print a progress line every N steps (and the first and last)", NULL, 1, INT64_MAX},
+        {"out", 'o', FS_OPT_STRING, &run.out_path, "FILE", "where to save the weights at the end (safetensors)", NULL, 0, 0},
+        {"no-save", 0, FS_OPT_FLAG, &run.no_save, NULL, "do not save the weights", NULL, 0, 0},
+        {"profile", 0, FS_OPT_FLAG, &run.profile, NULL, "print the share of time per kernel at the end", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0;
     int rc = fs_args_parse("train", &train_help, opts, argc, argv, NULL, 0, &npos);
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
-    if (!data_path) return fs_usage_error("train", "--data FILE is required; see 'flatshard train --help'");
+    if (!run.data_path) return fs_usage_error("train", "--data FILE is required; see 'flatshard train --help'");
+    const int mpi = fs_comm_mpi_launched();
+    if (mpi && ranks > 1)
+        return fs_usage_error("train", "--ranks %" PRId64 " under an MPI launcher: the launcher sets the ranks (use -np)", ranks);
 
-    cfg.batch = batch;
-    cfg.seq = seq;
-    cfg.grad_accum = grad_accum;
-    cfg.steps = steps;
-    cfg.warmup_steps = warmup;
-    cfg.lr = lr;
-    cfg.min_lr = min_lr;
-    cfg.adamw = (fs_adamw_config){.beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd};
-    cfg.clip = clip;
-    cfg.seed = (uint64_t)seed;
-    cfg.threads = (int)threads;
-    cfg.vocab_chunk_rows = vocab_chunk;
-    cfg.max_mem_bytes = (size_t)max_mem;
-
-    fs_llama_config mcfg;
-    fs_status st = fs_llama_config_load(model, &mcfg);
+    c->batch = batch;
+    c->seq = seq;
+    c->grad_accum = grad_accum;
+    c->steps = steps;
+    c->warmup_steps = warmup;
+    c->lr = lr;
+    c->min_lr = min_lr;
+    c->adamw = (fs_adamw_config){.beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd};
+    c->clip = clip;
+    c->seed = (uint64_t)seed;
+    c->threads = (int)threads;
+    c->vocab_chunk_rows = vocab_chunk;
+    c->max_mem_bytes = (size_t)max_mem;
+    c->overlap = strcmp(overlap, "on") == 0;
+    c->ckpt_layers = ckpt;
+    fs_status st = fs_strategy_parse(strategy, &c->strategy);
+    if (st == FS_OK) st = fs_precision_parse(precision, &c->precision);
+    if (st == FS_OK) st = fs_llama_config_load(run.model_name, &run.mcfg);
     if (st != FS_OK) return fs_cli_report("train", st);
 
+    /* Everything that can be refused is refused here, before any rank allocates: the plan of
+     * rank 0 (world size, --max-mem, option combinations). Under MPI each process checks. */
+    int world = mpi ? 0 : (ranks > 0 ? (int)ranks : 1);
+    if (!mpi) {
+        fs_plan plan;
+        fs_layout layout;
+        st = fs_trainer_plan(&plan, &layout, &run.mcfg, c, world, 0);
+        if (st != FS_OK) return fs_cli_report("train", st);
+        fs_plan_free(&plan);
+        fs_layout_free(&layout);
+    }
     fs_token_data data;
-    st = fs_token_data_open(&data, data_path);
+    st = fs_token_data_open(&data, run.data_path);
     if (st != FS_OK) return fs_cli_report("train", st);
-
-    FILE *metrics = NULL;
-    if (metrics_path && !(metrics = fopen(metrics_path, "a"))) {
-        fs_token_data_close(&data);
-        fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", metrics_path, strerror(errno));
-        return fs_cli_report("train", FS_ERR_IO);
-    }
-    if (!no_save) {
-        st = fs_cli_prepare_output_path(out_path);
-        if (st != FS_OK) {
-            if (metrics) fclose(metrics);
-            fs_token_data_close(&data);
-            return fs_cli_report("train", st);
-        }
-    }
-
-    fs_trainer tr;
-    st = fs_trainer_init(&tr, &mcfg, &cfg, &data);
+    run.data = &data;
+    if (!run.no_save) st = fs_cli_prepare_output_path(run.out_path);
+    if (st == FS_OK && run.metrics_path && !(run.metrics = fopen(run.metrics_path, "a")))
+        st = fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", run.metrics_path,
+                       strerror(errno));
     if (st != FS_OK) {
-        if (metrics) fclose(metrics);
         fs_token_data_close(&data);
         return fs_cli_report("train", st);
     }
-    char desc[256];
-    fs_cli_describe_model(&tr.layout, desc, sizeof desc);
-    printf("flatshard train: %s %s\n", model, desc);
-    printf("  data %s: %" PRId64 " tokens; batch %" PRId64 " x %" PRId64 " tokens x %" PRId64
-           " micro-batches; %" PRId64 " steps; %d threads\n",
-           data_path, data.n_tokens, batch, seq, grad_accum, steps, tr.cfg.threads);
-    fflush(stdout);
 
-    double train_seconds = 0;
-    int64_t train_tokens = 0;
-    fs_step_stats s = {0};
-    for (int64_t i = 0; i < steps; i++) {
-        fs_trainer_step(&tr, &s);
-        if (s.step > 1) { /* the first step pays one-off costs (page faults, BLAS set-up) */
-            train_seconds += s.seconds;
-            train_tokens += s.tokens;
+    if (mpi) {
+        fs_mem *mem = NULL;
+        fs_comm *comm = NULL;
+        st = fs_mem_init(&mem, 0);
+        if (st == FS_OK) st = fs_comm_mpi_init(fs_comm_config_default(), mem, &comm);
+        if (st == FS_OK) {
+            run.ranks_here = local_ranks(fs_comm_world(comm));
+            if (fs_comm_rank(comm) != 0 && run.metrics) { /* rank 0 alone writes */
+                fclose(run.metrics);
+                run.metrics = NULL;
+            }
+            st = train_rank(comm, mem, &run);
+            if (st != FS_OK) { /* the other ranks may be waiting in a collective: end them */
+                fs_cli_report("train", st);
+                fflush(stderr);
+                fs_comm_abort(comm);
+            }
         }
-        double tps = (double)s.tokens / s.seconds;
-        if (s.step == 1 || s.step == steps || s.step % log_every == 0) {
-            printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | %.3f s\n",
-                   s.step, steps, s.loss, s.lr, s.grad_norm, tps, s.seconds);
-            fflush(stdout);
-        }
-        if (metrics) {
-            fprintf(metrics,
-                    "{\"step\":%" PRId64 ",\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
-                    "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"tokens\":%" PRId64 "}\n",
-                    s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.tokens);
-            fflush(metrics);
-        }
+        fs_comm_free(comm);
+        fs_comm_mpi_finalize();
+        fs_mem_free(mem);
+    } else {
+        run.ranks_here = world;
+        fs_mem *mems[256] = {0};
+        for (int r = 0; r < world && st == FS_OK; r++) st = fs_mem_init(&mems[r], 0);
+        inproc_args a = {.run = &run, .mems = mems};
+        if (st == FS_OK)
+            st = fs_comm_inproc_run_mems(world, fs_comm_config_default(), mems, inproc_rank, &a);
+        for (int r = 0; r < world; r++) fs_mem_free(mems[r]);
     }
-    if (steps > 1)
-        printf("trained %" PRId64 " steps: mean %.0f tok/s over steps 2..%" PRId64 "\n", steps,
-               (double)train_tokens / train_seconds, steps);
-    if (profile) fs_cli_print_profile(stdout, &tr.profile);
-
-    int exit_code = FS_EXIT_OK;
-    if (metrics && fclose(metrics) != 0) {
-        fs_errorf(FS_ERR_IO, "--metrics %s: write failed", metrics_path);
+    int exit_code = st == FS_OK ? FS_EXIT_OK : fs_cli_report("train", st);
+    if (run.metrics && fclose(run.metrics) != 0 && exit_code == FS_EXIT_OK) {
+        fs_errorf(FS_ERR_IO, "--metrics %s: write failed", run.metrics_path);
         exit_code = fs_cli_report("train", FS_ERR_IO);
     }
-    if (!no_save) {
-        st = fs_weights_save_safetensors(&tr.params, out_path);
-        if (st != FS_OK) exit_code = fs_cli_report("train", st);
-        else printf("saved weights to %s\n", out_path);
-    }
-    fs_trainer_free(&tr);
     fs_token_data_close(&data);
     return exit_code;
 }

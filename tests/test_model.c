@@ -74,6 +74,45 @@ static void make_batch(const model_case *mc, int32_t *inputs, int32_t *targets) 
     }
 }
 
+/* One rank alone: its allocator, an in-process communicator of one, the trainer, and full
+ * copies of the weights and gradients pulled from the engine on request (allocated from a
+ * separate allocator, so that the rank's allocation count only shows the trainer's). */
+typedef struct solo {
+    fs_mem *mem, *views_mem;
+    fs_comm *comm;
+    fs_trainer t;
+    fs_weights params, grads;
+} solo;
+
+static fs_status solo_init(solo *s, const fs_llama_config *cfg, const fs_train_config *tc,
+                           const fs_token_data *data) {
+    memset(s, 0, sizeof *s);
+    FS_TRY(fs_mem_init(&s->mem, 0));
+    FS_TRY(fs_mem_init(&s->views_mem, 0));
+    FS_TRY(fs_comm_inproc_init(1, fs_comm_config_default(), &s->mem, &s->comm));
+    FS_TRY(fs_trainer_init(&s->t, cfg, tc, data, s->comm, s->mem));
+    FS_TRY(fs_weights_init(&s->params, &s->t.layout, s->views_mem, FS_MEM_OTHER, "params view"));
+    return fs_weights_init(&s->grads, &s->t.layout, s->views_mem, FS_MEM_OTHER, "grads view");
+}
+
+/* Fills s->params (and s->grads: the last step's gradient, as AdamW saw it) from the engine. */
+static void solo_pull(solo *s) {
+    CHECK_OK(fs_trainer_gather_weights(&s->t, &s->params));
+    CHECK_OK(fs_engine_gather_full(s->t.engine, 1, &s->grads));
+}
+
+static void solo_step(solo *s, const int32_t *in, const int32_t *tg, fs_step_stats *st) {
+    CHECK_OK(fs_trainer_step_on_batch(&s->t, in, tg, st));
+}
+
+static void solo_free(solo *s) {
+    fs_trainer_free(&s->t);
+    fs_comm_free(s->comm);
+    fs_mem_free(s->mem);
+    fs_mem_free(s->views_mem); /* releases the views */
+    memset(s, 0, sizeof *s);
+}
+
 /* Reads reference tensor `name` (F32) into a new array of doubles; NULL (and a failed
  * check) when it is missing or has another size. */
 static double *read_ref(const fs_safetensors *ref, const char *name, int64_t numel) {
@@ -143,9 +182,10 @@ static void against_torch(const model_case *mc) {
 
     /* Phase A: logits, loss and raw gradients of the initial weights. */
     fs_train_config tc = train_cfg(mc, 0.0);
-    fs_trainer t;
-    CHECK_OK(fs_trainer_init(&t, &mc->cfg, &tc, NULL));
-    CHECK_OK(fs_weights_save_safetensors(&t.params, wpath));
+    solo so;
+    CHECK_OK(solo_init(&so, &mc->cfg, &tc, NULL));
+    solo_pull(&so);
+    CHECK_OK(fs_weights_save_safetensors(&so.params, wpath));
     const void *pin[] = {inputs}, *ptg[] = {targets};
     size_t tok_bytes[] = {(size_t)N * sizeof(int32_t)};
     fs_st_entry batch[2] = {
@@ -166,15 +206,15 @@ static void against_torch(const model_case *mc) {
     fs_status st = rc == 0 ? fs_safetensors_open(&ref, rpath) : FS_ERR_IO;
     CHECK(st == FS_OK, "cannot read the reference output %s", rpath);
     if (st != FS_OK) {
-        fs_trainer_free(&t);
+        solo_free(&so);
         free(inputs);
         free(targets);
         return;
     }
 
-    memcpy(t.acts.inputs, inputs, (size_t)N * sizeof *inputs);
-    memcpy(t.acts.targets, targets, (size_t)N * sizeof *targets);
-    double loss = fs_forward_loss(&t.model, &t.acts, &t.params);
+    memcpy(so.t.acts.inputs, inputs, (size_t)N * sizeof *inputs);
+    memcpy(so.t.acts.targets, targets, (size_t)N * sizeof *targets);
+    double loss = fs_forward_loss(&so.t.model, &so.t.acts, &so.params);
     double *ref_loss = read_ref(&ref, "loss", 1);
     /* The loss is a mean of N log-sum-exps over V logits: fp32 rounding in both programs
      * leaves ~1e-7 relative; 2e-6 bounds it with margin and is far below any modelling
@@ -192,29 +232,30 @@ static void against_torch(const model_case *mc) {
          * through L blocks of rsqrt/exp/softmax; observed differences are ~1e-7 absolute on
          * logits of magnitude ~0.1. 2e-6 absolute keeps a 10x margin. */
         if (want) {
-            CHECK_CLOSE("logits", t.acts.logits, want, N * V, 2e-6, 1e-5);
+            CHECK_CLOSE("logits", so.t.acts.logits, want, N * V, 2e-6, 1e-5);
             printf("     logits  worst |err| %.3g (tolerance 2e-6 + 1e-5 relative)\n",
-                   max_diff(t.acts.logits, want, N * V));
+                   max_diff(so.t.acts.logits, want, N * V));
         }
         free(want);
     }
 
     fs_step_stats s;
-    fs_trainer_step_on_batch(&t, inputs, targets, &s);
+    solo_step(&so, inputs, targets, &s);
+    solo_pull(&so);
     /* Gradients: relative to each tensor's largest gradient. Backpropagation through the
      * softmax and the RMSNorms amplifies fp32 rounding to ~5e-7 of the tensor's scale
      * (observed); 1e-5 keeps a 20x margin, while a missing term, a transposed matrix or a
      * wrong scale gives errors of order 1 on that scale. */
-    compare_weights(&t.grads, &ref, "grad.", 1e-5, 1e-9);
-    fs_trainer_free(&t);
+    compare_weights(&so.grads, &ref, "grad.", 1e-5, 1e-9);
+    solo_free(&so);
 
     /* Phase B: five AdamW steps with clipping, from the same initial weights. */
     tc = train_cfg(mc, TEST_CLIP);
-    CHECK_OK(fs_trainer_init(&t, &mc->cfg, &tc, NULL));
+    CHECK_OK(solo_init(&so, &mc->cfg, &tc, NULL));
     double *ref_losses = read_ref(&ref, "losses", TEST_STEPS);
     double worst_step = 0;
     for (int i = 0; i < TEST_STEPS; i++) {
-        fs_trainer_step_on_batch(&t, inputs, targets, &s);
+        solo_step(&so, inputs, targets, &s);
         if (ref_losses && fabs(s.loss - ref_losses[i]) / fabs(ref_losses[i]) > worst_step)
             worst_step = fabs(s.loss - ref_losses[i]) / fabs(ref_losses[i]);
         /* Each step's loss: as the loss above, plus the divergence that earlier updates
@@ -234,8 +275,9 @@ static void against_torch(const model_case *mc) {
      * far below a missed step (lr) or wrong weight decay (lr * wd * |w| per step = 1e-2 * |w|,
      * 5e-2 * |w| over five steps: ~3e-3 for the largest matrix weights (~0.06), 5e-2 for norm
      * weights (1)). */
-    compare_weights(&t.params, &ref, "final.", 0.0, TEST_LR / 50);
-    fs_trainer_free(&t);
+    solo_pull(&so);
+    compare_weights(&so.params, &ref, "final.", 0.0, TEST_LR / 50);
+    solo_free(&so);
     fs_safetensors_close(&ref);
     free(inputs);
     free(targets);
@@ -265,49 +307,54 @@ static void test_vocab_chunking_changes_nothing(void) {
     const int64_t N = whole.B * whole.T;
     int32_t in[18], tg[18];
     make_batch(&whole, in, tg);
-    fs_trainer a, b;
+    solo sa, sb;
     fs_train_config ta = train_cfg(&whole, 0.0), tb = train_cfg(&chunked, 0.0);
-    CHECK_OK(fs_trainer_init(&a, &whole.cfg, &ta, NULL));
-    CHECK_OK(fs_trainer_init(&b, &chunked.cfg, &tb, NULL));
-    CHECK(b.layout.n_units == a.layout.n_units + 8, "61 rows in chunks of 13: 5 embed + 5 head units");
+    CHECK_OK(solo_init(&sa, &whole.cfg, &ta, NULL));
+    CHECK_OK(solo_init(&sb, &chunked.cfg, &tb, NULL));
+    fs_trainer *a = &sa.t, *b = &sb.t;
+    solo_pull(&sa);
+    solo_pull(&sb);
+    CHECK(b->layout.n_units == a->layout.n_units + 8, "61 rows in chunks of 13: 5 embed + 5 head units");
     /* initial weights are a function of the whole tensor's element index: equal bitwise */
-    for (int ti = 0; ti < b.layout.n_tensors; ti++) {
-        const fs_tensor_info *p = &b.layout.tensors[ti];
-        int tj = fs_layout_find_tensor(&a.layout, p->name, 0);
-        const fs_tensor_info *q = &a.layout.tensors[tj];
-        const float *x = fs_weights_unit(&b.params, p->unit) + p->offset;
-        const float *y = fs_weights_unit(&a.params, q->unit) + q->offset + p->row0 * p->shape[1];
+    for (int ti = 0; ti < b->layout.n_tensors; ti++) {
+        const fs_tensor_info *p = &b->layout.tensors[ti];
+        int tj = fs_layout_find_tensor(&a->layout, p->name, 0);
+        const fs_tensor_info *q = &a->layout.tensors[tj];
+        const float *x = fs_weights_unit(&sb.params, p->unit) + p->offset;
+        const float *y = fs_weights_unit(&sa.params, q->unit) + q->offset + p->row0 * p->shape[1];
         CHECK(memcmp(x, y, (size_t)p->numel * sizeof *x) == 0, "%s rows from %lld differ", p->name,
               (long long)p->row0);
     }
-    memcpy(a.acts.inputs, in, sizeof in);
-    memcpy(a.acts.targets, tg, sizeof tg);
-    memcpy(b.acts.inputs, in, sizeof in);
-    memcpy(b.acts.targets, tg, sizeof tg);
-    double la = fs_forward_loss(&a.model, &a.acts, &a.params);
-    double lb = fs_forward_loss(&b.model, &b.acts, &b.params);
+    memcpy(a->acts.inputs, in, sizeof in);
+    memcpy(a->acts.targets, tg, sizeof tg);
+    memcpy(b->acts.inputs, in, sizeof in);
+    memcpy(b->acts.targets, tg, sizeof tg);
+    double la = fs_forward_loss(&a->model, &a->acts, &sa.params);
+    double lb = fs_forward_loss(&b->model, &b->acts, &sb.params);
     /* the online log-sum-exp over chunks rounds differently from one pass: ~1e-7 relative */
     CHECK(fabs(la - lb) <= 1e-6 * la, "loss whole %.9g vs chunked %.9g", la, lb);
     fs_step_stats s;
-    fs_trainer_step_on_batch(&a, in, tg, &s);
-    fs_trainer_step_on_batch(&b, in, tg, &s);
+    solo_step(&sa, in, tg, &s);
+    solo_step(&sb, in, tg, &s);
+    solo_pull(&sa);
+    solo_pull(&sb);
     /* gradients (clipping is off, so they are the raw ones) agree to fp32 rounding, relative
      * to each tensor's largest gradient */
-    for (int ti = 0; ti < b.layout.n_tensors; ti++) {
-        const fs_tensor_info *p = &b.layout.tensors[ti];
-        int tj = fs_layout_find_tensor(&a.layout, p->name, 0);
-        const fs_tensor_info *q = &a.layout.tensors[tj];
+    for (int ti = 0; ti < b->layout.n_tensors; ti++) {
+        const fs_tensor_info *p = &b->layout.tensors[ti];
+        int tj = fs_layout_find_tensor(&a->layout, p->name, 0);
+        const fs_tensor_info *q = &a->layout.tensors[tj];
         int64_t q_numel = q->numel;
         double *want = malloc((size_t)q_numel * sizeof *want);
-        const float *y = fs_weights_unit(&a.grads, q->unit) + q->offset;
+        const float *y = fs_weights_unit(&sa.grads, q->unit) + q->offset;
         for (int64_t i = 0; i < q_numel; i++) want[i] = y[i];
-        CHECK_CLOSE(p->name, fs_weights_unit(&b.grads, p->unit) + p->offset,
+        CHECK_CLOSE(p->name, fs_weights_unit(&sb.grads, p->unit) + p->offset,
                     want + p->row0 * p->shape[1], p->numel, 1e-5 * max_abs(want, q_numel), 0.0);
         free(want);
     }
     (void)N;
-    fs_trainer_free(&a);
-    fs_trainer_free(&b);
+    solo_free(&sa);
+    solo_free(&sb);
 }
 
 static void test_grad_accumulation_equals_big_batch(void) {
@@ -319,12 +366,14 @@ static void test_grad_accumulation_equals_big_batch(void) {
     make_batch(&big, in, tg);
     fs_train_config tbig = train_cfg(&big, 0.0), tmic = train_cfg(&micro, 0.0);
     tmic.grad_accum = 2;
-    fs_trainer a, b;
-    CHECK_OK(fs_trainer_init(&a, &big.cfg, &tbig, NULL));
-    CHECK_OK(fs_trainer_init(&b, &micro.cfg, &tmic, NULL));
+    solo a, b;
+    CHECK_OK(solo_init(&a, &big.cfg, &tbig, NULL));
+    CHECK_OK(solo_init(&b, &micro.cfg, &tmic, NULL));
     fs_step_stats sa, sb;
-    fs_trainer_step_on_batch(&a, in, tg, &sa);
-    fs_trainer_step_on_batch(&b, in, tg, &sb);
+    solo_step(&a, in, tg, &sa);
+    solo_step(&b, in, tg, &sb);
+    solo_pull(&a);
+    solo_pull(&b);
     /* the mean of two half-batch means is the full mean up to fp32 rounding */
     CHECK(fabs(sa.loss - sb.loss) <= 1e-6 * sa.loss, "loss %.9g vs %.9g", sa.loss, sb.loss);
     CHECK(fabs(sa.grad_norm - sb.grad_norm) <= 1e-5 * sa.grad_norm, "grad norm %.9g vs %.9g",
@@ -334,8 +383,8 @@ static void test_grad_accumulation_equals_big_batch(void) {
     double scale = max_abs(want, a.grads.numel);
     CHECK_CLOSE("gradients", b.grads.data, want, a.grads.numel, 1e-5 * scale, 0.0);
     free(want);
-    fs_trainer_free(&a);
-    fs_trainer_free(&b);
+    solo_free(&a);
+    solo_free(&b);
     free(in);
     free(tg);
 }
@@ -357,20 +406,20 @@ static void test_step_allocates_nothing_and_loss_falls(void) {
     tc.warmup_steps = 5;
     tc.lr = 3e-3;
     tc.threads = 2;
-    fs_trainer t;
-    CHECK_OK(fs_trainer_init(&t, &cfg, &tc, &data));
+    solo so;
+    CHECK_OK(solo_init(&so, &cfg, &tc, &data));
     fs_step_stats s;
-    fs_trainer_step(&t, &s);
+    CHECK_OK(fs_trainer_step(&so.t, &s));
     double first = s.loss;
-    fs_mem_stats m1 = fs_mem_get_stats(t.mem);
-    for (int i = 1; i < tc.steps; i++) fs_trainer_step(&t, &s);
-    fs_mem_stats m2 = fs_mem_get_stats(t.mem);
+    fs_mem_stats m1 = fs_mem_get_stats(so.mem);
+    for (int i = 1; i < tc.steps; i++) CHECK_OK(fs_trainer_step(&so.t, &s));
+    fs_mem_stats m2 = fs_mem_get_stats(so.mem);
     CHECK(m2.n_allocs == m1.n_allocs && m2.total_bytes == m1.total_bytes,
           "steps 2..%lld allocated: %llu -> %llu allocations", (long long)tc.steps,
           (unsigned long long)m1.n_allocs, (unsigned long long)m2.n_allocs);
     /* ln(256) = 5.55 at the start; a 27-character cycle is learnable to well below 1.5 */
     CHECK(first > 5.0 && s.loss < 1.5, "loss %.3f -> %.3f", first, s.loss);
-    fs_trainer_free(&t);
+    solo_free(&so);
     fs_token_data_close(&data);
     unlink(path);
 }
@@ -379,20 +428,23 @@ static void test_trainer_rejects_bad_configs(void) {
     fs_llama_config cfg = make_cfg(32, 64, 2, 4, 2, 61, 0);
     fs_train_config tc = fs_train_config_default();
     tc.seq = 65; /* > max_position_embeddings = 64 */
-    fs_trainer t;
-    CHECK(fs_trainer_init(&t, &cfg, &tc, NULL) == FS_ERR_USAGE &&
+    solo t;
+    CHECK(solo_init(&t, &cfg, &tc, NULL) == FS_ERR_USAGE &&
               strstr(fs_error_message(), "max_position_embeddings"),
           "seq too long: %s", fs_error_message());
+    solo_free(&t);
     tc = fs_train_config_default();
     tc.lr = -1;
-    CHECK(fs_trainer_init(&t, &cfg, &tc, NULL) == FS_ERR_USAGE && strstr(fs_error_message(), "--lr"),
+    CHECK(solo_init(&t, &cfg, &tc, NULL) == FS_ERR_USAGE && strstr(fs_error_message(), "--lr"),
           "negative lr: %s", fs_error_message());
+    solo_free(&t);
     tc = fs_train_config_default();
     tc.seq = 8;
     tc.max_mem_bytes = 1 << 16; /* far too small */
-    CHECK(fs_trainer_init(&t, &cfg, &tc, NULL) == FS_ERR_NOMEM &&
-              strstr(fs_error_message(), "memory limit"),
+    CHECK(solo_init(&t, &cfg, &tc, NULL) == FS_ERR_USAGE &&
+              strstr(fs_error_message(), "--max-mem"),
           "memory limit: %s", fs_error_message());
+    solo_free(&t);
     /* a data file whose tokens do not fit the vocabulary */
     char path[512];
     snprintf(path, sizeof path, "%s/bytes.txt", tmpdir);
@@ -403,8 +455,9 @@ static void test_trainer_rejects_bad_configs(void) {
     CHECK_OK(fs_token_data_open(&data, path));
     tc = fs_train_config_default();
     tc.seq = 8;
-    CHECK(fs_trainer_init(&t, &cfg, &tc, &data) != FS_OK && strstr(fs_error_message(), path),
+    CHECK(solo_init(&t, &cfg, &tc, &data) != FS_OK && strstr(fs_error_message(), path),
           "vocab: %s", fs_error_message());
+    solo_free(&t);
     fs_token_data_close(&data);
     unlink(path);
 }

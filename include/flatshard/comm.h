@@ -128,6 +128,14 @@ typedef struct fs_comm_config {
 /* ring, 4 MiB segments (the best measured, BENCHMARKS.md "Collectives"), debug off. */
 fs_comm_config fs_comm_config_default(void);
 
+/* Bytes a rank's communicator takes from its accounting allocator (FS_MEM_COMM) for a world
+ * of `world` ranks and configuration cfg: the two staging segments and the debug check's
+ * exchange buffer. The shard plan predicts memory with it. */
+size_t fs_comm_rank_bytes(int world, fs_comm_config cfg);
+
+/* Bytes a worker of `capacity` slots takes (FS_MEM_COMM). */
+size_t fs_comm_worker_bytes(int capacity);
+
 /* Bytes of one element (1 for bytes); 0 for an invalid dtype. */
 size_t fs_dtype_size(fs_dtype dtype);
 /* "fp32", "bf16", "int32", "int64", "bytes"; "invalid" otherwise. Same style for the others. */
@@ -135,18 +143,6 @@ const char *fs_dtype_name(fs_dtype dtype);
 const char *fs_redop_name(fs_redop op);          /* "sum", "avg" */
 const char *fs_comm_algo_name(fs_comm_algo algo); /* "default", "ring", "builtin" */
 const char *fs_coll_name(fs_coll coll);           /* "all_gather", "reduce_scatter", ... */
-
-/* bf16 <-> fp32. The narrowing rounds to nearest, ties to even, and keeps NaN a NaN. */
-static inline float fs_bf16_to_fp32(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-static inline uint16_t fs_fp32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
 
 /* ------------------------------------------------------------------ communicators */
 
@@ -169,6 +165,12 @@ typedef fs_status (*fs_comm_rank_fn)(fs_comm *comm, void *arg);
  * error instead of waiting forever. Returns FS_OK, or the first failure in time, its message
  * prefixed "rank R: ". */
 fs_status fs_comm_inproc_run(int world, fs_comm_config cfg, fs_comm_rank_fn fn, void *arg);
+
+/* The same with the ranks' accounting allocators given (mems[r] for rank r, as in
+ * fs_comm_inproc_init), so that a rank's communicator and everything else it allocates are
+ * counted together. */
+fs_status fs_comm_inproc_run_mems(int world, fs_comm_config cfg, fs_mem *const *mems,
+                                  fs_comm_rank_fn fn, void *arg);
 
 /* Creates the communicator of this process over MPI_COMM_WORLD (duplicated, with errors
  * returned rather than fatal). The first call initialises MPI with MPI_Init_thread asking

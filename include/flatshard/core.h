@@ -142,6 +142,21 @@ void fs_pool_parallel_for(fs_pool *pool, int64_t n, int64_t grain, fs_pool_fn fn
 /* Number of online CPUs (at least 1). */
 int fs_cpu_count(void);
 
+/* ------------------------------------------------------------------ bf16 */
+
+/* bfloat16 is stored as uint16_t: the high half of an fp32 (gcc 12 has no __bf16 in C).
+ * bf16 <-> fp32: the narrowing rounds to nearest, ties to even, and keeps NaN a NaN. */
+static inline float fs_bf16_to_fp32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+static inline uint16_t fs_fp32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
 /* ------------------------------------------------------------------ time, random numbers */
 
 /* Seconds on a monotonic clock. */

@@ -233,4 +233,11 @@ double fs_sum_squares(fs_pool *pool, const float *x, int64_t n);
 /* x *= alpha */
 void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha);
 
+/* ------------------------------------------------------------------ casts */
+
+/* out[i] = bf16(in[i]), rounded to nearest even (fs_fp32_to_bf16). */
+void fs_cast_fp32_to_bf16(fs_pool *pool, uint16_t *out, const float *in, int64_t n);
+/* out[i] = fp32(in[i]) (exact). */
+void fs_cast_bf16_to_fp32(fs_pool *pool, float *out, const uint16_t *in, int64_t n);
+
 #endif /* FLATSHARD_KERNELS_H */

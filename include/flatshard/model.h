@@ -170,22 +170,25 @@ const char *fs_prof_kind_name(fs_prof_kind kind);
  * targets FS_MEM_OTHER) and reused every step. */
 typedef struct fs_acts {
     int64_t B, T, N;
+    int64_t ckpt_layers;  /* blocks 0..ckpt_layers-1 share one activation slot and recompute
+                             their activations in backward (activation checkpointing) */
     int32_t *inputs;     /* (N) */
     int32_t *targets;    /* (N) */
     float *rope_cos;     /* (T, HS/2) */
     float *rope_sin;     /* (T, HS/2) */
-    /* saved by forward, per block l */
+    /* saved by forward: the residual stream for every block, the rest per slot (S slots:
+     * one per block that is not checkpointed, plus one shared by the checkpointed ones) */
     float *x;            /* (L+1, N, C) residual stream: x[l] enters block l */
-    float *ln1;          /* (L, N, C) */
-    float *rstd1;        /* (L, N) */
-    float *qkv;          /* (L, N, QKV) q and k after RoPE */
-    float *att;          /* (L, N, C) attention output, before o_proj */
-    float *lse;          /* (L, B, NH, T) attention log-sum-exp */
-    float *xmid;         /* (L, N, C) residual after attention */
-    float *ln2;          /* (L, N, C) */
-    float *rstd2;        /* (L, N) */
-    float *gu;           /* (L, N, 2FF) gate | up */
-    float *h;            /* (L, N, FF) silu(gate) * up */
+    float *ln1;          /* (S, N, C) */
+    float *rstd1;        /* (S, N) */
+    float *qkv;          /* (S, N, QKV) q and k after RoPE */
+    float *att;          /* (S, N, C) attention output, before o_proj */
+    float *lse;          /* (S, B, NH, T) attention log-sum-exp */
+    float *xmid;         /* (S, N, C) residual after attention */
+    float *ln2;          /* (S, N, C) */
+    float *rstd2;        /* (S, N) */
+    float *gu;           /* (S, N, 2FF) gate | up */
+    float *h;            /* (S, N, FF) silu(gate) * up */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
@@ -205,11 +208,11 @@ typedef struct fs_acts {
     float *dlnf;         /* (N, C) */
 } fs_acts;
 
-/* Bytes fs_acts_init allocates for (B, T), by category (activations, other). */
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, size_t *activation_bytes,
-                   size_t *other_bytes);
+/* Bytes fs_acts_init allocates for (B, T, ckpt_layers), by category (activations, other). */
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
+                   size_t *activation_bytes, size_t *other_bytes);
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
-                       fs_mem *mem);
+                       int64_t ckpt_layers, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
 
 /* ------------------------------------------------------------------ execution */

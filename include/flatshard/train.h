@@ -1,40 +1,49 @@
 /*
- * flatshard/train.h — training and evaluation in one process.
+ * flatshard/train.h — training on one rank of W, and single-process evaluation.
  *
- * The trainer owns everything a run needs, planned and allocated once at init: the layout,
- * the accounting allocator, the thread pool, full fp32 copies of weights, gradients and AdamW
- * moments (fs_weights), and the activations of one micro-batch. A step samples its batch from
- * the data (reproducibly from the seed and the step number), runs every op forward and then
- * backward, accumulating over micro-batches, clips by the global norm, and takes one AdamW
- * step at the scheduled learning rate. It allocates nothing.
+ * A trainer is one rank's whole training state, planned and allocated once at init: the
+ * layout, the shard plan, the accounting allocator, the thread pool, the activations of one
+ * micro-batch, and the sharding engine (engine.h) that holds the weights, gradients and
+ * AdamW moments and moves them over the rank's communicator. A step takes this rank's
+ * micro-batches of the global batch, runs every op forward and then backward with the
+ * engine handing out each unit's weights and gradient slots, and lets the engine reduce,
+ * clip and update. Every rank runs the same ops in the same order; rank r's micro-batch k is
+ * rows [(k*W + r)*B, (k*W + r + 1)*B) of the global batch, so W ranks with batch B see
+ * exactly the tokens one rank sees with batch W*B.
  *
- * The sharding engine (a later issue) replaces the full copies with shards and gathered
- * buffers behind the same model seam (fs_model_forward / fs_model_backward).
+ * One process alone is simply W = 1 (any strategy; yafsdp by default).
  */
 #ifndef FLATSHARD_TRAIN_H
 #define FLATSHARD_TRAIN_H
 
 #include <stdint.h>
 
+#include "flatshard/comm.h"
 #include "flatshard/core.h"
 #include "flatshard/data.h"
+#include "flatshard/engine.h"
 #include "flatshard/model.h"
 #include "flatshard/optim.h"
+#include "flatshard/shard.h"
 #include "flatshard/weights.h"
 
 typedef struct fs_train_config {
-    int64_t batch;            /* B: sequences per micro-batch */
+    int64_t batch;            /* B: sequences per micro-batch, per rank */
     int64_t seq;              /* T */
-    int64_t grad_accum;       /* micro-batches per optimizer step; global batch = B x this */
+    int64_t grad_accum;       /* micro-batches per optimizer step */
     int64_t steps;            /* optimizer steps */
     int64_t warmup_steps;
     double lr, min_lr;        /* peak and final learning rate (cosine schedule) */
     fs_adamw_config adamw;
     double clip;              /* max global gradient norm; <= 0 disables */
     uint64_t seed;            /* weight initialisation and batch sampling */
-    int threads;              /* compute threads (the pool size) */
-    int64_t vocab_chunk_rows; /* 0: embedding and head are one unit each */
-    size_t max_mem_bytes;     /* 0: unlimited */
+    int threads;              /* compute threads of this rank (0: the CPUs divided by ranks) */
+    int64_t vocab_chunk_rows; /* 0: chunk the embedding/head only if larger than a block */
+    size_t max_mem_bytes;     /* 0: unlimited; else refuse a plan that needs more */
+    fs_strategy strategy;
+    fs_precision precision;
+    int overlap;              /* 0: wait for every collective at once (same results) */
+    int64_t ckpt_layers;      /* activation checkpointing of the first N blocks */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */
@@ -42,44 +51,60 @@ fs_train_config fs_train_config_default(void);
 
 typedef struct fs_step_stats {
     int64_t step;          /* 1-based number of the step just taken */
-    double loss;           /* mean over the step's micro-batches */
+    double loss;           /* mean over ranks and micro-batches */
     double lr;
     double grad_norm;      /* before clipping */
     double seconds;        /* wall time of the step */
-    int64_t tokens;        /* tokens processed in the step */
+    double comm_wait_s;    /* of which this rank's compute thread waited for communication */
+    int64_t tokens;        /* tokens of the global batch */
 } fs_step_stats;
 
 typedef struct fs_trainer {
     fs_train_config cfg;
     fs_layout layout;
-    fs_mem *mem;
+    fs_plan plan;
+    fs_mem *mem;               /* not owned: the rank's allocator (its communicator's too) */
     fs_pool *pool;
     fs_profile profile;
     fs_model model;
     fs_acts acts;
-    fs_weights params, grads, adam_m, adam_v;
-    const fs_token_data *data; /* not owned */
+    fs_engine *engine;
+    fs_comm *comm;             /* not owned */
+    const fs_token_data *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
 } fs_trainer;
 
-/* Validates the configurations against each other and the data (vocabulary, length),
- * allocates everything, and initialises the weights from cfg->seed. On error nothing stays
- * allocated. data may be NULL for a trainer that is only given explicit batches. */
+/* The shard plan a trainer with these settings would use on rank `rank` of `world`, for
+ * checks and printing before anything large is allocated (and by fs_trainer_init). */
+fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_config *model_cfg,
+                          const fs_train_config *cfg, int world, int rank);
+
+/* Validates everything (the configurations, the data against the model, the plan against
+ * --max-mem), then allocates and initialises. Collective over comm: every rank calls it.
+ * mem is the rank's allocator, which comm was created with. On error nothing stays
+ * allocated. */
 fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data);
+                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          fs_mem *mem);
 void fs_trainer_free(fs_trainer *t); /* idempotent */
 
-/* One optimizer step on the batch the sampler gives for (seed, step). */
-void fs_trainer_step(fs_trainer *t, fs_step_stats *out);
+/* One optimizer step on the batch the sampler gives for (seed, step). Collective. */
+fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
 
-/* One optimizer step on an explicit global batch: inputs and targets are (grad_accum * B, T),
- * micro-batch k being rows [k*B, (k+1)*B). Tokens must be < vocab_size (not checked here).
- * With inputs = NULL, samples like fs_trainer_step. */
-void fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
-                              fs_step_stats *out);
+/* One optimizer step on an explicit global batch (the same on every rank): inputs and
+ * targets are (grad_accum * W * B, T). Tokens must be < vocab_size (not checked here). */
+fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
+                                   fs_step_stats *out);
+
+/* Collective: the full fp32 weights on every rank, in w (laid out for t->layout). */
+fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w);
+
+/* The compute threads a rank gets by default: the online CPUs shared among `ranks_here`
+ * ranks of this machine, at least one. */
+int fs_train_default_threads(int ranks_here);
 
 /* Runs every op forward on the micro-batch already in acts->inputs/targets with the weights
- * of w, and returns the mean cross-entropy. */
+ * of w (one process, full weights), and returns the mean cross-entropy. */
 double fs_forward_loss(const fs_model *m, fs_acts *acts, const fs_weights *w);
 
 #endif /* FLATSHARD_TRAIN_H */

@@ -68,15 +68,24 @@ static int env_debug(void) {
     return v && strcmp(v, "1") == 0;
 }
 
+/* The segment size setup_common settles on. */
+static size_t effective_segment_bytes(size_t segment_bytes) {
+    if (segment_bytes == 0) segment_bytes = FS_COMM_DEFAULT_SEGMENT_BYTES;
+    return segment_bytes < 64 ? 64 : segment_bytes / 64 * 64;
+}
+
+size_t fs_comm_rank_bytes(int world, fs_comm_config cfg) {
+    return 2 * effective_segment_bytes(cfg.segment_bytes) + (size_t)world * sizeof(fs_comm_check);
+}
+
 fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
     if ((int)cfg.algo < 0 || cfg.algo >= FS_COMM_ALGO_N)
         return fs_errorf(FS_ERR_USAGE, "communicator: unknown algorithm %d", (int)cfg.algo);
     if (cfg.algo == FS_COMM_ALGO_DEFAULT) cfg.algo = FS_COMM_ALGO_RING;
-    if (cfg.segment_bytes == 0) cfg.segment_bytes = FS_COMM_DEFAULT_SEGMENT_BYTES;
     if (cfg.segment_bytes > FS_COMM_MAX_SEGMENT_BYTES)
         return fs_errorf(FS_ERR_USAGE, "communicator: segment of %zu bytes is above the limit of "
                                        "%zu", cfg.segment_bytes, FS_COMM_MAX_SEGMENT_BYTES);
-    cfg.segment_bytes = cfg.segment_bytes < 64 ? 64 : cfg.segment_bytes / 64 * 64;
+    cfg.segment_bytes = effective_segment_bytes(cfg.segment_bytes);
     cfg.debug = cfg.debug || env_debug();
     c->cfg = cfg;
     for (int i = 0; i < 2; i++)

@@ -358,6 +358,11 @@ static void *run_main(void *p) {
 }
 
 fs_status fs_comm_inproc_run(int world, fs_comm_config cfg, fs_comm_rank_fn fn, void *arg) {
+    return fs_comm_inproc_run_mems(world, cfg, NULL, fn, arg);
+}
+
+fs_status fs_comm_inproc_run_mems(int world, fs_comm_config cfg, fs_mem *const *mems,
+                                  fs_comm_rank_fn fn, void *arg) {
     if (!fn) return fs_errorf(FS_ERR_USAGE, "fs_comm_inproc_run: fn is NULL");
     if (world < 1 || world > FS_INPROC_MAX_WORLD)
         return fs_errorf(FS_ERR_USAGE,
@@ -366,7 +371,7 @@ fs_status fs_comm_inproc_run(int world, fs_comm_config cfg, fs_comm_rank_fn fn, 
     fs_comm *comms[FS_INPROC_MAX_WORLD];
     run_rank ranks[FS_INPROC_MAX_WORLD];
     pthread_t threads[FS_INPROC_MAX_WORLD];
-    FS_TRY(fs_comm_inproc_init(world, cfg, NULL, comms));
+    FS_TRY(fs_comm_inproc_init(world, cfg, mems, comms));
     inproc_group *g = group_of(comms[0]);
     int started = 0;
     fs_status st = FS_OK;

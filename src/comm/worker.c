@@ -56,6 +56,8 @@ struct fs_comm_worker {
     char failed_msg[768];
 };
 
+size_t fs_comm_worker_bytes(int capacity) { return (size_t)capacity * sizeof(worker_job); }
+
 static const char *job_name(const worker_job *j) {
     return j->fn ? "function job" : fs_coll_name(j->op.coll);
 }

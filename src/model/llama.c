@@ -60,21 +60,28 @@ static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
 /* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
  * that every array starts on a cache line. */
 #define N_ACT_ARRAYS 26
-static void act_numels(const dims *d, int64_t numel[N_ACT_ARRAYS]) {
+/* Per-block activations are stored in slots: one per block that keeps its activations, and
+ * one shared by all checkpointed blocks (whose activations are recomputed in backward). */
+static int64_t n_slots(int64_t L, int64_t ckpt_layers) {
+    return (L - ckpt_layers) + (ckpt_layers > 0 ? 1 : 0);
+}
+
+static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_ARRAYS]) {
+    const int64_t S = n_slots(d->L, ckpt_layers);
     int64_t i = 0;
     numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
     numel[i++] = d->T * (d->HS / 2);           /* rope_sin */
     numel[i++] = (d->L + 1) * d->N * d->C;     /* x */
-    numel[i++] = d->L * d->N * d->C;           /* ln1 */
-    numel[i++] = d->L * d->N;                  /* rstd1 */
-    numel[i++] = d->L * d->N * d->QKV;         /* qkv */
-    numel[i++] = d->L * d->N * d->C;           /* att */
-    numel[i++] = d->L * d->B * d->NH * d->T;   /* lse */
-    numel[i++] = d->L * d->N * d->C;           /* xmid */
-    numel[i++] = d->L * d->N * d->C;           /* ln2 */
-    numel[i++] = d->L * d->N;                  /* rstd2 */
-    numel[i++] = d->L * d->N * 2 * d->FF;      /* gu */
-    numel[i++] = d->L * d->N * d->FF;          /* h */
+    numel[i++] = S * d->N * d->C;              /* ln1 */
+    numel[i++] = S * d->N;                     /* rstd1 */
+    numel[i++] = S * d->N * d->QKV;            /* qkv */
+    numel[i++] = S * d->N * d->C;              /* att */
+    numel[i++] = S * d->B * d->NH * d->T;      /* lse */
+    numel[i++] = S * d->N * d->C;              /* xmid */
+    numel[i++] = S * d->N * d->C;              /* ln2 */
+    numel[i++] = S * d->N;                     /* rstd2 */
+    numel[i++] = S * d->N * 2 * d->FF;         /* gu */
+    numel[i++] = S * d->N * d->FF;             /* h */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
     numel[i++] = d->N * d->Vc;                 /* logits */
@@ -93,19 +100,23 @@ static void act_numels(const dims *d, int64_t numel[N_ACT_ARRAYS]) {
 
 static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, size_t *activation_bytes,
-                   size_t *other_bytes) {
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
+                   size_t *activation_bytes, size_t *other_bytes) {
     dims d = get_dims(layout, B, T);
     int64_t numel[N_ACT_ARRAYS], total = 0;
-    act_numels(&d, numel);
+    act_numels(&d, ckpt_layers, numel);
     for (int i = 0; i < N_ACT_ARRAYS; i++) total += round16(numel[i]);
     *activation_bytes = (size_t)total * sizeof(float);
     *other_bytes = (size_t)(2 * round16(d.N)) * sizeof(int32_t);
 }
 
-fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T, fs_mem *mem) {
+fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T,
+                       int64_t ckpt_layers, fs_mem *mem) {
     memset(a, 0, sizeof *a);
     const fs_llama_config *c = &layout->cfg;
+    if (ckpt_layers < 0 || ckpt_layers > c->num_hidden_layers)
+        return fs_errorf(FS_ERR_USAGE, "--ckpt-layers %lld: the model has %lld blocks",
+                         (long long)ckpt_layers, (long long)c->num_hidden_layers);
     if (B < 1 || T < 1)
         return fs_errorf(FS_ERR_USAGE, "batch size (%lld) and sequence length (%lld) must be >= 1",
                          (long long)B, (long long)T);
@@ -115,7 +126,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
                          (long long)T, (long long)c->max_position_embeddings);
     dims d = get_dims(layout, B, T);
     size_t act_bytes, other_bytes;
-    fs_acts_bytes(layout, B, T, &act_bytes, &other_bytes);
+    fs_acts_bytes(layout, B, T, ckpt_layers, &act_bytes, &other_bytes);
     float *base = NULL;
     int32_t *tokens = NULL;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, act_bytes, "activations", (void **)&base));
@@ -125,7 +136,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         return st;
     }
     int64_t numel[N_ACT_ARRAYS];
-    act_numels(&d, numel);
+    act_numels(&d, ckpt_layers, numel);
     float **slots[N_ACT_ARRAYS] = {
         &a->rope_cos, &a->rope_sin, &a->x,    &a->ln1,    &a->rstd1,   &a->qkv,
         &a->att,      &a->lse,      &a->xmid, &a->ln2,    &a->rstd2,   &a->gu,
@@ -143,6 +154,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     a->B = B;
     a->T = T;
     a->N = d.N;
+    a->ckpt_layers = ckpt_layers;
     a->logits_op = -1;
     fs_rope_table(a->rope_cos, a->rope_sin, T, d.HS, (float)c->rope_theta);
     return FS_OK;
@@ -188,19 +200,27 @@ static block_grads split_block_grads(const dims *d, float *dw) {
 
 /* ------------------------------------------------------------------ forward */
 
+/* The activation slot of block l: checkpointed blocks share slot 0. */
+static int64_t slot_of(const fs_acts *a, int l) {
+    if (a->ckpt_layers == 0) return l;
+    return l < a->ckpt_layers ? 0 : l - a->ckpt_layers + 1;
+}
+
+/* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in
+ * backward without touching x[l+1], which the following blocks have already consumed. */
 static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
-                          const float *norm_w) {
+                          const float *norm_w, int write_output) {
     fs_pool *pool = m->pool;
-    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF;
+    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
     const float eps = (float)m->layout->cfg.rms_norm_eps;
     block_weights bw = split_block(d, w);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
-    float *ln1 = a->ln1 + l * N * C, *rstd1 = a->rstd1 + l * N;
-    float *qkv = a->qkv + l * N * QKV, *att = a->att + l * N * C;
-    float *lse = a->lse + l * d->B * d->NH * d->T;
-    float *xmid = a->xmid + l * N * C, *ln2 = a->ln2 + l * N * C, *rstd2 = a->rstd2 + l * N;
-    float *gu = a->gu + l * N * 2 * FF, *h = a->h + l * N * FF;
+    float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
+    float *lse = a->lse + sl * d->B * d->NH * d->T;
+    float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C, *rstd2 = a->rstd2 + sl * N;
+    float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
 
     PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln1, rstd1, x, ln1_w, N, C, eps));
@@ -216,6 +236,7 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, gu, ln2, bw.gu, N, C, 2 * FF, 0));
     PROF(m, FS_PROF_SWIGLU, fs_swiglu_forward(pool, h, gu, N, FF));
+    if (!write_output) return;
     PROF(m, FS_PROF_OTHER, memcpy(x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, x_next, h, bw.down, N, FF, C, 1));
 }
@@ -253,7 +274,7 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
         PROF(m, FS_PROF_EMBED,
              fs_embedding_forward(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
         break;
-    case FS_UNIT_BLOCK: block_forward(m, a, &d, u->index, w, norm_w); break;
+    case FS_UNIT_BLOCK: block_forward(m, a, &d, u->index, w, norm_w, 1); break;
     case FS_UNIT_HEAD: head_forward(m, a, &d, op, w, norm_w); break;
     case FS_UNIT_NORMS: FS_ASSERT(!"the norm group is not an op"); break;
     }
@@ -264,18 +285,21 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
 static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
                            float *dw, int accumulate, const float *norm_w, float *norm_dw) {
     fs_pool *pool = m->pool;
-    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF;
+    const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
+    /* a checkpointed block recomputes its activations here, with its weights already
+     * gathered for the backward: no extra gather */
+    if (l < a->ckpt_layers) block_forward(m, a, d, l, w, norm_w, 0);
     block_weights bw = split_block(d, w);
     block_grads bg = split_block_grads(d, dw);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *dln1_w = norm_dw + (2 * l) * C, *dln2_w = norm_dw + (2 * l + 1) * C;
     const float *x = a->x + l * N * C;
-    const float *ln1 = a->ln1 + l * N * C, *rstd1 = a->rstd1 + l * N;
-    const float *qkv = a->qkv + l * N * QKV, *att = a->att + l * N * C;
-    const float *lse = a->lse + l * d->B * d->NH * d->T;
-    const float *xmid = a->xmid + l * N * C, *ln2 = a->ln2 + l * N * C;
-    const float *rstd2 = a->rstd2 + l * N;
-    const float *gu = a->gu + l * N * 2 * FF, *h = a->h + l * N * FF;
+    const float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    const float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
+    const float *lse = a->lse + sl * d->B * d->NH * d->T;
+    const float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C;
+    const float *rstd2 = a->rstd2 + sl * N;
+    const float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
     const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
 

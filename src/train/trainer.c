@@ -1,15 +1,12 @@
 /*
- * trainer.c — the single-process training step.
+ * trainer.c — one rank's training step over the sharding engine.
  *
- * Plan, allocate, run: fs_trainer_init computes every size from the configurations and
- * allocates once; fs_trainer_step only computes. The micro-batches of step s are rows
- * [k*B, (k+1)*B) of the global batch the sampler defines for (seed, s), so a run with
- * grad_accum = K and batch B sees the same tokens as one with grad_accum = 1 and batch K*B.
+ * Plan, allocate, run: fs_trainer_init computes the shard plan and refuses it if it does not
+ * fit --max-mem before allocating anything large; fs_trainer_step only computes (zero3-param
+ * excepted, whose engine allocates per use by design).
  *
- * Gradients: a unit's first backward use in a step writes its gradient slots (GEMM beta = 0),
- * every later use (a tied embedding's second use, later micro-batches) accumulates. Each
- * micro-batch's loss is a mean over its tokens, so the sum over K micro-batches is scaled by
- * 1/K once, before clipping.
+ * Gradients: each micro-batch's loss is a mean over its tokens; the engine sums the W ranks'
+ * and K micro-batches' gradients and scales the sum by 1/(W*K) once, with the clipping.
  */
 #include <string.h>
 
@@ -28,10 +25,19 @@ fs_train_config fs_train_config_default(void) {
         .adamw = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
         .clip = 1.0,
         .seed = 1,
-        .threads = 0, /* 0: one per online CPU */
+        .threads = 0,
         .vocab_chunk_rows = 0,
         .max_mem_bytes = 0,
+        .strategy = FS_STRATEGY_YAFSDP,
+        .precision = FS_PRECISION_FP32,
+        .overlap = 1,
+        .ckpt_layers = 0,
     };
+}
+
+int fs_train_default_threads(int ranks_here) {
+    int n = fs_cpu_count() / (ranks_here > 0 ? ranks_here : 1);
+    return n < 1 ? 1 : n;
 }
 
 static fs_status check_config(const fs_train_config *c) {
@@ -52,56 +58,96 @@ static fs_status check_config(const fs_train_config *c) {
     if (!(c->adamw.weight_decay >= 0))
         return fs_errorf(FS_ERR_USAGE, "--weight-decay must be >= 0 (got %g)", c->adamw.weight_decay);
     if (c->threads < 0 || c->threads > 1024)
-        return fs_errorf(FS_ERR_USAGE, "--threads must be between 0 (all CPUs) and 1024 (got %d)", c->threads);
+        return fs_errorf(FS_ERR_USAGE, "--threads must be between 0 (automatic) and 1024 (got %d)", c->threads);
+    if (c->vocab_chunk_rows < 0)
+        return fs_errorf(FS_ERR_USAGE, "--vocab-chunk must be >= 0 (got %lld)", (long long)c->vocab_chunk_rows);
     return FS_OK;
 }
 
-fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data) {
-    memset(t, 0, sizeof *t);
+/* The vocabulary chunk: as asked, or (0) the most rows that keep an embedding or head chunk
+ * no larger than a decoder block, so that the ring is sized by the block (DESIGN.md §3). */
+static int64_t vocab_chunk(const fs_llama_config *c, int64_t asked) {
+    if (asked > 0) return asked;
+    const int64_t C = c->hidden_size, HS = C / c->num_attention_heads;
+    const int64_t block = C * (c->num_attention_heads + 2 * c->num_key_value_heads) * HS + C * C +
+                          3 * C * c->intermediate_size;
+    return c->vocab_size * C > block ? block / C : 0;
+}
+
+fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_config *model_cfg,
+                          const fs_train_config *cfg, int world, int rank) {
+    memset(plan, 0, sizeof *plan);
     FS_TRY(check_config(cfg));
     FS_TRY(fs_llama_config_validate(model_cfg));
     if (cfg->seq > model_cfg->max_position_embeddings)
         return fs_errorf(FS_ERR_USAGE,
                          "--seq %lld exceeds the model's max_position_embeddings (%lld)",
                          (long long)cfg->seq, (long long)model_cfg->max_position_embeddings);
+    FS_TRY(fs_layout_init(layout, model_cfg, vocab_chunk(model_cfg, cfg->vocab_chunk_rows)));
+    fs_comm_config cc = fs_comm_config_default();
+    fs_plan_config pc = {
+        .world = world,
+        .rank = rank,
+        .strategy = cfg->strategy,
+        .precision = cfg->precision,
+        .batch = cfg->batch,
+        .seq = cfg->seq,
+        .ckpt_layers = cfg->ckpt_layers,
+        .comm_bytes = fs_comm_rank_bytes(world, cc) +
+                      fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
+    };
+    fs_status st = fs_plan_init(plan, layout, pc);
+    if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
+        st = fs_errorf(FS_ERR_USAGE,
+                       "the plan needs %.1f MiB per rank (%s, %s, %d ranks), more than --max-mem "
+                       "%.1f MiB",
+                       (double)plan->total_bytes / 1048576.0, fs_strategy_name(cfg->strategy),
+                       fs_precision_name(cfg->precision), world,
+                       (double)cfg->max_mem_bytes / 1048576.0);
+    if (st != FS_OK) {
+        fs_plan_free(plan);
+        fs_layout_free(layout);
+    }
+    return st;
+}
+
+fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
+                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          fs_mem *mem) {
+    memset(t, 0, sizeof *t);
+    const int world = fs_comm_world(comm), rank = fs_comm_rank(comm);
     if (data) {
         FS_TRY(fs_token_data_check_vocab(data, (int32_t)model_cfg->vocab_size));
         FS_TRY(fs_token_data_check_length(data, cfg->seq));
     }
-
+    FS_TRY(fs_trainer_plan(&t->plan, &t->layout, model_cfg, cfg, world, rank));
     t->cfg = *cfg;
-    if (t->cfg.threads == 0) t->cfg.threads = fs_cpu_count();
+    if (t->cfg.threads == 0) t->cfg.threads = fs_train_default_threads(world);
     t->data = data;
-    fs_status st = fs_layout_init(&t->layout, model_cfg, cfg->vocab_chunk_rows);
-    if (st == FS_OK) st = fs_mem_init(&t->mem, cfg->max_mem_bytes);
-    if (st == FS_OK) st = fs_pool_init(&t->pool, t->cfg.threads);
-    if (st == FS_OK) st = fs_weights_init(&t->params, &t->layout, t->mem, FS_MEM_MASTER, "master weights");
-    if (st == FS_OK) st = fs_weights_init(&t->grads, &t->layout, t->mem, FS_MEM_GRADS, "gradients");
-    if (st == FS_OK) st = fs_weights_init(&t->adam_m, &t->layout, t->mem, FS_MEM_OPTIM, "AdamW m");
-    if (st == FS_OK) st = fs_weights_init(&t->adam_v, &t->layout, t->mem, FS_MEM_OPTIM, "AdamW v");
-    if (st == FS_OK) st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, t->mem);
+    t->comm = comm;
+    t->mem = mem;
+    fs_status st = fs_pool_init(&t->pool, t->cfg.threads);
+    if (st == FS_OK) st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, cfg->ckpt_layers, mem);
+    if (st == FS_OK) {
+        fs_kernels_init();
+        fs_engine_config ec = {.overlap = cfg->overlap, .adamw = cfg->adamw, .clip = cfg->clip,
+                               .worker_capacity = 0, .seed = cfg->seed};
+        st = fs_engine_init(&t->engine, &t->plan, comm, mem, t->pool, ec);
+    }
     if (st != FS_OK) {
         fs_trainer_free(t);
         return st;
     }
-    fs_kernels_init();
-    fs_weights_init_random(&t->params, cfg->seed);
     t->model = (fs_model){.layout = &t->layout, .pool = t->pool, .profile = &t->profile};
     return FS_OK;
 }
 
 void fs_trainer_free(fs_trainer *t) {
     if (!t) return;
-    if (t->mem) {
-        fs_acts_free(&t->acts, t->mem);
-        fs_weights_free(&t->adam_v, t->mem);
-        fs_weights_free(&t->adam_m, t->mem);
-        fs_weights_free(&t->grads, t->mem);
-        fs_weights_free(&t->params, t->mem);
-    }
+    fs_engine_free(t->engine);
+    if (t->mem) fs_acts_free(&t->acts, t->mem);
     fs_pool_free(t->pool);
-    fs_mem_free(t->mem);
+    fs_plan_free(&t->plan);
     fs_layout_free(&t->layout);
     memset(t, 0, sizeof *t);
 }
@@ -114,66 +160,77 @@ double fs_forward_loss(const fs_model *m, fs_acts *acts, const fs_weights *w) {
     return acts->loss;
 }
 
-void fs_trainer_step(fs_trainer *t, fs_step_stats *out) {
-    FS_ASSERT(t->data != NULL);
-    fs_trainer_step_on_batch(t, NULL, NULL, out);
+/* Forward and backward of one micro-batch through the engine; adds its loss to *loss_sum. */
+static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
+    fs_engine *e = t->engine;
+    const fs_layout *l = &t->layout;
+    const float *norm_w = NULL;
+    FS_TRY(fs_engine_norm_weights(e, &norm_w));
+    float *norm_dw = fs_engine_norm_grads(e);
+    for (int op = 0; op < l->n_ops; op++) {
+        const float *w = NULL;
+        FS_TRY(fs_engine_acquire_forward(e, op, &w));
+        fs_model_forward(&t->model, &t->acts, op, w, norm_w);
+        FS_TRY(fs_engine_release_forward(e, op));
+    }
+    *loss_sum += t->acts.loss;
+    for (int op = l->n_ops - 1; op >= 0; op--) {
+        const float *w = NULL;
+        float *dw = NULL;
+        int accumulate = 0;
+        FS_TRY(fs_engine_acquire_backward(e, op, &w, &dw, &accumulate));
+        fs_model_backward(&t->model, &t->acts, op, w, dw, accumulate, norm_w, norm_dw);
+        FS_TRY(fs_engine_release_backward(e, op));
+    }
+    return FS_OK;
 }
 
-void fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
-                              fs_step_stats *out) {
+fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
+                                   fs_step_stats *out) {
     double t0 = fs_now();
-    const fs_layout *l = &t->layout;
     const fs_train_config *c = &t->cfg;
     fs_acts *a = &t->acts;
-    /* unit_written[u]: u's gradient slots already hold this step's first contribution */
-    enum { MAX_UNITS_ON_STACK = 4096 };
-    unsigned char unit_written[MAX_UNITS_ON_STACK];
-    FS_ASSERT(l->n_units <= MAX_UNITS_ON_STACK);
-    memset(unit_written, 0, (size_t)l->n_units);
-
-    float *norm_dw = fs_weights_unit(&t->grads, l->norm_unit);
-    memset(norm_dw, 0, (size_t)l->units[l->norm_unit].numel * sizeof(float));
-    unit_written[l->norm_unit] = 1;
-    const float *norm_w = fs_weights_unit(&t->params, l->norm_unit);
-
+    const int world = fs_comm_world(t->comm), rank = fs_comm_rank(t->comm);
+    const int64_t micro = c->batch * c->seq;
+    FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     double loss_sum = 0;
     for (int64_t k = 0; k < c->grad_accum; k++) {
-        const int64_t micro = c->batch * c->seq;
+        const int64_t row0 = (k * world + rank) * c->batch; /* this rank's rows of micro k */
         if (inputs) {
-            memcpy(a->inputs, inputs + k * micro, (size_t)micro * sizeof *inputs);
-            memcpy(a->targets, targets + k * micro, (size_t)micro * sizeof *targets);
+            memcpy(a->inputs, inputs + row0 * c->seq, (size_t)micro * sizeof *inputs);
+            memcpy(a->targets, targets + row0 * c->seq, (size_t)micro * sizeof *targets);
         } else {
-            fs_sampler_fill(t->data, c->seed, t->step, k * c->batch, c->batch, c->seq, a->inputs,
+            fs_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, a->inputs,
                             a->targets);
         }
-        loss_sum += fs_forward_loss(&t->model, a, &t->params);
-        for (int op = l->n_ops - 1; op >= 0; op--) {
-            int u = l->ops[op].unit;
-            fs_model_backward(&t->model, a, op, fs_weights_unit(&t->params, u),
-                              fs_weights_unit(&t->grads, u), unit_written[u], norm_w, norm_dw);
-            unit_written[u] = 1;
-        }
+        fs_engine_begin_micro(t->engine, (int)k);
+        FS_TRY(run_micro_batch(t, &loss_sum));
     }
-
-    double t_opt = fs_now();
-    if (c->grad_accum > 1) fs_scale(t->pool, t->grads.data, t->grads.numel, 1.0f / (float)c->grad_accum);
-    double norm = fs_weights_global_norm(t->pool, &t->grads);
-    double factor = fs_clip_factor(norm, c->clip);
-    if (factor < 1.0) fs_scale(t->pool, t->grads.data, t->grads.numel, (float)factor);
     fs_lr_schedule sched = {.lr = c->lr, .min_lr = c->min_lr, .warmup_steps = c->warmup_steps,
                             .total_steps = c->steps};
     double lr = fs_lr_at(&sched, t->step);
+    double t_opt = fs_now();
+    fs_engine_step_stats es;
+    FS_TRY(fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es));
     t->step++;
-    fs_adamw_step_weights(t->pool, &t->params, &t->adam_m, &t->adam_v, &t->grads, lr, t->step,
-                          &c->adamw);
     double t1 = fs_now();
     t->profile.seconds[FS_PROF_OPTIM] += t1 - t_opt;
     t->profile.calls[FS_PROF_OPTIM]++;
-
     out->step = t->step;
-    out->loss = loss_sum / (double)c->grad_accum;
+    out->loss = es.loss;
     out->lr = lr;
-    out->grad_norm = norm;
+    out->grad_norm = es.grad_norm;
     out->seconds = t1 - t0;
-    out->tokens = c->grad_accum * c->batch * c->seq;
+    out->comm_wait_s = es.comm_wait_s;
+    out->tokens = c->grad_accum * world * c->batch * c->seq;
+    return FS_OK;
+}
+
+fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out) {
+    FS_ASSERT(t->data != NULL);
+    return fs_trainer_step_on_batch(t, NULL, NULL, out);
+}
+
+fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w) {
+    return fs_engine_gather_full(t->engine, 0, w);
 }

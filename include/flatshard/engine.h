@@ -1,0 +1,121 @@
+/*
+ * flatshard/engine.h — the sharding engine of one rank.
+ *
+ * The engine owns the rank's persistent training state (master weights, gradients and AdamW
+ * moments, in full or sharded as the strategy says), the buffers that hold full units while
+ * they are computed, and the communication worker that moves them. It knows nothing of
+ * attention or matmuls: the trainer asks it for a unit's weights before running an op, and
+ * for a place to write the unit's gradients, and tells it when the op is done.
+ *
+ * DESIGN (DESIGN.md §5). Every collective goes through the rank's FIFO worker, and every rank
+ * enqueues the same collectives in the same order, because the trainer runs the same ops in
+ * the same order on every rank.
+ *
+ *   Forward, op i (unit u): acquire_forward(i) enqueues the gather of op i+1's unit into the
+ *   other buffer (prefetch; that buffer's previous user, op i-1, is done), waits for op i's
+ *   gather (enqueued one op earlier), and returns the buffer. release_forward(i) marks it
+ *   free. A buffer that already holds u (the last two ops of forward, at the start of
+ *   backward; the first two of backward, at the start of the next micro-batch's forward) is
+ *   not gathered again: the last units stay resident across the forward->backward boundary.
+ *
+ *   Backward, op i: acquire_backward(i) enqueues the gather of op i-1 (prefetch) if not
+ *   resident, waits for op i's weights, and hands out gradient buffer i mod 2 after waiting
+ *   for the reduce-scatter that last read it (op i+2's). release_backward(i) — called after
+ *   every weight-gradient write of the op — zeroes the buffer's padding and enqueues the
+ *   reduce-scatter of the unit's gradient into this rank's fp32 gradient shard: the first
+ *   contribution of a step writes, later ones (micro-batches, a tied unit's second use) add.
+ *
+ *   The norm group is gathered once per step (begin_step) and its gradients, accumulated by
+ *   every op of every micro-batch in one full buffer, are reduce-scattered once (end_step).
+ *
+ *   end_step flushes the worker, all-gathers every rank's (sum of squares, loss) as doubles
+ *   and adds them in rank order (the same bits on every rank, the same norm for any W up to
+ *   rounding of the gradient sums), scales the gradients once by clip / (W x micro-batches),
+ *   runs AdamW on the rank's slices (weight decay on matrices only), refreshes the bf16 copy,
+ *   and, for the strategies that keep full weights, all-gathers the updated weights.
+ *
+ * With overlap off every collective is waited for right after it is enqueued: the same
+ * collectives in the same order on the same data, so the results are bitwise identical;
+ * only the timing changes.
+ *
+ * Threads: every function is called by the rank's compute thread; the worker thread runs the
+ * collectives (and the small copy jobs of zero3-param). Nothing here allocates after
+ * fs_engine_init, except zero3-param, which allocates its buffers per use by design.
+ */
+#ifndef FLATSHARD_ENGINE_H
+#define FLATSHARD_ENGINE_H
+
+#include <stdint.h>
+
+#include "flatshard/comm.h"
+#include "flatshard/core.h"
+#include "flatshard/model.h"
+#include "flatshard/optim.h"
+#include "flatshard/shard.h"
+#include "flatshard/weights.h"
+
+typedef struct fs_engine_config {
+    int overlap;            /* 0: wait for every collective as soon as it is enqueued */
+    fs_adamw_config adamw;
+    double clip;            /* max global gradient norm; <= 0: off */
+    int worker_capacity;    /* queue slots of the communication worker */
+    uint64_t seed;          /* weight initialisation */
+} fs_engine_config;
+
+/* The queue capacity fs_engine_init uses when worker_capacity is 0, and the bytes the
+ * worker then takes (for fs_plan_config.comm_bytes). */
+int fs_engine_worker_capacity(const fs_layout *layout);
+
+typedef struct fs_engine_step_stats {
+    double loss;          /* mean over ranks and micro-batches */
+    double grad_norm;     /* global, before clipping */
+    double clip_factor;   /* what the gradients were multiplied by (1 when not clipped) */
+    double comm_wait_s;   /* time the compute thread waited for collectives this step */
+} fs_engine_step_stats;
+
+typedef struct fs_engine fs_engine;
+
+/* Allocates everything the plan lists, starts the worker, and initialises the master
+ * weights from cfg.seed (each rank fills its own slices; every element's value is that of
+ * an unsharded run). plan, comm, mem and pool must outlive the engine. */
+fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs_mem *mem,
+                         fs_pool *pool, fs_engine_config cfg);
+/* Drains the worker and releases everything. NULL is a no-op. */
+void fs_engine_free(fs_engine *e);
+
+/* Once per optimizer step, before the first micro-batch. */
+fs_status fs_engine_begin_step(fs_engine *e, int n_micro);
+/* Before micro-batch k (0-based) of the step. */
+void fs_engine_begin_micro(fs_engine *e, int k);
+
+/* The norm group's weights (fp32, full) and its gradient slots (accumulated over the step). */
+fs_status fs_engine_norm_weights(fs_engine *e, const float **out);
+float *fs_engine_norm_grads(fs_engine *e);
+
+fs_status fs_engine_acquire_forward(fs_engine *e, int op, const float **weights);
+fs_status fs_engine_release_forward(fs_engine *e, int op);
+/* *grads: where the op writes its unit's weight gradient; *accumulate: whether it must add
+ * to what is there (fs_model_backward's flag). */
+fs_status fs_engine_acquire_backward(fs_engine *e, int op, const float **weights, float **grads,
+                                     int *accumulate);
+fs_status fs_engine_release_backward(fs_engine *e, int op);
+
+/* After the last micro-batch: reduces, clips, updates (see the DESIGN comment). local_loss is
+ * the sum of this rank's micro-batch losses; lr the step's learning rate; step 1-based. */
+fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t step,
+                             fs_engine_step_stats *out);
+
+/* Collective: every rank receives the full fp32 master weights (or, with grads = 1, the
+ * gradient of the last step, before clipping and scaling are undone: as AdamW saw them)
+ * in w, which must be laid out for the same layout. For tests, saving and export. */
+fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w);
+
+/* The rank's master shard, for tests: element i of the shard arrays (fs_plan). Full
+ * strategies return their full copy. */
+const float *fs_engine_master(const fs_engine *e);
+
+/* Collective, between steps: all[r * bytes .. (r+1) * bytes) = rank r's `mine`, on every
+ * rank (reports, such as every rank's memory, that rank 0 prints). */
+fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t bytes, void *all);
+
+#endif /* FLATSHARD_ENGINE_H */

@@ -1,0 +1,671 @@
+/*
+ * engine.c — the sharding engine of one rank (contract and DESIGN comment in engine.h).
+ *
+ * Arrays (fs_plan names: S shard elements, F full-layout elements, R ring elements, Nn the
+ * padded norm group), which exist per strategy as the plan's byte figures say:
+ *   master      fp32 (F) for ddp and for fp32 zero1/zero2 (the replicated weights the model
+ *               reads; the rank updates its slice in place), else fp32 (S)
+ *   grads_full  fp32 (F) ddp, zero1: written by the model unit by unit
+ *   grads_shard fp32 (S) every strategy but ddp: the reduced gradient of the rank's slices
+ *   adam_m/v    fp32 (F) ddp, else (S)
+ *   compute     bf16 copy of the weights: (F) for ddp/zero1/zero2, (S) otherwise
+ *   ring[2]     yafsdp: the two weight buffers (R, compute dtype)
+ *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32)
+ *   norm_buf    sharded weights: the gathered norm group (Nn, compute dtype)
+ *   norm_grads  sharded gradients: the norm group's gradient (Nn, fp32)
+ *   wide        bf16: one fp32 unit buffer the kernels read (R), norm32 the norms (Nn)
+ * zero3-param allocates a unit's weight buffer per use and its gradient buffers per backward
+ * op, frees them after use, and keeps at most two of each alive.
+ *
+ * Gathers read the rank's compute-dtype shard (the master itself in fp32); a piece's gather
+ * writes the W slices of the piece back to back, so a unit's buffer holds the padded pieces
+ * at their full-layout offsets (yafsdp: one piece per unit, so the unit is contiguous).
+ * zero3-param gathers each tensor straight to its place in the unit buffer: a tensor's
+ * padding spills zeros into the next tensor's place, which that tensor's gather (next in the
+ * FIFO) then overwrites, and past the last tensor into W x FS_SHARD_ALIGN elements of slack.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flatshard/engine.h"
+#include "flatshard/kernels.h"
+
+/* zero3-param: one unit's weights, allocated for one use */
+typedef struct z3_weights {
+    void *buf;     /* (numel + slack) compute dtype */
+    int unit;      /* -1: none */
+    uint64_t ticket;
+} z3_weights;
+
+/* zero3-param: a padded copy of one tensor's gradient, made on the worker thread */
+typedef struct z3_copy_job {
+    float *dst;      /* (padded) */
+    const float *src;
+    int64_t numel, padded;
+} z3_copy_job;
+
+/* zero3-param: one backward op's gradient buffers, alive until their reduce-scatters end */
+typedef struct z3_grads {
+    float *unit_grads;  /* (numel) written by the model */
+    float **pads;       /* (max pieces) */
+    z3_copy_job *jobs;  /* (max pieces) */
+    int n_pads;
+    uint64_t ticket;    /* the last reduce-scatter */
+} z3_grads;
+
+struct fs_engine {
+    const fs_plan *plan;
+    const fs_layout *layout;
+    fs_comm *comm;
+    fs_comm_worker *worker;
+    fs_mem *mem;
+    fs_pool *pool;
+    fs_engine_config cfg;
+    fs_strategy strategy;
+    int world, rank, bf16;
+    int full_master;      /* master is the full fp32 layout */
+    fs_dtype cdtype;      /* the dtype weights travel in */
+    size_t csize;
+
+    float *master, *grads_full, *grads_shard, *adam_m, *adam_v;
+    uint16_t *compute;
+    void *ring[2];
+    int ring_unit[2];     /* the unit a ring buffer holds (or is being gathered into), -1 */
+    uint64_t ring_ticket[2];
+    float *gring[2];
+    uint64_t gring_ticket[2];
+    void *norm_buf;
+    float *norm32, *norm_grads, *wide;
+    int norm_ready;
+    uint64_t norm_ticket;
+
+    z3_weights zw[2];
+    z3_grads zg[2];
+    int max_pieces;
+
+    double *exchange;     /* (2 * world) every rank's (sum of squares, loss) */
+    unsigned char *grad_written; /* (n_units) the unit's gradient holds this step's first part */
+    int *uses_left;       /* (n_units) ddp: backward uses of the unit left in this micro-batch */
+    int n_micro, micro;
+    double wait_s;
+};
+
+/* ------------------------------------------------------------------ worker helpers */
+
+static fs_status wait_ticket(fs_engine *e, uint64_t ticket) {
+    if (ticket == 0) return FS_OK;
+    double t0 = fs_now();
+    fs_status st = fs_comm_worker_wait(e->worker, ticket);
+    e->wait_s += fs_now() - t0;
+    return st;
+}
+
+/* Enqueues a collective; without overlap, waits for it at once. */
+static fs_status enqueue(fs_engine *e, fs_comm_op op, uint64_t *ticket) {
+    FS_TRY(fs_comm_worker_enqueue(e->worker, &op, ticket));
+    return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
+}
+
+static fs_status enqueue_fn(fs_engine *e, fs_comm_job_fn fn, void *arg, uint64_t *ticket) {
+    FS_TRY(fs_comm_worker_enqueue_fn(e->worker, fn, arg, ticket));
+    return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
+}
+
+static fs_status flush(fs_engine *e) {
+    double t0 = fs_now();
+    fs_status st = fs_comm_worker_flush(e->worker);
+    e->wait_s += fs_now() - t0;
+    return st;
+}
+
+/* ------------------------------------------------------------------ gathers */
+
+/* The rank's compute-dtype shard (sharded strategies). */
+static const char *shard_source(const fs_engine *e) {
+    return e->bf16 ? (const char *)e->compute : (const char *)e->master;
+}
+
+/* Enqueues the gathers of unit u into dst: yafsdp (one piece) writes the padded unit; zero3
+ * writes each tensor at its unit offset. */
+static fs_status gather_unit(fs_engine *e, int u, void *dst, uint64_t *ticket) {
+    const fs_plan *p = e->plan;
+    const fs_shard_unit *su = &p->units[u];
+    for (int pi = su->first_piece; pi < su->first_piece + su->n_pieces; pi++) {
+        const fs_shard_piece *pc = &p->pieces[pi];
+        int64_t at = e->strategy == FS_STRATEGY_ZERO3_PARAM && u != e->layout->norm_unit
+                         ? pc->unit_offset
+                         : pc->full_offset - su->full_offset;
+        fs_comm_op op = fs_comm_op_all_gather(shard_source(e) + (size_t)pc->shard_offset * e->csize,
+                                              (char *)dst + (size_t)at * e->csize,
+                                              (size_t)pc->shard, e->cdtype);
+        FS_TRY(enqueue(e, op, ticket));
+    }
+    return FS_OK;
+}
+
+/* The fp32 weights of a unit held in compute dtype at src: src itself in fp32, else widened
+ * into the one fp32 unit buffer (the kernels are fp32 until the bf16 GEMM exists). */
+static const float *as_fp32(fs_engine *e, const void *src, int64_t numel, float *wide) {
+    if (!e->bf16) return src;
+    fs_cast_bf16_to_fp32(e->pool, wide, src, numel);
+    return wide;
+}
+
+static int op_unit(const fs_engine *e, int op) { return e->layout->ops[op].unit; }
+
+/* yafsdp: makes sure ring buffer b holds (or is being filled with) unit u. */
+static fs_status ring_load(fs_engine *e, int b, int u) {
+    if (e->ring_unit[b] == u) return FS_OK;
+    e->ring_unit[b] = u;
+    return gather_unit(e, u, e->ring[b], &e->ring_ticket[b]);
+}
+
+/* zero3: allocates and gathers unit u into slot k. */
+static fs_status z3_load(fs_engine *e, int k, int u) {
+    z3_weights *z = &e->zw[k];
+    if (z->unit == u) return FS_OK;
+    FS_ASSERT(z->buf == NULL);
+    int64_t n = e->layout->units[u].numel + (int64_t)e->world * FS_SHARD_ALIGN;
+    FS_TRY(fs_mem_alloc(e->mem, FS_MEM_WEIGHT_BUF, (size_t)n * e->csize, "zero3 unit weights",
+                        &z->buf));
+    z->unit = u;
+    return gather_unit(e, u, z->buf, &z->ticket);
+}
+
+static fs_status z3_drop(fs_engine *e, int k) {
+    z3_weights *z = &e->zw[k];
+    if (!z->buf) return FS_OK;
+    FS_TRY(wait_ticket(e, z->ticket)); /* the gather must be over before its buffer goes */
+    fs_mem_release(e->mem, z->buf);
+    z->buf = NULL;
+    z->unit = -1;
+    return FS_OK;
+}
+
+/* Loads op's unit into the slot of op's parity (and the neighbour `next`, if >= 0, into the
+ * other: the prefetch), waits for op's, and returns its fp32 weights. */
+static fs_status acquire_weights(fs_engine *e, int op, int next, const float **out) {
+    const int u = op_unit(e, op), b = op % 2;
+    const int64_t numel = e->layout->units[u].numel;
+    switch (e->strategy) {
+    case FS_STRATEGY_YAFSDP:
+        FS_TRY(ring_load(e, b, u));
+        if (next >= 0) FS_TRY(ring_load(e, next % 2, op_unit(e, next)));
+        FS_TRY(wait_ticket(e, e->ring_ticket[b]));
+        *out = as_fp32(e, e->ring[b], numel, e->wide);
+        return FS_OK;
+    case FS_STRATEGY_ZERO3_PARAM:
+        FS_TRY(z3_load(e, b, u));
+        if (next >= 0) FS_TRY(z3_load(e, next % 2, op_unit(e, next)));
+        FS_TRY(wait_ticket(e, e->zw[b].ticket));
+        *out = as_fp32(e, e->zw[b].buf, numel, e->wide);
+        return FS_OK;
+    default: { /* full weights */
+        int64_t at = e->plan->units[u].full_offset;
+        *out = e->bf16 ? as_fp32(e, e->compute + at, numel, e->wide) : e->master + at;
+        return FS_OK;
+    }
+    }
+}
+
+/* ------------------------------------------------------------------ init and free */
+
+int fs_engine_worker_capacity(const fs_layout *layout) {
+    /* a step enqueues at most a few collectives per op plus per tensor (zero3): make sure an
+     * enqueue never waits for room in the middle of a step */
+    return 64 + 4 * layout->n_tensors + 4 * layout->n_ops;
+}
+
+static fs_status alloc(fs_engine *e, fs_mem_category cat, size_t bytes, const char *what,
+                       void *out) {
+    return fs_mem_alloc(e->mem, cat, bytes, what, (void **)out);
+}
+
+/* Fills the master weights with their initial values: every unit for a full master, the
+ * rank's interval of every piece otherwise. */
+static void init_master(fs_engine *e) {
+    const fs_plan *p = e->plan;
+    for (int pi = 0; pi < p->n_pieces; pi++) {
+        const fs_shard_piece *pc = &p->pieces[pi];
+        if (e->full_master) {
+            fs_layout_init_weights(e->layout, pc->unit, pc->unit_offset,
+                                   pc->unit_offset + pc->numel, e->master + pc->full_offset,
+                                   e->cfg.seed);
+            continue;
+        }
+        int64_t lo = pc->unit_offset + (int64_t)e->rank * pc->shard;
+        int64_t hi = lo + pc->shard, end = pc->unit_offset + pc->numel;
+        if (hi > end) hi = end;
+        if (lo < hi)
+            fs_layout_init_weights(e->layout, pc->unit, lo, hi, e->master + pc->shard_offset,
+                                   e->cfg.seed);
+    }
+}
+
+/* After the master changed: the bf16 copy, and for zero1/zero2 the replicated weights. */
+static fs_status refresh_weights(fs_engine *e) {
+    const fs_plan *p = e->plan;
+    if (e->strategy == FS_STRATEGY_DDP) {
+        if (e->bf16) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->full_numel);
+        return FS_OK;
+    }
+    if (!fs_strategy_full_weights(e->strategy)) {
+        if (e->bf16) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->shard_numel);
+        return FS_OK;
+    }
+    /* zero1, zero2: the rank's slice of each piece to everybody, in place */
+    for (int pi = 0; pi < p->n_pieces; pi++) {
+        const fs_shard_piece *pc = &p->pieces[pi];
+        int64_t mine = pc->full_offset + (int64_t)e->rank * pc->shard;
+        if (e->bf16)
+            fs_cast_fp32_to_bf16(e->pool, e->compute + mine, e->master + pc->shard_offset,
+                                 pc->shard);
+        char *base = e->bf16 ? (char *)e->compute : (char *)e->master;
+        fs_comm_op op = fs_comm_op_all_gather(base + (size_t)mine * e->csize,
+                                              base + (size_t)pc->full_offset * e->csize,
+                                              (size_t)pc->shard, e->cdtype);
+        uint64_t t;
+        FS_TRY(enqueue(e, op, &t));
+    }
+    return flush(e);
+}
+
+fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs_mem *mem,
+                         fs_pool *pool, fs_engine_config cfg) {
+    *out = NULL;
+    if (fs_comm_world(comm) != plan->cfg.world || fs_comm_rank(comm) != plan->cfg.rank)
+        return fs_errorf(FS_ERR_USAGE, "the plan is for rank %d of %d, the communicator is rank %d of %d",
+                         plan->cfg.rank, plan->cfg.world, fs_comm_rank(comm), fs_comm_world(comm));
+    fs_engine *e = calloc(1, sizeof *e);
+    if (!e) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the engine");
+    const fs_layout *l = plan->layout;
+    const fs_strategy s = plan->cfg.strategy;
+    e->plan = plan;
+    e->layout = l;
+    e->comm = comm;
+    e->mem = mem;
+    e->pool = pool;
+    e->cfg = cfg;
+    e->strategy = s;
+    e->world = plan->cfg.world;
+    e->rank = plan->cfg.rank;
+    e->bf16 = plan->cfg.precision == FS_PRECISION_BF16;
+    e->full_master = s == FS_STRATEGY_DDP || (fs_strategy_full_weights(s) && !e->bf16);
+    e->cdtype = e->bf16 ? FS_DTYPE_BF16 : FS_DTYPE_FP32;
+    e->csize = e->bf16 ? 2 : 4;
+    e->ring_unit[0] = e->ring_unit[1] = -1;
+    e->zw[0].unit = e->zw[1].unit = -1;
+    for (int u = 0; u < l->n_units; u++)
+        if (plan->units[u].n_pieces > e->max_pieces) e->max_pieces = plan->units[u].n_pieces;
+
+    const size_t f4 = sizeof(float);
+    const size_t S = (size_t)plan->shard_numel, F = (size_t)plan->full_numel;
+    const size_t R = (size_t)plan->ring_numel, Nn = (size_t)plan->units[l->norm_unit].full_numel;
+    fs_status st = FS_OK;
+#define ALLOC(cat, bytes, what, ptr) \
+    if (st == FS_OK) st = alloc(e, cat, bytes, what, ptr)
+    /* in the order, and with the sizes, of fs_plan's predict_bytes */
+    ALLOC(FS_MEM_MASTER, (e->full_master ? F : S) * f4, "master weights", &e->master);
+    if (fs_strategy_full_grads(s)) ALLOC(FS_MEM_GRADS, F * f4, "full gradients", &e->grads_full);
+    if (s != FS_STRATEGY_DDP) ALLOC(FS_MEM_GRADS, S * f4, "gradient shard", &e->grads_shard);
+    ALLOC(FS_MEM_OPTIM, (s == FS_STRATEGY_DDP ? F : S) * f4, "AdamW m", &e->adam_m);
+    ALLOC(FS_MEM_OPTIM, (s == FS_STRATEGY_DDP ? F : S) * f4, "AdamW v", &e->adam_v);
+    if (e->bf16)
+        ALLOC(FS_MEM_COMPUTE_SHARD, (fs_strategy_full_weights(s) ? F : S) * 2, "bf16 weights",
+              &e->compute);
+    if (s == FS_STRATEGY_YAFSDP)
+        for (int b = 0; b < 2; b++) ALLOC(FS_MEM_WEIGHT_BUF, R * e->csize, "weight ring buffer", &e->ring[b]);
+    if (!fs_strategy_full_weights(s)) ALLOC(FS_MEM_WEIGHT_BUF, Nn * e->csize, "norm group weights", &e->norm_buf);
+    if (e->bf16) {
+        ALLOC(FS_MEM_WEIGHT_BUF, R * f4, "fp32 unit weights", &e->wide);
+        ALLOC(FS_MEM_WEIGHT_BUF, Nn * f4, "fp32 norm weights", &e->norm32);
+    }
+    if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2)
+        for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
+    if (!fs_strategy_full_grads(s)) ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
+    ALLOC(FS_MEM_OTHER, 2 * (size_t)e->world * sizeof(double), "loss and norm exchange", &e->exchange);
+    ALLOC(FS_MEM_OTHER, (size_t)l->n_units, "gradient flags", &e->grad_written);
+    ALLOC(FS_MEM_OTHER, (size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
+    if (s == FS_STRATEGY_ZERO3_PARAM)
+        for (int k = 0; k < 2; k++) {
+            ALLOC(FS_MEM_OTHER, (size_t)e->max_pieces * sizeof(float *), "zero3 pads", &e->zg[k].pads);
+            ALLOC(FS_MEM_OTHER, (size_t)e->max_pieces * sizeof(z3_copy_job), "zero3 jobs", &e->zg[k].jobs);
+        }
+#undef ALLOC
+    if (st == FS_OK) {
+        int capacity = cfg.worker_capacity > 0 ? cfg.worker_capacity : fs_engine_worker_capacity(l);
+        e->cfg.worker_capacity = capacity;
+        st = fs_comm_worker_init(comm, capacity, &e->worker);
+    }
+    if (st == FS_OK) {
+        init_master(e);
+        st = refresh_weights(e);
+    }
+    if (st != FS_OK) {
+        fs_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return FS_OK;
+}
+
+static void z3_release_grads(fs_engine *e, int k) {
+    z3_grads *g = &e->zg[k];
+    fs_mem_release(e->mem, g->unit_grads);
+    g->unit_grads = NULL;
+    for (int i = 0; i < g->n_pads; i++) fs_mem_release(e->mem, g->pads[i]);
+    g->n_pads = 0;
+}
+
+void fs_engine_free(fs_engine *e) {
+    if (!e) return;
+    fs_comm_worker_free(e->worker); /* drains: nothing is in flight after this */
+    for (int k = 0; k < 2; k++) {
+        if (e->zw[k].buf) fs_mem_release(e->mem, e->zw[k].buf);
+        if (e->zg[k].pads) z3_release_grads(e, k);
+        fs_mem_release(e->mem, e->zg[k].pads);
+        fs_mem_release(e->mem, e->zg[k].jobs);
+        fs_mem_release(e->mem, e->ring[k]);
+        fs_mem_release(e->mem, e->gring[k]);
+    }
+    void *blocks[] = {e->master, e->grads_full, e->grads_shard, e->adam_m, e->adam_v,
+                      e->compute, e->norm_buf, e->wide, e->norm32, e->norm_grads,
+                      e->exchange, e->grad_written, e->uses_left};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) fs_mem_release(e->mem, blocks[i]);
+    free(e);
+}
+
+/* ------------------------------------------------------------------ the step */
+
+fs_status fs_engine_begin_step(fs_engine *e, int n_micro) {
+    const fs_layout *l = e->layout;
+    const fs_shard_unit *nu = &e->plan->units[l->norm_unit];
+    e->n_micro = n_micro;
+    e->micro = 0;
+    e->wait_s = 0;
+    memset(e->grad_written, 0, (size_t)l->n_units);
+    /* the norm group's gradient is accumulated by every op of the step: start from zero */
+    if (e->norm_grads) memset(e->norm_grads, 0, (size_t)nu->full_numel * sizeof(float));
+    else memset(e->grads_full + nu->full_offset, 0, (size_t)nu->full_numel * sizeof(float));
+    e->norm_ready = 0;
+    if (!fs_strategy_full_weights(e->strategy))
+        FS_TRY(gather_unit(e, l->norm_unit, e->norm_buf, &e->norm_ticket));
+    return FS_OK;
+}
+
+void fs_engine_begin_micro(fs_engine *e, int k) {
+    const fs_layout *l = e->layout;
+    e->micro = k;
+    memset(e->uses_left, 0, (size_t)l->n_units * sizeof(int));
+    for (int op = 0; op < l->n_ops; op++) e->uses_left[l->ops[op].unit]++;
+}
+
+fs_status fs_engine_norm_weights(fs_engine *e, const float **out) {
+    const fs_layout *l = e->layout;
+    const int64_t n = l->units[l->norm_unit].numel;
+    const int64_t at = e->plan->units[l->norm_unit].full_offset;
+    if (fs_strategy_full_weights(e->strategy)) {
+        if (!e->bf16) {
+            *out = e->master + at;
+            return FS_OK;
+        }
+        if (!e->norm_ready) fs_cast_bf16_to_fp32(e->pool, e->norm32, e->compute + at, n);
+    } else {
+        if (!e->norm_ready) {
+            FS_TRY(wait_ticket(e, e->norm_ticket));
+            if (e->bf16) fs_cast_bf16_to_fp32(e->pool, e->norm32, e->norm_buf, n);
+        }
+    }
+    e->norm_ready = 1;
+    *out = e->bf16 ? e->norm32 : e->norm_buf;
+    return FS_OK;
+}
+
+float *fs_engine_norm_grads(fs_engine *e) {
+    if (e->norm_grads) return e->norm_grads;
+    return e->grads_full + e->plan->units[e->layout->norm_unit].full_offset;
+}
+
+fs_status fs_engine_acquire_forward(fs_engine *e, int op, const float **weights) {
+    return acquire_weights(e, op, op + 1 < e->layout->n_ops ? op + 1 : -1, weights);
+}
+
+fs_status fs_engine_release_forward(fs_engine *e, int op) {
+    /* zero3-param frees a unit as soon as it has been used (the baseline's behaviour) */
+    if (e->strategy == FS_STRATEGY_ZERO3_PARAM) return z3_drop(e, op % 2);
+    return FS_OK;
+}
+
+fs_status fs_engine_acquire_backward(fs_engine *e, int op, const float **weights, float **grads,
+                                     int *accumulate) {
+    const int u = op_unit(e, op), b = op % 2;
+    FS_TRY(acquire_weights(e, op, op > 0 ? op - 1 : -1, weights));
+    *accumulate = 0;
+    switch (e->strategy) {
+    case FS_STRATEGY_YAFSDP:
+    case FS_STRATEGY_ZERO2:
+        /* the buffer's previous reduce-scatter (op + 2's) must be done reading it */
+        FS_TRY(wait_ticket(e, e->gring_ticket[b]));
+        *grads = e->gring[b];
+        return FS_OK;
+    case FS_STRATEGY_ZERO3_PARAM: {
+        z3_grads *g = &e->zg[b];
+        if (g->unit_grads || g->n_pads) { /* op + 2's buffers: gone once their sends are */
+            FS_TRY(wait_ticket(e, g->ticket));
+            z3_release_grads(e, b);
+        }
+        FS_TRY(fs_mem_alloc(e->mem, FS_MEM_GRAD_BUF,
+                            (size_t)e->layout->units[u].numel * sizeof(float), "zero3 unit gradients",
+                            (void **)&g->unit_grads));
+        *grads = g->unit_grads;
+        return FS_OK;
+    }
+    default: /* ddp, zero1: straight into the full gradient */
+        *grads = e->grads_full + e->plan->units[u].full_offset;
+        *accumulate = e->grad_written[u];
+        return FS_OK;
+    }
+}
+
+static fs_status z3_copy(void *arg) {
+    const z3_copy_job *j = arg;
+    memcpy(j->dst, j->src, (size_t)j->numel * sizeof(float));
+    memset(j->dst + j->numel, 0, (size_t)(j->padded - j->numel) * sizeof(float));
+    return FS_OK;
+}
+
+fs_status fs_engine_release_backward(fs_engine *e, int op) {
+    const fs_plan *p = e->plan;
+    const int u = op_unit(e, op), b = op % 2;
+    const fs_shard_unit *su = &p->units[u];
+    const int64_t numel = e->layout->units[u].numel;
+    const int acc = e->grad_written[u];
+    e->grad_written[u] = 1;
+    switch (e->strategy) {
+    case FS_STRATEGY_YAFSDP:
+    case FS_STRATEGY_ZERO2: {
+        /* the padding must reach the reduce-scatter as zeros */
+        memset(e->gring[b] + numel, 0, (size_t)(su->full_numel - numel) * sizeof(float));
+        fs_comm_op rs = fs_comm_op_reduce_scatter_ex(e->gring[b], e->grads_shard + su->shard_offset,
+                                                     (size_t)su->shard_numel, FS_DTYPE_FP32,
+                                                     FS_DTYPE_FP32, FS_REDOP_SUM, acc);
+        return enqueue(e, rs, &e->gring_ticket[b]);
+    }
+    case FS_STRATEGY_ZERO3_PARAM: {
+        FS_TRY(z3_drop(e, b));
+        z3_grads *g = &e->zg[b];
+        for (int pi = su->first_piece; pi < su->first_piece + su->n_pieces; pi++) {
+            const fs_shard_piece *pc = &p->pieces[pi];
+            float *pad = NULL;
+            FS_TRY(fs_mem_alloc(e->mem, FS_MEM_GRAD_BUF, (size_t)pc->padded * sizeof(float),
+                                "zero3 tensor gradient", (void **)&pad));
+            g->pads[g->n_pads] = pad;
+            z3_copy_job *j = &g->jobs[g->n_pads++];
+            *j = (z3_copy_job){.dst = pad, .src = g->unit_grads + pc->unit_offset,
+                               .numel = pc->numel, .padded = pc->padded};
+            uint64_t t;
+            FS_TRY(enqueue_fn(e, z3_copy, j, &t));
+            fs_comm_op rs = fs_comm_op_reduce_scatter_ex(pad, e->grads_shard + pc->shard_offset,
+                                                         (size_t)pc->shard, FS_DTYPE_FP32,
+                                                         FS_DTYPE_FP32, FS_REDOP_SUM, acc);
+            FS_TRY(enqueue(e, rs, &g->ticket));
+        }
+        return FS_OK;
+    }
+    case FS_STRATEGY_DDP:
+        /* all-reduce a unit once its last use of the step's last micro-batch is done */
+        if (--e->uses_left[u] == 0 && e->micro == e->n_micro - 1) {
+            float *g = e->grads_full + su->full_offset;
+            uint64_t t;
+            return enqueue(e, fs_comm_op_all_reduce(g, g, (size_t)su->full_numel, FS_DTYPE_FP32,
+                                                    FS_REDOP_SUM),
+                           &t);
+        }
+        return FS_OK;
+    default: /* zero1 reduces everything at the end */
+        return FS_OK;
+    }
+}
+
+/* The rank's gradient elements after the reductions: the shard, or ddp's full copy. */
+static float *reduced_grads(fs_engine *e, int64_t *n) {
+    if (e->strategy == FS_STRATEGY_DDP) {
+        *n = e->plan->full_numel;
+        return e->grads_full;
+    }
+    *n = e->plan->shard_numel;
+    return e->grads_shard;
+}
+
+/* Reduces what is still unreduced at the end of backward. */
+static fs_status reduce_rest(fs_engine *e) {
+    const fs_plan *p = e->plan;
+    const fs_layout *l = e->layout;
+    const fs_shard_unit *nu = &p->units[l->norm_unit];
+    uint64_t t;
+    switch (e->strategy) {
+    case FS_STRATEGY_DDP: {
+        float *g = e->grads_full + nu->full_offset;
+        return enqueue(e, fs_comm_op_all_reduce(g, g, (size_t)nu->full_numel, FS_DTYPE_FP32,
+                                                FS_REDOP_SUM),
+                       &t);
+    }
+    case FS_STRATEGY_ZERO1:
+        for (int pi = 0; pi < p->n_pieces; pi++) {
+            const fs_shard_piece *pc = &p->pieces[pi];
+            FS_TRY(enqueue(e, fs_comm_op_reduce_scatter(e->grads_full + pc->full_offset,
+                                                        e->grads_shard + pc->shard_offset,
+                                                        (size_t)pc->shard, FS_DTYPE_FP32,
+                                                        FS_REDOP_SUM),
+                           &t));
+        }
+        return FS_OK;
+    default:
+        return enqueue(e, fs_comm_op_reduce_scatter(e->norm_grads, e->grads_shard + nu->shard_offset,
+                                                    (size_t)nu->shard_numel, FS_DTYPE_FP32,
+                                                    FS_REDOP_SUM),
+                       &t);
+    }
+}
+
+/* AdamW over the rank's tensor slices. */
+static void optimizer_step(fs_engine *e, double lr, int64_t step) {
+    const fs_plan *p = e->plan;
+    const fs_layout *l = e->layout;
+    int64_t n_grads;
+    float *grads = reduced_grads(e, &n_grads);
+    for (int i = 0; i < p->n_slices; i++) {
+        const fs_shard_slice *sl = &p->slices[i];
+        const fs_shard_piece *pc = &p->pieces[sl->piece];
+        const fs_tensor_info *t = &l->tensors[sl->tensor];
+        int64_t n = sl->end - sl->begin;
+        /* zero1/zero2 in fp32 keep the master in the full layout: the slice's place there */
+        int64_t param_at = e->full_master && e->strategy != FS_STRATEGY_DDP
+                               ? pc->full_offset + (int64_t)e->rank * pc->shard +
+                                     (sl->shard_pos - pc->shard_offset)
+                               : sl->shard_pos;
+        fs_adamw_params hp = {.lr = lr, .beta1 = e->cfg.adamw.beta1, .beta2 = e->cfg.adamw.beta2,
+                              .eps = e->cfg.adamw.eps,
+                              .weight_decay = t->weight_decay ? e->cfg.adamw.weight_decay : 0.0,
+                              .step = step};
+        fs_adamw_update(e->pool, e->master + param_at, e->adam_m + sl->shard_pos,
+                        e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
+    }
+}
+
+fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t step,
+                             fs_engine_step_stats *out) {
+    FS_TRY(reduce_rest(e));
+    FS_TRY(flush(e));
+    if (e->strategy == FS_STRATEGY_ZERO3_PARAM) /* every send is over */
+        for (int k = 0; k < 2; k++) z3_release_grads(e, k);
+    int64_t n_grads;
+    float *grads = reduced_grads(e, &n_grads);
+    /* every rank's (sum of squares, loss), added in rank order on every rank */
+    double mine[2] = {fs_sum_squares(e->pool, grads, n_grads), local_loss};
+    uint64_t t;
+    FS_TRY(enqueue(e, fs_comm_op_all_gather(mine, e->exchange, sizeof mine, FS_DTYPE_BYTES), &t));
+    FS_TRY(wait_ticket(e, t));
+    double sumsq = 0, loss = 0;
+    for (int r = 0; r < e->world; r++) {
+        sumsq += e->exchange[2 * r];
+        loss += e->exchange[2 * r + 1];
+    }
+    if (e->strategy == FS_STRATEGY_DDP) sumsq = mine[0]; /* every rank holds the whole sum */
+    /* the reduced gradient is the sum over W ranks of per-micro-batch means: one scaling
+     * turns it into the mean and applies the clipping */
+    const double mean_scale = 1.0 / ((double)e->world * (double)e->n_micro);
+    const double norm = sqrt(sumsq) * mean_scale;
+    const double clip = fs_clip_factor(norm, e->cfg.clip);
+    fs_scale(e->pool, grads, n_grads, (float)(mean_scale * clip));
+    optimizer_step(e, lr, step);
+    FS_TRY(refresh_weights(e));
+    e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
+    out->loss = loss * mean_scale;
+    out->grad_norm = norm;
+    out->clip_factor = clip;
+    out->comm_wait_s = e->wait_s;
+    return FS_OK;
+}
+
+/* ------------------------------------------------------------------ whole-model views */
+
+fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w) {
+    const fs_plan *p = e->plan;
+    FS_TRY(flush(e));
+    /* the full sources: ddp's gradient, a full fp32 master */
+    const float *full = grads ? (e->strategy == FS_STRATEGY_DDP ? e->grads_full : NULL)
+                              : (e->full_master ? e->master : NULL);
+    const float *shard = grads ? e->grads_shard : e->master;
+    float *tmp = NULL;
+    if (!full)
+        FS_TRY(fs_mem_alloc(e->mem, FS_MEM_OTHER, (size_t)p->full_numel * sizeof(float),
+                            "gathered model", (void **)&tmp));
+    fs_status st = FS_OK;
+    for (int pi = 0; pi < p->n_pieces && st == FS_OK && tmp; pi++) {
+        const fs_shard_piece *pc = &p->pieces[pi];
+        uint64_t t;
+        st = enqueue(e, fs_comm_op_all_gather(shard + pc->shard_offset, tmp + pc->full_offset,
+                                              (size_t)pc->shard, FS_DTYPE_FP32),
+                     &t);
+    }
+    if (st == FS_OK) st = flush(e);
+    const float *src = full ? full : tmp;
+    for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) {
+        const fs_shard_piece *pc = &p->pieces[pi];
+        memcpy(fs_weights_unit(w, pc->unit) + pc->unit_offset, src + pc->full_offset,
+               (size_t)pc->numel * sizeof(float));
+    }
+    fs_mem_release(e->mem, tmp);
+    return st;
+}
+
+const float *fs_engine_master(const fs_engine *e) { return e->master; }
+
+fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t bytes, void *all) {
+    uint64_t t;
+    fs_comm_op op = fs_comm_op_all_gather(mine, all, bytes, FS_DTYPE_BYTES);
+    FS_TRY(fs_comm_worker_enqueue(e->worker, &op, &t));
+    return wait_ticket(e, t);
+}
