@@ -70,9 +70,9 @@ LDFLAGS  := $(SANFLAGS) -pthread
 LDLIBS   := -lopenblas -lcjson -lm
 
 # ---- MPI, part 2: compile and link flags --------------------------------------------------
-# FS_HAVE_MPI tells src/comm/mpi.c whether to build the backend. The MPI test program
-# (tests/mpi/test_comm_mpi.c) is built to $(BUILD)/mpi_tests/, outside $(BUILD)/tests/, because
-# it runs under mpirun (tests/cli/test_comm_mpi.sh does that), not directly.
+# FS_HAVE_MPI tells src/comm/mpi.c whether to build the backend. The MPI test programs
+# (tests/mpi/test_*.c) are built to $(BUILD)/mpi_tests/, outside $(BUILD)/tests/, because
+# they run under mpirun (the scripts tests/cli/test_*_mpi.sh do that), not directly.
 ifeq ($(MPI),openmpi)
 MPI_CPPFLAGS := $(shell mpicc --showme:compile 2>/dev/null) -DFS_HAVE_MPI=1
 MPI_LDLIBS   := $(shell mpicc --showme:link 2>/dev/null)
@@ -89,7 +89,7 @@ ifneq ($(MPI),none)
 ifeq ($(filter -DFS_HAVE_MPI=1,$(MPI_CPPFLAGS)),$(strip $(MPI_CPPFLAGS)))
 $(error MPI=$(MPI): the MPI compiler wrapper gave no flags; install the MPI development package or build with MPI=none)
 endif
-MPI_TEST_BIN := $(BUILD)/mpi_tests/test_comm_mpi
+MPI_TEST_BIN := $(patsubst tests/mpi/%.c,$(BUILD)/mpi_tests/%,$(wildcard tests/mpi/test_*.c))
 endif
 CPPFLAGS += $(MPI_CPPFLAGS)
 LDLIBS   += $(MPI_LDLIBS)

@@ -42,11 +42,12 @@ demo)
     mapfile -t train_files < <(find "$corpus" -maxdepth 1 -type f ! -name '*.dat' ! -name wisdom | sort)
     build/flatshard tokenize -o data/fortunes-train.bin "${train_files[@]}"
     build/flatshard tokenize -o data/fortunes-wisdom.bin "$corpus/wisdom"
-    echo "== training the tiny Llama (3.3M parameters) on the fortunes corpus; the loss starts"
-    echo "   at ln(256) = 5.55 (a uniform guess over bytes) and falls as it learns English"
-    build/flatshard train --model tiny --data data/fortunes-train.bin --steps 600 --batch 16 \
-        --seq 128 --lr 2e-3 --warmup 30 --log-every 20 --metrics out/demo-metrics.jsonl \
-        --out out/tiny-fortunes.safetensors
+    echo "== training the tiny Llama (3.3M parameters) on the fortunes corpus, on 2 ranks with"
+    echo "   layer-wise sharding (yafsdp); the loss starts at ln(256) = 5.55 (a uniform guess"
+    echo "   over bytes) and falls as it learns English"
+    build/flatshard train --model tiny --data data/fortunes-train.bin --ranks 2 --strategy yafsdp \
+        --steps 600 --batch 8 --seq 128 --lr 2e-3 --warmup 30 --log-every 20 --memory \
+        --metrics out/demo-metrics.jsonl --out out/tiny-fortunes.safetensors
     echo "== loss on the held-out 'wisdom' fortunes"
     build/flatshard eval --weights out/tiny-fortunes.safetensors --data data/fortunes-wisdom.bin \
         --batch 8 --seq 128 --batches 16

@@ -129,11 +129,15 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             fflush(stdout);
         }
         if (run->metrics) {
+            fs_mem_stats ms = fs_mem_get_stats(mem);
             fprintf(run->metrics,
                     "{\"step\":%" PRId64 ",\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                     "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"comm_wait_time\":%.6f,"
-                    "\"tokens\":%" PRId64 "}\n",
+                    "\"tokens\":%" PRId64 ",\"peak_bytes\":{",
                     s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s, s.tokens);
+            for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
+                fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
+            fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
             fflush(run->metrics);
         }
     }
@@ -236,7 +240,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
         {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
-        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time, comm_wait_time, tokens)", NULL, 0, 0},
+        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time, comm_wait_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
         {"log-every", 0, FS_OPT_INT, &run.log_every, "N", "print a progress line every N steps (and the first and last)", NULL, 1, INT64_MAX},
         {"out", 'o', FS_OPT_STRING, &run.out_path, "FILE", "where to save the weights at the end (safetensors)", NULL, 0, 0},
         {"no-save", 0, FS_OPT_FLAG, &run.no_save, NULL, "do not save the weights", NULL, 0, 0},

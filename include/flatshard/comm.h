@@ -199,6 +199,8 @@ fs_comm_backend fs_comm_backend_kind(const fs_comm *comm);
 /* One line about the backend, e.g. "inproc" or "mpi: Open MPI v4.1.4, MPI_THREAD_MULTIPLE". */
 const char *fs_comm_describe(const fs_comm *comm);
 fs_comm_config fs_comm_get_config(const fs_comm *comm);
+/* The accounting allocator the communicator charges (the rank's, when it was given). */
+fs_mem *fs_comm_mem(const fs_comm *comm);
 
 /* Per-communicator settings. Every rank must set the same values (the debug check itself
  * cannot catch a rank that skips it). */

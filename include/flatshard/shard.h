@@ -119,12 +119,13 @@ typedef struct fs_plan {
 } fs_plan;
 
 /* Computes the plan. Errors (FS_ERR_USAGE) name the problem: a world size larger than some
- * unit can be split over (its last rank would hold only padding), a rank out of range, more
- * checkpointed layers than blocks. On error nothing is left allocated. */
+ * piece can be split over (more ranks than the piece has FS_SHARD_ALIGN-element blocks), a
+ * rank out of range, more checkpointed layers than blocks. On error nothing is left
+ * allocated. */
 fs_status fs_plan_init(fs_plan *out, const fs_layout *layout, fs_plan_config cfg);
 void fs_plan_free(fs_plan *plan); /* idempotent */
 
-/* The largest world size every unit can be split over (see fs_plan_init). */
+/* The largest world size every piece can be split over (see fs_plan_init). */
 int fs_plan_max_world(const fs_layout *layout, fs_strategy strategy);
 
 /* Which arrays a strategy keeps in full (1) or sharded (0). */

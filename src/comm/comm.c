@@ -115,6 +115,7 @@ void fs_comm_free(fs_comm *comm) {
 }
 
 int fs_comm_rank(const fs_comm *comm) { return comm->rank; }
+fs_mem *fs_comm_mem(const fs_comm *comm) { return comm->mem; }
 int fs_comm_world(const fs_comm *comm) { return comm->world; }
 fs_comm_backend fs_comm_backend_kind(const fs_comm *comm) { return comm->backend; }
 const char *fs_comm_describe(const fs_comm *comm) { return comm->describe; }

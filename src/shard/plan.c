@@ -60,11 +60,11 @@ static int shard_world(fs_strategy s, int world) { return s == FS_STRATEGY_DDP ?
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-/* Can a piece of n elements be split over w ranks with every rank holding a real element? */
-static int splits(int64_t n, int w) {
-    int64_t s = round_up(n, (int64_t)w * FS_SHARD_ALIGN) / w;
-    return (int64_t)(w - 1) * s < n;
-}
+/* Can a piece of n elements be split over w ranks? It is cut into blocks of FS_SHARD_ALIGN
+ * elements, padding the last: beyond one rank per block, ranks would hold nothing but
+ * padding. (Padding short of that is accepted: the last ranks of an awkward size may hold
+ * padding only in that piece, as the padding rule implies.) */
+static int splits(int64_t n, int w) { return w <= (n + FS_SHARD_ALIGN - 1) / FS_SHARD_ALIGN; }
 
 /* zero3-param shards per tensor, except the norm group, which every strategy gathers once
  * per step as one piece (DESIGN.md §1.5). */
@@ -98,9 +98,8 @@ int fs_plan_max_world(const fs_layout *layout, fs_strategy strategy) {
     if (strategy == FS_STRATEGY_DDP) return 1 << 20;
     min_piece_ctx c = {-1};
     for_each_piece(layout, strategy, min_piece, &c);
-    int w = 1;
-    while (w < (1 << 20) && splits(c.min, w + 1)) w++;
-    return w;
+    int64_t w = (c.min + FS_SHARD_ALIGN - 1) / FS_SHARD_ALIGN;
+    return w < (1 << 20) ? (int)w : 1 << 20;
 }
 
 typedef struct build_ctx {
@@ -270,7 +269,7 @@ fs_status fs_plan_init(fs_plan *pl, const fs_layout *layout, fs_plan_config cfg)
             char label[64];
             return fs_errorf(FS_ERR_USAGE,
                              "%d ranks: %s has %lld elements%s, too few to give every rank one of "
-                             "its %d-element blocks; use at most %d ranks",
+                             "its %d-element blocks; use at most %d ranks with this model",
                              cfg.world, unit_label(layout, u, label, sizeof label),
                              (long long)mc.min,
                              per_tensor(layout, cfg.strategy, u) ? " in its smallest tensor" : "",

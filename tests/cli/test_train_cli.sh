@@ -65,7 +65,33 @@ run "generate again with the same seed" 0 "$FS" generate --weights "$WORK/model/
 expect "generation is reproducible from the seed" cmp -s "$WORK/out" "$WORK/gen1"
 run "train directly on a text file" 0 "$FS" train --data "$CORPUS_DIR/fortunes" --steps 2 --batch 2 --seq 32 --no-save
 
+# --- several ranks: in process and under mpirun train the same model as one rank
+common=(--model tiny --data "$WORK/fortunes.bin" --steps 3 --seq 32 --log-every 1 --no-save --threads 1)
+run "train on 1 rank, batch 4" 0 "$FS" train "${common[@]}" --batch 4
+grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//' >"$WORK/one.txt"
+run "train on 2 in-process ranks, batch 2 each" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --memory
+grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//' >"$WORK/two.txt"
+cp "$WORK/out" "$WORK/two.out"
+expect "2 ranks print the losses and norms of 1 rank (to 4 decimals)" cmp -s "$WORK/one.txt" "$WORK/two.txt"
+expect "--memory prints every category for both ranks, plan beside measured" \
+    grep -qE '^  master +[0-9.]+ / [0-9.]+ \([0-9.]+\) +[0-9.]+ / [0-9.]+' "$WORK/two.out"
+expect "--memory reports that steps 2-3 allocated nothing" grep -qE 'rank 1: ([0-9]+) allocations after step 1, \1 after step 3' "$WORK/two.out"
+if command -v mpirun >/dev/null 2>&1; then
+    run "train under mpirun -np 2" 0 timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+        "$FS" train "${common[@]}" --batch 2 --strategy zero3-param
+    grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//' >"$WORK/mpi.txt"
+    expect "mpirun -np 2 (zero3-param) prints the losses of 1 rank" cmp -s "$WORK/one.txt" "$WORK/mpi.txt"
+    expect "mpirun: only rank 0 prints" [ "$(grep -c '^step' "$WORK/out")" -eq 3 ]
+    # mpirun adds its own report of the failed process: check flatshard's line and the code
+    run "--ranks under mpirun exits 2" 2 timeout 60 mpirun --allow-run-as-root -np 1 "$FS" train "${common[@]}" --ranks 2
+    expect "--ranks under mpirun is named" grep -q "^flatshard train: --ranks 2 under an MPI launcher" "$WORK/err"
+fi
+
 # --- bad input: one line, exit 2 for usage errors, 1 for runtime errors
+refuse "more ranks than the model can be split over" 2 "use at most [0-9]+ ranks" "$FS" train --data "$WORK/fortunes.bin" --ranks 200 --no-save
+refuse "unknown strategy" 2 "'fsdp' is not one of: ddp, zero1, zero2, zero3-param, yafsdp" "$FS" train --data x --strategy fsdp
+refuse "a plan over --max-mem" 2 "more than --max-mem" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
+refuse "--ckpt-layers beyond the model" 2 "--ckpt-layers 9" "$FS" train --data "$WORK/fortunes.bin" --ckpt-layers 9 --no-save
 refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench/strategies.sh — every strategy and precision of flatshard train on W ranks of one
+# machine, side by side in one run: tokens/s, per-rank peak memory by category, and how much
+# communication the schedule hides.
+#
+#   bench/strategies.sh [DATA]        (default DATA: the fortunes corpus, tokenized)
+#   MODEL=small W=2 BATCH=4 SEQ=256 STEPS=4 bench/strategies.sh
+#
+# Definitions (printed with the table):
+#   step time        median over the measured steps (all but the first) of rank 0's step
+#   compute-only     the same per-rank work on ONE rank (--ranks 1, same --batch and threads):
+#                    no peer to talk to, every collective a local copy
+#   exposed comm     step time - compute-only step time
+#   comm total       step time with --overlap off - compute-only step time
+#   hidden           1 - exposed / total: the share of communication the overlap hides
+# Each rank gets one compute thread (W ranks on W cores). OPENBLAS_CORETYPE and
+# OPENBLAS_L2_SIZE are unset so OpenBLAS picks its best core for this CPU (printed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FS=${FS:-build/flatshard}
+MODEL=${MODEL:-small}
+W=${W:-2}
+BATCH=${BATCH:-4}
+SEQ=${SEQ:-256}
+STEPS=${STEPS:-4}
+DATA=${1:-data/fortunes-train.bin}
+OUT=${OUT:-out/bench-strategies}
+if [ ! -f "$DATA" ]; then
+    mkdir -p "$(dirname "$DATA")"
+    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
+    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
+fi
+mkdir -p "$OUT"
+rm -f "$OUT"/*.jsonl
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+
+run() { # NAME ARGS... — one training run, its metrics in $OUT/NAME.jsonl
+    local name=$1; shift
+    "$FS" train --model "$MODEL" --data "$DATA" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
+        --threads 1 --no-save --log-every 1000 --metrics "$OUT/$name.jsonl" "$@" >"$OUT/$name.log"
+}
+
+for p in fp32 bf16; do
+    run "compute-$p" --ranks 1 --precision "$p"
+    for s in ddp zero1 zero2 zero3-param yafsdp; do
+        run "$s-$p" --ranks "$W" --strategy "$s" --precision "$p"
+        run "$s-$p-nooverlap" --ranks "$W" --strategy "$s" --precision "$p" --overlap off
+    done
+done
+grep -m1 -o 'OpenBLAS core [A-Za-z0-9]*' "$OUT/compute-fp32.log" || true
+
+python3 - "$OUT" "$MODEL" "$W" "$BATCH" "$SEQ" "$STEPS" <<'PY'
+import json, statistics, sys
+out, model, W, B, T, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+def load(name):
+    rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
+    measured = rows[1:] if len(rows) > 1 else rows
+    return {"step": statistics.median(r["step_time"] for r in measured),
+            "wait": statistics.median(r["comm_wait_time"] for r in measured),
+            "tps": statistics.median(r["tokens_per_s"] for r in measured),
+            "loss": rows[-1]["loss"], "peak": rows[-1]["peak_bytes"]}
+mib = lambda b: b / 1048576
+print(f"\n{model}, {W} ranks x 1 thread, batch {B} x seq {T} per rank, {steps} steps (median of steps 2..{steps})\n")
+print("| strategy | precision | tokens/s | step s | compute-only s | exposed comm s | comm total s (overlap off) | hidden | rank 0 waited s | final loss |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for p in ("fp32", "bf16"):
+    c = load(f"compute-{p}")
+    for s in ("ddp", "zero1", "zero2", "zero3-param", "yafsdp"):
+        r, n = load(f"{s}-{p}"), load(f"{s}-{p}-nooverlap")
+        exposed, total = r["step"] - c["step"], n["step"] - c["step"]
+        hidden = f"{100 * (1 - exposed / total):.0f}%" if total > 0.01 * c["step"] else "n/a"
+        print(f"| {s} | {p} | {r['tps']:.0f} | {r['step']:.3f} | {c['step']:.3f} | {exposed:.3f} | {total:.3f} | {hidden} | {r['wait']:.3f} | {r['loss']:.4f} |")
+cats = ["master", "grads", "optimizer", "compute_shard", "weight_buf", "grad_buf", "activations", "comm", "other", "total"]
+print("\nPeak memory of rank 0 per category, MiB (measured by the accounting allocator; `--memory` prints the plan beside it)\n")
+print("| strategy | precision | " + " | ".join(cats) + " |")
+print("|---|---|" + "---|" * len(cats))
+for p in ("fp32", "bf16"):
+    for s in ("ddp", "zero1", "zero2", "zero3-param", "yafsdp"):
+        pk = load(f"{s}-{p}")["peak"]
+        print(f"| {s} | {p} | " + " | ".join(f"{mib(pk[k]):.1f}" for k in cats) + " |")
+PY
