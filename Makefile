@@ -67,7 +67,7 @@ CPPFLAGS := -Iinclude -D_POSIX_C_SOURCE=200809L
 # call it explicitly.
 CFLAGS   := -std=c11 -ffp-contract=off $(OPT) $(WARN) $(SANFLAGS) -pthread -MMD -MP
 LDFLAGS  := $(SANFLAGS) -pthread
-LDLIBS   := -lopenblas -lcjson -lm
+LDLIBS   := -lopenblas -lcjson -lz -lm
 
 # ---- MPI, part 2: compile and link flags --------------------------------------------------
 # FS_HAVE_MPI tells src/comm/mpi.c whether to build the backend. The MPI test programs

@@ -3,6 +3,8 @@
  */
 #include "common.h"
 
+#include "flatshard/source.h"
+
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -62,14 +64,15 @@ fs_status fs_cli_prepare_output_path(const char *path) {
 
 fs_status fs_cli_model_load(fs_cli_model *m, const char *model_spec, const char *weights_path) {
     memset(m, 0, sizeof *m);
-    fs_llama_config cfg;
-    if (model_spec) FS_TRY(fs_llama_config_load(model_spec, &cfg));
-    else FS_TRY(fs_safetensors_read_config(weights_path, &cfg));
-    FS_TRY(fs_layout_init(&m->layout, &cfg, 0));
-    fs_status st = fs_mem_init(&m->mem, 0);
-    if (st == FS_OK)
-        st = fs_weights_init(&m->weights, &m->layout, m->mem, FS_MEM_MASTER, "weights");
-    if (st == FS_OK) st = fs_weights_load_safetensors(&m->weights, weights_path);
+    fs_source *src = NULL;
+    FS_TRY(fs_source_open(&src, weights_path));
+    fs_llama_config cfg = *fs_source_config(src);
+    fs_status st = model_spec ? fs_llama_config_load(model_spec, &cfg) : FS_OK;
+    if (st == FS_OK) st = fs_layout_init(&m->layout, &cfg, 0);
+    if (st == FS_OK) st = fs_mem_init(&m->mem, 0);
+    if (st == FS_OK) st = fs_weights_init(&m->weights, &m->layout, m->mem, FS_MEM_MASTER, "weights");
+    if (st == FS_OK) st = fs_weights_load(&m->weights, src);
+    fs_source_close(src);
     if (st != FS_OK) fs_cli_model_free(m);
     return st;
 }

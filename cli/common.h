@@ -19,8 +19,9 @@ void fs_cli_print_profile(FILE *f, const fs_profile *p);
 /* Creates the parent directory of path if needed and checks that path can be written. */
 fs_status fs_cli_prepare_output_path(const char *path);
 
-/* A model ready for inference: config from model_spec, or from the weights file's metadata
- * when model_spec is NULL; the layout with the vocabulary in one chunk; the weights loaded. */
+/* A model ready for inference, from any model source (source.h: a safetensors file, a
+ * Hugging Face directory, a checkpoint): its config (or model_spec's, when given), the layout
+ * with the vocabulary in one chunk, the weights loaded. */
 typedef struct fs_cli_model {
     fs_layout layout;
     fs_mem *mem;

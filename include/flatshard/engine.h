@@ -114,6 +114,28 @@ fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w);
  * strategies return their full copy. */
 const float *fs_engine_master(const fs_engine *e);
 
+/* ------------------------------------------------------------------ state, for checkpoints */
+
+/* A run of one tensor piece's elements and where this rank keeps their persistent state. */
+typedef struct fs_state_slice {
+    int tensor;                /* in the engine's layout */
+    int64_t begin, end;        /* elements of the tensor piece */
+    float *master, *m, *v;     /* (end - begin) each */
+} fs_state_slice;
+
+/* This rank's state slices, in shard order. owned = 1: the slices the rank answers for in a
+ * checkpoint (its shard; for ddp, rank 0 everything and the others nothing); owned = 0: all
+ * the slices it holds and must fill when loading (ddp: everything). Returns the count and
+ * writes at most max of them. */
+int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max);
+
+/* The plan the engine runs (layout, world, rank, strategy, precision). */
+const fs_plan *fs_engine_plan(const fs_engine *e);
+
+/* After the master weights (and moments) were filled from outside: refresh the bf16 copy and
+ * the replicated weights (collective for zero1/zero2). */
+fs_status fs_engine_state_loaded(fs_engine *e);
+
 /* Collective, between steps: all[r * bytes .. (r+1) * bytes) = rank r's `mine`, on every
  * rank (reports, such as every rank's memory, that rank 0 prints). */
 fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t bytes, void *all);

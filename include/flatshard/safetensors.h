@@ -93,4 +93,16 @@ typedef struct fs_st_entry {
 fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,
                                const char *const *metadata);
 
+/* The same, streaming: open writes the header from the entries' names, dtypes and shapes
+ * (their pieces are ignored), then the data is written in entry order with any number of
+ * write calls, and close checks that exactly the announced bytes came, fsyncs and renames
+ * into place. abort (or any failed call) removes the temporary file. Nothing needs the whole
+ * model in memory. */
+typedef struct fs_st_writer fs_st_writer;
+fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_entry *entries,
+                            int n_entries, const char *const *metadata);
+fs_status fs_st_writer_write(fs_st_writer *w, const void *data, size_t bytes);
+fs_status fs_st_writer_close(fs_st_writer *w); /* frees w, also on error */
+void fs_st_writer_abort(fs_st_writer *w);      /* NULL is a no-op */
+
 #endif /* FLATSHARD_SAFETENSORS_H */

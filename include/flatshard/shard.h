@@ -128,6 +128,12 @@ void fs_plan_free(fs_plan *plan); /* idempotent */
 /* The largest world size every piece can be split over (see fs_plan_init). */
 int fs_plan_max_world(const fs_layout *layout, fs_strategy strategy);
 
+/* 1 when the rank is alone and the strategy gathers and reduces per unit (yafsdp, zero2):
+ * there is nothing to communicate, so units are read and their gradients written in place,
+ * in the shard arrays, without ring buffers or copies. (zero3-param keeps its per-use
+ * buffers: it is the baseline, measured as it is.) */
+int fs_plan_in_place(const fs_plan *plan);
+
 /* Which arrays a strategy keeps in full (1) or sharded (0). */
 int fs_strategy_full_weights(fs_strategy s); /* ddp, zero1, zero2 */
 int fs_strategy_full_grads(fs_strategy s);   /* ddp, zero1 */

@@ -13,7 +13,7 @@
  * dtype F32, and puts its config.json text in the header's __metadata__ under
  * "flatshard_config", so a weights file is self-describing.
  *
- * What it does not do (yet): sharded checkpoints, bf16 files, optimizer state.
+ * Sharded checkpoints with optimizer state are ckpt.h's; reading model files, source.h's.
  */
 #ifndef FLATSHARD_WEIGHTS_H
 #define FLATSHARD_WEIGHTS_H
@@ -47,14 +47,6 @@ void fs_weights_init_random(fs_weights *w, uint64_t seed);
  * fsynced, then renamed over path: an existing file is replaced whole or not at all. */
 fs_status fs_weights_save_safetensors(const fs_weights *w, const char *path);
 
-/* Reads the config stored in a flatshard safetensors file's metadata. FS_ERR_FORMAT if the
- * file has none (a file from elsewhere: give the config explicitly). */
-fs_status fs_safetensors_read_config(const char *path, fs_llama_config *out);
-
-/* Loads every tensor of w's layout from a safetensors file. Every tensor must be present
- * with dtype F32 and its Hugging Face shape; names the file does not need are refused by
- * name, except rotary inv_freq buffers (derived data some exporters include). Errors name
- * the file and the tensor; on error w's contents are unspecified. */
-fs_status fs_weights_load_safetensors(fs_weights *w, const char *path);
+/* Loading: fs_weights_load (source.h) reads any model file into fs_weights. */
 
 #endif /* FLATSHARD_WEIGHTS_H */

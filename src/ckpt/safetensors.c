@@ -304,8 +304,15 @@ static void fsync_parent(const char *path) {
     close(fd);
 }
 
-fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,
-                               const char *const *metadata) {
+struct fs_st_writer {
+    char path[4096], tmp[4096];
+    FILE *f;
+    uint64_t expected, written; /* data bytes */
+};
+
+fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_entry *entries,
+                            int n_entries, const char *const *metadata) {
+    *out = NULL;
     text_buf hb = {0};
     tb_printf(&hb, "{");
     int first = 1;
@@ -323,15 +330,8 @@ fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int
     uint64_t offset = 0;
     for (int i = 0; i < n_entries; i++) {
         const fs_st_entry *e = &entries[i];
-        uint64_t numel = 1, bytes = 0;
-        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
-        for (int p = 0; p < e->n_pieces; p++) bytes += e->piece_bytes[p];
-        if (bytes != numel * fs_st_dtype_bytes(e->dtype)) {
-            free(hb.p);
-            return fs_errorf(FS_ERR_INTERNAL, "%s: tensor '%s' has %llu bytes for its shape's %llu",
-                             path, e->name, (unsigned long long)bytes,
-                             (unsigned long long)(numel * fs_st_dtype_bytes(e->dtype)));
-        }
+        uint64_t bytes = fs_st_dtype_bytes(e->dtype);
+        for (int d = 0; d < e->ndim; d++) bytes *= (uint64_t)e->shape[d];
         tb_printf(&hb, "%s", first ? "" : ",");
         first = 0;
         tb_json_string(&hb, e->name);
@@ -348,42 +348,100 @@ fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int
         free(hb.p);
         return fs_errorf(FS_ERR_NOMEM, "%s: out of memory building the header", path);
     }
-
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    fs_st_writer *w = calloc(1, sizeof *w);
+    if (!w) {
         free(hb.p);
+        return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
+    }
+    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path ||
+        snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path) >= (int)sizeof w->tmp) {
+        free(hb.p);
+        free(w);
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
+    w->expected = offset;
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f) {
         int e = errno;
         free(hb.p);
-        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(e));
+        free(w);
+        return fs_errorf(FS_ERR_IO, "%s.tmp: cannot create: %s", path, strerror(e));
     }
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
-    int ok = fwrite(len_le, 1, 8, f) == 8 && fwrite(hb.p, 1, hb.len, f) == hb.len;
+    int ok = fwrite(len_le, 1, 8, w->f) == 8 && fwrite(hb.p, 1, hb.len, w->f) == hb.len;
     free(hb.p);
-    for (int i = 0; ok && i < n_entries; i++)
-        for (int p = 0; ok && p < entries[i].n_pieces; p++)
-            ok = fwrite(entries[i].pieces[p], 1, entries[i].piece_bytes[p], f) ==
-                 entries[i].piece_bytes[p];
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int saved_errno = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        saved_errno = errno;
-    }
     if (!ok) {
-        unlink(tmp);
-        return fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(saved_errno));
+        fs_status st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+        fs_st_writer_abort(w);
+        return st;
     }
-    if (rename(tmp, path) != 0) {
-        saved_errno = errno;
-        unlink(tmp);
-        return fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", path,
-                         strerror(saved_errno));
-    }
-    fsync_parent(path);
+    *out = w;
     return FS_OK;
+}
+
+fs_status fs_st_writer_write(fs_st_writer *w, const void *data, size_t bytes) {
+    if (bytes > w->expected - w->written)
+        return fs_errorf(FS_ERR_INTERNAL, "%s: more data than the header announced", w->path);
+    if (fwrite(data, 1, bytes, w->f) != bytes)
+        return fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    w->written += bytes;
+    return FS_OK;
+}
+
+fs_status fs_st_writer_close(fs_st_writer *w) {
+    fs_status st = FS_OK;
+    if (w->written != w->expected)
+        st = fs_errorf(FS_ERR_INTERNAL, "%s: %llu data bytes written of %llu", w->path,
+                       (unsigned long long)w->written, (unsigned long long)w->expected);
+    else if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
+        st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (st != FS_OK) {
+        fs_st_writer_abort(w);
+        return st;
+    }
+    int rc = fclose(w->f);
+    w->f = NULL;
+    if (rc != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    else if (rename(w->tmp, w->path) != 0)
+        st = fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", w->path, strerror(errno));
+    if (st != FS_OK) {
+        fs_st_writer_abort(w);
+        return st;
+    }
+    fsync_parent(w->path);
+    free(w);
+    return FS_OK;
+}
+
+void fs_st_writer_abort(fs_st_writer *w) {
+    if (!w) return;
+    if (w->f) fclose(w->f);
+    unlink(w->tmp);
+    free(w);
+}
+
+fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,
+                               const char *const *metadata) {
+    for (int i = 0; i < n_entries; i++) {
+        const fs_st_entry *e = &entries[i];
+        uint64_t numel = 1, bytes = 0;
+        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+        for (int p = 0; p < e->n_pieces; p++) bytes += e->piece_bytes[p];
+        if (bytes != numel * fs_st_dtype_bytes(e->dtype))
+            return fs_errorf(FS_ERR_INTERNAL, "%s: tensor '%s' has %llu bytes for its shape's %llu",
+                             path, e->name, (unsigned long long)bytes,
+                             (unsigned long long)(numel * fs_st_dtype_bytes(e->dtype)));
+    }
+    fs_st_writer *w = NULL;
+    FS_TRY(fs_st_writer_open(&w, path, entries, n_entries, metadata));
+    for (int i = 0; i < n_entries; i++)
+        for (int p = 0; p < entries[i].n_pieces; p++) {
+            fs_status st = fs_st_writer_write(w, entries[i].pieces[p], entries[i].piece_bytes[p]);
+            if (st != FS_OK) {
+                fs_st_writer_abort(w);
+                return st;
+            }
+        }
+    return fs_st_writer_close(w);
 }

@@ -2,9 +2,8 @@
  * weights.c — one process's full copy of the units, and its safetensors file.
  *
  * A whole tensor may be held in pieces (vocabulary chunks in several units); the file holds
- * whole tensors with their Hugging Face names and shapes, so pieces are written back to back
- * and read back by row offset. File-level validation is safetensors.c's; here each tensor is
- * checked against the model: present, F32, the right shape, and no name the model lacks.
+ * whole tensors with their Hugging Face names and shapes, so pieces are written back to back.
+ * Reading any model file is source.c's (fs_weights_load).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,68 +101,5 @@ fs_status fs_weights_save_safetensors(const fs_weights *w, const char *path) {
     free(entries);
     free(pieces);
     free(piece_bytes);
-    return st;
-}
-
-/* ------------------------------------------------------------------ reading */
-
-fs_status fs_safetensors_read_config(const char *path, fs_llama_config *out) {
-    fs_safetensors s;
-    FS_TRY(fs_safetensors_open(&s, path));
-    const char *cfg = fs_safetensors_metadata(&s, "flatshard_config");
-    fs_status st;
-    if (!cfg) {
-        st = fs_errorf(FS_ERR_FORMAT,
-                       "%s: no flatshard_config in the metadata; give the model with --model",
-                       path);
-    } else {
-        char origin[600];
-        snprintf(origin, sizeof origin, "%s (metadata flatshard_config)", path);
-        st = fs_llama_config_from_json(cfg, strlen(cfg), origin, out);
-    }
-    fs_safetensors_close(&s);
-    return st;
-}
-
-/* Derived buffers some exporters include; they are not parameters. */
-static int is_ignored_name(const char *name) {
-    const char *suffix = "rotary_emb.inv_freq";
-    size_t n = strlen(name), k = strlen(suffix);
-    return n >= k && strcmp(name + n - k, suffix) == 0;
-}
-
-fs_status fs_weights_load_safetensors(fs_weights *w, const char *path) {
-    const fs_layout *l = w->layout;
-    fs_safetensors s;
-    FS_TRY(fs_safetensors_open(&s, path));
-    fs_status st = FS_OK;
-    for (int i = 0; i < s.n_tensors && st == FS_OK; i++)
-        if (!is_ignored_name(s.tensors[i].name) && fs_layout_find_tensor(l, s.tensors[i].name, 0) < 0)
-            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is not part of this model", path,
-                           s.tensors[i].name);
-    for (int ti = 0; ti < l->n_tensors && st == FS_OK; ti++) {
-        const fs_tensor_info *p = &l->tensors[ti];
-        const fs_st_tensor *t = fs_safetensors_find(&s, p->name);
-        int64_t rows = p->ndim == 1 ? p->numel : p->full_rows;
-        if (!t) {
-            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is missing", path, p->name);
-        } else if (t->dtype != FS_ST_F32) {
-            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; only F32 is supported",
-                           path, p->name, fs_st_dtype_name(t->dtype));
-        } else if (t->ndim != p->ndim || t->shape[0] != rows ||
-                   (p->ndim == 2 && t->shape[1] != p->shape[1])) {
-            if (p->ndim == 1)
-                st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' must have shape [%lld]", path,
-                               p->name, (long long)rows);
-            else
-                st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' must have shape [%lld, %lld]",
-                               path, p->name, (long long)rows, (long long)p->shape[1]);
-        } else {
-            uint64_t offset = (uint64_t)(p->row0 * p->shape[1]) * sizeof(float);
-            st = fs_safetensors_read(&s, t, offset, fs_weights_unit(w, p->unit) + p->offset,
-                                     (size_t)p->numel * sizeof(float));
-        }
-    }
-    fs_safetensors_close(&s);
     return st;
 }

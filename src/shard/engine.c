@@ -65,6 +65,7 @@ struct fs_engine {
     fs_strategy strategy;
     int world, rank, bf16;
     int full_master;      /* master is the full fp32 layout */
+    int in_place;         /* a rank alone (fs_plan_in_place): no ring, no copies */
     fs_dtype cdtype;      /* the dtype weights travel in */
     size_t csize;
 
@@ -188,6 +189,11 @@ static fs_status z3_drop(fs_engine *e, int k) {
 static fs_status acquire_weights(fs_engine *e, int op, int next, const float **out) {
     const int u = op_unit(e, op), b = op % 2;
     const int64_t numel = e->layout->units[u].numel;
+    if (e->in_place && e->strategy == FS_STRATEGY_YAFSDP) { /* the shard is the whole unit */
+        int64_t at = e->plan->units[u].shard_offset;
+        *out = e->bf16 ? as_fp32(e, e->compute + at, numel, e->wide) : e->master + at;
+        return FS_OK;
+    }
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
         FS_TRY(ring_load(e, b, u));
@@ -292,6 +298,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     e->rank = plan->cfg.rank;
     e->bf16 = plan->cfg.precision == FS_PRECISION_BF16;
     e->full_master = s == FS_STRATEGY_DDP || (fs_strategy_full_weights(s) && !e->bf16);
+    e->in_place = fs_plan_in_place(plan);
     e->cdtype = e->bf16 ? FS_DTYPE_BF16 : FS_DTYPE_FP32;
     e->csize = e->bf16 ? 2 : 4;
     e->ring_unit[0] = e->ring_unit[1] = -1;
@@ -314,16 +321,18 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     if (e->bf16)
         ALLOC(FS_MEM_COMPUTE_SHARD, (fs_strategy_full_weights(s) ? F : S) * 2, "bf16 weights",
               &e->compute);
-    if (s == FS_STRATEGY_YAFSDP)
+    if (s == FS_STRATEGY_YAFSDP && !e->in_place)
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_WEIGHT_BUF, R * e->csize, "weight ring buffer", &e->ring[b]);
-    if (!fs_strategy_full_weights(s)) ALLOC(FS_MEM_WEIGHT_BUF, Nn * e->csize, "norm group weights", &e->norm_buf);
+    if (!fs_strategy_full_weights(s) && !e->in_place)
+        ALLOC(FS_MEM_WEIGHT_BUF, Nn * e->csize, "norm group weights", &e->norm_buf);
     if (e->bf16) {
         ALLOC(FS_MEM_WEIGHT_BUF, R * f4, "fp32 unit weights", &e->wide);
         ALLOC(FS_MEM_WEIGHT_BUF, Nn * f4, "fp32 norm weights", &e->norm32);
     }
-    if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2)
+    if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !e->in_place)
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
-    if (!fs_strategy_full_grads(s)) ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
+    if (!fs_strategy_full_grads(s) && !e->in_place)
+        ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
     ALLOC(FS_MEM_OTHER, 2 * (size_t)e->world * sizeof(double), "loss and norm exchange", &e->exchange);
     ALLOC(FS_MEM_OTHER, (size_t)l->n_units, "gradient flags", &e->grad_written);
     ALLOC(FS_MEM_OTHER, (size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
@@ -386,10 +395,9 @@ fs_status fs_engine_begin_step(fs_engine *e, int n_micro) {
     e->wait_s = 0;
     memset(e->grad_written, 0, (size_t)l->n_units);
     /* the norm group's gradient is accumulated by every op of the step: start from zero */
-    if (e->norm_grads) memset(e->norm_grads, 0, (size_t)nu->full_numel * sizeof(float));
-    else memset(e->grads_full + nu->full_offset, 0, (size_t)nu->full_numel * sizeof(float));
+    memset(fs_engine_norm_grads(e), 0, (size_t)nu->full_numel * sizeof(float));
     e->norm_ready = 0;
-    if (!fs_strategy_full_weights(e->strategy))
+    if (!fs_strategy_full_weights(e->strategy) && !e->in_place)
         FS_TRY(gather_unit(e, l->norm_unit, e->norm_buf, &e->norm_ticket));
     return FS_OK;
 }
@@ -404,8 +412,9 @@ void fs_engine_begin_micro(fs_engine *e, int k) {
 fs_status fs_engine_norm_weights(fs_engine *e, const float **out) {
     const fs_layout *l = e->layout;
     const int64_t n = l->units[l->norm_unit].numel;
-    const int64_t at = e->plan->units[l->norm_unit].full_offset;
-    if (fs_strategy_full_weights(e->strategy)) {
+    const int64_t at = e->in_place ? e->plan->units[l->norm_unit].shard_offset
+                                   : e->plan->units[l->norm_unit].full_offset;
+    if (fs_strategy_full_weights(e->strategy) || e->in_place) { /* the weights are all here */
         if (!e->bf16) {
             *out = e->master + at;
             return FS_OK;
@@ -423,8 +432,10 @@ fs_status fs_engine_norm_weights(fs_engine *e, const float **out) {
 }
 
 float *fs_engine_norm_grads(fs_engine *e) {
+    const fs_shard_unit *nu = &e->plan->units[e->layout->norm_unit];
     if (e->norm_grads) return e->norm_grads;
-    return e->grads_full + e->plan->units[e->layout->norm_unit].full_offset;
+    if (e->in_place) return e->grads_shard + nu->shard_offset;
+    return e->grads_full + nu->full_offset;
 }
 
 fs_status fs_engine_acquire_forward(fs_engine *e, int op, const float **weights) {
@@ -442,6 +453,11 @@ fs_status fs_engine_acquire_backward(fs_engine *e, int op, const float **weights
     const int u = op_unit(e, op), b = op % 2;
     FS_TRY(acquire_weights(e, op, op > 0 ? op - 1 : -1, weights));
     *accumulate = 0;
+    if (e->in_place) { /* straight into the gradient shard, which is the whole unit */
+        *grads = e->grads_shard + e->plan->units[u].shard_offset;
+        *accumulate = e->grad_written[u];
+        return FS_OK;
+    }
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2:
@@ -482,6 +498,7 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     const int64_t numel = e->layout->units[u].numel;
     const int acc = e->grad_written[u];
     e->grad_written[u] = 1;
+    if (e->in_place) return FS_OK; /* nothing to reduce */
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2: {
@@ -544,6 +561,7 @@ static fs_status reduce_rest(fs_engine *e) {
     const fs_layout *l = e->layout;
     const fs_shard_unit *nu = &p->units[l->norm_unit];
     uint64_t t;
+    if (e->in_place) return FS_OK;
     switch (e->strategy) {
     case FS_STRATEGY_DDP: {
         float *g = e->grads_full + nu->full_offset;
@@ -569,6 +587,15 @@ static fs_status reduce_rest(fs_engine *e) {
     }
 }
 
+/* Where a slice's master weights live: at its shard position, except for zero1/zero2 in
+ * fp32, which keep the master in the full layout (the rank's slice of every piece). */
+static int64_t master_position(const fs_engine *e, const fs_shard_slice *sl,
+                               const fs_shard_piece *pc) {
+    if (e->full_master && e->strategy != FS_STRATEGY_DDP)
+        return pc->full_offset + (int64_t)e->rank * pc->shard + (sl->shard_pos - pc->shard_offset);
+    return sl->shard_pos;
+}
+
 /* AdamW over the rank's tensor slices. */
 static void optimizer_step(fs_engine *e, double lr, int64_t step) {
     const fs_plan *p = e->plan;
@@ -580,11 +607,7 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step) {
         const fs_shard_piece *pc = &p->pieces[sl->piece];
         const fs_tensor_info *t = &l->tensors[sl->tensor];
         int64_t n = sl->end - sl->begin;
-        /* zero1/zero2 in fp32 keep the master in the full layout: the slice's place there */
-        int64_t param_at = e->full_master && e->strategy != FS_STRATEGY_DDP
-                               ? pc->full_offset + (int64_t)e->rank * pc->shard +
-                                     (sl->shard_pos - pc->shard_offset)
-                               : sl->shard_pos;
+        int64_t param_at = master_position(e, sl, pc);
         fs_adamw_params hp = {.lr = lr, .beta1 = e->cfg.adamw.beta1, .beta2 = e->cfg.adamw.beta2,
                               .eps = e->cfg.adamw.eps,
                               .weight_decay = t->weight_decay ? e->cfg.adamw.weight_decay : 0.0,
@@ -669,3 +692,28 @@ fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t byte
     FS_TRY(fs_comm_worker_enqueue(e->worker, &op, &t));
     return wait_ticket(e, t);
 }
+
+int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max) {
+    const fs_plan *p = e->plan;
+    if (owned && e->strategy == FS_STRATEGY_DDP && e->rank != 0) return 0;
+    int n = 0;
+    for (int i = 0; i < p->n_slices; i++) {
+        const fs_shard_slice *sl = &p->slices[i];
+        const fs_shard_piece *pc = &p->pieces[sl->piece];
+        int64_t param_at = master_position(e, sl, pc);
+        if (n < max)
+            out[n] = (fs_state_slice){.tensor = sl->tensor, .begin = sl->begin, .end = sl->end,
+                                      .master = e->master + param_at,
+                                      .m = e->adam_m + sl->shard_pos,
+                                      .v = e->adam_v + sl->shard_pos};
+        n++;
+    }
+    return n;
+}
+
+fs_status fs_engine_state_loaded(fs_engine *e) {
+    e->ring_unit[0] = e->ring_unit[1] = -1;
+    return refresh_weights(e);
+}
+
+const fs_plan *fs_engine_plan(const fs_engine *e) { return e->plan; }

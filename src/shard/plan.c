@@ -49,6 +49,11 @@ fs_status fs_precision_parse(const char *name, fs_precision *out) {
     return fs_errorf(FS_ERR_USAGE, "unknown precision '%s' (one of: fp32, bf16)", name);
 }
 
+int fs_plan_in_place(const fs_plan *plan) {
+    const fs_strategy s = plan->cfg.strategy;
+    return plan->cfg.world == 1 && (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
+}
+
 int fs_strategy_full_weights(fs_strategy s) {
     return s == FS_STRATEGY_DDP || s == FS_STRATEGY_ZERO1 || s == FS_STRATEGY_ZERO2;
 }
@@ -201,14 +206,16 @@ static void predict_bytes(fs_plan *pl) {
 
     /* weight buffers: the ring (yafsdp) and the gathered norm group (sharded strategies);
      * under bf16 one fp32 unit buffer and the fp32 norm group the kernels read */
+    /* (one rank alone works in place: no ring, see fs_plan_in_place) */
+    const int in_place = fs_plan_in_place(pl);
     size_t wb = 0, gb = 0;
-    if (s == FS_STRATEGY_YAFSDP) wb += 2 * R * c_bytes;
-    if (!fs_strategy_full_weights(s)) wb += Nn * c_bytes;
+    if (s == FS_STRATEGY_YAFSDP && !in_place) wb += 2 * R * c_bytes;
+    if (!fs_strategy_full_weights(s) && !in_place) wb += Nn * c_bytes;
     if (bf16) wb += R * f4 + Nn * f4;
     /* gradient buffers: zero2 and yafsdp reduce-scatter each unit through two of them; the
      * sharded strategies gather norm gradients in a full buffer */
-    if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) gb += 2 * R * f4;
-    if (!fs_strategy_full_grads(s)) gb += Nn * f4;
+    if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !in_place) gb += 2 * R * f4;
+    if (!fs_strategy_full_grads(s) && !in_place) gb += Nn * f4;
     pl->allocs_per_step = 0;
     if (s == FS_STRATEGY_ZERO3_PARAM) {
         /* Buffers allocated per use: at most two units' weights (the one computing and the

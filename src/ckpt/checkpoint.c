@@ -1,0 +1,851 @@
+/*
+ * checkpoint.c — saving and loading sharded checkpoints (contract in ckpt.h, byte-level
+ * format in docs/checkpoint.md).
+ *
+ * DESIGN. Saving is a sequence of agreements over the engine's ranks, so that every rank
+ * returns the same status and nobody waits forever for a rank that failed:
+ *   1. rank 0 prepares "<root>/step-N.tmp/" (removing leftovers of crashed saves); agree;
+ *   2. every rank writes its own file (fsynced, CRC-32 computed as written); agree, and
+ *      rank 0 learns every file's CRC and size;
+ *   3. rank 0 writes manifest.json (fsynced), fsyncs the directory, renames it to
+ *      "<root>/step-N", writes COMPLETE (the manifest's CRC-32, fsynced), fsyncs the root,
+ *      and deletes the oldest complete checkpoints beyond keep; agree.
+ * Rank 0 computes the other ranks' ranges from their plans (the plan is a pure function of
+ * the rank), so only fixed-size records cross the wire. Loading agrees once, after every
+ * rank has verified and read its part, before the engine's collective refresh.
+ *
+ * Files are read with pread at offsets computed from the manifest, straight into the shard
+ * arrays: no rank ever holds more of the model than its own shard.
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "flatshard/ckpt.h"
+
+#define MANIFEST "manifest.json"
+#define COMPLETE "COMPLETE"
+#define MAX_MANIFEST_BYTES ((size_t)64 << 20)
+#define IO_BLOCK ((size_t)4 << 20)
+
+uint32_t fs_crc32(uint32_t crc, const void *data, size_t n) {
+    return (uint32_t)crc32_z(crc, data, n);
+}
+
+static const char *const array_names[FS_CKPT_ARRAYS] = {"master", "adam_m", "adam_v"};
+
+/* ------------------------------------------------------------------ small helpers */
+
+/* dir/name into buf. Paths are bounded where they enter (a root or checkpoint path of at
+ * most FS_CKPT_MAX_PATH bytes, directory entries of at most 255), so this never truncates. */
+#define FS_CKPT_MAX_PATH 1000
+static void join(char *buf, size_t n, const char *dir, const char *name) {
+    int k = snprintf(buf, n, "%s/%s", dir, name);
+    FS_ASSERT(k >= 0 && (size_t)k < n);
+}
+
+/* FLATSHARD_FAULT=<name>:<step> injects a fault for tests: crash-in-save kills the process
+ * (SIGKILL) half way through writing its rank file; write-fail-in-save makes that write
+ * fail. */
+static int fault(const char *name, int64_t step) {
+    const char *f = getenv("FLATSHARD_FAULT");
+    size_t n = strlen(name);
+    return f && strncmp(f, name, n) == 0 && f[n] == ':' && strtoll(f + n + 1, NULL, 10) == step;
+}
+
+static void fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return; /* some filesystems refuse; rename and write are still ordered */
+    fsync(fd);
+    close(fd);
+}
+
+static fs_status remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? FS_OK : fs_errorf(FS_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
+    struct dirent *de;
+    char path[2048];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        join(path, sizeof path, dir, de->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    if (rmdir(dir) != 0) return fs_errorf(FS_ERR_IO, "%s: cannot remove: %s", dir, strerror(errno));
+    return FS_OK;
+}
+
+static fs_status write_all(int fd, const void *data, size_t n, const char *path, uint32_t *crc) {
+    const char *p = data;
+    *crc = fs_crc32(*crc, data, n);
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return fs_errorf(FS_ERR_IO, "%s: write failed: %s", path, w < 0 ? strerror(errno) : "no progress");
+        p += w;
+        n -= (size_t)w;
+    }
+    return FS_OK;
+}
+
+/* Writes a small text file whole, fsynced. */
+static fs_status write_text_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    uint32_t crc = 0;
+    fs_status st = write_all(fd, text, strlen(text), path, &crc);
+    if (st == FS_OK && fsync(fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+    if (close(fd) != 0 && st == FS_OK) st = fs_errorf(FS_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    return st;
+}
+
+/* Reads a whole small file into a NUL-terminated buffer. */
+static fs_status read_text_file(const char *path, size_t max, char **out, size_t *len) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(max + 1);
+    if (!buf) {
+        fclose(f);
+        return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, max + 1, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || n > max) {
+        free(buf);
+        return err ? fs_errorf(FS_ERR_IO, "%s: read error", path)
+                   : fs_errorf(FS_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return FS_OK;
+}
+
+/* Every rank learns every rank's status: a failure anywhere fails everywhere. A rank keeps
+ * its own message; the others name the rank that failed. */
+static fs_status agree(fs_engine *e, fs_status mine) {
+    const fs_plan *p = fs_engine_plan(e);
+    const int world = p->cfg.world;
+    char own[1024];
+    snprintf(own, sizeof own, "%s", fs_error_message());
+    int32_t st = (int32_t)mine, *all = calloc((size_t)world, sizeof *all);
+    if (!all) return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+    fs_status g = fs_engine_all_gather_bytes(e, &st, sizeof st, all);
+    fs_status result = g;
+    if (g == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own);
+    for (int r = 0; g == FS_OK && mine == FS_OK && r < world; r++)
+        if (all[r] != FS_OK) {
+            result = fs_errorf((fs_status)all[r], "rank %d could not complete the checkpoint (its own message says why)", r);
+            break;
+        }
+    free(all);
+    return result;
+}
+
+/* ------------------------------------------------------------------ ranges of a rank */
+
+/* The whole tensors of a layout, in layout order: their pieces' first (row0 = 0) entries. */
+static int whole_tensor_count(const fs_layout *l) {
+    int n = 0;
+    for (int t = 0; t < l->n_tensors; t++) n += l->tensors[t].row0 == 0;
+    return n;
+}
+
+static int whole_tensor_index(const fs_layout *l, const char *name) {
+    int n = 0;
+    for (int t = 0; t < l->n_tensors; t++) {
+        if (l->tensors[t].row0 != 0) continue;
+        if (strcmp(l->tensors[t].name, name) == 0) return n;
+        n++;
+    }
+    return -1;
+}
+
+/* First element of a tensor piece within its whole tensor. */
+static int64_t piece_origin(const fs_tensor_info *t) { return t->ndim == 1 ? 0 : t->row0 * t->shape[1]; }
+
+/* The ranges rank r of the plan's world answers for in a checkpoint (ddp: rank 0 all). */
+typedef struct owned_range {
+    int whole;          /* whole-tensor index */
+    int64_t begin, end; /* whole-tensor elements */
+} owned_range;
+
+static fs_status owned_ranges(const fs_plan *mine, int r, owned_range **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    const fs_layout *l = mine->layout;
+    if (mine->cfg.strategy == FS_STRATEGY_DDP && r != 0) return FS_OK;
+    fs_plan_config cfg = mine->cfg;
+    cfg.rank = mine->cfg.strategy == FS_STRATEGY_DDP ? 0 : r;
+    fs_plan p;
+    FS_TRY(fs_plan_init(&p, l, cfg));
+    owned_range *o = calloc((size_t)p.n_slices + 1, sizeof *o);
+    if (!o) {
+        fs_plan_free(&p);
+        return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    for (int i = 0; i < p.n_slices; i++) {
+        const fs_tensor_info *t = &l->tensors[p.slices[i].tensor];
+        o[i] = (owned_range){.whole = whole_tensor_index(l, t->name),
+                             .begin = piece_origin(t) + p.slices[i].begin,
+                             .end = piece_origin(t) + p.slices[i].end};
+    }
+    *n = p.n_slices;
+    *out = o;
+    fs_plan_free(&p);
+    return FS_OK;
+}
+
+/* ------------------------------------------------------------------ saving */
+
+typedef struct file_record {
+    int32_t status;
+    uint32_t crc32;
+    uint64_t bytes;
+    int64_t numel;
+} file_record;
+
+static void rank_file_name(char *buf, size_t n, int r, int world) {
+    snprintf(buf, n, "rank-%05d-of-%05d.bin", r, world);
+}
+
+/* Writes this rank's file: the master section, then m, then v, each its slices in order. */
+static fs_status write_rank_file(fs_engine *e, const char *dir, int64_t step, file_record *rec) {
+    const fs_plan *p = fs_engine_plan(e);
+    int n = fs_engine_state_slices(e, 1, NULL, 0);
+    fs_state_slice *sl = calloc((size_t)n + 1, sizeof *sl);
+    if (!sl) return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+    fs_engine_state_slices(e, 1, sl, n);
+    char name[64], path[2048];
+    rank_file_name(name, sizeof name, p->cfg.rank, p->cfg.world);
+    join(path, sizeof path, dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    fs_status st = fd < 0 ? fs_errorf(FS_ERR_IO, "%s: cannot create: %s", path, strerror(errno)) : FS_OK;
+    uint32_t crc = 0;
+    int64_t numel = 0;
+    for (int i = 0; i < n; i++) numel += sl[i].end - sl[i].begin;
+    for (int a = 0; a < FS_CKPT_ARRAYS && st == FS_OK; a++) {
+        if (a == 1 && fault("crash-in-save", step)) raise(SIGKILL);
+        if (a == 1 && fault("write-fail-in-save", step)) {
+            st = fs_errorf(FS_ERR_IO, "%s: write failed: injected fault", path);
+            break;
+        }
+        for (int i = 0; i < n && st == FS_OK; i++) {
+            const float *src = a == 0 ? sl[i].master : a == 1 ? sl[i].m : sl[i].v;
+            st = write_all(fd, src, (size_t)(sl[i].end - sl[i].begin) * sizeof(float), path, &crc);
+        }
+    }
+    if (st == FS_OK && fsync(fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && st == FS_OK)
+        st = fs_errorf(FS_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    free(sl);
+    *rec = (file_record){.status = (int32_t)st, .crc32 = crc,
+                         .bytes = (uint64_t)numel * FS_CKPT_ARRAYS * sizeof(float), .numel = numel};
+    return st;
+}
+
+typedef struct text {
+    char *p;
+    size_t len, cap;
+    int failed;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void tprintf(text *t, const char *fmt, ...) {
+    while (!t->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) t->failed = 1;
+        else if (t->p && (size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        } else {
+            size_t cap = 2 * t->cap + (size_t)n + 256;
+            char *q = realloc(t->p, cap);
+            if (!q) t->failed = 1;
+            else {
+                t->p = q;
+                t->cap = cap;
+            }
+        }
+    }
+}
+
+/* Builds manifest.json; every rank's ranges come from its plan. */
+static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const file_record *recs,
+                                text *t) {
+    const fs_plan *p = fs_engine_plan(e);
+    const fs_layout *l = p->layout;
+    char config[4096];
+    if (fs_llama_config_to_json(&l->cfg, config, sizeof config) < 0)
+        return fs_errorf(FS_ERR_INTERNAL, "checkpoint: config text too long");
+    tprintf(t, "{\n  \"format\": \"flatshard-checkpoint\",\n  \"version\": %d,\n", FS_CKPT_VERSION);
+    tprintf(t, "  \"step\": %" PRId64 ",\n  \"seed\": \"%" PRIu64 "\",\n", step, seed);
+    tprintf(t, "  \"world_size\": %d,\n  \"strategy\": \"%s\",\n  \"precision\": \"%s\",\n",
+            p->cfg.world, fs_strategy_name(p->cfg.strategy), fs_precision_name(p->cfg.precision));
+    tprintf(t, "  \"arrays\": [\"%s\", \"%s\", \"%s\"],\n", array_names[0], array_names[1], array_names[2]);
+    tprintf(t, "  \"config\": %s,\n  \"tensors\": [", config);
+    int first = 1;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const fs_tensor_info *ti = &l->tensors[i];
+        if (ti->row0 != 0) continue;
+        if (ti->ndim == 1)
+            tprintf(t, "%s\n    {\"name\": \"%s\", \"shape\": [%" PRId64 "]}", first ? "" : ",", ti->name, ti->numel);
+        else
+            tprintf(t, "%s\n    {\"name\": \"%s\", \"shape\": [%" PRId64 ", %" PRId64 "]}", first ? "" : ",",
+                    ti->name, ti->full_rows, ti->shape[1]);
+        first = 0;
+    }
+    tprintf(t, "\n  ],\n  \"files\": [");
+    for (int r = 0; r < p->cfg.world; r++) {
+        owned_range *o = NULL;
+        int n = 0;
+        FS_TRY(owned_ranges(p, r, &o, &n));
+        char name[64];
+        rank_file_name(name, sizeof name, r, p->cfg.world);
+        tprintf(t, "%s\n    {\"name\": \"%s\", \"bytes\": %" PRIu64 ", \"crc32\": %" PRIu32
+                   ", \"numel\": %" PRId64 ",\n     \"ranges\": [",
+                r ? "," : "", name, recs[r].bytes, recs[r].crc32, recs[r].numel);
+        for (int i = 0; i < n; i++)
+            tprintf(t, "%s[%d, %" PRId64 ", %" PRId64 "]", i ? ", " : "", o[i].whole, o[i].begin, o[i].end);
+        tprintf(t, "]}");
+        free(o);
+    }
+    tprintf(t, "\n  ]\n}\n");
+    return t->failed ? fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory") : FS_OK;
+}
+
+/* The complete step-N directories of root, newest first. */
+static fs_status list_complete(const char *root, int64_t **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(root);
+    if (!d) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
+    int cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long s;
+        char rest[8] = "";
+        if (sscanf(de->d_name, "step-%lld%7s", &s, rest) != 1 || s < 0) continue;
+        char marker[2048];
+        struct stat sb;
+        char sub[1300];
+        join(sub, sizeof sub, root, de->d_name);
+        join(marker, sizeof marker, sub, COMPLETE);
+        if (stat(marker, &sb) != 0) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *q = realloc(*steps, (size_t)cap * sizeof *q);
+            if (!q) {
+                closedir(d);
+                return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+            }
+            *steps = q;
+        }
+        (*steps)[(*n)++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < *n; i++) /* newest first */
+        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+            int64_t x = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = x;
+        }
+    return FS_OK;
+}
+
+/* Rank 0: removes crashed saves' .tmp directories. */
+static void remove_stale_tmp(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    struct dirent *de;
+    char names[64][256];
+    int n = 0;
+    while ((de = readdir(d)) && n < 64) {
+        size_t len = strlen(de->d_name);
+        if (strncmp(de->d_name, "step-", 5) == 0 && len > 4 && strcmp(de->d_name + len - 4, ".tmp") == 0)
+            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        char path[2048];
+        join(path, sizeof path, root, names[i]);
+        remove_dir(path);
+    }
+}
+
+static fs_status mkdir_p(const char *path) {
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(buf, 0777);
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return fs_errorf(FS_ERR_IO, "%s: cannot create directory: %s", path, strerror(errno));
+    struct stat sb;
+    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return fs_errorf(FS_ERR_IO, "%s: not a directory", path);
+    return FS_OK;
+}
+
+/* Rank 0's part of step 3: manifest, rename, marker, pruning. */
+static fs_status commit(fs_engine *e, const char *root, const char *tmp, const char *final,
+                        int64_t step, uint64_t seed, const file_record *recs, int keep) {
+    text t = {0};
+    fs_status st = build_manifest(e, step, seed, recs, &t);
+    char path[2048];
+    join(path, sizeof path, tmp, MANIFEST);
+    if (st == FS_OK) st = write_text_file(path, t.p);
+    uint32_t crc = st == FS_OK ? fs_crc32(0, t.p, t.len) : 0;
+    free(t.p);
+    if (st != FS_OK) return st;
+    fsync_path(tmp);
+    if (rename(tmp, final) != 0)
+        return fs_errorf(FS_ERR_IO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+    char marker[2048], body[128];
+    join(marker, sizeof marker, final, COMPLETE);
+    snprintf(body, sizeof body, "flatshard-checkpoint complete\nmanifest.json crc32 %08" PRIx32 "\n", crc);
+    FS_TRY(write_text_file(marker, body));
+    fsync_path(final);
+    fsync_path(root);
+    if (keep > 0) { /* only now may older checkpoints go */
+        int64_t *steps = NULL;
+        int n = 0;
+        FS_TRY(list_complete(root, &steps, &n));
+        for (int i = keep; i < n; i++) {
+            char old[2048];
+            snprintf(old, sizeof old, "%s/step-%08" PRId64, root, steps[i]);
+            remove_dir(old);
+        }
+        free(steps);
+    }
+    return FS_OK;
+}
+
+fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep) {
+    const fs_plan *p = fs_engine_plan(e);
+    const int rank = p->cfg.rank, world = p->cfg.world;
+    char tmp[1536], final[1536];
+    if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
+    if (snprintf(tmp, sizeof tmp, "%s/step-%08" PRId64 ".tmp", root, step) >= (int)sizeof tmp ||
+        snprintf(final, sizeof final, "%s/step-%08" PRId64, root, step) >= (int)sizeof final)
+        return fs_errorf(FS_ERR_USAGE, "--save %s: path too long", root);
+    /* 1. the temporary directory */
+    fs_status st = FS_OK;
+    if (rank == 0) {
+        st = mkdir_p(root);
+        if (st == FS_OK) {
+            remove_stale_tmp(root);
+            struct stat sb;
+            if (stat(final, &sb) == 0) remove_dir(final); /* a rerun over the same step */
+            if (mkdir(tmp, 0777) != 0)
+                st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        }
+    }
+    FS_TRY(agree(e, st));
+    /* 2. every rank's file */
+    file_record mine, *recs = calloc((size_t)world, sizeof *recs);
+    st = agree(e, recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
+    if (st != FS_OK) {
+        free(recs);
+        return st;
+    }
+    st = write_rank_file(e, tmp, step, &mine);
+    fs_status g = fs_engine_all_gather_bytes(e, &mine, sizeof mine, recs);
+    if (g != FS_OK) {
+        free(recs);
+        return g;
+    }
+    st = agree(e, st);
+    /* 3. rank 0 commits */
+    if (st == FS_OK) {
+        fs_status c = rank == 0 ? commit(e, root, tmp, final, step, seed, recs, keep) : FS_OK;
+        st = agree(e, c);
+    }
+    free(recs);
+    return st;
+}
+
+/* ------------------------------------------------------------------ reading the manifest */
+
+void fs_ckpt_close(fs_ckpt *ck) {
+    if (!ck) return;
+    free(ck->tensors);
+    free(ck->ranges);
+    free(ck->files);
+    memset(ck, 0, sizeof *ck);
+}
+
+static int json_int(const cJSON *item, int64_t lo, int64_t hi, int64_t *out) {
+    if (!cJSON_IsNumber(item)) return 0;
+    double v = item->valuedouble;
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const fs_ckpt_range *x = a, *y = b;
+    if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+    return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+#define BAD(...) do { st = fs_errorf(FS_ERR_FORMAT, __VA_ARGS__); goto out; } while (0)
+
+static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) {
+    fs_status st = FS_OK;
+    int64_t v = 0;
+    if (!cJSON_IsObject(root)) BAD("%s: not a JSON object", origin);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "flatshard-checkpoint") != 0)
+        BAD("%s: field 'format' must be \"flatshard-checkpoint\"", origin);
+    if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "version"), 0, 1 << 30, &v))
+        BAD("%s: field 'version' is missing or not an integer", origin);
+    if (v != FS_CKPT_VERSION)
+        BAD("%s: checkpoint format version %lld is not supported (this flatshard reads version %d)",
+            origin, (long long)v, FS_CKPT_VERSION);
+    ck->version = (int)v;
+    if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "step"), 0, (int64_t)1 << 53, &ck->step))
+        BAD("%s: field 'step' must be a non-negative integer", origin);
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    char *end = NULL;
+    if (!cJSON_IsString(seed) || !seed->valuestring[0] ||
+        (errno = 0, ck->seed = strtoull(seed->valuestring, &end, 10), *end || errno))
+        BAD("%s: field 'seed' must be a decimal string", origin);
+    if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "world_size"), 1, 1 << 20, &v))
+        BAD("%s: field 'world_size' must be an integer from 1 to %d", origin, 1 << 20);
+    ck->world = (int)v;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "strategy");
+    if (!cJSON_IsString(s) || fs_strategy_parse(s->valuestring, &ck->strategy) != FS_OK)
+        BAD("%s: field 'strategy' is missing or unknown", origin);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "precision");
+    if (!cJSON_IsString(p) || fs_precision_parse(p->valuestring, &ck->precision) != FS_OK)
+        BAD("%s: field 'precision' is missing or unknown", origin);
+    const cJSON *arrays = cJSON_GetObjectItemCaseSensitive(root, "arrays");
+    int arrays_ok = cJSON_IsArray(arrays) && cJSON_GetArraySize(arrays) == FS_CKPT_ARRAYS;
+    for (int a = 0; arrays_ok && a < FS_CKPT_ARRAYS; a++) {
+        const cJSON *x = cJSON_GetArrayItem(arrays, a);
+        arrays_ok = cJSON_IsString(x) && strcmp(x->valuestring, array_names[a]) == 0;
+    }
+    if (!arrays_ok) BAD("%s: field 'arrays' must be [\"master\", \"adam_m\", \"adam_v\"]", origin);
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!cJSON_IsObject(cfg)) BAD("%s: field 'config' must be an object", origin);
+    char *cfg_text = cJSON_PrintUnformatted(cfg);
+    if (!cfg_text) BAD("%s: out of memory", origin);
+    char cfg_origin[1100];
+    snprintf(cfg_origin, sizeof cfg_origin, "%s (config)", origin);
+    st = fs_llama_config_from_json(cfg_text, strlen(cfg_text), cfg_origin, &ck->config);
+    cJSON_free(cfg_text);
+    if (st != FS_OK) goto out;
+
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    if (!cJSON_IsArray(tensors) || cJSON_GetArraySize(tensors) < 1 || cJSON_GetArraySize(tensors) > 1000000)
+        BAD("%s: field 'tensors' must be a non-empty array", origin);
+    ck->n_tensors = cJSON_GetArraySize(tensors);
+    ck->tensors = calloc((size_t)ck->n_tensors, sizeof *ck->tensors);
+    if (!ck->tensors) BAD("%s: out of memory", origin);
+    int ti = 0;
+    for (const cJSON *t = tensors->child; t; t = t->next, ti++) {
+        fs_ckpt_tensor *ct = &ck->tensors[ti];
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+        if (!cJSON_IsString(name) || strlen(name->valuestring) >= sizeof ct->name)
+            BAD("%s: tensor %d has no valid name", origin, ti);
+        snprintf(ct->name, sizeof ct->name, "%s", name->valuestring);
+        for (int k = 0; k < ti; k++)
+            if (!strcmp(ck->tensors[k].name, ct->name)) BAD("%s: tensor '%s' appears twice", origin, ct->name);
+        ct->ndim = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
+        if (ct->ndim < 1 || ct->ndim > 2) BAD("%s: tensor '%s' needs a shape of 1 or 2 dimensions", origin, ct->name);
+        ct->numel = 1;
+        for (int d = 0; d < ct->ndim; d++) {
+            if (!json_int(cJSON_GetArrayItem(shape, d), 1, (int64_t)1 << 40, &ct->shape[d]))
+                BAD("%s: tensor '%s' has an invalid dimension", origin, ct->name);
+            ct->numel *= ct->shape[d];
+        }
+        if (ct->numel > ((int64_t)1 << 42)) BAD("%s: tensor '%s' is too large", origin, ct->name);
+    }
+
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) != ck->world)
+        BAD("%s: field 'files' must list one file per rank (%d)", origin, ck->world);
+    ck->files = calloc((size_t)ck->world, sizeof *ck->files);
+    if (!ck->files) BAD("%s: out of memory", origin);
+    int cap = 0, r = 0;
+    for (const cJSON *f = files->child; f; f = f->next, r++) {
+        fs_ckpt_file *cf = &ck->files[r];
+        char want[64];
+        rank_file_name(want, sizeof want, r, ck->world);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        /* the name is fixed by the rank: a manifest cannot point outside its directory */
+        if (!cJSON_IsString(name) || strcmp(name->valuestring, want) != 0)
+            BAD("%s: file %d must be named %s", origin, r, want);
+        snprintf(cf->name, sizeof cf->name, "%s", want);
+        int64_t crc = 0, bytes = 0;
+        if (!json_int(cJSON_GetObjectItemCaseSensitive(f, "crc32"), 0, 0xffffffffLL, &crc) ||
+            !json_int(cJSON_GetObjectItemCaseSensitive(f, "bytes"), 0, (int64_t)1 << 53, &bytes) ||
+            !json_int(cJSON_GetObjectItemCaseSensitive(f, "numel"), 0, (int64_t)1 << 50, &cf->numel))
+            BAD("%s: file %s needs integer crc32, bytes and numel", origin, want);
+        cf->crc32 = (uint32_t)crc;
+        cf->bytes = (uint64_t)bytes;
+        if (cf->bytes != (uint64_t)cf->numel * FS_CKPT_ARRAYS * sizeof(float))
+            BAD("%s: file %s: bytes %lld do not match numel %lld", origin, want, (long long)bytes,
+                (long long)cf->numel);
+        const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(f, "ranges");
+        if (!cJSON_IsArray(ranges)) BAD("%s: file %s needs a 'ranges' array", origin, want);
+        int64_t pos = 0;
+        for (const cJSON *g = ranges->child; g; g = g->next) {
+            int64_t t = 0, b = 0, e = 0;
+            if (!cJSON_IsArray(g) || cJSON_GetArraySize(g) != 3 ||
+                !json_int(cJSON_GetArrayItem(g, 0), 0, ck->n_tensors - 1, &t) ||
+                !json_int(cJSON_GetArrayItem(g, 1), 0, (int64_t)1 << 42, &b) ||
+                !json_int(cJSON_GetArrayItem(g, 2), 0, (int64_t)1 << 42, &e) || b >= e ||
+                e > ck->tensors[t].numel)
+                BAD("%s: file %s has a range that is not [tensor, begin, end] within a tensor", origin, want);
+            if (ck->n_ranges == cap) {
+                cap = cap ? 2 * cap : 256;
+                fs_ckpt_range *q = realloc(ck->ranges, (size_t)cap * sizeof *q);
+                if (!q) BAD("%s: out of memory", origin);
+                ck->ranges = q;
+            }
+            ck->ranges[ck->n_ranges++] = (fs_ckpt_range){.tensor = (int)t, .begin = b, .end = e,
+                                                         .rank = r, .file_pos = pos};
+            pos += e - b;
+        }
+        if (pos != cf->numel) BAD("%s: file %s: its ranges hold %lld elements, numel says %lld", origin,
+                                  want, (long long)pos, (long long)cf->numel);
+    }
+    /* every element of every tensor exactly once */
+    if (ck->n_ranges > 0) qsort(ck->ranges, (size_t)ck->n_ranges, sizeof *ck->ranges, cmp_range);
+    for (int i = 0, t = 0; t < ck->n_tensors; t++) {
+        fs_ckpt_tensor *ct = &ck->tensors[t];
+        ct->first_range = i;
+        int64_t covered = 0;
+        for (; i < ck->n_ranges && ck->ranges[i].tensor == t; i++) {
+            if (ck->ranges[i].begin != covered)
+                BAD("%s: tensor '%s': elements from %lld are %s", origin, ct->name, (long long)covered,
+                    ck->ranges[i].begin > covered ? "missing" : "stored twice");
+            covered = ck->ranges[i].end;
+        }
+        ct->n_ranges = i - ct->first_range;
+        if (covered != ct->numel)
+            BAD("%s: tensor '%s': only %lld of %lld elements are stored", origin, ct->name,
+                (long long)covered, (long long)ct->numel);
+    }
+out:
+    return st;
+}
+
+fs_status fs_ckpt_parse_manifest(fs_ckpt *ck, const char *json, size_t len, const char *origin) {
+    memset(ck, 0, sizeof *ck);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return fs_errorf(FS_ERR_FORMAT, "%s: not valid JSON", origin);
+    fs_status st = parse_root(ck, root, origin);
+    cJSON_Delete(root);
+    if (st != FS_OK) fs_ckpt_close(ck);
+    return st;
+}
+
+/* Opens the checkpoint in dir: its COMPLETE marker must carry the manifest's CRC-32. */
+static fs_status open_dir(fs_ckpt *ck, const char *dir) {
+    char path[2048], *manifest = NULL, *marker = NULL;
+    size_t len = 0, mlen = 0;
+    join(path, sizeof path, dir, COMPLETE);
+    fs_status st = read_text_file(path, 4096, &marker, &mlen);
+    if (st != FS_OK)
+        return fs_errorf(FS_ERR_FORMAT, "%s: incomplete checkpoint (no %s marker): the save did not finish", dir, COMPLETE);
+    join(path, sizeof path, dir, MANIFEST);
+    st = read_text_file(path, MAX_MANIFEST_BYTES, &manifest, &len);
+    unsigned int want = 0;
+    if (st == FS_OK && sscanf(marker, "flatshard-checkpoint complete\nmanifest.json crc32 %8x", &want) != 1)
+        st = fs_errorf(FS_ERR_FORMAT, "%s/%s: not a flatshard completion marker", dir, COMPLETE);
+    if (st == FS_OK && fs_crc32(0, manifest, len) != want)
+        st = fs_errorf(FS_ERR_FORMAT, "%s: checksum mismatch: the manifest is corrupted", path);
+    if (st == FS_OK) st = fs_ckpt_parse_manifest(ck, manifest, len, path);
+    if (st == FS_OK) snprintf(ck->dir, sizeof ck->dir, "%s", dir);
+    free(manifest);
+    free(marker);
+    return st;
+}
+
+fs_status fs_ckpt_open(fs_ckpt *ck, const char *path) {
+    memset(ck, 0, sizeof *ck);
+    if (strlen(path) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "%.64s...: path too long", path);
+    char probe[2048];
+    struct stat sb;
+    if (stat(path, &sb) != 0) return fs_errorf(FS_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return fs_errorf(FS_ERR_FORMAT, "%s: not a checkpoint directory", path);
+    join(probe, sizeof probe, path, MANIFEST);
+    if (stat(probe, &sb) == 0) return open_dir(ck, path);
+    int64_t *steps = NULL;
+    int n = 0;
+    FS_TRY(list_complete(path, &steps, &n));
+    fs_status st = n == 0 ? fs_errorf(FS_ERR_IO, "%s: no complete checkpoint (step-N directory with a %s marker)", path, COMPLETE)
+                          : FS_OK;
+    if (st == FS_OK) {
+        snprintf(probe, sizeof probe, "%s/step-%08" PRId64, path, steps[0]);
+        st = open_dir(ck, probe);
+    }
+    free(steps);
+    return st;
+}
+
+fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
+    const fs_llama_config *a = &ck->config, *b = &layout->cfg;
+    struct {
+        const char *name;
+        double saved, now;
+    } fields[] = {
+        {"hidden_size", (double)a->hidden_size, (double)b->hidden_size},
+        {"intermediate_size", (double)a->intermediate_size, (double)b->intermediate_size},
+        {"num_hidden_layers", (double)a->num_hidden_layers, (double)b->num_hidden_layers},
+        {"num_attention_heads", (double)a->num_attention_heads, (double)b->num_attention_heads},
+        {"num_key_value_heads", (double)a->num_key_value_heads, (double)b->num_key_value_heads},
+        {"vocab_size", (double)a->vocab_size, (double)b->vocab_size},
+        {"max_position_embeddings", (double)a->max_position_embeddings, (double)b->max_position_embeddings},
+        {"rms_norm_eps", a->rms_norm_eps, b->rms_norm_eps},
+        {"rope_theta", a->rope_theta, b->rope_theta},
+        {"tie_word_embeddings", a->tie_word_embeddings, b->tie_word_embeddings},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].saved != fields[i].now)
+            return fs_errorf(FS_ERR_USAGE,
+                             "%s: the checkpoint is of another model: %s is %g there, %g here",
+                             ck->dir, fields[i].name, fields[i].saved, fields[i].now);
+    if (whole_tensor_count(layout) != ck->n_tensors)
+        return fs_errorf(FS_ERR_FORMAT, "%s: %d tensors, the model has %d", ck->dir, ck->n_tensors,
+                         whole_tensor_count(layout));
+    for (int t = 0; t < layout->n_tensors; t++) {
+        const fs_tensor_info *ti = &layout->tensors[t];
+        if (ti->row0 != 0) continue;
+        int w = whole_tensor_index(layout, ti->name);
+        const fs_ckpt_tensor *ct = &ck->tensors[w];
+        int64_t rows = ti->ndim == 1 ? ti->numel : ti->full_rows;
+        if (strcmp(ct->name, ti->name) != 0 || ct->ndim != ti->ndim || ct->shape[0] != rows ||
+            (ti->ndim == 2 && ct->shape[1] != ti->shape[1]))
+            return fs_errorf(FS_ERR_FORMAT, "%s: tensor %d is '%s', the model expects '%s' of another shape",
+                             ck->dir, w, ct->name, ti->name);
+    }
+    return FS_OK;
+}
+
+fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
+    const fs_ckpt_file *f = &ck->files[r];
+    char path[2048];
+    join(path, sizeof path, ck->dir, f->name);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    fs_status st = FS_OK;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
+        st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
+                       path, (long long)sb.st_size, (unsigned long long)f->bytes);
+    char *buf = st == FS_OK ? malloc(IO_BLOCK) : NULL;
+    if (st == FS_OK && !buf) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
+    uint32_t crc = 0;
+    for (uint64_t done = 0; st == FS_OK && done < f->bytes;) {
+        ssize_t n = read(fd, buf, IO_BLOCK);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            st = fs_errorf(FS_ERR_IO, "%s: read failed at byte %llu", path, (unsigned long long)done);
+            break;
+        }
+        crc = fs_crc32(crc, buf, (size_t)n);
+        done += (uint64_t)n;
+    }
+    if (st == FS_OK && crc != f->crc32)
+        st = fs_errorf(FS_ERR_FORMAT, "%s: checksum mismatch (CRC-32 %08x, the manifest says %08x): the file is corrupted",
+                       path, crc, f->crc32);
+    free(buf);
+    close(fd);
+    return st;
+}
+
+static int find_tensor(const fs_ckpt *ck, const char *name) {
+    for (int t = 0; t < ck->n_tensors; t++)
+        if (strcmp(ck->tensors[t].name, name) == 0) return t;
+    return -1;
+}
+
+fs_status fs_ckpt_read(const fs_ckpt *ck, int array, const char *name, int64_t begin,
+                       int64_t end, float *dst) {
+    int t = find_tensor(ck, name);
+    if (t < 0) return fs_errorf(FS_ERR_FORMAT, "%s: no tensor '%s'", ck->dir, name);
+    const fs_ckpt_tensor *ct = &ck->tensors[t];
+    if (array < 0 || array >= FS_CKPT_ARRAYS || begin < 0 || end > ct->numel || begin > end)
+        return fs_errorf(FS_ERR_INTERNAL, "%s: invalid read of '%s' [%lld, %lld)", ck->dir, name,
+                         (long long)begin, (long long)end);
+    for (int i = ct->first_range; i < ct->first_range + ct->n_ranges; i++) {
+        const fs_ckpt_range *g = &ck->ranges[i];
+        int64_t lo = g->begin > begin ? g->begin : begin, hi = g->end < end ? g->end : end;
+        if (lo >= hi) continue;
+        const fs_ckpt_file *f = &ck->files[g->rank];
+        char path[2048];
+        join(path, sizeof path, ck->dir, f->name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        off_t at = (off_t)(((int64_t)array * f->numel + g->file_pos + (lo - g->begin)) * (int64_t)sizeof(float));
+        size_t want = (size_t)(hi - lo) * sizeof(float), got = 0;
+        char *out = (char *)(dst + (lo - begin));
+        while (got < want) {
+            ssize_t n = pread(fd, out + got, want - got, at + (off_t)got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += (size_t)n;
+        }
+        close(fd);
+        if (got != want)
+            return fs_errorf(FS_ERR_IO, "%s: short read of '%s' (the file is truncated)", path, name);
+    }
+    return FS_OK;
+}
+
+fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
+    const fs_plan *p = fs_engine_plan(e);
+    const fs_layout *l = p->layout;
+    fs_status st = fs_ckpt_check_layout(ck, l);
+    int n = st == FS_OK ? fs_engine_state_slices(e, 0, NULL, 0) : 0;
+    fs_state_slice *sl = st == FS_OK ? calloc((size_t)n + 1, sizeof *sl) : NULL;
+    unsigned char *touched = st == FS_OK ? calloc((size_t)ck->world, 1) : NULL;
+    if (st == FS_OK && (!sl || !touched)) st = fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+    if (st == FS_OK) fs_engine_state_slices(e, 0, sl, n);
+    /* verify, once each, the files this rank reads from */
+    for (int i = 0; st == FS_OK && i < n; i++) {
+        const fs_tensor_info *ti = &l->tensors[sl[i].tensor];
+        int64_t b = piece_origin(ti) + sl[i].begin, en = piece_origin(ti) + sl[i].end;
+        const fs_ckpt_tensor *ct = &ck->tensors[find_tensor(ck, ti->name)];
+        for (int k = ct->first_range; k < ct->first_range + ct->n_ranges; k++)
+            if (ck->ranges[k].begin < en && ck->ranges[k].end > b) touched[ck->ranges[k].rank] = 1;
+    }
+    for (int r = 0; st == FS_OK && r < ck->world; r++)
+        if (touched[r]) st = fs_ckpt_verify_file(ck, r);
+    for (int i = 0; st == FS_OK && i < n; i++) {
+        const fs_tensor_info *ti = &l->tensors[sl[i].tensor];
+        int64_t b = piece_origin(ti) + sl[i].begin, en = piece_origin(ti) + sl[i].end;
+        float *dst[FS_CKPT_ARRAYS] = {sl[i].master, sl[i].m, sl[i].v};
+        for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++) st = fs_ckpt_read(ck, a, ti->name, b, en, dst[a]);
+    }
+    free(sl);
+    free(touched);
+    st = agree(e, st);
+    if (st == FS_OK) st = fs_engine_state_loaded(e);
+    return st;
+}
