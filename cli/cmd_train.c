@@ -16,6 +16,8 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
+#include "flatshard/ckpt.h"
+#include "flatshard/source.h"
 #include "flatshard/train.h"
 
 static const fs_command_help train_help = {
@@ -44,11 +46,25 @@ typedef struct train_run {
     fs_llama_config mcfg;
     fs_train_config cfg;
     const char *model_name, *data_path, *out_path, *metrics_path;
+    const char *save_dir, *resume_path, *init_from;
     const fs_token_data *data;
+    const fs_ckpt *resume;     /* opened once, read by every rank (reads are positioned) */
+    fs_source *source;         /* likewise */
     FILE *metrics;
-    int64_t log_every;
+    int64_t log_every, save_every, keep;
     int profile, memory, no_save, ranks_here;
 } train_run;
+
+/* Saves a checkpoint and says so (rank 0). */
+static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
+    double t0 = fs_now();
+    fs_status st = fs_trainer_save(tr, run->save_dir, (int)run->keep);
+    if (st == FS_OK && lead) {
+        printf("saved checkpoint %s/step-%08" PRId64 " in %.2f s\n", run->save_dir, tr->step, fs_now() - t0);
+        fflush(stdout);
+    }
+    return st;
+}
 
 /* One rank's memory as rank 0 prints it: the plan's prediction and what was measured. */
 typedef struct rank_memory {
@@ -84,13 +100,47 @@ static void print_memory(const rank_memory *all, int world, int64_t steps, const
                plan->allocs_per_step > 0 ? " (zero3-param allocates per use by design)" : "");
 }
 
+/* Rank 0's progress line and metrics record for one step. */
+static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, int64_t steps) {
+    const fs_step_stats s = *sp;
+    double tps = (double)s.tokens / s.seconds;
+    if (s.step == 1 || s.step == steps || s.step % run->log_every == 0) {
+        printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s"
+               " | %.3f s (comm wait %.3f s)\n",
+               s.step, steps, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s);
+        fflush(stdout);
+    }
+    if (run->metrics) {
+        fs_mem_stats ms = fs_mem_get_stats(mem);
+        fprintf(run->metrics,
+                "{\"step\":%" PRId64 ",\"loss\":%.17g,\"lr\":%.6e,\"grad_norm\":%.17g,"
+                "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"comm_wait_time\":%.6f,"
+                "\"tokens\":%" PRId64 ",\"peak_bytes\":{",
+                s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s, s.tokens);
+        for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
+            fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
+        fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
+        fflush(run->metrics);
+    }
+}
+
 static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
     const int lead = rank == 0;
     fs_train_config cfg = run->cfg;
     if (cfg.threads == 0) cfg.threads = fs_train_default_threads(run->ranks_here);
+    if (run->resume) cfg.seed = run->resume->seed; /* the sampler must continue the same way */
     fs_trainer tr;
     FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
+    fs_status st = FS_OK;
+    double t_load = fs_now();
+    if (run->resume) st = fs_trainer_resume(&tr, run->resume);
+    else if (run->source) st = fs_trainer_init_from(&tr, run->source);
+    if (st != FS_OK) {
+        fs_trainer_free(&tr);
+        return st;
+    }
+    t_load = fs_now() - t_load;
     if (lead) {
         char desc[256];
         fs_cli_describe_model(&tr.layout, desc, sizeof desc);
@@ -104,47 +154,39 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                " micro-batches of %" PRId64 " tokens; %" PRId64 " steps\n",
                run->data_path, run->data->n_tokens, world, cfg.batch, cfg.grad_accum, cfg.seq,
                cfg.steps);
+        if (run->resume)
+            printf("  resumed from %s: step %" PRId64 " of a run on %d rank%s (%s, %s), seed %" PRIu64
+                   ", loaded in %.2f s\n",
+                   run->resume->dir, run->resume->step, run->resume->world,
+                   run->resume->world == 1 ? "" : "s", fs_strategy_name(run->resume->strategy),
+                   fs_precision_name(run->resume->precision), run->resume->seed, t_load);
+        if (run->source)
+            printf("  initialised from %s in %.2f s\n", fs_source_describe(run->source), t_load);
         fflush(stdout);
     }
     double train_seconds = 0, wait_seconds = 0;
-    int64_t train_tokens = 0;
+    int64_t train_tokens = 0, first_step = tr.step + 1;
     uint64_t allocs_after_step1 = 0;
     fs_step_stats s = {0};
-    fs_status st = FS_OK;
-    for (int64_t i = 0; i < cfg.steps && st == FS_OK; i++) {
+    for (int64_t i = tr.step; i < cfg.steps && st == FS_OK; i++) {
         st = fs_trainer_step(&tr, &s);
         if (st != FS_OK) break;
-        if (s.step == 1) allocs_after_step1 = fs_mem_get_stats(mem).n_allocs;
-        if (s.step > 1) { /* the first step pays one-off costs (page faults, BLAS set-up) */
+        if (s.step == first_step) allocs_after_step1 = fs_mem_get_stats(mem).n_allocs;
+        if (s.step > first_step) { /* the first step pays one-off costs (page faults, BLAS set-up) */
             train_seconds += s.seconds;
             wait_seconds += s.comm_wait_s;
             train_tokens += s.tokens;
         }
-        if (!lead) continue;
-        double tps = (double)s.tokens / s.seconds;
-        if (s.step == 1 || s.step == cfg.steps || s.step % run->log_every == 0) {
-            printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s"
-                   " | %.3f s (comm wait %.3f s)\n",
-                   s.step, cfg.steps, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s);
-            fflush(stdout);
-        }
-        if (run->metrics) {
-            fs_mem_stats ms = fs_mem_get_stats(mem);
-            fprintf(run->metrics,
-                    "{\"step\":%" PRId64 ",\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
-                    "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"comm_wait_time\":%.6f,"
-                    "\"tokens\":%" PRId64 ",\"peak_bytes\":{",
-                    s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s, s.tokens);
-            for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
-                fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
-            fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
-            fflush(run->metrics);
-        }
+        if (lead) report_step(run, &s, mem, cfg.steps);
+        if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0)
+            st = save_checkpoint(&tr, run, lead);
     }
-    if (st == FS_OK && lead && cfg.steps > 1)
-        printf("trained %" PRId64 " steps: mean %.0f tok/s over steps 2..%" PRId64
+    if (st == FS_OK && run->save_dir && (run->save_every <= 0 || tr.step % run->save_every != 0))
+        st = save_checkpoint(&tr, run, lead); /* the final state, if the last step did not save */
+    if (st == FS_OK && lead && train_seconds > 0)
+        printf("trained to step %" PRId64 ": mean %.0f tok/s over steps %" PRId64 "..%" PRId64
                ", rank 0 waited for communication %.1f%% of that time\n",
-               cfg.steps, (double)train_tokens / train_seconds, cfg.steps,
+               cfg.steps, (double)train_tokens / train_seconds, first_step + 1, cfg.steps,
                100.0 * wait_seconds / train_seconds);
     if (st == FS_OK && lead && run->profile) fs_cli_print_profile(stdout, &tr.profile);
 
@@ -206,8 +248,8 @@ static int local_ranks(int world) {
 }
 
 int fs_cmd_train(int argc, char **argv) {
-    train_run run = {.cfg = fs_train_config_default(), .model_name = "tiny",
-                     .out_path = "out/model.safetensors", .log_every = 10};
+    train_run run = {.cfg = fs_train_config_default(), .out_path = "out/model.safetensors",
+                     .log_every = 10, .keep = 3};
     fs_train_config *c = &run.cfg;
     const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on";
     int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
@@ -216,7 +258,12 @@ int fs_cmd_train(int argc, char **argv) {
     double lr = c->lr, min_lr = c->min_lr, wd = c->adamw.weight_decay;
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small) or a Hugging Face config.json", NULL, 0, 0},
+        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
+        {"init-from", 0, FS_OPT_STRING, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
+        {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md)", NULL, 0, 0},
+        {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
+        {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep the newest K checkpoints (0: all)", NULL, 0, INT64_MAX},
+        {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from the newest complete checkpoint under PATH (any world size and strategy)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &run.data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
@@ -271,10 +318,33 @@ int fs_cmd_train(int argc, char **argv) {
     c->max_mem_bytes = (size_t)max_mem;
     c->overlap = strcmp(overlap, "on") == 0;
     c->ckpt_layers = ckpt;
+    if (run.resume_path && run.init_from)
+        return fs_usage_error("train", "--resume and --init-from exclude each other (a checkpoint holds its weights)");
     fs_status st = fs_strategy_parse(strategy, &c->strategy);
     if (st == FS_OK) st = fs_precision_parse(precision, &c->precision);
-    if (st == FS_OK) st = fs_llama_config_load(run.model_name, &run.mcfg);
     if (st != FS_OK) return fs_cli_report("train", st);
+    /* the model: --model, else the checkpoint's or the source's, else tiny */
+    fs_ckpt resume = {0};
+    if (run.resume_path) {
+        st = fs_ckpt_open(&resume, run.resume_path);
+        if (st == FS_OK) run.resume = &resume;
+        if (st == FS_OK && resume.step >= c->steps)
+            st = fs_errorf(FS_ERR_USAGE, "%s is at step %" PRId64 ": nothing to do with --steps %" PRId64,
+                           resume.dir, resume.step, c->steps);
+    }
+    if (st == FS_OK && run.init_from) st = fs_source_open(&run.source, run.init_from);
+    if (st == FS_OK) {
+        if (run.model_name) st = fs_llama_config_load(run.model_name, &run.mcfg);
+        else if (run.resume) run.mcfg = resume.config;
+        else if (run.source) run.mcfg = *fs_source_config(run.source);
+        else st = fs_llama_config_load("tiny", &run.mcfg);
+    }
+    if (!run.model_name) run.model_name = run.resume ? "(from the checkpoint)" : run.source ? "(from --init-from)" : "tiny";
+    if (st != FS_OK) {
+        fs_ckpt_close(&resume);
+        fs_source_close(run.source);
+        return fs_cli_report("train", st);
+    }
 
     /* Everything that can be refused is refused here, before any rank allocates: the plan of
      * rank 0 (world size, --max-mem, option combinations). Under MPI each process checks. */
@@ -283,13 +353,18 @@ int fs_cmd_train(int argc, char **argv) {
         fs_plan plan;
         fs_layout layout;
         st = fs_trainer_plan(&plan, &layout, &run.mcfg, c, world, 0);
-        if (st != FS_OK) return fs_cli_report("train", st);
+        if (st == FS_OK && run.resume) st = fs_ckpt_check_layout(run.resume, &layout);
+        if (st == FS_OK && run.source) st = fs_source_check(run.source, &layout);
         fs_plan_free(&plan);
         fs_layout_free(&layout);
     }
-    fs_token_data data;
-    st = fs_token_data_open(&data, run.data_path);
-    if (st != FS_OK) return fs_cli_report("train", st);
+    fs_token_data data = {0};
+    if (st == FS_OK) st = fs_token_data_open(&data, run.data_path);
+    if (st != FS_OK) {
+        fs_ckpt_close(&resume);
+        fs_source_close(run.source);
+        return fs_cli_report("train", st);
+    }
     run.data = &data;
     if (!run.no_save) st = fs_cli_prepare_output_path(run.out_path);
     if (st == FS_OK && run.metrics_path && !(run.metrics = fopen(run.metrics_path, "a")))
@@ -297,6 +372,8 @@ int fs_cmd_train(int argc, char **argv) {
                        strerror(errno));
     if (st != FS_OK) {
         fs_token_data_close(&data);
+        fs_ckpt_close(&resume);
+        fs_source_close(run.source);
         return fs_cli_report("train", st);
     }
 
@@ -336,5 +413,7 @@ int fs_cmd_train(int argc, char **argv) {
         exit_code = fs_cli_report("train", FS_ERR_IO);
     }
     fs_token_data_close(&data);
+    fs_ckpt_close(&resume);
+    fs_source_close(run.source);
     return exit_code;
 }

@@ -12,6 +12,8 @@ int fs_cmd_train(int argc, char **argv);
 int fs_cmd_eval(int argc, char **argv);
 int fs_cmd_generate(int argc, char **argv);
 int fs_cmd_tokenize(int argc, char **argv);
+int fs_cmd_export(int argc, char **argv);
+int fs_cmd_inspect(int argc, char **argv);
 int fs_cmd_bench(int argc, char **argv);
 int fs_cmd_bench_comm(int argc, char **argv); /* `flatshard bench comm`, cli/cmd_bench_comm.c */
 

@@ -17,10 +17,12 @@ typedef struct fs_command {
 } fs_command;
 
 static const fs_command commands[] = {
-    {"train", fs_cmd_train, "train a model (one process for now)"},
+    {"train", fs_cmd_train, "train a model on W ranks (--ranks W, or under mpirun)"},
     {"eval", fs_cmd_eval, "mean loss of saved weights on a data file"},
     {"generate", fs_cmd_generate, "sample text from saved weights"},
     {"tokenize", fs_cmd_tokenize, "convert text files into a token file"},
+    {"export", fs_cmd_export, "a checkpoint or model to a Hugging Face model directory"},
+    {"inspect", fs_cmd_inspect, "what a checkpoint or model file holds, checksums verified"},
     {"bench", fs_cmd_bench, "measure parts of the system (see 'flatshard bench --help')"},
     {NULL, NULL, NULL},
 };

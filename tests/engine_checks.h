@@ -71,7 +71,7 @@ static void ec_batch(int64_t vocab, int64_t rows, int64_t T, int32_t *in, int32_
 }
 
 /* Trains on this rank; every rank ends with the same full weights in res. */
-static fs_status ec_train(fs_comm *comm, fs_mem *mem, const fs_llama_config *cfg,
+__attribute__((unused)) static fs_status ec_train(fs_comm *comm, fs_mem *mem, const fs_llama_config *cfg,
                           const fs_train_config *tc, const int32_t *in, const int32_t *tg,
                           int steps, ec_result *res) {
     memset(res, 0, sizeof *res);
@@ -99,7 +99,7 @@ static fs_status ec_train(fs_comm *comm, fs_mem *mem, const fs_llama_config *cfg
 }
 
 /* The first tensor whose elements differ in their bits, or NULL. */
-static const char *ec_first_difference(const fs_weights *a, const fs_weights *b) {
+__attribute__((unused)) static const char *ec_first_difference(const fs_weights *a, const fs_weights *b) {
     const fs_layout *l = a->layout;
     for (int t = 0; t < l->n_tensors; t++) {
         const fs_tensor_info *ti = &l->tensors[t];
@@ -110,7 +110,7 @@ static const char *ec_first_difference(const fs_weights *a, const fs_weights *b)
     return NULL;
 }
 
-static double ec_max_diff(const fs_weights *a, const fs_weights *b) {
+__attribute__((unused)) static double ec_max_diff(const fs_weights *a, const fs_weights *b) {
     const fs_layout *l = a->layout;
     double m = 0;
     for (int u = 0; u < l->n_units; u++) {
@@ -132,7 +132,7 @@ static double ec_max_diff(const fs_weights *a, const fs_weights *b) {
  * norm after four steps, so 1e-4 and 1e-3. Weights move by ~lr per step and such an
  * element by a fraction of it: lr/50 per step bounds the difference (observed 8e-6 over
  * four steps at lr 1e-2), far below a missing or doubled update (lr) or a wrong scale. */
-static fs_status ec_compare_runs(const ec_result *many, const ec_result *one, double lr,
+__attribute__((unused)) static fs_status ec_compare_runs(const ec_result *many, const ec_result *one, double lr,
                                  const char *what) {
     for (int i = 0; i < one->steps; i++) {
         double loss_tol = i == 0 ? 1e-6 : 1e-4, norm_tol = i == 0 ? 1e-6 : 1e-3;

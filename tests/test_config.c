@@ -50,11 +50,11 @@ static void test_json_defaults_and_round_trip(void) {
     CHECK(c.num_key_value_heads == 2 && c.tie_word_embeddings && c.rope_theta == 500000.0,
           "fields read");
     char buf[4096];
-    CHECK(fs_llama_config_to_json(&c, buf, sizeof buf) > 0, "to_json");
+    CHECK(fs_llama_config_to_json(&c, "float32", buf, sizeof buf) > 0, "to_json");
     fs_llama_config d;
     CHECK_OK(parse(buf, &d));
     CHECK(memcmp(&c, &d, sizeof c) == 0, "round trip through config.json text");
-    CHECK(fs_llama_config_to_json(&c, buf, 10) < 0, "a small buffer is refused");
+    CHECK(fs_llama_config_to_json(&c, "float32", buf, 10) < 0, "a small buffer is refused");
 }
 
 /* Each malformed config is refused with a message that names the field. */

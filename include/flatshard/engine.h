@@ -129,6 +129,11 @@ typedef struct fs_state_slice {
  * writes at most max of them. */
 int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max);
 
+/* Collective: every rank learns every rank's status, and a failure anywhere is a failure
+ * everywhere (before a step that would otherwise wait for the rank that failed). A rank
+ * keeps its own message; the others name the rank that failed. */
+fs_status fs_engine_agree(fs_engine *e, fs_status mine);
+
 /* The plan the engine runs (layout, world, rank, strategy, precision). */
 const fs_plan *fs_engine_plan(const fs_engine *e);
 

@@ -75,9 +75,11 @@ fs_status fs_llama_config_load(const char *spec, fs_llama_config *out);
 /* Checks ranges and divisibility; the message names the field. */
 fs_status fs_llama_config_validate(const fs_llama_config *cfg);
 
-/* Writes the config as Hugging Face config.json text into buf (NUL-terminated). Returns the
- * length, or a negative number if buf is too small. */
-int fs_llama_config_to_json(const fs_llama_config *cfg, char *buf, size_t buf_bytes);
+/* Writes the config as Hugging Face config.json text into buf (NUL-terminated), with
+ * "torch_dtype" set to torch_dtype ("float32", "bfloat16"). Returns the length, or a
+ * negative number if buf is too small. */
+int fs_llama_config_to_json(const fs_llama_config *cfg, const char *torch_dtype, char *buf,
+                            size_t buf_bytes);
 
 /* ------------------------------------------------------------------ units and tensors */
 

@@ -73,7 +73,8 @@ const fs_st_tensor *fs_safetensors_find(const fs_safetensors *st, const char *na
 /* A metadata value, or NULL. */
 const char *fs_safetensors_metadata(const fs_safetensors *st, const char *key);
 
-/* Reads `bytes` bytes of tensor t's data starting `offset` bytes into it. */
+/* Reads `bytes` bytes of tensor t's data starting `offset` bytes into it. Safe to call from
+ * several threads at once on one open file (positioned reads). */
 fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, uint64_t offset,
                               void *dst, size_t bytes);
 

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "flatshard/ckpt.h"
 #include "flatshard/comm.h"
 #include "flatshard/core.h"
 #include "flatshard/data.h"
@@ -25,6 +26,7 @@
 #include "flatshard/model.h"
 #include "flatshard/optim.h"
 #include "flatshard/shard.h"
+#include "flatshard/source.h"
 #include "flatshard/weights.h"
 
 typedef struct fs_train_config {
@@ -95,6 +97,20 @@ fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
  * targets are (grad_accum * W * B, T). Tokens must be < vocab_size (not checked here). */
 fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
                                    fs_step_stats *out);
+
+/* Collective: replaces the initial weights with those of a model on disk (source.h), each
+ * rank reading only its own slices; AdamW starts from zero. The source must hold this
+ * trainer's model (fs_source_check). */
+fs_status fs_trainer_init_from(fs_trainer *t, fs_source *src);
+
+/* Collective: restores the master weights, the AdamW moments and the step (hence the data
+ * position and the learning-rate schedule position) from a checkpoint saved at any world
+ * size with any strategy. */
+fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck);
+
+/* Collective: saves a checkpoint of the state after the last step under root, keeping the
+ * newest `keep` (0: all). */
+fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep);
 
 /* Collective: the full fp32 weights on every rank, in w (laid out for t->layout). */
 fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w);

@@ -135,27 +135,6 @@ static fs_status read_text_file(const char *path, size_t max, char **out, size_t
     return FS_OK;
 }
 
-/* Every rank learns every rank's status: a failure anywhere fails everywhere. A rank keeps
- * its own message; the others name the rank that failed. */
-static fs_status agree(fs_engine *e, fs_status mine) {
-    const fs_plan *p = fs_engine_plan(e);
-    const int world = p->cfg.world;
-    char own[1024];
-    snprintf(own, sizeof own, "%s", fs_error_message());
-    int32_t st = (int32_t)mine, *all = calloc((size_t)world, sizeof *all);
-    if (!all) return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
-    fs_status g = fs_engine_all_gather_bytes(e, &st, sizeof st, all);
-    fs_status result = g;
-    if (g == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own);
-    for (int r = 0; g == FS_OK && mine == FS_OK && r < world; r++)
-        if (all[r] != FS_OK) {
-            result = fs_errorf((fs_status)all[r], "rank %d could not complete the checkpoint (its own message says why)", r);
-            break;
-        }
-    free(all);
-    return result;
-}
-
 /* ------------------------------------------------------------------ ranges of a rank */
 
 /* The whole tensors of a layout, in layout order: their pieces' first (row0 = 0) entries. */
@@ -292,7 +271,7 @@ static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
     char config[4096];
-    if (fs_llama_config_to_json(&l->cfg, config, sizeof config) < 0)
+    if (fs_llama_config_to_json(&l->cfg, "float32", config, sizeof config) < 0)
         return fs_errorf(FS_ERR_INTERNAL, "checkpoint: config text too long");
     tprintf(t, "{\n  \"format\": \"flatshard-checkpoint\",\n  \"version\": %d,\n", FS_CKPT_VERSION);
     tprintf(t, "  \"step\": %" PRId64 ",\n  \"seed\": \"%" PRIu64 "\",\n", step, seed);
@@ -461,10 +440,10 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
                 st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         }
     }
-    FS_TRY(agree(e, st));
+    FS_TRY(fs_engine_agree(e, st));
     /* 2. every rank's file */
     file_record mine, *recs = calloc((size_t)world, sizeof *recs);
-    st = agree(e, recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
+    st = fs_engine_agree(e, recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
     if (st != FS_OK) {
         free(recs);
         return st;
@@ -475,11 +454,11 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
         free(recs);
         return g;
     }
-    st = agree(e, st);
+    st = fs_engine_agree(e, st);
     /* 3. rank 0 commits */
     if (st == FS_OK) {
         fs_status c = rank == 0 ? commit(e, root, tmp, final, step, seed, recs, keep) : FS_OK;
-        st = agree(e, c);
+        st = fs_engine_agree(e, c);
     }
     free(recs);
     return st;
@@ -845,7 +824,7 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
     }
     free(sl);
     free(touched);
-    st = agree(e, st);
+    st = fs_engine_agree(e, st);
     if (st == FS_OK) st = fs_engine_state_loaded(e);
     return st;
 }

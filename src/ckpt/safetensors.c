@@ -246,9 +246,16 @@ fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, u
     if (!st->file) return fs_errorf(FS_ERR_INTERNAL, "%s: no file to read from", st->path);
     if (offset > t->end - t->begin || bytes > t->end - t->begin - offset)
         return fs_errorf(FS_ERR_INTERNAL, "%s: read past the end of tensor '%s'", st->path, t->name);
-    if (fseeko(st->file, (off_t)(st->data_start + t->begin + offset), SEEK_SET) != 0 ||
-        fread(dst, 1, bytes, st->file) != bytes)
-        return fs_errorf(FS_ERR_IO, "%s: short read of tensor '%s'", st->path, t->name);
+    /* pread: no shared file position, so ranks that are threads may read one file at once */
+    const int fd = fileno(st->file);
+    const off_t at = (off_t)(st->data_start + t->begin + offset);
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t n = pread(fd, (char *)dst + got, bytes - got, at + (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return fs_errorf(FS_ERR_IO, "%s: short read of tensor '%s'", st->path, t->name);
+        got += (size_t)n;
+    }
     return FS_OK;
 }
 

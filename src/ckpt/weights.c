@@ -69,7 +69,7 @@ static int collect_pieces(const fs_weights *w, int first, const void **pieces, s
 fs_status fs_weights_save_safetensors(const fs_weights *w, const char *path) {
     const fs_layout *l = w->layout;
     char config[4096];
-    if (fs_llama_config_to_json(&l->cfg, config, sizeof config) < 0)
+    if (fs_llama_config_to_json(&l->cfg, "float32", config, sizeof config) < 0)
         return fs_errorf(FS_ERR_INTERNAL, "%s: config text too long", path);
     /* one entry per whole tensor; its pieces point into the units */
     fs_st_entry *entries = calloc((size_t)l->n_tensors, sizeof *entries);

@@ -248,7 +248,8 @@ fs_status fs_llama_config_load(const char *spec, fs_llama_config *out) {
     return fs_llama_config_preset(spec, out);
 }
 
-int fs_llama_config_to_json(const fs_llama_config *c, char *buf, size_t buf_bytes) {
+int fs_llama_config_to_json(const fs_llama_config *c, const char *torch_dtype, char *buf,
+                            size_t buf_bytes) {
     int n = snprintf(buf, buf_bytes,
                      "{\n"
                      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
@@ -268,13 +269,13 @@ int fs_llama_config_to_json(const fs_llama_config *c, char *buf, size_t buf_byte
                      "  \"attention_bias\": false,\n"
                      "  \"mlp_bias\": false,\n"
                      "  \"rope_scaling\": null,\n"
-                     "  \"torch_dtype\": \"float32\"\n"
+                     "  \"torch_dtype\": \"%s\"\n"
                      "}\n",
                      (long long)c->hidden_size, (long long)c->intermediate_size,
                      (long long)c->num_hidden_layers, (long long)c->num_attention_heads,
                      (long long)c->num_key_value_heads, (long long)c->vocab_size,
                      (long long)c->max_position_embeddings, c->rms_norm_eps, c->rope_theta,
-                     c->initializer_range, c->tie_word_embeddings ? "true" : "false");
+                     c->initializer_range, c->tie_word_embeddings ? "true" : "false", torch_dtype);
     if (n < 0 || (size_t)n >= buf_bytes) return -1;
     return n;
 }

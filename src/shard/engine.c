@@ -25,6 +25,7 @@
  * FIFO) then overwrites, and past the last tensor into W x FS_SHARD_ALIGN elements of slack.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -717,3 +718,20 @@ fs_status fs_engine_state_loaded(fs_engine *e) {
 }
 
 const fs_plan *fs_engine_plan(const fs_engine *e) { return e->plan; }
+
+fs_status fs_engine_agree(fs_engine *e, fs_status mine) {
+    char own[1024];
+    snprintf(own, sizeof own, "%s", fs_error_message());
+    int32_t st = (int32_t)mine, *all = calloc((size_t)e->world, sizeof *all);
+    if (!all) return fs_errorf(FS_ERR_NOMEM, "out of memory");
+    fs_status g = fs_engine_all_gather_bytes(e, &st, sizeof st, all);
+    fs_status result = g;
+    if (g == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own);
+    for (int r = 0; g == FS_OK && mine == FS_OK && r < e->world; r++)
+        if (all[r] != FS_OK) {
+            result = fs_errorf((fs_status)all[r], "rank %d failed (its own message says why)", r);
+            break;
+        }
+    free(all);
+    return result;
+}

@@ -8,6 +8,7 @@
  * Gradients: each micro-batch's loss is a mean over its tokens; the engine sums the W ranks'
  * and K micro-batches' gradients and scales the sum by 1/(W*K) once, with the clipping.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "flatshard/kernels.h"
@@ -233,4 +234,31 @@ fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out) {
 
 fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w) {
     return fs_engine_gather_full(t->engine, 0, w);
+}
+
+fs_status fs_trainer_init_from(fs_trainer *t, fs_source *src) {
+    fs_engine *e = t->engine;
+    fs_status st = fs_source_check(src, &t->layout);
+    int n = st == FS_OK ? fs_engine_state_slices(e, 0, NULL, 0) : 0;
+    fs_state_slice *sl = st == FS_OK ? calloc((size_t)n + 1, sizeof *sl) : NULL;
+    if (st == FS_OK && !sl) st = fs_errorf(FS_ERR_NOMEM, "out of memory");
+    if (st == FS_OK) fs_engine_state_slices(e, 0, sl, n);
+    for (int i = 0; st == FS_OK && i < n; i++) {
+        const fs_tensor_info *ti = &t->layout.tensors[sl[i].tensor];
+        int64_t origin = ti->ndim == 1 ? 0 : ti->row0 * ti->shape[1];
+        st = fs_source_read(src, ti->name, origin + sl[i].begin, origin + sl[i].end, sl[i].master);
+    }
+    free(sl);
+    FS_TRY(fs_engine_agree(e, st));
+    return fs_engine_state_loaded(e);
+}
+
+fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck) {
+    FS_TRY(fs_ckpt_load(ck, t->engine));
+    t->step = ck->step;
+    return FS_OK;
+}
+
+fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep) {
+    return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep);
 }

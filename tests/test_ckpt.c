@@ -1,0 +1,494 @@
+/*
+ * tests/test_ckpt.c — checkpoints and model sources.
+ *
+ *   - resume at the same world size continues bit for bit (fp32 and bf16, every strategy);
+ *   - resume at another world size or strategy (4 -> 3, 4 -> 1, 1 -> 4, yafsdp -> zero3-param)
+ *     continues the run within the tolerance of W ranks against one (engine_checks.h);
+ *   - --keep prunes old checkpoints only after a new one is complete; leftovers of crashed
+ *     saves are never loaded and are removed by the next save;
+ *   - corrupted, truncated, wrong-version and wrong-model checkpoints, and hostile manifests,
+ *     each give a clear error naming the file and the problem;
+ *   - initialisation from safetensors (F32, BF16, F16) and from a Hugging Face directory
+ *     with an index of shard files, each rank reading its slices.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine_checks.h"
+#include "flatshard/ckpt.h"
+#include "flatshard/safetensors.h"
+#include "flatshard/source.h"
+#include "harness.h"
+
+#define MAX_W 4
+static char tmpdir[256];
+
+/* One run on W in-process ranks: optionally resumed or initialised, `steps` steps in all,
+ * optionally saving after step save_at (or every step with save_every) under save_root. */
+typedef struct run_spec {
+    const fs_llama_config *cfg;
+    fs_train_config tc;
+    const int32_t *in, *tg;
+    int steps;
+    const char *save_root;
+    int save_at, save_every, keep;
+    const char *resume_path, *init_path;
+    /* outputs */
+    double losses[EC_MAX_STEPS + 1]; /* by step number */
+    ec_result res;                   /* rank 0's final weights */
+    int64_t first_step;
+} run_spec;
+
+static fs_status run_rank(fs_comm *comm, void *arg) {
+    run_spec *s = arg;
+    fs_mem *mem = fs_comm_mem(comm);
+    fs_trainer t;
+    fs_ckpt ck = {0};
+    fs_source *src = NULL;
+    fs_status st = FS_OK;
+    fs_train_config tc = s->tc;
+    if (s->resume_path) {
+        FS_TRY(fs_ckpt_open(&ck, s->resume_path));
+        tc.seed = ck.seed;
+    }
+    if (s->init_path) FS_TRY(fs_source_open(&src, s->init_path));
+    st = fs_trainer_init(&t, s->cfg, &tc, NULL, comm, mem);
+    if (st == FS_OK && s->resume_path) st = fs_trainer_resume(&t, &ck);
+    if (st == FS_OK && src) st = fs_trainer_init_from(&t, src);
+    const int lead = fs_comm_rank(comm) == 0;
+    if (lead) s->first_step = t.step + 1;
+    while (st == FS_OK && t.step < s->steps) {
+        fs_step_stats ss;
+        st = fs_trainer_step_on_batch(&t, s->in, s->tg, &ss);
+        if (st == FS_OK && lead) s->losses[ss.step] = ss.loss;
+        if (st == FS_OK && s->save_root &&
+            (ss.step == s->save_at || (s->save_every > 0 && ss.step % s->save_every == 0)))
+            st = fs_trainer_save(&t, s->save_root, s->keep);
+    }
+    ec_result mine;
+    memset(&mine, 0, sizeof mine);
+    if (st == FS_OK) st = fs_layout_init(&mine.layout, s->cfg, t.layout.vocab_chunk_rows);
+    if (st == FS_OK) st = fs_mem_init(&mine.mem, 0);
+    if (st == FS_OK) st = fs_weights_init(&mine.weights, &mine.layout, mine.mem, FS_MEM_OTHER, "result");
+    if (st == FS_OK) st = fs_trainer_gather_weights(&t, &mine.weights);
+    if (lead) s->res = mine;
+    else ec_result_free(&mine);
+    fs_trainer_free(&t);
+    fs_ckpt_close(&ck);
+    fs_source_close(src);
+    return st;
+}
+
+static fs_status run(int W, run_spec *s) {
+    fs_mem *mems[MAX_W] = {0};
+    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
+    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, run_rank, s);
+    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
+    return st;
+}
+
+static void root_path(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", tmpdir, name); }
+
+static void rm_rf(const char *path) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
+}
+
+/* ------------------------------------------------------------------ resume */
+
+static void test_resume_is_bit_exact(void) {
+    fs_llama_config cfg = ec_model(1);
+    int32_t in[2 * 2 * 8], tg[2 * 2 * 8];
+    ec_batch(cfg.vocab_size, 4, 8, in, tg);
+    for (int s = 0; s < FS_STRATEGY_N; s++)
+        for (int p = 0; p < FS_PRECISION_N; p++) {
+            char root[512];
+            root_path(root, sizeof root, "exact");
+            rm_rf(root);
+            run_spec full = {.cfg = &cfg, .tc = ec_config((fs_strategy)s, (fs_precision)p, 2, 8),
+                             .in = in, .tg = tg, .steps = 6, .save_root = root, .save_at = 3};
+            full.tc.steps = 6;
+            CHECK_OK(run(2, &full));
+            run_spec resumed = full;
+            resumed.save_root = NULL;
+            resumed.resume_path = root;
+            memset(resumed.losses, 0, sizeof resumed.losses);
+            CHECK_OK(run(2, &resumed));
+            const char *what = fs_strategy_name((fs_strategy)s), *prec = fs_precision_name((fs_precision)p);
+            CHECK(resumed.first_step == 4, "%s %s: resumed at step %lld", what, prec, (long long)resumed.first_step);
+            for (int i = 4; i <= 6; i++)
+                CHECK(resumed.losses[i] == full.losses[i], "%s %s: step %d loss %.17g after resuming, %.17g straight",
+                      what, prec, i, resumed.losses[i], full.losses[i]);
+            const char *d = resumed.res.weights.data ? ec_first_difference(&resumed.res.weights, &full.res.weights) : "all";
+            CHECK(d == NULL, "%s %s: final weights differ in %s", what, prec, d);
+            ec_result_free(&full.res);
+            ec_result_free(&resumed.res);
+        }
+}
+
+static void test_resume_at_another_world_size_or_strategy(void) {
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[12 * 8], tg[12 * 8];
+    ec_batch(cfg.vocab_size, 12, 8, in, tg);
+    static const struct {
+        int from_w, to_w;
+        fs_strategy from_s, to_s;
+    } cases[] = {
+        {4, 3, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
+        {4, 1, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
+        {1, 4, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
+        {2, 3, FS_STRATEGY_YAFSDP, FS_STRATEGY_ZERO3_PARAM},
+        {3, 2, FS_STRATEGY_DDP, FS_STRATEGY_ZERO1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char root[512], what[96];
+        root_path(root, sizeof root, "reshard");
+        rm_rf(root);
+        snprintf(what, sizeof what, "%s W=%d -> %s W=%d", fs_strategy_name(cases[c].from_s), cases[c].from_w,
+                 fs_strategy_name(cases[c].to_s), cases[c].to_w);
+        /* the global batch is 12 rows on any W */
+        run_spec full = {.cfg = &cfg, .tc = ec_config(cases[c].from_s, FS_PRECISION_FP32, 12 / cases[c].from_w, 8),
+                         .in = in, .tg = tg, .steps = 6, .save_root = root, .save_at = 3};
+        full.tc.steps = 6;
+        CHECK_OK(run(cases[c].from_w, &full));
+        run_spec resumed = {.cfg = &cfg, .tc = ec_config(cases[c].to_s, FS_PRECISION_FP32, 12 / cases[c].to_w, 8),
+                            .in = in, .tg = tg, .steps = 6, .resume_path = root};
+        resumed.tc.steps = 6;
+        CHECK_OK(run(cases[c].to_w, &resumed));
+        /* the restored state is the saved one bit for bit; the continuation then differs by
+         * summation order only: the first resumed step's loss to rounding (1e-6), the later
+         * ones and the weights within engine_checks.h's W-vs-one tolerances */
+        CHECK(fabs(resumed.losses[4] - full.losses[4]) <= 1e-6 * full.losses[4], "%s: step 4 loss %.9g vs %.9g",
+              what, resumed.losses[4], full.losses[4]);
+        for (int i = 5; i <= 6; i++)
+            CHECK(fabs(resumed.losses[i] - full.losses[i]) <= 1e-4 * full.losses[i], "%s: step %d loss %.9g vs %.9g",
+                  what, i, resumed.losses[i], full.losses[i]);
+        double d = resumed.res.weights.data ? ec_max_diff(&resumed.res.weights, &full.res.weights) : 1;
+        CHECK(d <= 1e-2 / 50 * 3, "%s: final weights differ by %.3g", what, d);
+        ec_result_free(&full.res);
+        ec_result_free(&resumed.res);
+    }
+}
+
+/* ------------------------------------------------------------------ files on disk */
+
+static int count_entries(const char *dir, const char *prefix) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c '^%s'", dir, prefix);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1) n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+static void test_keep_and_crashed_saves(void) {
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    char root[512], stale[600];
+    root_path(root, sizeof root, "keep");
+    rm_rf(root);
+    mkdir(root, 0777);
+    /* a crashed save of step 9 left a temporary directory */
+    snprintf(stale, sizeof stale, "%s/step-00000009.tmp", root);
+    mkdir(stale, 0777);
+    run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                  .steps = 5, .save_root = root, .save_every = 1, .keep = 2};
+    s.tc.steps = 5;
+    CHECK_OK(run(2, &s));
+    CHECK(count_entries(root, "step-") == 2, "keep 2: %d step directories remain", count_entries(root, "step-"));
+    struct stat sb;
+    CHECK(stat(stale, &sb) != 0, "the crashed save's .tmp directory was removed");
+    fs_ckpt ck;
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(ck.step == 5, "the newest complete checkpoint is step 5, got %lld", (long long)ck.step);
+    fs_ckpt_close(&ck);
+    /* without its COMPLETE marker, step 5 is incomplete: the root opens step 4 */
+    char marker[700];
+    snprintf(marker, sizeof marker, "%s/step-00000005/COMPLETE", root);
+    CHECK(unlink(marker) == 0, "remove the marker");
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(ck.step == 4, "falls back to step 4, got %lld", (long long)ck.step);
+    fs_ckpt_close(&ck);
+    ec_result_free(&s.res);
+}
+
+/* Saves a 2-rank checkpoint of 2 steps under root; returns its directory in dir. */
+static void make_checkpoint(const char *root, char *dir, size_t n) {
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    rm_rf(root);
+    run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                  .steps = 2, .save_root = root, .save_at = 2};
+    s.tc.steps = 2;
+    CHECK_OK(run(2, &s));
+    ec_result_free(&s.res);
+    snprintf(n ? dir : NULL, n, "%s/step-00000002", root);
+}
+
+/* Loads path into a fresh 2-rank trainer of model cfg; returns the status and message. */
+static fs_status try_resume(const fs_llama_config *cfg, const char *path) {
+    int32_t in[2 * 8] = {0}, tg[2 * 8] = {0};
+    run_spec s = {.cfg = cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                  .steps = 2, .resume_path = path};
+    s.tc.steps = 2;
+    fs_status st = run(2, &s);
+    ec_result_free(&s.res);
+    return st;
+}
+
+static void test_damaged_checkpoints_are_refused(void) {
+    char root[512], dir[600], file[700], manifest[700];
+    root_path(root, sizeof root, "damage");
+    make_checkpoint(root, dir, sizeof dir);
+    snprintf(file, sizeof file, "%s/rank-00001-of-00002.bin", dir);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", dir);
+    fs_llama_config cfg = ec_model(0);
+    CHECK_OK(try_resume(&cfg, root));
+
+    /* one flipped byte in a rank file */
+    int fd = open(file, O_RDWR);
+    unsigned char b = 0;
+    CHECK(fd >= 0 && pread(fd, &b, 1, 100) == 1, "read a byte");
+    b ^= 0x40;
+    CHECK(pwrite(fd, &b, 1, 100) == 1, "flip it");
+    fs_status st = try_resume(&cfg, root);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "checksum mismatch") &&
+              strstr(fs_error_message(), "rank-00001-of-00002.bin"),
+          "corrupted file: %s", fs_error_message());
+    b ^= 0x40;
+    CHECK(pwrite(fd, &b, 1, 100) == 1, "restore it");
+    close(fd);
+    CHECK_OK(try_resume(&cfg, root));
+
+    /* a truncated rank file */
+    struct stat sb;
+    CHECK(stat(file, &sb) == 0, "stat");
+    char saved[800];
+    snprintf(saved, sizeof saved, "%s.saved", file);
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", file, saved);
+    CHECK(system(cmd) == 0, "keep a copy");
+    CHECK(truncate(file, sb.st_size / 2) == 0, "truncate");
+    st = try_resume(&cfg, root);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "truncated"), "truncated file: %s", fs_error_message());
+    CHECK(rename(saved, file) == 0, "restore");
+
+    /* a model of another shape */
+    fs_llama_config other = cfg;
+    other.intermediate_size = 64;
+    st = try_resume(&other, root);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "intermediate_size is 48 there, 64 here"),
+          "wrong model: %s", fs_error_message());
+
+    /* an edited manifest no longer matches the checksum in COMPLETE */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"step\": 2/\"step\": 3/' '%s'", manifest);
+    CHECK(system(cmd) == 0, "edit the manifest");
+    fs_ckpt ck;
+    st = fs_ckpt_open(&ck, dir);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "manifest is corrupted"), "edited manifest: %s",
+          fs_error_message());
+    /* nothing to resume from */
+    st = fs_ckpt_open(&ck, tmpdir);
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "no complete checkpoint"), "empty root: %s", fs_error_message());
+}
+
+/* Hostile or malformed manifests: each refused with a message naming what is wrong. */
+static void test_hostile_manifests(void) {
+#define HEAD "{\"format\":\"flatshard-checkpoint\",\"version\":1,\"step\":3,\"seed\":\"7\",\"world_size\":1," \
+             "\"strategy\":\"yafsdp\",\"precision\":\"fp32\",\"arrays\":[\"master\",\"adam_m\",\"adam_v\"]," \
+             "\"config\":{\"hidden_size\":8,\"intermediate_size\":8,\"num_hidden_layers\":1," \
+             "\"num_attention_heads\":2,\"vocab_size\":4},\"tensors\":[{\"name\":\"a\",\"shape\":[4,2]}],"
+    static const struct {
+        const char *json, *must_mention;
+    } cases[] = {
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}", NULL},
+        {"{\"format\":\"other\"}", "format"},
+        {"{\"format\":\"flatshard-checkpoint\",\"version\":2}", "version 2 is not supported"},
+        {HEAD "\"files\":[{\"name\":\"../../etc/passwd\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}", "must be named rank-00000-of-00001.bin"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":95,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}", "do not match"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,9]]}]}", "within a tensor"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[3,0,8]]}]}", "within a tensor"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,4],[0,2,6]]}]}", "stored twice"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":72,\"crc32\":1,\"numel\":6,\"ranges\":[[0,0,4],[0,2,4]]}]}", "stored twice"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":48,\"crc32\":1,\"numel\":4,\"ranges\":[[0,0,4]]}]}", "only 4 of 8"},
+        {HEAD "\"files\":[]}", "one file per rank"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":-1,\"numel\":8,\"ranges\":[[0,0,8]]}]}", "crc32"},
+        {HEAD "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":1e300,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}", "bytes"},
+        {"{\"format\":\"flatshard-checkpoint\",\"version\":1,\"step\":-1}", "step"},
+        {"{\"format\":\"flatshard-checkpoint\",\"version\":1,\"step\":1,\"seed\":7}", "seed"},
+        {"[1,2", "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fs_ckpt ck;
+        fs_status st = fs_ckpt_parse_manifest(&ck, cases[i].json, strlen(cases[i].json), "m.json");
+        if (!cases[i].must_mention) {
+            CHECK(st == FS_OK, "case %zu should parse: %s", i, fs_error_message());
+        } else {
+            CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), cases[i].must_mention) &&
+                      strstr(fs_error_message(), "m.json"),
+                  "case %zu: '%s' should mention '%s'", i, fs_error_message(), cases[i].must_mention);
+        }
+        fs_ckpt_close(&ck);
+    }
+#undef HEAD
+}
+
+/* ------------------------------------------------------------------ model sources */
+
+/* Writes the weights of w as safetensors in dtype (F32, BF16 or F16), in `files` shard files
+ * with an index when files > 1, into dir with a config.json. */
+static void write_hf(const fs_weights *w, const char *dir, fs_st_dtype dtype, int files) {
+    const fs_layout *l = w->layout;
+    mkdir(dir, 0777);
+    char path[700], cfg[4096];
+    CHECK(fs_llama_config_to_json(&l->cfg, "float32", cfg, sizeof cfg) > 0, "config");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(cfg, f);
+    fclose(f);
+    int per = (l->n_tensors + files - 1) / files;
+    FILE *index = NULL;
+    if (files > 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        index = fopen(path, "w");
+        fputs("{\"metadata\": {}, \"weight_map\": {", index);
+    }
+    for (int k = 0; k < files; k++) {
+        int t0 = k * per, t1 = t0 + per < l->n_tensors ? t0 + per : l->n_tensors;
+        fs_st_entry e[256];
+        const void *pieces[256];
+        size_t bytes[256];
+        uint16_t *narrow[256] = {0};
+        int n = 0;
+        char name[64];
+        if (files > 1) snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, files);
+        else snprintf(name, sizeof name, "model.safetensors");
+        for (int t = t0; t < t1; t++) {
+            const fs_tensor_info *ti = &l->tensors[t];
+            const float *src = fs_weights_unit(w, ti->unit) + ti->offset;
+            if (dtype == FS_ST_F32) {
+                pieces[n] = src;
+                bytes[n] = (size_t)ti->numel * 4;
+            } else {
+                narrow[n] = malloc((size_t)ti->numel * 2);
+                for (int64_t i = 0; i < ti->numel; i++) {
+                    if (dtype == FS_ST_BF16) narrow[n][i] = fs_fp32_to_bf16(src[i]);
+                    else { /* F16 of small values: exact for the ones chosen below */
+                        union { float f; uint32_t u; } v = {.f = src[i]};
+                        uint32_t sign = (v.u >> 16) & 0x8000u, ex = (v.u >> 23) & 0xff, m = (v.u >> 13) & 0x3ff;
+                        narrow[n][i] = (uint16_t)(ex == 0 ? sign : sign | ((ex - 112) << 10) | m);
+                    }
+                }
+                pieces[n] = narrow[n];
+                bytes[n] = (size_t)ti->numel * 2;
+            }
+            e[n] = (fs_st_entry){.name = ti->name, .dtype = dtype, .ndim = ti->ndim,
+                                 .shape = {ti->shape[0], ti->ndim == 2 ? ti->shape[1] : 0},
+                                 .n_pieces = 1, .pieces = &pieces[n], .piece_bytes = &bytes[n]};
+            if (index) fprintf(index, "%s\"%s\": \"%s\"", t ? ", " : "", ti->name, name);
+            n++;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        CHECK_OK(fs_safetensors_write(path, e, n, NULL));
+        for (int i = 0; i < n; i++) free(narrow[i]);
+    }
+    if (index) {
+        fputs("}}", index);
+        fclose(index);
+    }
+}
+
+/* A test value for element k of whole tensor `name`: a multiple of 1/64 in [-1, 1), exactly
+ * representable in F16 and BF16, independent of how a layout chunks the tensor. */
+static float test_value(const char *name, int64_t k) {
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    return (float)((int)fs_rand_below(h, 0, (uint64_t)k, 128) - 64) / 64.0f;
+}
+
+/* The first tensor piece of w whose elements are not test_value's. */
+static const char *first_wrong(const fs_weights *w) {
+    const fs_layout *l = w->layout;
+    for (int t = 0; t < l->n_tensors; t++) {
+        const fs_tensor_info *ti = &l->tensors[t];
+        int64_t origin = ti->ndim == 1 ? 0 : ti->row0 * ti->shape[1];
+        const float *x = fs_weights_unit(w, ti->unit) + ti->offset;
+        for (int64_t i = 0; i < ti->numel; i++)
+            if (x[i] != test_value(ti->name, origin + i)) return ti->name;
+    }
+    return NULL;
+}
+
+static void test_init_from_safetensors_and_hf_directories(void) {
+    fs_llama_config cfg = ec_model(0);
+    fs_layout l;
+    CHECK_OK(fs_layout_init(&l, &cfg, 0));
+    fs_mem *mem = NULL;
+    CHECK_OK(fs_mem_init(&mem, 0));
+    fs_weights w;
+    CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "source"));
+    for (int t = 0; t < l.n_tensors; t++) /* one piece per tensor in this layout */
+        for (int64_t i = 0; i < l.tensors[t].numel; i++)
+            fs_weights_unit(&w, l.tensors[t].unit)[l.tensors[t].offset + i] = test_value(l.tensors[t].name, i);
+    static const struct {
+        fs_st_dtype dtype;
+        int files;
+        const char *dir;
+    } cases[] = {{FS_ST_F32, 1, "hf32"}, {FS_ST_BF16, 3, "hfbf16"}, {FS_ST_F16, 2, "hf16"}};
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char dir[512];
+        root_path(dir, sizeof dir, cases[c].dir);
+        write_hf(&w, dir, cases[c].dtype, cases[c].files);
+        for (int W = 1; W <= 3; W += 2) {
+            run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in,
+                          .tg = tg, .steps = 0, .init_path = dir};
+            CHECK_OK(run(W, &s));
+            /* the trainer's layout splits the vocabulary in chunks of 13 rows: every piece
+             * must still hold its own rows of the whole tensor */
+            const char *d = s.res.weights.data ? first_wrong(&s.res.weights) : "all";
+            CHECK(d == NULL, "%s W=%d: loaded weights differ in %s", fs_st_dtype_name(cases[c].dtype), W, d);
+            ec_result_free(&s.res);
+        }
+    }
+    /* a source for another model is refused with the tensor named */
+    fs_llama_config other = cfg;
+    other.hidden_size = 64;
+    other.num_attention_heads = 8;
+    run_spec s = {.cfg = &other, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                  .steps = 0};
+    char dir[512];
+    root_path(dir, sizeof dir, "hf32");
+    s.init_path = dir;
+    CHECK(run(1, &s) == FS_ERR_FORMAT && strstr(fs_error_message(), "must have shape"), "wrong model: %s",
+          fs_error_message());
+    ec_result_free(&s.res);
+    fs_mem_free(mem);
+    fs_layout_free(&l);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/flatshard-test-ckpt-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_resume_is_bit_exact);
+    RUN(test_resume_at_another_world_size_or_strategy);
+    RUN(test_keep_and_crashed_saves);
+    RUN(test_damaged_checkpoints_are_refused);
+    RUN(test_hostile_manifests);
+    RUN(test_init_from_safetensors_and_hf_directories);
+    rm_rf(tmpdir);
+    return fs_test_summary();
+}
