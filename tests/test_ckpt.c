@@ -74,8 +74,12 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
     if (st == FS_OK) st = fs_mem_init(&mine.mem, 0);
     if (st == FS_OK) st = fs_weights_init(&mine.weights, &mine.layout, mine.mem, FS_MEM_OTHER, "result");
     if (st == FS_OK) st = fs_trainer_gather_weights(&t, &mine.weights);
-    if (lead) s->res = mine;
-    else ec_result_free(&mine);
+    if (lead) {
+        s->res = mine;
+        s->res.weights.layout = &s->res.layout; /* the copy's own layout, not the stack's */
+    } else {
+        ec_result_free(&mine);
+    }
     fs_trainer_free(&t);
     fs_ckpt_close(&ck);
     fs_source_close(src);

@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "flatshard/model.h"
 #include "flatshard/safetensors.h"
+#include "flatshard/source.h"
 #include "flatshard/train.h"
 #include "harness.h"
 
@@ -298,6 +300,138 @@ static void test_one_head_vs_torch(void) {
     against_torch(&mc);
 }
 
+/* ------------------------------------------------------------------ Hugging Face interop */
+
+/* Logits and loss of the model in `source` on the batch, computed by flatshard (one process,
+ * full weights, the vocabulary in one chunk). */
+static void flatshard_logits(const char *source, const model_case *mc, const int32_t *in, const int32_t *tg,
+                             float *logits, double *loss) {
+    fs_source *src = NULL;
+    CHECK_OK(fs_source_open(&src, source));
+    if (!src) return;
+    fs_layout l;
+    fs_mem *mem = NULL;
+    fs_weights w;
+    fs_acts a;
+    CHECK_OK(fs_layout_init(&l, fs_source_config(src), 0));
+    CHECK_OK(fs_mem_init(&mem, 0));
+    CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "weights"));
+    CHECK_OK(fs_weights_load(&w, src));
+    CHECK_OK(fs_acts_init(&a, &l, mc->B, mc->T, 0, mem));
+    const int64_t N = mc->B * mc->T;
+    memcpy(a.inputs, in, (size_t)N * sizeof *in);
+    memcpy(a.targets, tg, (size_t)N * sizeof *tg);
+    fs_model m = {.layout = &l, .pool = NULL, .profile = NULL};
+    *loss = fs_forward_loss(&m, &a, &w);
+    memcpy(logits, a.logits, (size_t)(N * mc->cfg.vocab_size) * sizeof *logits);
+    fs_source_close(src);
+    fs_mem_free(mem);
+    fs_layout_free(&l);
+}
+
+static void write_batch(const char *path, const model_case *mc, const int32_t *in, const int32_t *tg) {
+    const void *pin[] = {in}, *ptg[] = {tg};
+    size_t tok_bytes[] = {(size_t)(mc->B * mc->T) * sizeof(int32_t)};
+    fs_st_entry batch[2] = {
+        {.name = "inputs", .dtype = FS_ST_I32, .ndim = 2, .shape = {mc->B, mc->T}, .n_pieces = 1,
+         .pieces = pin, .piece_bytes = tok_bytes},
+        {.name = "targets", .dtype = FS_ST_I32, .ndim = 2, .shape = {mc->B, mc->T}, .n_pieces = 1,
+         .pieces = ptg, .piece_bytes = tok_bytes},
+    };
+    CHECK_OK(fs_safetensors_write(path, batch, 2, NULL));
+}
+
+/* Compares flatshard's logits and loss with the reference's output file. The two programs
+ * read the same stored weights (widened from BF16 exactly where they are BF16) and compute
+ * in fp32: the forward-pass tolerances of against_torch apply. */
+static void compare_with_reference(const char *ref_path, const float *logits, double loss, int64_t n,
+                                   const char *what) {
+    fs_safetensors ref;
+    fs_status st = fs_safetensors_open(&ref, ref_path);
+    CHECK(st == FS_OK, "%s: cannot read %s", what, ref_path);
+    if (st != FS_OK) return;
+    double *want = read_ref(&ref, "logits", n), *ref_loss = read_ref(&ref, "loss", 1);
+    if (want) {
+        CHECK_CLOSE(what, logits, want, n, 2e-6, 1e-5);
+        printf("     %s: logits worst |err| %.3g, loss %.7f vs torch %.7f\n", what, max_diff(logits, want, n), loss,
+               ref_loss ? ref_loss[0] : 0.0);
+    }
+    if (ref_loss) CHECK(fabs(loss - ref_loss[0]) <= 2e-6 * ref_loss[0], "%s: loss %.9g vs torch %.9g", what, loss, ref_loss[0]);
+    free(want);
+    free(ref_loss);
+    fs_safetensors_close(&ref);
+}
+
+/* flatshard -> Hugging Face: a checkpoint of a trained model, exported as F32 and as BF16,
+ * gives the reference the logits flatshard computes from the same file. */
+static void test_exported_model_runs_in_the_reference(void) {
+    model_case mc = {"export", make_cfg(48, 80, 2, 3, 1, 61, 0), 2, 7, 0};
+    const int64_t N = mc.B * mc.T, V = mc.cfg.vocab_size;
+    int32_t in[14], tg[14];
+    make_batch(&mc, in, tg);
+    fs_train_config tc = train_cfg(&mc, TEST_CLIP);
+    solo so;
+    CHECK_OK(solo_init(&so, &mc.cfg, &tc, NULL));
+    fs_step_stats s;
+    for (int i = 0; i < 3; i++) solo_step(&so, in, tg, &s); /* a trained model, not the initial one */
+    char ckpt[512], batch[512];
+    snprintf(ckpt, sizeof ckpt, "%s/export-ckpt", tmpdir);
+    snprintf(batch, sizeof batch, "%s/export-batch.safetensors", tmpdir);
+    CHECK_OK(fs_trainer_save(&so.t, ckpt, 1));
+    solo_free(&so);
+    write_batch(batch, &mc, in, tg);
+    static const fs_st_dtype dtypes[] = {FS_ST_F32, FS_ST_BF16};
+    float *logits = malloc((size_t)(N * V) * sizeof *logits);
+    for (int d = 0; d < 2; d++) {
+        char dir[512], out[600], cmd[4096];
+        snprintf(dir, sizeof dir, "%s/export-%s", tmpdir, fs_st_dtype_name(dtypes[d]));
+        snprintf(out, sizeof out, "%s.ref.safetensors", dir);
+        mkdir(dir, 0777);
+        fs_source *src = NULL;
+        uint64_t bytes = 0;
+        CHECK_OK(fs_source_open(&src, ckpt));
+        if (src) CHECK_OK(fs_source_export_hf(src, dir, dtypes[d], &bytes));
+        fs_source_close(src);
+        snprintf(cmd, sizeof cmd, "%s tools/torch_reference.py --mode eval --model %s --batch %s --out %s", python(),
+                 dir, batch, out);
+        int rc = system(cmd);
+        CHECK(rc == 0, "the reference failed on %s: %s", dir, cmd);
+        double loss = 0;
+        flatshard_logits(dir, &mc, in, tg, logits, &loss);
+        if (rc == 0) compare_with_reference(out, logits, loss, N * V, fs_st_dtype_name(dtypes[d]));
+    }
+    free(logits);
+}
+
+/* Hugging Face -> flatshard: a model the reference created (its own random weights, two BF16
+ * shard files and an index) gives flatshard the reference's loss and logits. */
+static void test_reference_model_loads_in_flatshard(void) {
+    model_case mc = {"created", make_cfg(32, 64, 2, 4, 2, 61, 1), 2, 9, 0};
+    const int64_t N = mc.B * mc.T, V = mc.cfg.vocab_size;
+    int32_t in[18], tg[18];
+    make_batch(&mc, in, tg);
+    char dir[512], out[512], batch[512], config[512], cmd[4096], text[4096];
+    snprintf(dir, sizeof dir, "%s/torch-model", tmpdir);
+    snprintf(out, sizeof out, "%s/torch-model.ref.safetensors", tmpdir);
+    snprintf(batch, sizeof batch, "%s/torch-batch.safetensors", tmpdir);
+    snprintf(config, sizeof config, "%s/torch-config.json", tmpdir);
+    write_batch(batch, &mc, in, tg);
+    CHECK(fs_llama_config_to_json(&mc.cfg, "float32", text, sizeof text) > 0, "config");
+    FILE *f = fopen(config, "w");
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s tools/torch_reference.py --mode create --config %s --seed 11 --model %s --batch %s --out %s",
+             python(), config, dir, batch, out);
+    int rc = system(cmd);
+    CHECK(rc == 0, "the reference failed: %s", cmd);
+    if (rc != 0) return;
+    float *logits = malloc((size_t)(N * V) * sizeof *logits);
+    double loss = 0;
+    flatshard_logits(dir, &mc, in, tg, logits, &loss);
+    compare_with_reference(out, logits, loss, N * V, "torch-created BF16 model");
+    free(logits);
+}
+
 /* ------------------------------------------------------------------ C-only invariants */
 
 static void test_vocab_chunking_changes_nothing(void) {
@@ -471,6 +605,8 @@ int main(void) {
     RUN(test_untied_gqa_awkward_shape_vs_torch);
     RUN(test_tied_vocab_chunks_vs_torch);
     RUN(test_one_head_vs_torch);
+    RUN(test_exported_model_runs_in_the_reference);
+    RUN(test_reference_model_loads_in_flatshard);
     RUN(test_vocab_chunking_changes_nothing);
     RUN(test_grad_accumulation_equals_big_batch);
     RUN(test_step_allocates_nothing_and_loss_falls);

@@ -8,6 +8,7 @@ little-endian. This module exists so that flatshard's reference tools need nothi
 Debian's python3-torch and python3-numpy (no safetensors package, no hub).
 """
 import json
+import os
 import struct
 
 import numpy as np
@@ -44,8 +45,34 @@ def read(path):
     return tensors, metadata
 
 
-def write(path, tensors, metadata=None):
-    """Writes dict name -> torch.Tensor (float32, int32 or int64) as a safetensors file."""
+def read_model_dir(path):
+    """A Hugging Face model directory: (config dict, tensors) from config.json and
+    model.safetensors, or model.safetensors.index.json and the shard files it names."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    index = os.path.join(path, "model.safetensors.index.json")
+    tensors = {}
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for name in files:
+        part, _ = read(os.path.join(path, name))
+        tensors.update(part)
+    return config, tensors
+
+
+def _float32_to_bf16_bits(t):
+    """Round-to-nearest-even bfloat16 bits (uint16) of a float32 tensor (finite values)."""
+    bits = t.contiguous().view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return (rounded & 0xFFFF).astype(np.uint16)
+
+
+def write(path, tensors, metadata=None, bf16=False):
+    """Writes dict name -> torch.Tensor (float32, int32 or int64) as a safetensors file;
+    with bf16=True float32 tensors are stored as BF16 (rounded to nearest even)."""
     names = sorted(tensors)
     header = {}
     if metadata:
@@ -54,7 +81,9 @@ def write(path, tensors, metadata=None):
     chunks = []
     for name in names:
         t = tensors[name].detach().contiguous().cpu()
-        if t.dtype == torch.float32:
+        if t.dtype == torch.float32 and bf16:
+            dtype = "BF16"
+        elif t.dtype == torch.float32:
             dtype = "F32"
         elif t.dtype == torch.int32:
             dtype = "I32"
@@ -62,7 +91,10 @@ def write(path, tensors, metadata=None):
             dtype = "I64"
         else:
             raise ValueError(f"{name}: unsupported dtype {t.dtype}")
-        raw = t.numpy().astype(t.numpy().dtype.newbyteorder("<"), copy=False).tobytes()
+        if dtype == "BF16":
+            raw = _float32_to_bf16_bits(t).astype("<u2").tobytes()
+        else:
+            raw = t.numpy().astype(t.numpy().dtype.newbyteorder("<"), copy=False).tobytes()
         header[name] = {"dtype": dtype, "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(raw)]}
         chunks.append(raw)

@@ -129,9 +129,10 @@ typedef struct fs_state_slice {
  * writes at most max of them. */
 int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max);
 
-/* Collective: every rank learns every rank's status, and a failure anywhere is a failure
- * everywhere (before a step that would otherwise wait for the rank that failed). A rank
- * keeps its own message; the others name the rank that failed. */
+/* Collective: every rank learns every rank's status and message, and a failure anywhere is
+ * a failure everywhere (before a step that would otherwise wait for the rank that failed).
+ * A failing rank keeps its own message; the others return the first failing rank's, as
+ * "rank R: <its message>", so whichever rank reports first tells the cause. */
 fs_status fs_engine_agree(fs_engine *e, fs_status mine);
 
 /* The plan the engine runs (layout, world, rank, strategy, precision). */

@@ -20,6 +20,7 @@
 
 #include "flatshard/core.h"
 #include "flatshard/model.h"
+#include "flatshard/safetensors.h"
 #include "flatshard/weights.h"
 
 typedef struct fs_source fs_source;
@@ -44,6 +45,12 @@ fs_status fs_source_read(fs_source *s, const char *name, int64_t begin, int64_t 
 
 /* Fills every unit of w (one process's full copy) from the source. */
 fs_status fs_weights_load(fs_weights *w, fs_source *s);
+
+/* Writes the source's model as a Hugging Face model directory: dir/model.safetensors (F32 or
+ * BF16, rounded to nearest even) and dir/config.json, streaming tensor by tensor in blocks
+ * (never the whole model in memory), each file under a temporary name renamed when complete.
+ * dir must exist. *bytes is the size of the tensor data. */
+fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes);
 
 /* For inspect: the tensors as stored (name, dtype name, shape). Returns the count. */
 int fs_source_tensor_count(const fs_source *s);

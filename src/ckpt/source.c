@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "flatshard/ckpt.h"
 #include "flatshard/safetensors.h"
@@ -309,3 +310,79 @@ void fs_source_tensor_info(const fs_source *s, int i, const char **name, const c
     *ndim = s->entries[i].t->ndim;
     *shape = s->entries[i].t->shape;
 }
+
+/* ------------------------------------------------------------------ export */
+
+#define EXPORT_BLOCK ((int64_t)1 << 20)
+
+/* Writes config.json text atomically. */
+static fs_status write_config(const char *dir, const fs_llama_config *cfg, const char *torch_dtype) {
+    char text[4096], path[2048], tmp[2100];
+    if (fs_llama_config_to_json(cfg, torch_dtype, text, sizeof text) < 0)
+        return fs_errorf(FS_ERR_INTERNAL, "config text too long");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    int ok = fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fs_errorf(FS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    }
+    return FS_OK;
+}
+
+fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes_out) {
+    if (dtype != FS_ST_F32 && dtype != FS_ST_BF16)
+        return fs_errorf(FS_ERR_USAGE, "export: dtype %s is not supported (F32 or BF16)", fs_st_dtype_name(dtype));
+    const int bf16 = dtype == FS_ST_BF16;
+    const fs_llama_config *cfg = fs_source_config(src);
+    fs_layout l;
+    FS_TRY(fs_layout_init(&l, cfg, 0));
+    fs_status st = fs_source_check(src, &l);
+    fs_st_entry *entries = calloc((size_t)l.n_tensors, sizeof *entries);
+    float *block = malloc((size_t)EXPORT_BLOCK * sizeof *block);
+    uint16_t *narrow = malloc((size_t)EXPORT_BLOCK * sizeof *narrow);
+    if (st == FS_OK && (!entries || !block || !narrow)) st = fs_errorf(FS_ERR_NOMEM, "out of memory");
+    int n = 0;
+    uint64_t bytes = 0;
+    for (int t = 0; st == FS_OK && t < l.n_tensors; t++) { /* one piece per tensor: no chunks */
+        const fs_tensor_info *ti = &l.tensors[t];
+        entries[n++] = (fs_st_entry){.name = ti->name, .dtype = bf16 ? FS_ST_BF16 : FS_ST_F32,
+                                     .ndim = ti->ndim, .shape = {ti->shape[0], ti->ndim == 2 ? ti->shape[1] : 0}};
+        bytes += (uint64_t)ti->numel * (bf16 ? 2 : 4);
+    }
+    char config[4096], path[2048];
+    if (st == FS_OK && fs_llama_config_to_json(cfg, bf16 ? "bfloat16" : "float32", config, sizeof config) < 0)
+        st = fs_errorf(FS_ERR_INTERNAL, "config text too long");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[] = {"format", "pt", "flatshard_config", config, NULL};
+    fs_st_writer *w = NULL;
+    if (st == FS_OK) st = fs_st_writer_open(&w, path, entries, n, meta);
+    for (int t = 0; st == FS_OK && t < l.n_tensors; t++) {
+        const fs_tensor_info *ti = &l.tensors[t];
+        for (int64_t i = 0; st == FS_OK && i < ti->numel; i += EXPORT_BLOCK) {
+            int64_t k = ti->numel - i < EXPORT_BLOCK ? ti->numel - i : EXPORT_BLOCK;
+            st = fs_source_read(src, ti->name, i, i + k, block);
+            if (st == FS_OK && bf16) {
+                for (int64_t j = 0; j < k; j++) narrow[j] = fs_fp32_to_bf16(block[j]);
+                st = fs_st_writer_write(w, narrow, (size_t)k * 2);
+            } else if (st == FS_OK) {
+                st = fs_st_writer_write(w, block, (size_t)k * 4);
+            }
+        }
+    }
+    if (w) {
+        if (st == FS_OK) st = fs_st_writer_close(w);
+        else fs_st_writer_abort(w);
+    }
+    if (st == FS_OK) st = write_config(dir, cfg, bf16 ? "bfloat16" : "float32");
+    *bytes_out = bytes;
+    free(entries);
+    free(block);
+    free(narrow);
+    fs_layout_free(&l);
+    return st;
+}
+

@@ -719,19 +719,21 @@ fs_status fs_engine_state_loaded(fs_engine *e) {
 
 const fs_plan *fs_engine_plan(const fs_engine *e) { return e->plan; }
 
+/* A rank's status and message, as fs_engine_agree exchanges them. */
+typedef struct agree_record {
+    int32_t status;
+    char message[508];
+} agree_record;
+
 fs_status fs_engine_agree(fs_engine *e, fs_status mine) {
-    char own[1024];
-    snprintf(own, sizeof own, "%s", fs_error_message());
-    int32_t st = (int32_t)mine, *all = calloc((size_t)e->world, sizeof *all);
+    agree_record own = {.status = (int32_t)mine}, *all = calloc((size_t)e->world, sizeof *all);
+    snprintf(own.message, sizeof own.message, "%s", mine == FS_OK ? "" : fs_error_message());
     if (!all) return fs_errorf(FS_ERR_NOMEM, "out of memory");
-    fs_status g = fs_engine_all_gather_bytes(e, &st, sizeof st, all);
-    fs_status result = g;
-    if (g == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own);
-    for (int r = 0; g == FS_OK && mine == FS_OK && r < e->world; r++)
-        if (all[r] != FS_OK) {
-            result = fs_errorf((fs_status)all[r], "rank %d failed (its own message says why)", r);
-            break;
-        }
+    fs_status result = fs_engine_all_gather_bytes(e, &own, sizeof own, all);
+    if (result == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own.message);
+    for (int r = 0; result == FS_OK && r < e->world; r++)
+        if (all[r].status != FS_OK) /* the first failing rank's own words, on every rank */
+            result = fs_errorf((fs_status)all[r].status, "rank %d: %s", r, all[r].message);
     free(all);
     return result;
 }
