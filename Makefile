@@ -4,6 +4,7 @@
 #   make test             build and run the whole test suite (ends with "N passed, M failed")
 #   make SANITIZER=address test     the same under ASan (also: undefined, thread); objects go
 #                                   to build-<sanitizer>/ so they never mix with the plain build
+#   make SANITIZER=fuzz   clang libFuzzer targets of the file parsers, in build-fuzz/fuzz/
 #   make DEBUG=1          -O0, extra assertions in debug-only checks
 #   make WERROR=1         warnings are errors (CI sets this)
 #   make clean
@@ -57,8 +58,12 @@ else ifeq ($(SANITIZER),undefined)
 SANFLAGS := -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 else ifeq ($(SANITIZER),thread)
 SANFLAGS := -fsanitize=thread
+else ifeq ($(SANITIZER),fuzz)
+# libFuzzer targets (tests/fuzz/fuzz_*.c) and the library under ASan+UBSan, built with clang
+CC       := clang
+SANFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 else ifneq ($(SANITIZER),)
-$(error SANITIZER must be address, undefined or thread, not '$(SANITIZER)')
+$(error SANITIZER must be address, undefined, thread or fuzz, not '$(SANITIZER)')
 endif
 
 CPPFLAGS := -Iinclude -D_POSIX_C_SOURCE=200809L
@@ -101,6 +106,10 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+FUZZ_BIN :=
+ifeq ($(SANITIZER),fuzz)
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+endif
 
 LIB      := $(BUILD)/libflatshard.a
 BIN      := $(BUILD)/flatshard
@@ -108,7 +117,7 @@ BIN      := $(BUILD)/flatshard
 .PHONY: all test check clean
 # test objects are intermediate files of the pattern rules; keep them between builds
 .SECONDARY:
-all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN)
+all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -130,6 +139,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
 	@$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 # MPI, part 3: the test program that tests/cli/test_comm_mpi.sh runs under mpirun.
+$(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) -fsanitize=fuzzer,address,undefined $< $(LIB) $(LDLIBS) -o $@
+
 $(BUILD)/mpi_tests/%: $(BUILD)/obj/tests/mpi/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
