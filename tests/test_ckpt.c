@@ -145,6 +145,7 @@ static void test_resume_at_another_world_size_or_strategy(void) {
         {4, 3, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
         {4, 1, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
         {1, 4, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
+        {3, 4, FS_STRATEGY_YAFSDP, FS_STRATEGY_YAFSDP},
         {2, 3, FS_STRATEGY_YAFSDP, FS_STRATEGY_ZERO3_PARAM},
         {3, 2, FS_STRATEGY_DDP, FS_STRATEGY_ZERO1},
     };
