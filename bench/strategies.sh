@@ -56,7 +56,7 @@ def load(name):
     rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
     measured = rows[1:] if len(rows) > 1 else rows
     return {"step": statistics.median(r["step_time"] for r in measured),
-            "wait": statistics.median(r["comm_wait_time"] for r in measured),
+            "wait": statistics.median(r["exposed_comm_time"] for r in measured),
             "tps": statistics.median(r["tokens_per_s"] for r in measured),
             "loss": rows[-1]["loss"], "peak": rows[-1]["peak_bytes"]}
 mib = lambda b: b / 1048576

@@ -9,14 +9,17 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "commands.h"
 #include "common.h"
 #include "flatshard/ckpt.h"
+#include "flatshard/estimate.h"
 #include "flatshard/source.h"
 #include "flatshard/train.h"
 
@@ -41,25 +44,53 @@ static const fs_command_help train_help = {
 static const char *const strategy_choices[] = {"ddp", "zero1", "zero2", "zero3-param", "yafsdp", NULL};
 static const char *const precision_choices[] = {"fp32", "bf16", NULL};
 static const char *const on_off[] = {"on", "off", NULL};
+static const char *const progress_choices[] = {"auto", "live", "lines", NULL};
+
+/* Rank 0's view of the run, for the progress line. */
+typedef struct progress {
+    int tty;                 /* stdout is a terminal: one line, redrawn in place */
+    int open;                /* that line is on screen and needs a newline before other output */
+    double timed_s;          /* wall time of the steps after the first */
+    int64_t timed_steps;
+    double flops_per_token;  /* model FLOPs of a training token (fs_layout_train_flops_per_token) */
+    double peak_flops;       /* all ranks' compute threads at this machine's peak for the precision */
+} progress;
 
 typedef struct train_run {
     fs_llama_config mcfg;
     fs_train_config cfg;
     const char *model_name, *data_path, *out_path, *metrics_path;
-    const char *save_dir, *resume_path, *init_from;
+    const char *save_dir, *resume_path, *init_from, *trace_path;
+    int64_t trace_steps;
+    const char *progress_mode; /* auto, live or lines */
     const fs_token_data *data;
     const fs_ckpt *resume;     /* opened once, read by every rank (reads are positioned) */
     fs_source *source;         /* likewise */
     FILE *metrics;
     int64_t log_every, save_every, keep;
     int profile, memory, no_save, ranks_here;
+    progress progress;       /* rank 0's */
 } train_run;
+
+static void progress_break(progress *pg) {
+    if (pg->open) {
+        fputc('\n', stdout);
+        pg->open = 0;
+    }
+}
+
+static void format_eta(char *buf, size_t n, double s) {
+    if (s >= 3600) snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    else if (s >= 60) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else snprintf(buf, n, "%.0fs", s);
+}
 
 /* Saves a checkpoint and says so (rank 0). */
 static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
     double t0 = fs_now();
     fs_status st = fs_trainer_save(tr, run->save_dir, (int)run->keep);
     if (st == FS_OK && lead) {
+        progress_break(&run->progress);
         printf("saved checkpoint %s/step-%08" PRId64 " in %.2f s\n", run->save_dir, tr->step, fs_now() - t0);
         fflush(stdout);
     }
@@ -100,23 +131,44 @@ static void print_memory(const rank_memory *all, int world, int64_t steps, const
                plan->allocs_per_step > 0 ? " (zero3-param allocates per use by design)" : "");
 }
 
-/* Rank 0's progress line and metrics record for one step. */
-static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, int64_t steps) {
+/* Rank 0's progress and metrics record for one step: on a terminal a live line (step/total,
+ * loss, tokens/s, MFU, ETA, peak memory); otherwise a plain line every --log-every steps. */
+static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, int64_t steps,
+                        int64_t first_step, progress *pg) {
     const fs_step_stats s = *sp;
-    double tps = (double)s.tokens / s.seconds;
-    if (s.step == 1 || s.step == steps || s.step % run->log_every == 0) {
-        printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s"
+    const double tps = (double)s.tokens / s.seconds;
+    const double mfu = pg->peak_flops > 0 ? tps * pg->flops_per_token / pg->peak_flops : 0;
+    const fs_mem_stats ms = fs_mem_get_stats(mem);
+    if (s.step > first_step) {
+        pg->timed_s += s.seconds;
+        pg->timed_steps++;
+    }
+    double mean = pg->timed_steps ? pg->timed_s / (double)pg->timed_steps : s.seconds;
+    if (pg->tty) {
+        char eta[32];
+        format_eta(eta, sizeof eta, mean * (double)(steps - s.step));
+        int done = (int)(20 * s.step / (steps > 0 ? steps : 1));
+        char bar[21];
+        for (int i = 0; i < 20; i++) bar[i] = i < done ? '#' : '.';
+        bar[20] = '\0';
+        printf("\r\033[Kstep %" PRId64 "/%" PRId64 " [%s] | loss %.4f | %.0f tok/s | MFU %.1f%% | ETA %s | peak %.0f MiB",
+               s.step, steps, bar, s.loss, tps, 100.0 * mfu, eta, (double)ms.total_peak / 1048576.0);
+        pg->open = 1;
+        if (s.step == steps) progress_break(pg);
+        fflush(stdout);
+    } else if (s.step == first_step || s.step == steps || s.step % run->log_every == 0) {
+        printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | MFU %.1f%%"
                " | %.3f s (comm wait %.3f s)\n",
-               s.step, steps, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s);
+               s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu, s.seconds, s.comm_wait_s);
         fflush(stdout);
     }
     if (run->metrics) {
-        fs_mem_stats ms = fs_mem_get_stats(mem);
         fprintf(run->metrics,
                 "{\"step\":%" PRId64 ",\"loss\":%.17g,\"lr\":%.6e,\"grad_norm\":%.17g,"
-                "\"tokens_per_s\":%.1f,\"step_time\":%.6f,\"comm_wait_time\":%.6f,"
-                "\"tokens\":%" PRId64 ",\"peak_bytes\":{",
-                s.step, s.loss, s.lr, s.grad_norm, tps, s.seconds, s.comm_wait_s, s.tokens);
+                "\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"step_time\":%.6f,\"compute_time\":%.6f,"
+                "\"exposed_comm_time\":%.6f,\"tokens\":%" PRId64 ",\"peak_bytes\":{",
+                s.step, s.loss, s.lr, s.grad_norm, tps, mfu, s.seconds, s.seconds - s.comm_wait_s,
+                s.comm_wait_s, s.tokens);
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
         fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
@@ -141,6 +193,14 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         return st;
     }
     t_load = fs_now() - t_load;
+    /* the timeline skips the first step (one-off costs) unless that is all there is */
+    int64_t trace_from = tr.step + 2 <= cfg.steps ? tr.step + 2 : tr.step + 1;
+    if (st == FS_OK && run->trace_path)
+        st = fs_trainer_trace(&tr, trace_from, trace_from + run->trace_steps - 1);
+    if (st != FS_OK) {
+        fs_trainer_free(&tr);
+        return st;
+    }
     if (lead) {
         char desc[256];
         fs_cli_describe_model(&tr.layout, desc, sizeof desc);
@@ -164,6 +224,18 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             printf("  initialised from %s in %.2f s\n", fs_source_describe(run->source), t_load);
         fflush(stdout);
     }
+    if (lead) {
+        const fs_hardware *hw = NULL;
+        /* auto: live on a terminal, but not under an MPI launcher: OpenMPI hands rank 0 a
+         * pseudo-terminal whatever mpirun's own output is (a file, a pipe, a log) */
+        if (strcmp(run->progress_mode, "auto") == 0)
+            run->progress.tty = isatty(STDOUT_FILENO) && !fs_comm_mpi_launched();
+        else
+            run->progress.tty = strcmp(run->progress_mode, "live") == 0;
+        run->progress.flops_per_token = fs_layout_train_flops_per_token(&tr.layout, cfg.seq);
+        if (fs_hardware_find("this-machine", &hw) == FS_OK)
+            run->progress.peak_flops = fs_hardware_peak(hw, cfg.precision) * (double)world * (double)cfg.threads;
+    }
     double train_seconds = 0, wait_seconds = 0;
     int64_t train_tokens = 0, first_step = tr.step + 1;
     uint64_t allocs_after_step1 = 0;
@@ -177,12 +249,22 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             wait_seconds += s.comm_wait_s;
             train_tokens += s.tokens;
         }
-        if (lead) report_step(run, &s, mem, cfg.steps);
+        if (lead) report_step(run, &s, mem, cfg.steps, first_step, &run->progress);
         if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0)
             st = save_checkpoint(&tr, run, lead);
     }
     if (st == FS_OK && run->save_dir && (run->save_every <= 0 || tr.step % run->save_every != 0))
         st = save_checkpoint(&tr, run, lead); /* the final state, if the last step did not save */
+    if (lead) progress_break(&run->progress);
+    if (st == FS_OK && run->trace_path) {
+        int64_t dropped = 0;
+        st = fs_trainer_trace_write(&tr, run->trace_path, &dropped);
+        if (st == FS_OK && lead)
+            printf("wrote the timeline of steps %" PRId64 "-%" PRId64 " to %s%s (open it in Perfetto or chrome://tracing, "
+                   "or draw a step with 'flatshard trace-svg')\n",
+                   trace_from, trace_from + run->trace_steps - 1 < cfg.steps ? trace_from + run->trace_steps - 1 : cfg.steps,
+                   run->trace_path, dropped ? " (some events dropped: the buffer was full)" : "");
+    }
     if (st == FS_OK && lead && train_seconds > 0)
         printf("trained to step %" PRId64 ": mean %.0f tok/s over steps %" PRId64 "..%" PRId64
                ", rank 0 waited for communication %.1f%% of that time\n",
@@ -249,7 +331,7 @@ static int local_ranks(int world) {
 
 int fs_cmd_train(int argc, char **argv) {
     train_run run = {.cfg = fs_train_config_default(), .out_path = "out/model.safetensors",
-                     .log_every = 10, .keep = 3};
+                     .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto"};
     fs_train_config *c = &run.cfg;
     const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on";
     int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
@@ -258,7 +340,7 @@ int fs_cmd_train(int argc, char **argv) {
     double lr = c->lr, min_lr = c->min_lr, wd = c->adamw.weight_decay;
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
+        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
         {"init-from", 0, FS_OPT_STRING, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md)", NULL, 0, 0},
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
@@ -287,8 +369,11 @@ int fs_cmd_train(int argc, char **argv) {
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
         {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
-        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time, comm_wait_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
-        {"log-every", 0, FS_OPT_INT, &run.log_every, "N", "print a progress line every N steps (and the first and last)", NULL, 1, INT64_MAX},
+        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
+        {"trace", 0, FS_OPT_STRING, &run.trace_path, "FILE.json", "write a timeline of every rank's compute and communication (Chrome Trace Event JSON)", NULL, 0, 0},
+        {"trace-steps", 0, FS_OPT_INT, &run.trace_steps, "N", "steps the timeline records, from the second", NULL, 1, 1000},
+        {"progress", 0, FS_OPT_STRING, &run.progress_mode, "MODE", "live: one line redrawn in place; lines: a log line every --log-every steps; auto: live on a terminal unless under an MPI launcher", progress_choices, 0, 0},
+        {"log-every", 0, FS_OPT_INT, &run.log_every, "N", "with plain log lines, one every N steps (and the first and last)", NULL, 1, INT64_MAX},
         {"out", 'o', FS_OPT_STRING, &run.out_path, "FILE", "where to save the weights at the end (safetensors)", NULL, 0, 0},
         {"no-save", 0, FS_OPT_FLAG, &run.no_save, NULL, "do not save the weights", NULL, 0, 0},
         {"profile", 0, FS_OPT_FLAG, &run.profile, NULL, "print the share of time per kernel at the end", NULL, 0, 0},
@@ -367,6 +452,7 @@ int fs_cmd_train(int argc, char **argv) {
     }
     run.data = &data;
     if (!run.no_save) st = fs_cli_prepare_output_path(run.out_path);
+    if (st == FS_OK && run.trace_path) st = fs_cli_prepare_output_path(run.trace_path);
     if (st == FS_OK && run.metrics_path && !(run.metrics = fopen(run.metrics_path, "a")))
         st = fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", run.metrics_path,
                        strerror(errno));

@@ -14,6 +14,8 @@ int fs_cmd_generate(int argc, char **argv);
 int fs_cmd_tokenize(int argc, char **argv);
 int fs_cmd_export(int argc, char **argv);
 int fs_cmd_inspect(int argc, char **argv);
+int fs_cmd_plan(int argc, char **argv);
+int fs_cmd_trace_svg(int argc, char **argv);
 int fs_cmd_bench(int argc, char **argv);
 int fs_cmd_bench_comm(int argc, char **argv); /* `flatshard bench comm`, cli/cmd_bench_comm.c */
 

@@ -23,6 +23,8 @@ static const fs_command commands[] = {
     {"tokenize", fs_cmd_tokenize, "convert text files into a token file"},
     {"export", fs_cmd_export, "a checkpoint or model to a Hugging Face model directory"},
     {"inspect", fs_cmd_inspect, "what a checkpoint or model file holds, checksums verified"},
+    {"plan", fs_cmd_plan, "memory, communication and step time of a run on any cluster"},
+    {"trace-svg", fs_cmd_trace_svg, "draw one step of a --trace timeline as an SVG picture"},
     {"bench", fs_cmd_bench, "measure parts of the system (see 'flatshard bench --help')"},
     {NULL, NULL, NULL},
 };

@@ -227,6 +227,7 @@ typedef struct fs_comm_op {
     int root;            /* broadcast */
     int accumulate;      /* reduce-scatter: 1 adds the result into recv instead of storing it */
     fs_comm_algo algo;   /* FS_COMM_ALGO_DEFAULT: the communicator's */
+    int tag;             /* the caller's label for observers (0: none); no effect on the call */
 } fs_comm_op;
 
 fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
@@ -318,5 +319,12 @@ fs_status fs_comm_worker_flush(fs_comm_worker *w);
 
 /* Drains the queue (see above), joins the thread and frees the worker. NULL is a no-op. */
 void fs_comm_worker_free(fs_comm_worker *w);
+
+/* Called on the worker thread after each job with its start and end times (fs_now()):
+ * op is the collective, or NULL for a function job (then fn_arg is its argument). For
+ * timelines. Set or clear (fn NULL) only while the worker is idle (after a flush). */
+typedef void (*fs_comm_observer)(void *ctx, const fs_comm_op *op, void *fn_arg, double t0,
+                                 double t1);
+void fs_comm_worker_observe(fs_comm_worker *w, fs_comm_observer fn, void *ctx);
 
 #endif /* FLATSHARD_COMM_H */

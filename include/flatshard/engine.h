@@ -135,6 +135,11 @@ int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, i
  * "rank R: <its message>", so whichever rank reports first tells the cause. */
 fs_status fs_engine_agree(fs_engine *e, fs_status mine);
 
+/* Records every collective the worker runs (with its unit and bytes) into comm_track, the
+ * communication track of a timeline (trace.h); NULL stops. Call between steps. */
+struct fs_trace;
+fs_status fs_engine_trace(fs_engine *e, struct fs_trace *comm_track);
+
 /* The plan the engine runs (layout, world, rank, strategy, precision). */
 const fs_plan *fs_engine_plan(const fs_engine *e);
 

@@ -51,7 +51,8 @@ typedef struct fs_llama_config {
     int tie_word_embeddings;         /* LM head = embedding table */
 } fs_llama_config;
 
-/* Named presets: "tiny" (~3M parameters, the demo) and "small" (~104M). Unknown name:
+/* Named presets: "tiny" (~3M parameters, the demo), "small" (~104M), and the published
+ * "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b". Unknown name:
  * FS_ERR_USAGE naming the preset and listing the known ones. */
 fs_status fs_llama_config_preset(const char *name, fs_llama_config *out);
 /* The preset names, NULL-terminated. */

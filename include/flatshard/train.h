@@ -27,6 +27,7 @@
 #include "flatshard/optim.h"
 #include "flatshard/shard.h"
 #include "flatshard/source.h"
+#include "flatshard/trace.h"
 #include "flatshard/weights.h"
 
 typedef struct fs_train_config {
@@ -74,6 +75,8 @@ typedef struct fs_trainer {
     fs_comm *comm;             /* not owned */
     const fs_token_data *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
+    fs_trace trace_compute, trace_comm; /* a timeline's two tracks (fs_trainer_trace) */
+    int64_t trace_from, trace_to;       /* the steps recorded; 0, 0: none */
 } fs_trainer;
 
 /* The shard plan a trainer with these settings would use on rank `rank` of `world`, for
@@ -111,6 +114,15 @@ fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck);
 /* Collective: saves a checkpoint of the state after the last step under root, keeping the
  * newest `keep` (0: all). */
 fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep);
+
+/* Collective: records a timeline (trace.h) of steps [from_step, to_step] (1-based): every
+ * op's forward and backward, the waits for units, the optimizer, and every collective with
+ * its bytes. Call once, before the first step; the buffers are allocated here. */
+fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step);
+
+/* Collective: gathers every rank's timeline; rank 0 writes it to path as Chrome Trace Event
+ * JSON. Returns the number of events dropped for lack of room (0 normally) in *dropped. */
+fs_status fs_trainer_trace_write(fs_trainer *t, const char *path, int64_t *dropped);
 
 /* Collective: the full fp32 weights on every rank, in w (laid out for t->layout). */
 fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w);

@@ -51,6 +51,8 @@ struct fs_comm_worker {
     worker_job *slots; /* (capacity) */
     uint64_t capacity, issued, done;
     int stopping;
+    fs_comm_observer observer; /* read by the worker thread, set while it is idle */
+    void *observer_ctx;
     uint64_t failed_ticket;
     fs_status failed_status;
     char failed_msg[768];
@@ -72,8 +74,12 @@ static void *worker_main(void *p) {
         uint64_t t = w->done + 1;
         worker_job job = w->slots[(t - 1) % w->capacity];
         if (!w->failed_ticket) {
+            fs_comm_observer observer = w->observer;
+            void *observer_ctx = w->observer_ctx;
             pthread_mutex_unlock(&w->mu);
+            double t0 = observer ? fs_now() : 0;
             fs_status st = job.fn ? job.fn(job.arg) : fs_comm_run(w->comm, &job.op);
+            if (observer) observer(observer_ctx, job.fn ? NULL : &job.op, job.arg, t0, fs_now());
             pthread_mutex_lock(&w->mu);
             if (st != FS_OK) {
                 w->failed_ticket = t;
@@ -197,4 +203,11 @@ void fs_comm_worker_free(fs_comm_worker *w) {
     pthread_mutex_destroy(&w->mu);
     fs_mem_release(w->mem, w->slots);
     free(w);
+}
+
+void fs_comm_worker_observe(fs_comm_worker *w, fs_comm_observer fn, void *ctx) {
+    pthread_mutex_lock(&w->mu);
+    w->observer = fn;
+    w->observer_ctx = ctx;
+    pthread_mutex_unlock(&w->mu);
 }

@@ -23,7 +23,14 @@ typedef struct fs_preset {
 
 /* tiny: the demo, ~3.3M parameters, trains visibly on 2 cores in minutes.
  * small: ~104M parameters (12 blocks of 8.65M), the benchmark model of the issues. Both use
- * the byte-level vocabulary of 256 and grouped-query attention. */
+ * the byte-level vocabulary of 256 and grouped-query attention.
+ * The published Llama configurations (the config.json of Meta's releases on Hugging Face:
+ * sizes, heads, vocabulary, rms_norm_eps, rope_theta, context) are here for the planner; they
+ * train here too, if the memory is there. */
+#define PUBLISHED(C, FF, L, NH, NKV, V, CTX, THETA) \
+    {.hidden_size = C, .intermediate_size = FF, .num_hidden_layers = L, .num_attention_heads = NH, \
+     .num_key_value_heads = NKV, .vocab_size = V, .max_position_embeddings = CTX, .rms_norm_eps = 1e-5, \
+     .rope_theta = THETA, .initializer_range = 0.02, .tie_word_embeddings = 0}
 static const fs_preset presets[] = {
     {"tiny",
      {.hidden_size = 256, .intermediate_size = 768, .num_hidden_layers = 4,
@@ -35,6 +42,11 @@ static const fs_preset presets[] = {
       .num_attention_heads = 12, .num_key_value_heads = 4, .vocab_size = 256,
       .max_position_embeddings = 2048, .rms_norm_eps = 1e-5, .rope_theta = 10000.0,
       .initializer_range = 0.02, .tie_word_embeddings = 0}},
+    {"llama2-7b", PUBLISHED(4096, 11008, 32, 32, 32, 32000, 4096, 10000.0)},
+    {"llama2-13b", PUBLISHED(5120, 13824, 40, 40, 40, 32000, 4096, 10000.0)},
+    {"llama2-70b", PUBLISHED(8192, 28672, 80, 64, 8, 32000, 4096, 10000.0)},
+    {"llama3-8b", PUBLISHED(4096, 14336, 32, 32, 8, 128256, 8192, 500000.0)},
+    {"llama3-70b", PUBLISHED(8192, 28672, 80, 64, 8, 128256, 8192, 500000.0)},
 };
 #define N_PRESETS (sizeof presets / sizeof presets[0])
 
@@ -51,7 +63,7 @@ fs_status fs_llama_config_preset(const char *name, fs_llama_config *out) {
             *out = presets[i].cfg;
             return FS_OK;
         }
-    char known[256] = "";
+    char known[512] = "";
     for (size_t i = 0; i < N_PRESETS; i++) {
         size_t used = strlen(known);
         snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", presets[i].name);

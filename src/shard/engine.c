@@ -31,6 +31,7 @@
 
 #include "flatshard/engine.h"
 #include "flatshard/kernels.h"
+#include "flatshard/trace.h"
 
 /* zero3-param: one unit's weights, allocated for one use */
 typedef struct z3_weights {
@@ -86,6 +87,7 @@ struct fs_engine {
     z3_grads zg[2];
     int max_pieces;
 
+    fs_trace *trace;      /* the communication track of a timeline, or NULL */
     double *exchange;     /* (2 * world) every rank's (sum of squares, loss) */
     unsigned char *grad_written; /* (n_units) the unit's gradient holds this step's first part */
     int *uses_left;       /* (n_units) ddp: backward uses of the unit left in this micro-batch */
@@ -141,6 +143,7 @@ static fs_status gather_unit(fs_engine *e, int u, void *dst, uint64_t *ticket) {
         fs_comm_op op = fs_comm_op_all_gather(shard_source(e) + (size_t)pc->shard_offset * e->csize,
                                               (char *)dst + (size_t)at * e->csize,
                                               (size_t)pc->shard, e->cdtype);
+        op.tag = u + 1; /* the unit, for the timeline */
         FS_TRY(enqueue(e, op, ticket));
     }
     return FS_OK;
@@ -272,6 +275,7 @@ static fs_status refresh_weights(fs_engine *e) {
         fs_comm_op op = fs_comm_op_all_gather(base + (size_t)mine * e->csize,
                                               base + (size_t)pc->full_offset * e->csize,
                                               (size_t)pc->shard, e->cdtype);
+        op.tag = pc->unit + 1;
         uint64_t t;
         FS_TRY(enqueue(e, op, &t));
     }
@@ -508,6 +512,7 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
         fs_comm_op rs = fs_comm_op_reduce_scatter_ex(e->gring[b], e->grads_shard + su->shard_offset,
                                                      (size_t)su->shard_numel, FS_DTYPE_FP32,
                                                      FS_DTYPE_FP32, FS_REDOP_SUM, acc);
+        rs.tag = u + 1;
         return enqueue(e, rs, &e->gring_ticket[b]);
     }
     case FS_STRATEGY_ZERO3_PARAM: {
@@ -527,6 +532,7 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
             fs_comm_op rs = fs_comm_op_reduce_scatter_ex(pad, e->grads_shard + pc->shard_offset,
                                                          (size_t)pc->shard, FS_DTYPE_FP32,
                                                          FS_DTYPE_FP32, FS_REDOP_SUM, acc);
+            rs.tag = u + 1;
             FS_TRY(enqueue(e, rs, &g->ticket));
         }
         return FS_OK;
@@ -536,9 +542,9 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
         if (--e->uses_left[u] == 0 && e->micro == e->n_micro - 1) {
             float *g = e->grads_full + su->full_offset;
             uint64_t t;
-            return enqueue(e, fs_comm_op_all_reduce(g, g, (size_t)su->full_numel, FS_DTYPE_FP32,
-                                                    FS_REDOP_SUM),
-                           &t);
+            fs_comm_op ar = fs_comm_op_all_reduce(g, g, (size_t)su->full_numel, FS_DTYPE_FP32, FS_REDOP_SUM);
+            ar.tag = u + 1;
+            return enqueue(e, ar, &t);
         }
         return FS_OK;
     default: /* zero1 reduces everything at the end */
@@ -566,25 +572,26 @@ static fs_status reduce_rest(fs_engine *e) {
     switch (e->strategy) {
     case FS_STRATEGY_DDP: {
         float *g = e->grads_full + nu->full_offset;
-        return enqueue(e, fs_comm_op_all_reduce(g, g, (size_t)nu->full_numel, FS_DTYPE_FP32,
-                                                FS_REDOP_SUM),
-                       &t);
+        fs_comm_op ar = fs_comm_op_all_reduce(g, g, (size_t)nu->full_numel, FS_DTYPE_FP32, FS_REDOP_SUM);
+        ar.tag = l->norm_unit + 1;
+        return enqueue(e, ar, &t);
     }
     case FS_STRATEGY_ZERO1:
         for (int pi = 0; pi < p->n_pieces; pi++) {
             const fs_shard_piece *pc = &p->pieces[pi];
-            FS_TRY(enqueue(e, fs_comm_op_reduce_scatter(e->grads_full + pc->full_offset,
-                                                        e->grads_shard + pc->shard_offset,
-                                                        (size_t)pc->shard, FS_DTYPE_FP32,
-                                                        FS_REDOP_SUM),
-                           &t));
+            fs_comm_op rs = fs_comm_op_reduce_scatter(e->grads_full + pc->full_offset,
+                                                      e->grads_shard + pc->shard_offset,
+                                                      (size_t)pc->shard, FS_DTYPE_FP32, FS_REDOP_SUM);
+            rs.tag = pc->unit + 1;
+            FS_TRY(enqueue(e, rs, &t));
         }
         return FS_OK;
-    default:
-        return enqueue(e, fs_comm_op_reduce_scatter(e->norm_grads, e->grads_shard + nu->shard_offset,
-                                                    (size_t)nu->shard_numel, FS_DTYPE_FP32,
-                                                    FS_REDOP_SUM),
-                       &t);
+    default: {
+        fs_comm_op rs = fs_comm_op_reduce_scatter(e->norm_grads, e->grads_shard + nu->shard_offset,
+                                                  (size_t)nu->shard_numel, FS_DTYPE_FP32, FS_REDOP_SUM);
+        rs.tag = l->norm_unit + 1;
+        return enqueue(e, rs, &t);
+    }
     }
 }
 
@@ -736,4 +743,32 @@ fs_status fs_engine_agree(fs_engine *e, fs_status mine) {
             result = fs_errorf((fs_status)all[r].status, "rank %d: %s", r, all[r].message);
     free(all);
     return result;
+}
+
+/* The worker's observer: one communication-track event per job. Sizes are of the whole
+ * buffer moved or reduced (the gathered unit; the reduce-scattered unit gradient). */
+static void observe_job(void *ctx, const fs_comm_op *op, void *fn_arg, double t0, double t1) {
+    fs_engine *e = ctx;
+    if (!op) {
+        fs_trace_add(e->trace, FS_TRACE_COPY, -1, -1, 0, t0, t1);
+        return;
+    }
+    const int64_t size = (int64_t)op->count * (int64_t)fs_dtype_size(op->dtype);
+    fs_trace_kind kind = FS_TRACE_BARRIER;
+    int64_t bytes = 0;
+    switch (op->coll) {
+    case FS_COLL_ALL_GATHER: kind = FS_TRACE_ALL_GATHER; bytes = size * e->world; break;
+    case FS_COLL_REDUCE_SCATTER: kind = FS_TRACE_REDUCE_SCATTER; bytes = size * e->world; break;
+    case FS_COLL_ALL_REDUCE: kind = FS_TRACE_ALL_REDUCE; bytes = size; break;
+    case FS_COLL_BROADCAST: kind = FS_TRACE_BROADCAST; bytes = size; break;
+    default: break;
+    }
+    fs_trace_add(e->trace, kind, op->tag - 1, -1, bytes, t0, t1);
+}
+
+fs_status fs_engine_trace(fs_engine *e, fs_trace *comm_track) {
+    FS_TRY(flush(e)); /* the worker must be idle while its observer changes */
+    e->trace = comm_track;
+    fs_comm_worker_observe(e->worker, comm_track ? observe_job : NULL, e);
+    return FS_OK;
 }

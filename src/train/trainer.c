@@ -146,6 +146,10 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
 void fs_trainer_free(fs_trainer *t) {
     if (!t) return;
     fs_engine_free(t->engine);
+    if (t->mem) {
+        fs_trace_free(&t->trace_compute, t->mem);
+        fs_trace_free(&t->trace_comm, t->mem);
+    }
     if (t->mem) fs_acts_free(&t->acts, t->mem);
     fs_pool_free(t->pool);
     fs_plan_free(&t->plan);
@@ -161,6 +165,15 @@ double fs_forward_loss(const fs_model *m, fs_acts *acts, const fs_weights *w) {
     return acts->loss;
 }
 
+/* Compute-track events of a timeline: the wait for a unit (when it is long enough to see)
+ * and the op itself. */
+#define TRACE_MIN_WAIT_S 20e-6
+static void trace_op(fs_trainer *t, fs_trace_kind kind, int op, double t0, double t1, double t2) {
+    int unit = t->layout.ops[op].unit;
+    if (t1 - t0 >= TRACE_MIN_WAIT_S) fs_trace_add(&t->trace_compute, FS_TRACE_WAIT, unit, op, 0, t0, t1);
+    fs_trace_add(&t->trace_compute, kind, unit, op, 0, t1, t2);
+}
+
 /* Forward and backward of one micro-batch through the engine; adds its loss to *loss_sum. */
 static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
     fs_engine *e = t->engine;
@@ -170,8 +183,11 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
     float *norm_dw = fs_engine_norm_grads(e);
     for (int op = 0; op < l->n_ops; op++) {
         const float *w = NULL;
+        double t0 = fs_now();
         FS_TRY(fs_engine_acquire_forward(e, op, &w));
+        double t1 = fs_now();
         fs_model_forward(&t->model, &t->acts, op, w, norm_w);
+        trace_op(t, FS_TRACE_FORWARD, op, t0, t1, fs_now());
         FS_TRY(fs_engine_release_forward(e, op));
     }
     *loss_sum += t->acts.loss;
@@ -179,8 +195,11 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
         const float *w = NULL;
         float *dw = NULL;
         int accumulate = 0;
+        double t0 = fs_now();
         FS_TRY(fs_engine_acquire_backward(e, op, &w, &dw, &accumulate));
+        double t1 = fs_now();
         fs_model_backward(&t->model, &t->acts, op, w, dw, accumulate, norm_w, norm_dw);
+        trace_op(t, FS_TRACE_BACKWARD, op, t0, t1, fs_now());
         FS_TRY(fs_engine_release_backward(e, op));
     }
     return FS_OK;
@@ -193,6 +212,10 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     fs_acts *a = &t->acts;
     const int world = fs_comm_world(t->comm), rank = fs_comm_rank(t->comm);
     const int64_t micro = c->batch * c->seq;
+    /* a timeline records whole steps; the worker is idle between steps */
+    const int traced = t->step + 1 >= t->trace_from && t->step + 1 <= t->trace_to;
+    t->trace_compute.recording = t->trace_comm.recording = traced;
+    t->trace_compute.step = t->trace_comm.step = (int32_t)(t->step + 1);
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     double loss_sum = 0;
     for (int64_t k = 0; k < c->grad_accum; k++) {
@@ -215,6 +238,9 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     FS_TRY(fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es));
     t->step++;
     double t1 = fs_now();
+    fs_trace_add(&t->trace_compute, FS_TRACE_OPTIMIZER, -1, -1, 0, t_opt, t1);
+    fs_trace_add(&t->trace_compute, FS_TRACE_STEP, -1, -1, 0, t0, t1);
+    t->trace_compute.recording = t->trace_comm.recording = 0;
     t->profile.seconds[FS_PROF_OPTIM] += t1 - t_opt;
     t->profile.calls[FS_PROF_OPTIM]++;
     out->step = t->step;
@@ -261,4 +287,80 @@ fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck) {
 
 fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep) {
     return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep);
+}
+
+fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step) {
+    if (from_step < 1 || to_step < from_step)
+        return fs_errorf(FS_ERR_USAGE, "trace steps %lld to %lld: need 1 <= from <= to", (long long)from_step,
+                         (long long)to_step);
+    const fs_layout *l = &t->layout;
+    const int64_t steps = to_step - from_step + 1, micro = t->cfg.grad_accum;
+    /* per step: a wait and an event per op and pass, the optimizer and the step; on the
+     * communication side a few collectives per op and per tensor (zero3-param), the norm
+     * group's and the exchange. Generous: a full buffer drops events, it never grows. */
+    const int64_t compute_cap = steps * (micro * 4 * l->n_ops + 8) + 16;
+    const int64_t comm_cap = steps * (micro * 4 * (l->n_ops + l->n_tensors) + 4 * l->n_units + 16) + 16;
+    FS_TRY(fs_trace_init(&t->trace_compute, compute_cap, t->mem));
+    FS_TRY(fs_trace_init(&t->trace_comm, comm_cap, t->mem));
+    /* a common time zero: every rank leaves this agreement at about the same moment */
+    FS_TRY(fs_engine_agree(t->engine, FS_OK));
+    t->trace_compute.origin = t->trace_comm.origin = fs_now();
+    t->trace_from = from_step;
+    t->trace_to = to_step;
+    return fs_engine_trace(t->engine, &t->trace_comm);
+}
+
+/* What each rank sends rank 0: its counts, then its events (compute track first). */
+typedef struct trace_header {
+    int64_t n_compute, n_comm, dropped;
+} trace_header;
+
+fs_status fs_trainer_trace_write(fs_trainer *t, const char *path, int64_t *dropped) {
+    const int world = fs_comm_world(t->comm), rank = fs_comm_rank(t->comm);
+    const int64_t cap = t->trace_compute.cap + t->trace_comm.cap;
+    const size_t record = sizeof(trace_header) + (size_t)cap * sizeof(fs_trace_event);
+    FS_TRY(fs_engine_trace(t->engine, NULL));
+    char *mine = calloc(1, record), *all = calloc((size_t)world, record);
+    int32_t *ranks = NULL, *tracks = NULL;
+    fs_trace_event *events = NULL;
+    fs_status st = mine && all ? FS_OK : fs_errorf(FS_ERR_NOMEM, "--trace: out of memory");
+    if (st == FS_OK) {
+        trace_header h = {.n_compute = t->trace_compute.n, .n_comm = t->trace_comm.n,
+                          .dropped = t->trace_compute.dropped + t->trace_comm.dropped};
+        memcpy(mine, &h, sizeof h);
+        fs_trace_event *ev = (fs_trace_event *)(mine + sizeof h);
+        memcpy(ev, t->trace_compute.events, (size_t)h.n_compute * sizeof *ev);
+        memcpy(ev + h.n_compute, t->trace_comm.events, (size_t)h.n_comm * sizeof *ev);
+        st = fs_engine_all_gather_bytes(t->engine, mine, record, all);
+    }
+    int64_t total = 0, lost = 0;
+    for (int r = 0; st == FS_OK && r < world; r++) {
+        const trace_header *h = (const trace_header *)(all + (size_t)r * record);
+        total += h->n_compute + h->n_comm;
+        lost += h->dropped;
+    }
+    if (st == FS_OK && rank == 0) {
+        events = malloc((size_t)(total + 1) * sizeof *events);
+        ranks = malloc((size_t)(total + 1) * sizeof *ranks);
+        tracks = malloc((size_t)(total + 1) * sizeof *tracks);
+        if (!events || !ranks || !tracks) st = fs_errorf(FS_ERR_NOMEM, "--trace: out of memory");
+        int64_t k = 0;
+        for (int r = 0; st == FS_OK && r < world; r++) {
+            const trace_header *h = (const trace_header *)(all + (size_t)r * record);
+            const fs_trace_event *ev = (const fs_trace_event *)(all + (size_t)r * record + sizeof *h);
+            for (int64_t i = 0; i < h->n_compute + h->n_comm; i++, k++) {
+                events[k] = ev[i];
+                ranks[k] = r;
+                tracks[k] = i >= h->n_compute;
+            }
+        }
+        if (st == FS_OK) st = fs_trace_write_json(path, events, ranks, tracks, total, world, &t->layout);
+    }
+    *dropped = lost;
+    free(mine);
+    free(all);
+    free(events);
+    free(ranks);
+    free(tracks);
+    return fs_engine_agree(t->engine, st);
 }

@@ -21,7 +21,7 @@ run() {
     "$@" >"$WORK/out" 2>"$WORK/err"
     local rc=$?
     if [ "$rc" -eq "$want" ]; then pass "$name"; return 0; fi
-    fail "$name" "exit $rc, expected $want: $*" "stderr: $(tail -n 3 "$WORK/err")"
+    fail "$name" "exit $rc, expected $want: $*" "stderr: $(tail -n 12 "$WORK/err")"
     return 1
 }
 

@@ -15,7 +15,7 @@ mapfile -t TEXTS < <(find "$CORPUS_DIR" -maxdepth 1 -type f ! -name '*.dat' | so
 # --- help tells the truth
 run "flatshard --help" 0 "$FS" --help
 expect "--help lists the commands" grep -q "train" "$WORK/out"
-for cmd in train eval generate tokenize "bench step" "bench gemm"; do
+for cmd in train eval generate tokenize export inspect plan trace-svg "bench step" "bench gemm" "bench comm"; do
     # shellcheck disable=SC2086
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
     opts=$(grep -cE '^  (-., )?    --|^  -., --' "$WORK/out")
@@ -77,15 +77,60 @@ expect "--memory prints every category for both ranks, plan beside measured" \
     grep -qE '^  master +[0-9.]+ / [0-9.]+ \([0-9.]+\) +[0-9.]+ / [0-9.]+' "$WORK/two.out"
 expect "--memory reports that steps 2-3 allocated nothing" grep -qE 'rank 1: ([0-9]+) allocations after step 1, \1 after step 3' "$WORK/two.out"
 if command -v mpirun >/dev/null 2>&1; then
-    run "train under mpirun -np 2" 0 timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+    # Sanitized builds under mpirun: the same environment as tests/cli/mpi_lib.sh (leaks in
+    # MPI's start-up memory and lock-order reports inside OpenMPI's transports are not ours)
+    MPI_ENV=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}" "TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}")
+    run "train under mpirun -np 2" 0 "${MPI_ENV[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
         "$FS" train "${common[@]}" --batch 2 --strategy zero3-param
     grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//' >"$WORK/mpi.txt"
     expect "mpirun -np 2 (zero3-param) prints the losses of 1 rank" cmp -s "$WORK/one.txt" "$WORK/mpi.txt"
     expect "mpirun: only rank 0 prints" [ "$(grep -c '^step' "$WORK/out")" -eq 3 ]
     # mpirun adds its own report of the failed process: check flatshard's line and the code
-    run "--ranks under mpirun exits 2" 2 timeout 60 mpirun --allow-run-as-root -np 1 "$FS" train "${common[@]}" --ranks 2
+    run "--ranks under mpirun exits 2" 2 "${MPI_ENV[@]}" timeout 60 mpirun --allow-run-as-root -np 1 "$FS" train "${common[@]}" --ranks 2
     expect "--ranks under mpirun is named" grep -q "^flatshard train: --ranks 2 under an MPI launcher" "$WORK/err"
 fi
+
+# --- metrics, timeline, planner
+run "train with a timeline and metrics" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --steps 4 --trace "$WORK/trace.json" --metrics "$WORK/m2.jsonl"
+expect "metrics carry compute_time, exposed_comm_time, mfu and peak bytes per category" /usr/bin/python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    assert r["step_time"] >= r["compute_time"] >= 0 and r["exposed_comm_time"] >= 0 and 0 < r["mfu"] < 1, r
+    assert abs(r["compute_time"] + r["exposed_comm_time"] - r["step_time"]) < 1e-5, r
+    assert set(r["peak_bytes"]) >= {"master", "grads", "optimizer", "weight_buf", "grad_buf", "activations", "comm", "total"}, r
+' "$WORK/m2.jsonl"
+expect "the timeline has both ranks, both tracks, every op forward and backward, gathers and reduce-scatters with bytes" /usr/bin/python3 -c '
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+for rank in (0, 1):
+    mine = [e for e in ev if e["pid"] == rank]
+    kinds = {(e["tid"], e["args"]["kind"]) for e in mine}
+    assert {(0, "forward"), (0, "backward"), (0, "optimizer"), (0, "step"), (1, "all_gather"), (1, "reduce_scatter")} <= kinds, kinds
+    fwd = {e["args"]["op"] for e in mine if e["args"]["kind"] == "forward" and e["args"]["step"] == 2}
+    assert fwd == set(range(6)), fwd  # tiny: embedding, 4 blocks, lm_head
+    assert all(e["args"]["bytes"] > 0 for e in mine if e["args"]["kind"] in ("all_gather", "reduce_scatter")), "bytes"
+assert {e["args"]["step"] for e in ev} == {2, 3}, "steps 2 and 3 by default"
+' "$WORK/trace.json"
+run "trace-svg draws a step" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/step.svg" --step 3
+expect "the picture has both ranks and boxes" grep -q "rank 1 comm" "$WORK/step.svg" && [ "$(grep -c '<rect' "$WORK/step.svg")" -gt 40 ]
+run "plan the same run" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --strategy yafsdp --precision fp32 --device this-machine --json
+cp "$WORK/out" "$WORK/plan.json"
+expect "the plan equals train's measured peaks for buffers and sharded state, and the total within 5%" /usr/bin/python3 -c '
+import json, sys
+plan = json.load(open(sys.argv[1]))["bytes"]
+peak = [json.loads(l) for l in open(sys.argv[2])][-1]["peak_bytes"]
+for k in ("master", "grads", "optimizer", "compute_shard", "weight_buf", "grad_buf", "activations", "comm"):
+    assert plan[k] == peak[k], (k, plan[k], peak[k])
+# train with --trace also holds the timeline buffers (other); the plan does not know them
+assert abs(plan["total"] - peak["total"]) <= 0.05 * peak["total"], (plan["total"], peak["total"])
+' "$WORK/plan.json" "$WORK/m2.jsonl"
+run "plan Llama 2 70B on 256 A100s at 4096 tokens" 0 "$FS" plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto
+expect "it needs activation checkpointing there" grep -qE "^  256 ranks, yafsdp, bf16, micro-batch 1 x 4096 tokens, 1 micro-batch per step, [1-9][0-9]* checkpointed blocks" "$WORK/out"
+expect "and gives a step-time estimate" grep -qE "^estimated step .* s per step, [0-9]+ tokens/s, MFU [0-9.]+%" "$WORK/out"
+refuse "plan with an unknown device" 2 "'tpu' is not one of" "$FS" plan --device tpu
+refuse "plan a sequence beyond the model" 2 "exceeds the model's max_position_embeddings" "$FS" plan --model llama2-7b --seq 8192
+refuse "trace-svg of a file that is not a trace" 1 "not a Chrome Trace Event file" "$FS" trace-svg "$WORK/plan.json" -o "$WORK/x.svg"
 
 # --- bad input: one line, exit 2 for usage errors, 1 for runtime errors
 refuse "more ranks than the model can be split over" 2 "use at most [0-9]+ ranks" "$FS" train --data "$WORK/fortunes.bin" --ranks 200 --no-save

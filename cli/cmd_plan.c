@@ -1,0 +1,177 @@
+/*
+ * cli/cmd_plan.c — `flatshard plan`: per-device memory, communication and an estimated step
+ * time for any model on any cluster, from the same plan function the engine allocates by.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "commands.h"
+#include "common.h"
+#include "flatshard/estimate.h"
+#include "flatshard/train.h"
+
+static const fs_command_help plan_help = {
+    .usage = "flatshard plan [options]",
+    .description =
+        "Plans a training run without running it: per-device memory by category (the shard\n"
+        "plan the engine allocates by, exact for flatshard on this machine), whether it fits a\n"
+        "device, the collectives of one step with their bytes, and an estimated step time\n"
+        "(compute FLOPs over a sustained rate; collective bytes over the link's bus bandwidth;\n"
+        "what the schedule overlaps). The model is a preset (tiny, small, llama2-7b,\n"
+        "llama2-13b, llama2-70b, llama3-8b, llama3-70b) or a config.json; the device a preset\n"
+        "whose figures and sources are in docs/planner.md. --ckpt-layers auto finds the fewest\n"
+        "checkpointed blocks that fit.",
+    .epilog = "examples:\n"
+              "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
+              "  flatshard plan --model small --world 2 --batch 4 --seq 256 --device this-machine",
+};
+
+static const char *const strategy_choices[] = {"ddp", "zero1", "zero2", "zero3-param", "yafsdp", NULL};
+static const char *const precision_choices[] = {"fp32", "bf16", NULL};
+static const char *const device_choices[] = {"this-machine", "a100-80gb", "h100-80gb", "h200", NULL};
+
+typedef struct planned {
+    fs_plan plan;
+    fs_layout layout;
+    double bytes[FS_MEM_N_CATEGORIES], total;
+} planned;
+
+/* The plan of rank 0, its activations at the device's bytes per element. */
+static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train_config *tc, int world,
+                           const fs_hardware *hw) {
+    FS_TRY(fs_trainer_plan(&p->plan, &p->layout, mc, tc, world, 0));
+    p->total = 0;
+    for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
+        double b = (double)p->plan.bytes[k];
+        if (k == FS_MEM_ACTIVATIONS) b *= hw->activation_bytes / 4.0;
+        p->bytes[k] = b;
+        p->total += b;
+    }
+    return FS_OK;
+}
+
+static void free_plan(planned *p) {
+    fs_plan_free(&p->plan);
+    fs_layout_free(&p->layout);
+}
+
+int fs_cmd_plan(int argc, char **argv) {
+    const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
+    const char *ckpt = "0";
+    int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0;
+    int json = 0;
+    const fs_opt opts[] = {
+        {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or a Hugging Face config.json", NULL, 0, 0},
+        {"world", 'w', FS_OPT_INT, &world, "W", "ranks (devices)", NULL, 1, 1 << 20},
+        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per device", NULL, 1, 1 << 20},
+        {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
+        {"grad-accum", 0, FS_OPT_INT, &grad_accum, "K", "micro-batches per optimizer step", NULL, 1, 1 << 20},
+        {"ckpt-layers", 0, FS_OPT_STRING, &ckpt, "N|auto", "checkpointed blocks, or the fewest that fit the device", NULL, 0, 0},
+        {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded", strategy_choices, 0, 0},
+        {"precision", 0, FS_OPT_STRING, &precision, "P", "weights in the buffers and on the wire", precision_choices, 0, 0},
+        {"device", 'd', FS_OPT_STRING, &device, "NAME", "the hardware preset", device_choices, 0, 0},
+        {"device-mem", 0, FS_OPT_BYTES, &device_mem, "BYTES", "device memory (0: the preset's)", NULL, 0, 0},
+        {"json", 0, FS_OPT_FLAG, &json, NULL, "print one JSON object instead of the tables", NULL, 0, 0},
+        {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
+    };
+    int npos = 0;
+    int rc = fs_args_parse("plan", &plan_help, opts, argc, argv, NULL, 0, &npos);
+    if (rc < 0) return FS_EXIT_OK;
+    if (rc != FS_EXIT_OK) return rc;
+    int auto_ckpt = strcmp(ckpt, "auto") == 0;
+    char *end = NULL;
+    long long ckpt_n = auto_ckpt ? 0 : strtoll(ckpt, &end, 10);
+    if (!auto_ckpt && (end == ckpt || *end || ckpt_n < 0))
+        return fs_usage_error("plan", "--ckpt-layers: expected a number of blocks or 'auto', got '%s'", ckpt);
+
+    fs_llama_config mc;
+    const fs_hardware *hw = NULL;
+    fs_train_config tc = fs_train_config_default();
+    fs_status st = fs_llama_config_load(model, &mc);
+    if (st == FS_OK) st = fs_hardware_find(device, &hw);
+    if (st == FS_OK) st = fs_strategy_parse(strategy, &tc.strategy);
+    if (st == FS_OK) st = fs_precision_parse(precision, &tc.precision);
+    if (st != FS_OK) return fs_cli_report("plan", st);
+    if (seq > mc.max_position_embeddings)
+        return fs_usage_error("plan", "--seq %" PRId64 " exceeds the model's max_position_embeddings (%" PRId64 ")",
+                              seq, mc.max_position_embeddings);
+    double capacity = device_mem > 0 ? (double)device_mem : hw->memory_bytes;
+    tc.batch = batch;
+    tc.seq = seq;
+    tc.grad_accum = grad_accum;
+    tc.ckpt_layers = ckpt_n;
+
+    planned p;
+    st = make_plan(&p, &mc, &tc, (int)world, hw);
+    /* auto: the fewest checkpointed blocks that fit (memory falls as blocks are added) */
+    int64_t needed = -1;
+    for (int64_t n = 0; st == FS_OK && auto_ckpt && n <= mc.num_hidden_layers; n++) {
+        if (n > 0) {
+            free_plan(&p);
+            tc.ckpt_layers = n;
+            st = make_plan(&p, &mc, &tc, (int)world, hw);
+        }
+        if (st == FS_OK && p.total <= capacity) {
+            needed = n;
+            break;
+        }
+    }
+    if (st != FS_OK) return fs_cli_report("plan", st);
+    fs_step_estimate est;
+    fs_estimate_step(&p.plan, hw, grad_accum, &est);
+    const int fits = p.total <= capacity;
+    static const char *const kinds[FS_EST_N_KINDS] = {"all_gather", "reduce_scatter", "all_reduce"};
+
+    if (json) {
+        printf("{\"model\":\"%s\",\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
+               ",\"grad_accum\":%" PRId64 ",\"ckpt_layers\":%" PRId64 ",\"strategy\":\"%s\",\"precision\":\"%s\","
+               "\"device\":\"%s\",\"device_bytes\":%.0f,\"fits\":%s,\"bytes\":{",
+               model, p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
+               hw->name, capacity, fits ? "true" : "false");
+        for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
+            printf("\"%s\":%.0f,", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
+        printf("\"total\":%.0f},\"comm\":{", p.total);
+        for (int k = 0; k < FS_EST_N_KINDS; k++)
+            printf("%s\"%s\":{\"count\":%" PRId64 ",\"bytes\":%.0f,\"wire_bytes\":%.0f}", k ? "," : "", kinds[k],
+                   est.comm.count[k], est.comm.bytes[k], est.comm.wire[k]);
+        printf("},\"estimate\":{\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,\"step_s\":%.6g,"
+               "\"tokens_per_s\":%.6g,\"mfu\":%.4f,\"busbw\":%.4g}}\n",
+               est.compute_s, est.comm_s, est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw);
+        free_plan(&p);
+        return FS_EXIT_OK;
+    }
+    char desc[256];
+    fs_cli_describe_model(&p.layout, desc, sizeof desc);
+    printf("plan: %s %s\n", model, desc);
+    printf("  %" PRId64 " ranks, %s, %s, micro-batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
+           " micro-batch%s per step, %" PRId64 " checkpointed block%s\n",
+           world, strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
+           tc.ckpt_layers == 1 ? "" : "s");
+    printf("  device %s: %s\n", hw->name, hw->description);
+    printf("memory per device, GiB (rank 0; activations at %.0f bytes per element on this device):\n",
+           hw->activation_bytes);
+    for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
+        printf("  %-14s %10.3f\n", fs_mem_category_name((fs_mem_category)k), p.bytes[k] / 1073741824.0);
+    printf("  %-14s %10.3f of %.1f: %s\n", "total", p.total / 1073741824.0, capacity / 1073741824.0,
+           fits ? "fits" : "DOES NOT FIT");
+    if (auto_ckpt)
+        printf("  --ckpt-layers auto: %s\n",
+               needed >= 0 ? (needed == 0 ? "no checkpointing needed" : "the fewest checkpointed blocks that fit is above")
+                           : "does not fit even with every block checkpointed");
+    printf("communication per device per step:\n");
+    printf("  %-15s %8s %14s %14s\n", "collective", "count", "buffer GiB", "sent GiB");
+    for (int k = 0; k < FS_EST_N_KINDS; k++)
+        if (est.comm.count[k])
+            printf("  %-15s %8" PRId64 " %14.3f %14.3f\n", kinds[k], est.comm.count[k], est.comm.bytes[k] / 1073741824.0,
+                   est.comm.wire[k] / 1073741824.0);
+    printf("estimated step (docs/planner.md): compute %.3f s, communication %.3f s at %.1f GB/s bus bandwidth of "
+           "which %.3f s exposed -> %.3f s per step, %.0f tokens/s, MFU %.1f%%\n",
+           est.compute_s, est.comm_s, est.busbw / 1e9, est.exposed_comm_s, est.step_s, est.tokens_per_s,
+           100.0 * est.mfu);
+    free_plan(&p);
+    return FS_EXIT_OK;
+}

@@ -1,0 +1,210 @@
+/*
+ * cli/cmd_trace_svg.c — `flatshard trace-svg`: one step of a timeline as a static picture.
+ *
+ * Two rows per rank, compute above communication, like the timeline figures YaFSDP
+ * publishes: where a gather sits beside the op that computes while it runs, overlap is there
+ * to see; where the compute row has a gap ("wait"), the communication was exposed.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "commands.h"
+#include "flatshard/core.h"
+
+static const fs_command_help svg_help = {
+    .usage = "flatshard trace-svg FILE.json -o OUT.svg [options]",
+    .description =
+        "Draws one step of a timeline written by 'flatshard train --trace FILE.json' as an SVG:\n"
+        "for every rank a compute row (forward, backward, waits, optimizer) and a communication\n"
+        "row (all-gathers, reduce-scatters, all-reduces, copies), on one time axis. Every box has\n"
+        "a tooltip with its name, duration and bytes.",
+    .epilog = "example:\n  flatshard trace-svg out/trace.json -o out/step.svg --step 3",
+};
+
+typedef struct box {
+    int rank, track;
+    double ts, dur; /* microseconds */
+    const char *kind, *name;
+    double bytes;
+} box;
+
+static const char *color_of(const char *kind) {
+    static const struct {
+        const char *kind, *color;
+    } colors[] = {
+        {"forward", "#4e79a7"},     {"backward", "#59a14f"},   {"wait", "#f1b6b6"},
+        {"optimizer", "#b07aa1"},   {"all_gather", "#f28e2b"}, {"reduce_scatter", "#e15759"},
+        {"all_reduce", "#9c755f"},  {"broadcast", "#76b7b2"},  {"barrier", "#bab0ac"},
+        {"copy", "#bab0ac"},
+    };
+    for (size_t i = 0; i < sizeof colors / sizeof colors[0]; i++)
+        if (strcmp(colors[i].kind, kind) == 0) return colors[i].color;
+    return "#999999";
+}
+
+/* A short label for a box wide enough to hold one: "F 3", "AG 3", ... */
+static void short_label(const box *b, char *buf, size_t n) {
+    const char *k = b->kind;
+    const char *abbr = !strcmp(k, "forward") ? "F" : !strcmp(k, "backward") ? "B" : !strcmp(k, "all_gather") ? "AG"
+                       : !strcmp(k, "reduce_scatter") ? "RS" : !strcmp(k, "all_reduce") ? "AR"
+                       : !strcmp(k, "optimizer") ? "opt" : !strcmp(k, "wait") ? "wait" : k;
+    const char *digits = b->name + strcspn(b->name, "0123456789");
+    if (strstr(b->name, "block")) snprintf(buf, n, "%s %s", abbr, digits);
+    else if (strstr(b->name, "embedding")) snprintf(buf, n, "%s emb", abbr);
+    else if (strstr(b->name, "lm_head")) snprintf(buf, n, "%s head", abbr);
+    else if (strstr(b->name, "norm")) snprintf(buf, n, "%s norms", abbr);
+    else snprintf(buf, n, "%s", abbr);
+}
+
+static void xml_escape(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '<') fputs("&lt;", f);
+        else if (*s == '>') fputs("&gt;", f);
+        else if (*s == '&') fputs("&amp;", f);
+        else fputc(*s, f);
+    }
+}
+
+static double nice_tick(double span_us) {
+    double raw = span_us / 8.0, p = pow(10.0, floor(log10(raw)));
+    double m = raw / p;
+    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+static fs_status render(const cJSON *events, long step, const char *out, double width, int *n_boxes) {
+    /* the boxes of the step */
+    int cap = cJSON_GetArraySize(events), n = 0, world = 0;
+    box *boxes = calloc((size_t)cap + 1, sizeof *boxes);
+    if (!boxes) return fs_errorf(FS_ERR_NOMEM, "trace-svg: out of memory");
+    double t0 = INFINITY, t1 = -INFINITY;
+    for (const cJSON *e = events->child; e; e = e->next) {
+        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        const cJSON *st = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
+        const cJSON *kind = args ? cJSON_GetObjectItemCaseSensitive(args, "kind") : NULL;
+        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !cJSON_IsNumber(st) ||
+            (long)st->valuedouble != step || !cJSON_IsString(kind) || !strcmp(kind->valuestring, "step"))
+            continue;
+        box *b = &boxes[n++];
+        b->rank = (int)cJSON_GetObjectItemCaseSensitive(e, "pid")->valuedouble;
+        b->track = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
+        b->ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
+        b->dur = cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble;
+        b->kind = kind->valuestring;
+        b->name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+        const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(args, "bytes");
+        b->bytes = cJSON_IsNumber(bytes) ? bytes->valuedouble : 0;
+        if (b->rank + 1 > world) world = b->rank + 1;
+        if (b->ts < t0) t0 = b->ts;
+        if (b->ts + b->dur > t1) t1 = b->ts + b->dur;
+    }
+    *n_boxes = n;
+    if (n == 0) {
+        free(boxes);
+        return fs_errorf(FS_ERR_USAGE, "trace-svg: the timeline has no events of step %ld", step);
+    }
+    FILE *f = fopen(out, "w");
+    if (!f) {
+        free(boxes);
+        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+    }
+    const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 - t0;
+    const double plot = width - left - right, height = top + world * (2 * row + gap) + 90;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", width, height);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">step %ld: %d rank%s, compute and communication (%.1f ms)</text>\n",
+            left, step, world, world == 1 ? "" : "s", span / 1000.0);
+    /* time axis */
+    double tick = nice_tick(span), axis_y = top + world * (2 * row + gap);
+    for (double t = 0; t <= span + 1e-9; t += tick) {
+        double x = left + plot * t / span;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#e0e0e0\"/>\n", x, top - 4, x, axis_y);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g ms</text>\n", x, axis_y + 14, t / 1000.0);
+    }
+    for (int r = 0; r < world; r++) {
+        double y = top + r * (2 * row + gap);
+        fprintf(f, "<text x=\"8\" y=\"%.0f\">rank %d compute</text>\n", y + 16, r);
+        fprintf(f, "<text x=\"8\" y=\"%.0f\">rank %d comm</text>\n", y + row + 16, r);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"#f7f7f7\"/>\n", left, y, plot, 2 * row);
+    }
+    for (int i = 0; i < n; i++) {
+        const box *b = &boxes[i];
+        double x = left + plot * (b->ts - t0) / span, w = fmax(0.5, plot * b->dur / span);
+        double y = top + b->rank * (2 * row + gap) + (b->track ? row : 0) + 2;
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"><title>",
+                x, y, w, row - 4, color_of(b->kind));
+        xml_escape(f, b->name);
+        fprintf(f, ": %.3f ms", b->dur / 1000.0);
+        if (b->bytes > 0) fprintf(f, ", %.2f MiB", b->bytes / 1048576.0);
+        fprintf(f, "</title></rect>\n");
+        char label[32];
+        short_label(b, label, sizeof label);
+        if (w > 7.0 * (double)strlen(label))
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"white\" font-size=\"10\">%s</text>\n", x + 2, y + 13, label);
+    }
+    /* legend */
+    static const char *const legend[] = {"forward", "backward", "wait", "optimizer", "all_gather",
+                                         "reduce_scatter", "all_reduce", "copy"};
+    for (size_t i = 0; i < sizeof legend / sizeof legend[0]; i++) {
+        double x = left + (double)i * 110, y = axis_y + 34;
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/>", x, y, color_of(legend[i]));
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x + 16, y + 10, legend[i]);
+    }
+    fprintf(f, "</svg>\n");
+    int ok = fclose(f) == 0;
+    free(boxes);
+    return ok ? FS_OK : fs_errorf(FS_ERR_IO, "%s: write failed", out);
+}
+
+int fs_cmd_trace_svg(int argc, char **argv) {
+    const char *out = NULL;
+    int64_t step = 0, width = 1400;
+    const fs_opt opts[] = {
+        {"out", 'o', FS_OPT_STRING, &out, "OUT.svg", "the picture to write", NULL, 0, 0},
+        {"step", 0, FS_OPT_INT, &step, "N", "the step to draw (0: the first in the timeline)", NULL, 0, INT64_MAX},
+        {"width", 0, FS_OPT_INT, &width, "PX", "picture width in pixels", NULL, 400, 20000},
+        {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
+    };
+    const char *in[1] = {NULL};
+    int npos = 0;
+    int rc = fs_args_parse("trace-svg", &svg_help, opts, argc, argv, in, 1, &npos);
+    if (rc < 0) return FS_EXIT_OK;
+    if (rc != FS_EXIT_OK) return rc;
+    if (npos != 1) return fs_usage_error("trace-svg", "FILE.json is required; see 'flatshard trace-svg --help'");
+    if (!out) return fs_usage_error("trace-svg", "-o OUT.svg is required");
+    FILE *f = fopen(in[0], "rb");
+    if (!f) {
+        fs_errorf(FS_ERR_IO, "%s: cannot open: %s", in[0], strerror(errno));
+        return fs_cli_report("trace-svg", FS_ERR_IO);
+    }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = size >= 0 && size < (1L << 30) ? malloc((size_t)size + 1) : NULL;
+    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
+    fclose(f);
+    cJSON *root = text && got == (size_t)size ? cJSON_ParseWithLength(text, got) : NULL;
+    free(text);
+    const cJSON *events = root ? cJSON_GetObjectItemCaseSensitive(root, "traceEvents") : NULL;
+    fs_status st = FS_OK;
+    if (!cJSON_IsArray(events)) st = fs_errorf(FS_ERR_FORMAT, "%s: not a Chrome Trace Event file (no traceEvents array)", in[0]);
+    if (st == FS_OK && step == 0) { /* the first step present */
+        for (const cJSON *e = events->child; e; e = e->next) {
+            const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+            const cJSON *s = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
+            if (cJSON_IsNumber(s) && (step == 0 || (int64_t)s->valuedouble < step)) step = (int64_t)s->valuedouble;
+        }
+        if (step == 0) st = fs_errorf(FS_ERR_FORMAT, "%s: no flatshard step events", in[0]);
+    }
+    int n = 0;
+    if (st == FS_OK) st = render(events, (long)step, out, (double)width, &n);
+    cJSON_Delete(root);
+    if (st != FS_OK) return fs_cli_report("trace-svg", st);
+    printf("drew step %lld (%d boxes) to %s\n", (long long)step, n, out);
+    return FS_EXIT_OK;
+}
