@@ -572,7 +572,7 @@ static fs_status cc_check_debug_mismatch(fs_comm *comm, void *arg) {
     fs_comm_set_debug(comm, 1);
     float send[16] = {0}, recv[16 * 8] = {0};
     char rank_name[32];
-    snprintf(rank_name, sizeof rank_name, "rank %d:", last);
+    snprintf(rank_name, sizeof rank_name, "rank %d issued", last);
     for (int a = 0; a < 2; a++) {
         fs_comm_algo algo = cc_algos[a];
         cc_case(&s, "count differs on rank %d (%s)", last, fs_comm_algo_name(algo));

@@ -252,6 +252,50 @@ static void test_failing_rank_unblocks_the_others(void) {
             }
 }
 
+/* A rank that stops taking part without failing (a dead or hung peer, as its peers see
+ * it): the others give up after the timeout and name it; nobody waits for ever. */
+typedef struct silent_arg {
+    fs_comm_algo algo;
+    fs_status st[MAX_W];
+    char msg[MAX_W][256];
+} silent_arg;
+
+static fs_status silent_rank_fn(fs_comm *comm, void *p) {
+    silent_arg *a = p;
+    int r = fs_comm_rank(comm);
+    if (r == 1) { /* long past the others' timeout, then gone without a word */
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        return FS_OK;
+    }
+    float x[8] = {0}, y[8 * MAX_W];
+    fs_comm_op o = fs_comm_op_all_gather(x, y, 8, FS_DTYPE_FP32);
+    o.algo = a->algo;
+    a->st[r] = fs_comm_run(comm, &o);
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", fs_error_message());
+    return a->st[r];
+}
+
+static void test_silent_rank_times_out(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0.2;
+    for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++) {
+        silent_arg a = {.algo = (fs_comm_algo)algo};
+        double t0 = fs_now();
+        fs_status st = fs_comm_inproc_run(3, cfg, silent_rank_fn, &a);
+        double waited = fs_now() - t0;
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "no progress from rank 1 for 0.2 s"),
+              "%s: the run names the silent rank: %s %s", fs_comm_algo_name((fs_comm_algo)algo),
+              fs_status_name(st), fs_error_message());
+        for (int r = 0; r < 3; r += 2)
+            CHECK(a.st[r] != FS_OK && strstr(a.msg[r], "no progress from rank 1"),
+                  "%s: rank %d names rank 1: %s", fs_comm_algo_name((fs_comm_algo)algo), r,
+                  a.msg[r]);
+        /* the silent rank sleeps 1 s; the others must not have waited much longer than it */
+        CHECK(waited < 20, "the run ended (%.1f s)", waited);
+    }
+}
+
 typedef struct mismatch_arg {
     fs_comm_algo algo;
 } mismatch_arg;
@@ -340,6 +384,7 @@ int main(void) {
         fs_test_run(cc_checks[current_check].name, run_current_check);
     RUN(test_staging_allocated_once);
     RUN(test_failing_rank_unblocks_the_others);
+    RUN(test_silent_rank_times_out);
     RUN(test_size_mismatch_caught_without_debug);
     RUN(test_barrier_waits_for_everyone);
     RUN(test_debug_check_from_the_environment);

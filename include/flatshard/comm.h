@@ -61,7 +61,14 @@
  * rank whose function fails) marks the group failed, and every call blocked on, or later
  * made by, any rank of the group returns FS_ERR_INTERNAL naming the failed rank. Under MPI a
  * rank that cannot go on calls fs_comm_abort, which is MPI_Abort: the launcher ends every
- * process. (A process that dies without that is the launcher's business; see issue 9.)
+ * process. A peer that dies or hangs without either (killed, stuck, a thread that stopped)
+ * is caught by the timeout (cfg.timeout_s): a rank that has waited that long for one peer
+ * inside a point-to-point step or a barrier of the ring algorithms fails with FS_ERR_IO
+ * "no progress from rank S for T s (dead or hung)"; in-process that also fails the group,
+ * so every rank returns. The timeout bounds one wait, not a collective: it must exceed the
+ * longest time a live rank spends between collectives (a checkpoint save, say). MPI's
+ * builtin collectives cannot be timed out; a killed process there is left to the launcher
+ * (docs/reliability.md has what OpenMPI and MPICH do).
  *
  * Threads: a communicator is used by one thread at a time (the rank's compute thread during
  * setup, its worker during a step). Distinct communicators may be used concurrently.
@@ -123,9 +130,18 @@ typedef struct fs_comm_config {
     size_t segment_bytes; /* bytes of each of the two staging buffers (rounded down to a
                              multiple of 64, at least 64); also the broadcast pipeline step */
     int debug;            /* 1: the cross-rank argument check before every collective */
+    double timeout_s;     /* the longest a rank waits for a peer inside a collective before it
+                             declares that peer dead or hung and fails (see "Nothing hangs"
+                             above); <= 0: wait forever */
 } fs_comm_config;
 
-/* ring, 4 MiB segments (the best measured, BENCHMARKS.md "Collectives"), debug off. */
+/* The default of fs_comm_config.timeout_s (flatshard train --comm-timeout). */
+#define FS_COMM_DEFAULT_TIMEOUT_S 30.0
+
+/* ring, 4 MiB segments (the best measured, BENCHMARKS.md "Collectives"), debug off, a
+ * FS_COMM_DEFAULT_TIMEOUT_S timeout. When the communicator is created, the environment
+ * overrides: FLATSHARD_DEBUG_COLLECTIVES=1 turns the debug check on, FLATSHARD_COMM_TIMEOUT=S
+ * sets the timeout (0: none). */
 fs_comm_config fs_comm_config_default(void);
 
 /* Bytes a rank's communicator takes from its accounting allocator (FS_MEM_COMM) for a world
@@ -211,6 +227,11 @@ void fs_comm_set_debug(fs_comm *comm, int on);
  * of every rank returns FS_ERR_INTERNAL naming this rank. mpi: MPI_Abort (does not return). */
 void fs_comm_abort(fs_comm *comm);
 
+/* 1 when this rank's in-process group has failed (an abort or a timeout: every collective
+ * would now fail at once); always 0 under MPI, where a failure ends the process. Lets a
+ * thread that is not in a collective notice that its peers have given up. */
+int fs_comm_is_failed(fs_comm *comm);
+
 /* ------------------------------------------------------------------ collectives */
 
 /* One collective call, as data: what fs_comm_run executes and what the worker queues. Build
@@ -227,7 +248,9 @@ typedef struct fs_comm_op {
     int root;            /* broadcast */
     int accumulate;      /* reduce-scatter: 1 adds the result into recv instead of storing it */
     fs_comm_algo algo;   /* FS_COMM_ALGO_DEFAULT: the communicator's */
-    int tag;             /* the caller's label for observers (0: none); no effect on the call */
+    int tag;             /* the caller's label (0: none): for observers, and compared by the
+                            debug check and the worker's schedule hash like the arguments;
+                            messages print t > 0 as "for unit t-1" (the engine's labels) */
 } fs_comm_op;
 
 fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
@@ -319,6 +342,12 @@ fs_status fs_comm_worker_flush(fs_comm_worker *w);
 
 /* Drains the queue (see above), joins the thread and frees the worker. NULL is a no-op. */
 void fs_comm_worker_free(fs_comm_worker *w);
+
+/* The schedule guard's input: a running hash (FNV-1a) of every collective enqueued so far —
+ * kind, tag, count, dtypes, op, root, accumulate flag and algorithm, not the buffers — and
+ * their number. Ranks that enqueued the same collectives in the same order have the same
+ * pair; the engine compares them at every step boundary (engine.h). Owner thread only. */
+void fs_comm_worker_schedule(const fs_comm_worker *w, uint64_t *hash, uint64_t *count);
 
 /* Called on the worker thread after each job with its start and end times (fs_now()):
  * op is the collective, or NULL for a function job (then fn_arg is its argument). For

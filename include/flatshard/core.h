@@ -120,6 +120,15 @@ fs_mem_stats fs_mem_get_stats(const fs_mem *mem);
 /* Fault injection for tests: the n-th allocation from now (1 = the next) fails. 0 disables. */
 void fs_mem_fail_after(fs_mem *mem, uint64_t n);
 
+/* ------------------------------------------------------------------ fault injection */
+
+/* Faults for tests, armed by FLATSHARD_FAULT=<name>:<a>[:<b>] in the environment (one at a
+ * time; docs/reliability.md lists every name). fs_fault_at: whether fault `name` is armed
+ * for this step (a) and rank (b; any rank when b is absent or rank < 0). fs_fault_value: the
+ * fault's first number (a), or 0 when it is not armed. */
+int fs_fault_at(const char *name, int64_t step, int rank);
+int64_t fs_fault_value(const char *name);
+
 /* ------------------------------------------------------------------ thread pool */
 
 /* A fixed set of worker threads that run parallel loops for one compute thread. The caller

@@ -56,14 +56,10 @@ static void join(char *buf, size_t n, const char *dir, const char *name) {
     FS_ASSERT(k >= 0 && (size_t)k < n);
 }
 
-/* FLATSHARD_FAULT=<name>:<step> injects a fault for tests: crash-in-save kills the process
- * (SIGKILL) half way through writing its rank file; write-fail-in-save makes that write
- * fail. */
-static int fault(const char *name, int64_t step) {
-    const char *f = getenv("FLATSHARD_FAULT");
-    size_t n = strlen(name);
-    return f && strncmp(f, name, n) == 0 && f[n] == ':' && strtoll(f + n + 1, NULL, 10) == step;
-}
+/* Faults for tests (fs_fault_at, docs/reliability.md): crash-in-save:<step> kills the
+ * process (SIGKILL) half way through writing its rank file; write-fail-in-save:<step> makes
+ * that write fail. */
+static int fault(const char *name, int64_t step) { return fs_fault_at(name, step, -1); }
 
 static void fsync_path(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY);

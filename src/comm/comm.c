@@ -60,12 +60,23 @@ static const char *coll_fn_name(fs_coll coll) {
 fs_comm_config fs_comm_config_default(void) {
     return (fs_comm_config){.algo = FS_COMM_ALGO_RING,
                             .segment_bytes = FS_COMM_DEFAULT_SEGMENT_BYTES,
-                            .debug = 0};
+                            .debug = 0,
+                            .timeout_s = FS_COMM_DEFAULT_TIMEOUT_S};
 }
 
 static int env_debug(void) {
     const char *v = getenv("FLATSHARD_DEBUG_COLLECTIVES");
     return v && strcmp(v, "1") == 0;
+}
+
+/* FLATSHARD_COMM_TIMEOUT=S overrides the configured timeout (for tests and launch scripts
+ * that cannot pass options); anything that is not a number >= 0 is ignored. */
+static double env_timeout(double configured) {
+    const char *v = getenv("FLATSHARD_COMM_TIMEOUT");
+    if (!v || !*v) return configured;
+    char *end = NULL;
+    double t = strtod(v, &end);
+    return end && *end == '\0' && t >= 0 ? t : configured;
 }
 
 /* The segment size setup_common settles on. */
@@ -87,6 +98,7 @@ fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
                                        "%zu", cfg.segment_bytes, FS_COMM_MAX_SEGMENT_BYTES);
     cfg.segment_bytes = effective_segment_bytes(cfg.segment_bytes);
     cfg.debug = cfg.debug || env_debug();
+    cfg.timeout_s = env_timeout(cfg.timeout_s);
     c->cfg = cfg;
     for (int i = 0; i < 2; i++)
         FS_TRY(fs_mem_alloc(c->mem, FS_MEM_COMM, cfg.segment_bytes, "comm staging",
@@ -131,6 +143,15 @@ fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo) {
 void fs_comm_set_debug(fs_comm *comm, int on) { comm->cfg.debug = on != 0; }
 
 void fs_comm_abort(fs_comm *comm) { comm->ops->abort(comm); }
+
+int fs_comm_is_failed(fs_comm *comm) { return comm->ops->failed(comm); }
+
+fs_status fs_comm_no_progress(const fs_comm *c, int peer) {
+    return fs_errorf(FS_ERR_IO,
+                     "no progress from rank %d for %g s (dead or hung; --comm-timeout sets this "
+                     "limit)",
+                     peer, c->cfg.timeout_s);
+}
 
 int fs_comm_mpi_launched(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL ||
@@ -291,7 +312,7 @@ static fs_status validate(const fs_comm *c, const fs_comm_op *op) {
 
 static fs_comm_check check_of(const fs_comm_op *op, int invalid) {
     fs_comm_check k = {.coll = (int32_t)op->coll, .algo = (int32_t)op->algo,
-                       .invalid = invalid != 0};
+                       .invalid = invalid != 0, .tag = op->tag};
     if (op->coll == FS_COLL_BARRIER) return k;
     k.count = op->count;
     k.dtype = (int32_t)op->dtype;
@@ -308,7 +329,7 @@ static fs_comm_check check_of(const fs_comm_op *op, int invalid) {
 static int check_equal(const fs_comm_check *a, const fs_comm_check *b) {
     return a->coll == b->coll && a->dtype == b->dtype && a->recv_dtype == b->recv_dtype &&
            a->op == b->op && a->root == b->root && a->accumulate == b->accumulate &&
-           a->algo == b->algo && a->count == b->count;
+           a->algo == b->algo && a->count == b->count && a->tag == b->tag;
 }
 
 static void check_text(const fs_comm_check *k, char *buf, size_t n) {
@@ -326,7 +347,10 @@ static void check_text(const fs_comm_check *k, char *buf, size_t n) {
     if (coll == FS_COLL_BROADCAST && len >= 0 && (size_t)len < n)
         len += snprintf(buf + len, n - (size_t)len, " root=%d", (int)k->root);
     if (len >= 0 && (size_t)len < n)
-        snprintf(buf + len, n - (size_t)len, " algo=%s", fs_comm_algo_name((fs_comm_algo)k->algo));
+        len += snprintf(buf + len, n - (size_t)len, " algo=%s",
+                        fs_comm_algo_name((fs_comm_algo)k->algo));
+    if (k->tag > 0 && len >= 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, " for unit %d", (int)k->tag - 1);
 }
 
 /* Appends to a message buffer, silently truncating. */
@@ -377,18 +401,16 @@ static fs_status debug_check(fs_comm *c, const fs_comm_op *op, fs_status local) 
         if (check_equal(&all[r], &all[0])) continue;
         if (n_diff < FS_CHECK_MAX_NAMED) {
             check_text(&all[r], text, sizeof text);
-            append(msg, sizeof msg, "; rank %d: %s", r, text);
+            append(msg, sizeof msg, "%srank %d issued %s", n_diff ? ", " : "", r, text);
         }
         n_diff++;
     }
     if (n_diff == 0) return FS_OK;
     if (n_diff > FS_CHECK_MAX_NAMED)
-        append(msg, sizeof msg, "; and %d more ranks", n_diff - FS_CHECK_MAX_NAMED);
+        append(msg, sizeof msg, " (and %d more ranks)", n_diff - FS_CHECK_MAX_NAMED);
     check_text(&all[0], text, sizeof text);
-    return fs_errorf(FS_ERR_USAGE,
-                     "%s: debug check: ranks disagree on the collective's arguments: rank 0: "
-                     "%s%s",
-                     fn, text, msg);
+    return fs_errorf(FS_ERR_USAGE, "%s: debug check: the ranks disagree: %s where rank 0 issued %s",
+                     fn, msg, text);
 }
 
 /* ------------------------------------------------------------------ dispatch */

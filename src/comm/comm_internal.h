@@ -23,6 +23,8 @@ typedef struct fs_comm_backend_ops {
     /* The builtin algorithm of a validated op. */
     fs_status (*builtin)(fs_comm *c, const fs_comm_op *op);
     void (*abort)(fs_comm *c);
+    /* fs_comm_is_failed */
+    int (*failed)(fs_comm *c);
     /* Releases the backend state of c (not the staging, not c itself). */
     void (*destroy)(fs_comm *c);
 } fs_comm_backend_ops;
@@ -30,7 +32,7 @@ typedef struct fs_comm_backend_ops {
 /* What every rank contributes to the debug check; fields that do not apply to the
  * collective are zero, so that only arguments that matter can disagree. */
 typedef struct fs_comm_check {
-    int32_t coll, dtype, recv_dtype, op, root, accumulate, algo, invalid;
+    int32_t coll, dtype, recv_dtype, op, root, accumulate, algo, invalid, tag, pad;
     uint64_t count;
 } fs_comm_check;
 
@@ -46,6 +48,10 @@ struct fs_comm {
     fs_comm_check *check_buf; /* (world) the debug check's exchange */
     char describe[160];
 };
+
+/* The error of a rank that waited cfg.timeout_s for `peer` without progress (FS_ERR_IO,
+ * "no progress from rank P for T s (dead or hung ...)"). */
+fs_status fs_comm_no_progress(const fs_comm *c, int peer);
 
 /* Allocates c's staging and check buffer from c->mem (set by the backend before calling).
  * Fills cfg from the given config and the environment. */

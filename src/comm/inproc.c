@@ -25,14 +25,24 @@
  *   returns an error; a sender whose message is being copied waits for the copy (it is
  *   bounded) so that the copy never reads freed memory. Calls made after the failure return
  *   the error at once. A failed group stays failed.
+ *
+ *   Timeout (cfg.timeout_s > 0): every wait for a peer — a receiver for the message, a
+ *   sender for its message to be taken, a barrier for the ranks not there yet — has a
+ *   deadline on the monotonic clock. The first rank to reach one fails the group as an
+ *   abort would, with "no progress from rank P ..." naming the peer it waited for, so a rank
+ *   thread that stopped (or never got to the collective) cannot hold the others for ever.
+ *   A copy in progress is never timed out: it is bounded and its source must stay valid.
  */
 #include "comm_internal.h"
 
+#include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FS_INPROC_MAX_WORLD 256
 /* Elements per block of the builtin reductions: the fp32 (or int64) sum of one block lives on
@@ -63,12 +73,52 @@ typedef struct inproc_group {
     pthread_cond_t cv_barrier;
     int barrier_arrived;
     uint64_t barrier_generation;
-    int failed;          /* set once, by the first fs_comm_abort */
+    uint64_t *barrier_seen; /* (world) rank r's last barrier: generation + 1 */
+    int failed;          /* set once, by the first fs_comm_abort or timeout */
     int failed_rank;
     char failed_msg[512];
 } inproc_group;
 
 static inproc_group *group_of(fs_comm *c) { return c->impl; }
+
+/* The deadline of a wait that starts now, or 0 when waits are not timed. */
+static int deadline_of(const fs_comm *c, struct timespec *deadline) {
+    if (!(c->cfg.timeout_s > 0)) return 0;
+    clock_gettime(CLOCK_MONOTONIC, deadline);
+    double whole = floor(c->cfg.timeout_s);
+    deadline->tv_sec += (time_t)whole;
+    deadline->tv_nsec += (long)((c->cfg.timeout_s - whole) * 1e9);
+    if (deadline->tv_nsec >= 1000000000L) {
+        deadline->tv_sec++;
+        deadline->tv_nsec -= 1000000000L;
+    }
+    return 1;
+}
+
+/* Waits on cv (whose clock is CLOCK_MONOTONIC) until signalled or, when timed, the deadline;
+ * returns 1 on the deadline. */
+static int wait_on(pthread_cond_t *cv, pthread_mutex_t *mu, int timed,
+                   const struct timespec *deadline) {
+    if (!timed) {
+        pthread_cond_wait(cv, mu);
+        return 0;
+    }
+    return pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT;
+}
+
+/* Under g->mu: this rank gave up waiting for `peer`. Fails the group with that message (as
+ * fs_comm_abort would) and returns the error. */
+static fs_status group_stall(fs_comm *c, inproc_group *g, int peer) {
+    fs_status st = fs_comm_no_progress(c, peer);
+    if (!g->failed) {
+        g->failed = 1;
+        g->failed_rank = c->rank;
+        snprintf(g->failed_msg, sizeof g->failed_msg, "%s", fs_error_message());
+        for (int r = 0; r < g->world; r++) pthread_cond_broadcast(&g->cv[r]);
+        pthread_cond_broadcast(&g->cv_barrier);
+    }
+    return st;
+}
 
 /* Under g->mu. */
 static fs_status group_failed_error(const inproc_group *g) {
@@ -95,9 +145,12 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
         pthread_cond_signal(&g->cv[dst]);
     }
     if (in) {
-        while (in->state != BOX_POSTED && !g->failed) pthread_cond_wait(&g->cv[rank], &g->mu);
+        struct timespec deadline;
+        int timed = deadline_of(c, &deadline), late = 0;
+        while (in->state != BOX_POSTED && !g->failed && !late)
+            late = wait_on(&g->cv[rank], &g->mu, timed, &deadline);
         if (in->state != BOX_POSTED) {
-            st = group_failed_error(g);
+            st = g->failed ? group_failed_error(g) : group_stall(c, g, src);
         } else {
             in->state = BOX_COPYING;
             const void *from = in->buf;
@@ -116,9 +169,17 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
         }
     }
     if (out) {
+        struct timespec deadline;
+        int timed = deadline_of(c, &deadline);
         while (out->state != BOX_DONE) {
             if (g->failed && out->state == BOX_POSTED) break; /* never taken: withdraw */
-            pthread_cond_wait(&g->cv[rank], &g->mu);
+            /* a copy under way is bounded: wait for it without a deadline */
+            int late = wait_on(&g->cv[rank], &g->mu, timed && out->state == BOX_POSTED, &deadline);
+            if (late && out->state == BOX_POSTED && !g->failed) {
+                fs_status stalled = group_stall(c, g, dst);
+                if (st == FS_OK) st = stalled;
+                break;
+            }
         }
         if (out->state == BOX_DONE && out->expected != sbytes && st == FS_OK)
             st = fs_errorf(FS_ERR_USAGE,
@@ -133,20 +194,27 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
     return st;
 }
 
-static fs_status group_barrier(inproc_group *g) {
+static fs_status group_barrier(fs_comm *c, inproc_group *g) {
     fs_status st = FS_OK;
     pthread_mutex_lock(&g->mu);
     if (g->failed) {
         st = group_failed_error(g);
-    } else if (++g->barrier_arrived == g->world) {
+    } else if (g->barrier_seen[c->rank] = g->barrier_generation + 1,
+               ++g->barrier_arrived == g->world) {
         g->barrier_arrived = 0;
         g->barrier_generation++;
         pthread_cond_broadcast(&g->cv_barrier);
     } else {
         uint64_t gen = g->barrier_generation;
-        while (gen == g->barrier_generation && !g->failed)
-            pthread_cond_wait(&g->cv_barrier, &g->mu);
-        if (gen == g->barrier_generation) st = group_failed_error(g);
+        struct timespec deadline;
+        int timed = deadline_of(c, &deadline), late = 0;
+        while (gen == g->barrier_generation && !g->failed && !late)
+            late = wait_on(&g->cv_barrier, &g->mu, timed, &deadline);
+        if (gen == g->barrier_generation) {
+            int missing = 0; /* the first rank that has not reached this barrier */
+            while (missing < g->world && g->barrier_seen[missing] == gen + 1) missing++;
+            st = g->failed ? group_failed_error(g) : group_stall(c, g, missing);
+        }
     }
     pthread_mutex_unlock(&g->mu);
     return st;
@@ -227,10 +295,10 @@ static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
     pthread_mutex_lock(&g->mu);
     g->slots[c->rank] = (inproc_slot){.send = op->send, .recv = op->recv};
     pthread_mutex_unlock(&g->mu);
-    FS_TRY(group_barrier(g));
+    FS_TRY(group_barrier(c, g));
     if (op->coll == FS_COLL_BARRIER) return FS_OK;
     builtin_compute(c, op);
-    return group_barrier(g);
+    return group_barrier(c, g);
 }
 
 /* ------------------------------------------------------------------ lifetime, failure */
@@ -244,6 +312,7 @@ static void group_free(inproc_group *g) {
     free(g->cv);
     free(g->boxes);
     free(g->slots);
+    free(g->barrier_seen);
     free(g);
 }
 
@@ -261,6 +330,14 @@ static void inproc_abort(fs_comm *c) {
     pthread_mutex_unlock(&g->mu);
 }
 
+static int inproc_failed(fs_comm *c) {
+    inproc_group *g = group_of(c);
+    pthread_mutex_lock(&g->mu);
+    int failed = g->failed;
+    pthread_mutex_unlock(&g->mu);
+    return failed;
+}
+
 static void inproc_destroy(fs_comm *c) {
     inproc_group *g = group_of(c);
     if (g && atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
@@ -271,6 +348,7 @@ static const fs_comm_backend_ops inproc_ops = {
     .sendrecv = inproc_sendrecv,
     .builtin = inproc_builtin,
     .abort = inproc_abort,
+    .failed = inproc_failed,
     .destroy = inproc_destroy,
 };
 
@@ -279,18 +357,25 @@ static fs_status group_init(int world, inproc_group **out) {
     inproc_group *g = calloc(1, sizeof *g);
     if (!g) return fs_errorf(FS_ERR_NOMEM, "cannot allocate an in-process group");
     g->world = world;
+    /* the condvars time their waits on the monotonic clock (wait_on) */
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv_barrier, NULL);
+    pthread_cond_init(&g->cv_barrier, &attr);
     g->cv = calloc((size_t)world, sizeof *g->cv);
     g->boxes = calloc((size_t)world * (size_t)world, sizeof *g->boxes);
     g->slots = calloc((size_t)world, sizeof *g->slots);
-    if (!g->cv || !g->boxes || !g->slots) {
+    g->barrier_seen = calloc((size_t)world, sizeof *g->barrier_seen);
+    if (!g->cv || !g->boxes || !g->slots || !g->barrier_seen) {
+        pthread_condattr_destroy(&attr);
         free(g->cv);
         g->cv = NULL;
         group_free(g);
         return fs_errorf(FS_ERR_NOMEM, "cannot allocate an in-process group of %d ranks", world);
     }
-    for (int r = 0; r < world; r++) pthread_cond_init(&g->cv[r], NULL);
+    for (int r = 0; r < world; r++) pthread_cond_init(&g->cv[r], &attr);
+    pthread_condattr_destroy(&attr);
     *out = g;
     return FS_OK;
 }

@@ -12,7 +12,13 @@
  * Errors. The duplicated communicator returns errors instead of aborting
  * (MPI_ERRORS_RETURN); they become FS_ERR_IO with MPI's own text, except truncation (a
  * message longer than the receiver expected: mismatched arguments), which is FS_ERR_USAGE.
- * A peer that dies is not detected here: the launcher (mpirun, srun) ends the job.
+ * A peer that dies is normally the launcher's to handle (mpirun and srun end the job when a
+ * process dies). A peer that hangs, or a launcher that leaves the job waiting, is caught by
+ * the timeout (cfg.timeout_s): point-to-point is then a nonblocking receive and send polled
+ * until both complete or the deadline passes, and a deadline passed is FS_ERR_IO naming the
+ * peer (fs_comm_no_progress); the caller then aborts (flatshard train: fs_comm_abort, which
+ * is MPI_Abort). Polling costs nothing extra: MPI_Sendrecv spins in MPI's progress engine
+ * too. MPI's builtin collectives have no such deadline.
  *
  * Point-to-point is MPI_Sendrecv of bytes, in pieces of at most 1 GiB so that counts fit an
  * int. The builtin collectives are MPI's; bf16 sums use a user-defined MPI_Op that adds in
@@ -73,6 +79,34 @@ static int piece_bytes(size_t bytes, size_t i) {
     return (int)(bytes - off < FS_MPI_PIECE_BYTES ? bytes - off : FS_MPI_PIECE_BYTES);
 }
 
+/* One piece of a sendrecv with the timeout: a nonblocking receive and send, polled until both
+ * are done or cfg.timeout_s has passed. */
+static int timed_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *rbuf, int rn,
+                          int src, MPI_Status *status, int *timed_out, int *stalled_peer) {
+    MPI_Comm comm = impl_of(c)->comm;
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Status st[2];
+    int rc = MPI_Irecv(rbuf, rn, MPI_BYTE, src, FS_MPI_TAG, comm, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sbuf, sn, MPI_BYTE, dst, FS_MPI_TAG, comm, &req[1]);
+    if (rc != MPI_SUCCESS) return rc;
+    const double deadline = fs_now() + c->cfg.timeout_s;
+    int done = 0;
+    *timed_out = 0;
+    for (;;) {
+        rc = MPI_Testall(2, req, &done, st);
+        if (rc != MPI_SUCCESS || done) break;
+        if (fs_now() > deadline) {
+            int recv_done = 0;
+            MPI_Test(&req[0], &recv_done, &st[0]);
+            *timed_out = 1;
+            *stalled_peer = recv_done ? dst : src;
+            return MPI_SUCCESS; /* the requests stay posted: the caller aborts the job */
+        }
+    }
+    if (rc == MPI_SUCCESS) *status = st[0];
+    return rc;
+}
+
 static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
                               size_t rbytes, int src) {
     MPI_Comm comm = impl_of(c)->comm;
@@ -83,11 +117,21 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
         int sn = i < ns ? piece_bytes(sbytes, i) : 0;
         int rn = i < nr ? piece_bytes(rbytes, i) : 0;
         MPI_Status status;
-        MPI_TRY(MPI_Sendrecv(sn > 0 ? (const char *)sbuf + so : NULL, sn, MPI_BYTE,
-                             i < ns ? dst : MPI_PROC_NULL, FS_MPI_TAG,
-                             rn > 0 ? (char *)rbuf + so : NULL, rn, MPI_BYTE,
-                             i < nr ? src : MPI_PROC_NULL, FS_MPI_TAG, comm, &status),
-                "MPI_Sendrecv");
+        if (c->cfg.timeout_s > 0) {
+            int timed_out = 0, stalled = -1;
+            MPI_TRY(timed_sendrecv(c, sn > 0 ? (const char *)sbuf + so : NULL, sn,
+                                   i < ns ? dst : MPI_PROC_NULL,
+                                   rn > 0 ? (char *)rbuf + so : NULL, rn,
+                                   i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled),
+                    "MPI_Isend/MPI_Irecv");
+            if (timed_out) return fs_comm_no_progress(c, stalled);
+        } else {
+            MPI_TRY(MPI_Sendrecv(sn > 0 ? (const char *)sbuf + so : NULL, sn, MPI_BYTE,
+                                 i < ns ? dst : MPI_PROC_NULL, FS_MPI_TAG,
+                                 rn > 0 ? (char *)rbuf + so : NULL, rn, MPI_BYTE,
+                                 i < nr ? src : MPI_PROC_NULL, FS_MPI_TAG, comm, &status),
+                    "MPI_Sendrecv");
+        }
         if (i < nr) {
             int got = 0;
             MPI_Get_count(&status, MPI_BYTE, &got);
@@ -187,6 +231,11 @@ static void mpi_abort(fs_comm *c) {
     abort(); /* MPI_Abort does not return; this says so to the compiler */
 }
 
+static int mpi_failed(fs_comm *c) {
+    (void)c;
+    return 0; /* a failed MPI job has no survivors to ask */
+}
+
 static void mpi_destroy(fs_comm *c) {
     mpi_impl *m = impl_of(c);
     if (m) {
@@ -202,6 +251,7 @@ static const fs_comm_backend_ops mpi_ops = {
     .sendrecv = mpi_sendrecv,
     .builtin = mpi_builtin,
     .abort = mpi_abort,
+    .failed = mpi_failed,
     .destroy = mpi_destroy,
 };
 

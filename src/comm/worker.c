@@ -53,6 +53,7 @@ struct fs_comm_worker {
     int stopping;
     fs_comm_observer observer; /* read by the worker thread, set while it is idle */
     void *observer_ctx;
+    uint64_t schedule_hash, schedule_count; /* fs_comm_worker_schedule; the owner's alone */
     uint64_t failed_ticket;
     fs_status failed_status;
     char failed_msg[768];
@@ -108,6 +109,7 @@ fs_status fs_comm_worker_init(fs_comm *comm, int capacity, fs_comm_worker **out)
     w->comm = comm;
     w->mem = comm->mem;
     w->capacity = (uint64_t)capacity;
+    w->schedule_hash = 0xcbf29ce484222325ull; /* FNV-1a's offset basis */
     void *slots = NULL;
     fs_status st = fs_mem_alloc(w->mem, FS_MEM_COMM, (size_t)capacity * sizeof(worker_job),
                                 "comm worker queue", &slots);
@@ -144,8 +146,23 @@ static fs_status enqueue(fs_comm_worker *w, const worker_job *job, uint64_t *tic
     return FS_OK;
 }
 
+/* FNV-1a, 64 bits, over the fields of op that every rank must agree on (its buffers may
+ * differ) and its tag. Cheap — a few dozen multiplies per collective — so it is always on. */
+static uint64_t schedule_mix(uint64_t h, const fs_comm_op *op) {
+    const int64_t fields[] = {op->coll, op->tag, (int64_t)op->count, op->dtype, op->recv_dtype,
+                              op->op, op->root, op->accumulate, op->algo};
+    const unsigned char *b = (const unsigned char *)fields;
+    for (size_t i = 0; i < sizeof fields; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
 fs_status fs_comm_worker_enqueue(fs_comm_worker *w, const fs_comm_op *op, uint64_t *ticket) {
     if (!w || !op) return fs_errorf(FS_ERR_USAGE, "fs_comm_worker_enqueue: NULL worker or op");
+    w->schedule_hash = schedule_mix(w->schedule_hash, op);
+    w->schedule_count++;
     worker_job job = {.op = *op};
     return enqueue(w, &job, ticket);
 }
@@ -203,6 +220,11 @@ void fs_comm_worker_free(fs_comm_worker *w) {
     pthread_mutex_destroy(&w->mu);
     fs_mem_release(w->mem, w->slots);
     free(w);
+}
+
+void fs_comm_worker_schedule(const fs_comm_worker *w, uint64_t *hash, uint64_t *count) {
+    *hash = w->schedule_hash;
+    *count = w->schedule_count;
 }
 
 void fs_comm_worker_observe(fs_comm_worker *w, fs_comm_observer fn, void *ctx) {
