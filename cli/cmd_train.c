@@ -6,10 +6,17 @@
  * Each rank runs train_rank() with its own communicator, allocator and trainer; rank 0 alone
  * prints and writes files. Under an MPI launcher the backend is MPI and --ranks must be left
  * out (or equal the launcher's count).
+ *
+ * Faults (docs/reliability.md): SIGINT and SIGTERM only set a flag; at the next step boundary
+ * every rank learns that some rank saw it (the engine's end-of-step exchange), all stop after
+ * the same step, save a checkpoint when --save is given, and the program exits 128 + the
+ * signal's number. A failure after a checkpoint was saved names that checkpoint, so the run
+ * can be resumed from it. FLATSHARD_FAULT=alloc-fail:N makes rank 0's N-th allocation fail.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +52,18 @@ static const char *const strategy_choices[] = {"ddp", "zero1", "zero2", "zero3-p
 static const char *const precision_choices[] = {"fp32", "bf16", NULL};
 static const char *const on_off[] = {"on", "off", NULL};
 static const char *const progress_choices[] = {"auto", "live", "lines", NULL};
+static const char *const on_nan_choices[] = {"stop", "skip", NULL};
+
+/* The signal (SIGINT or SIGTERM) that asked the run to stop, or 0. Set by the handler, read
+ * by every rank between steps. */
+static volatile sig_atomic_t stop_signal;
+
+/* Repeats are ignored: a launcher may deliver one signal twice (GNU timeout signals its
+ * child and then its process group), and the stop is under way. SIGKILL still ends the
+ * program at once. */
+static void on_stop_signal(int sig) {
+    if (!stop_signal) stop_signal = sig;
+}
 
 /* Rank 0's view of the run, for the progress line. */
 typedef struct progress {
@@ -69,7 +88,12 @@ typedef struct train_run {
     FILE *metrics;
     int64_t log_every, save_every, keep;
     int profile, memory, no_save, ranks_here;
+    fs_comm_config comm_cfg;   /* --comm-timeout, --debug-collectives */
     progress progress;       /* rank 0's */
+    /* written by rank 0 only, read after the ranks are done */
+    int64_t last_saved_step;   /* the newest checkpoint this run saved (0: none) */
+    int64_t skipped_steps;     /* --on-nan skip */
+    int64_t stopped_at_step;   /* a signal stopped the run after this step (0: it did not) */
 } train_run;
 
 static void progress_break(progress *pg) {
@@ -93,6 +117,7 @@ static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
         progress_break(&run->progress);
         printf("saved checkpoint %s/step-%08" PRId64 " in %.2f s\n", run->save_dir, tr->step, fs_now() - t0);
         fflush(stdout);
+        run->last_saved_step = tr->step;
     }
     return st;
 }
@@ -162,13 +187,24 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
                s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu, s.seconds, s.comm_wait_s);
         fflush(stdout);
     }
+    if (s.skipped) {
+        progress_break(pg);
+        printf("step %" PRId64 ": the loss is %g and the gradient norm %g: update skipped (--on-nan skip; "
+               "%" PRId64 " step%s skipped so far)\n",
+               s.step, s.loss, s.grad_norm, run->skipped_steps, run->skipped_steps == 1 ? "" : "s");
+        fflush(stdout);
+    }
     if (run->metrics) {
+        /* JSON has no NaN or Infinity: a skipped step's non-finite values are null */
+        char loss[32] = "null", norm[32] = "null";
+        if (isfinite(s.loss)) snprintf(loss, sizeof loss, "%.17g", s.loss);
+        if (isfinite(s.grad_norm)) snprintf(norm, sizeof norm, "%.17g", s.grad_norm);
         fprintf(run->metrics,
-                "{\"step\":%" PRId64 ",\"loss\":%.17g,\"lr\":%.6e,\"grad_norm\":%.17g,"
+                "{\"step\":%" PRId64 ",\"loss\":%s,\"lr\":%.6e,\"grad_norm\":%s,"
                 "\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"step_time\":%.6f,\"compute_time\":%.6f,"
-                "\"exposed_comm_time\":%.6f,\"tokens\":%" PRId64 ",\"peak_bytes\":{",
-                s.step, s.loss, s.lr, s.grad_norm, tps, mfu, s.seconds, s.seconds - s.comm_wait_s,
-                s.comm_wait_s, s.tokens);
+                "\"exposed_comm_time\":%.6f,\"tokens\":%" PRId64 ",\"skipped\":%d,\"peak_bytes\":{",
+                s.step, loss, s.lr, norm, tps, mfu, s.seconds, s.seconds - s.comm_wait_s,
+                s.comm_wait_s, s.tokens, s.skipped);
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
         fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
@@ -241,8 +277,13 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     uint64_t allocs_after_step1 = 0;
     fs_step_stats s = {0};
     for (int64_t i = tr.step; i < cfg.steps && st == FS_OK; i++) {
+        if (stop_signal) fs_engine_request_stop(tr.engine); /* every rank hears it at the step's end */
         st = fs_trainer_step(&tr, &s);
+        /* arguments that differ across ranks (the debug check's FS_ERR_USAGE) are, in the
+         * middle of a run, a fault of the program, not of its user: exit 1, not 2 */
+        if (st == FS_ERR_USAGE) st = FS_ERR_INTERNAL;
         if (st != FS_OK) break;
+        if (lead && s.skipped) run->skipped_steps++;
         if (s.step == first_step) allocs_after_step1 = fs_mem_get_stats(mem).n_allocs;
         if (s.step > first_step) { /* the first step pays one-off costs (page faults, BLAS set-up) */
             train_seconds += s.seconds;
@@ -252,6 +293,16 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         if (lead) report_step(run, &s, mem, cfg.steps, first_step, &run->progress);
         if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0)
             st = save_checkpoint(&tr, run, lead);
+        if (st == FS_OK && s.stop) { /* a signal: every rank stops after this same step */
+            if (run->save_dir && (run->save_every <= 0 || s.step % run->save_every != 0))
+                st = save_checkpoint(&tr, run, lead);
+            if (lead) {
+                progress_break(&run->progress);
+                run->stopped_at_step = s.step;
+            }
+            fs_trainer_free(&tr);
+            return st;
+        }
     }
     if (st == FS_OK && run->save_dir && (run->save_every <= 0 || tr.step % run->save_every != 0))
         st = save_checkpoint(&tr, run, lead); /* the final state, if the last step did not save */
@@ -319,6 +370,33 @@ static fs_status inproc_rank(fs_comm *comm, void *arg) {
     return train_rank(comm, a->mems[fs_comm_rank(comm)], a->run);
 }
 
+/* Adds to a failed run's message where it can be resumed from: the newest checkpoint this run
+ * saved (only with --save). */
+static void name_last_checkpoint(const train_run *run, fs_status st) {
+    if (!run->save_dir || st == FS_ERR_USAGE) return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fs_error_message());
+    if (run->last_saved_step > 0)
+        fs_errorf(st, "%s; the last checkpoint is %s/step-%08" PRId64, msg, run->save_dir, run->last_saved_step);
+    else
+        fs_errorf(st, "%s; this run saved no checkpoint", msg);
+}
+
+/* --save DIR: created if missing, and a file is created and removed in it, so that a
+ * directory the run could not write fails now rather than at the first save. */
+static fs_status check_save_dir(const char *dir) {
+    char probe[2048];
+    if (snprintf(probe, sizeof probe, "%s/.flatshard-write-test", dir) >= (int)sizeof probe)
+        return fs_errorf(FS_ERR_USAGE, "--save %s: the path is too long", dir);
+    if (fs_cli_prepare_output_path(probe) != FS_OK)
+        return fs_errorf(FS_ERR_IO, "--save %s: cannot create the directory: %s", dir, strerror(errno));
+    FILE *f = fopen(probe, "w");
+    if (!f) return fs_errorf(FS_ERR_IO, "--save %s: cannot write in the directory: %s", dir, strerror(errno));
+    fclose(f);
+    remove(probe);
+    return FS_OK;
+}
+
 /* Ranks of this job on this machine, for the default thread count. */
 static int local_ranks(int world) {
     const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
@@ -333,7 +411,9 @@ int fs_cmd_train(int argc, char **argv) {
     train_run run = {.cfg = fs_train_config_default(), .out_path = "out/model.safetensors",
                      .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto"};
     fs_train_config *c = &run.cfg;
-    const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on";
+    const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on", *on_nan = "stop";
+    double comm_timeout = FS_COMM_DEFAULT_TIMEOUT_S;
+    int debug_collectives = 0;
     int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
     int64_t grad_accum = c->grad_accum, seed = (int64_t)c->seed, threads = c->threads;
     int64_t vocab_chunk = c->vocab_chunk_rows, max_mem = 0, ranks = 0, ckpt = 0;
@@ -368,6 +448,9 @@ int fs_cmd_train(int argc, char **argv) {
         {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads per rank (0: the CPUs shared among this machine's ranks)", NULL, 0, 1024},
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
         {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
+        {"on-nan", 0, FS_OPT_STRING, &on_nan, "stop|skip", "a step whose loss or gradient norm is NaN or Inf: stop (exit 1, weights untouched) or skip its update", on_nan_choices, 0, 0},
+        {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever)", NULL, 0, 0},
+        {"debug-collectives", 0, FS_OPT_FLAG, &debug_collectives, NULL, "check every collective's arguments across ranks (names the first that differs; slower)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
         {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
         {"trace", 0, FS_OPT_STRING, &run.trace_path, "FILE.json", "write a timeline of every rank's compute and communication (Chrome Trace Event JSON)", NULL, 0, 0},
@@ -403,6 +486,12 @@ int fs_cmd_train(int argc, char **argv) {
     c->max_mem_bytes = (size_t)max_mem;
     c->overlap = strcmp(overlap, "on") == 0;
     c->ckpt_layers = ckpt;
+    c->on_nan = strcmp(on_nan, "skip") == 0 ? FS_ON_NAN_SKIP : FS_ON_NAN_STOP;
+    if (!(comm_timeout >= 0 && comm_timeout <= 1e6))
+        return fs_usage_error("train", "--comm-timeout must be between 0 (none) and 1e6 seconds (got %g)", comm_timeout);
+    run.comm_cfg = fs_comm_config_default();
+    run.comm_cfg.timeout_s = comm_timeout;
+    run.comm_cfg.debug = debug_collectives;
     if (run.resume_path && run.init_from)
         return fs_usage_error("train", "--resume and --init-from exclude each other (a checkpoint holds its weights)");
     fs_status st = fs_strategy_parse(strategy, &c->strategy);
@@ -453,6 +542,7 @@ int fs_cmd_train(int argc, char **argv) {
     run.data = &data;
     if (!run.no_save) st = fs_cli_prepare_output_path(run.out_path);
     if (st == FS_OK && run.trace_path) st = fs_cli_prepare_output_path(run.trace_path);
+    if (st == FS_OK && run.save_dir) st = check_save_dir(run.save_dir);
     if (st == FS_OK && run.metrics_path && !(run.metrics = fopen(run.metrics_path, "a")))
         st = fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", run.metrics_path,
                        strerror(errno));
@@ -463,11 +553,18 @@ int fs_cmd_train(int argc, char **argv) {
         return fs_cli_report("train", st);
     }
 
+    /* from here on a signal stops the run at a step boundary (the header comment) */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
     if (mpi) {
         fs_mem *mem = NULL;
         fs_comm *comm = NULL;
         st = fs_mem_init(&mem, 0);
-        if (st == FS_OK) st = fs_comm_mpi_init(fs_comm_config_default(), mem, &comm);
+        if (st == FS_OK) fs_mem_fail_after(mem, (uint64_t)fs_fault_value("alloc-fail"));
+        if (st == FS_OK) st = fs_comm_mpi_init(run.comm_cfg, mem, &comm);
         if (st == FS_OK) {
             run.ranks_here = local_ranks(fs_comm_world(comm));
             if (fs_comm_rank(comm) != 0 && run.metrics) { /* rank 0 alone writes */
@@ -476,6 +573,7 @@ int fs_cmd_train(int argc, char **argv) {
             }
             st = train_rank(comm, mem, &run);
             if (st != FS_OK) { /* the other ranks may be waiting in a collective: end them */
+                name_last_checkpoint(&run, st);
                 fs_cli_report("train", st);
                 fflush(stderr);
                 fs_comm_abort(comm);
@@ -489,11 +587,24 @@ int fs_cmd_train(int argc, char **argv) {
         fs_mem *mems[256] = {0};
         for (int r = 0; r < world && st == FS_OK; r++) st = fs_mem_init(&mems[r], 0);
         inproc_args a = {.run = &run, .mems = mems};
+        if (st == FS_OK) fs_mem_fail_after(mems[0], (uint64_t)fs_fault_value("alloc-fail"));
         if (st == FS_OK)
-            st = fs_comm_inproc_run_mems(world, fs_comm_config_default(), mems, inproc_rank, &a);
+            st = fs_comm_inproc_run_mems(world, run.comm_cfg, mems, inproc_rank, &a);
+        if (st != FS_OK) name_last_checkpoint(&run, st);
         for (int r = 0; r < world; r++) fs_mem_free(mems[r]);
     }
     int exit_code = st == FS_OK ? FS_EXIT_OK : fs_cli_report("train", st);
+    if (st == FS_OK && run.stopped_at_step > 0) {
+        const int sig = (int)stop_signal;
+        if (run.save_dir)
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; saved checkpoint %s/step-%08" PRId64
+                    " (continue with --resume %s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                    run.stopped_at_step, run.save_dir, run.last_saved_step, run.save_dir);
+        else
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; nothing saved (no --save)\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM", run.stopped_at_step);
+        exit_code = 128 + sig;
+    }
     if (run.metrics && fclose(run.metrics) != 0 && exit_code == FS_EXIT_OK) {
         fs_errorf(FS_ERR_IO, "--metrics %s: write failed", run.metrics_path);
         exit_code = fs_cli_report("train", FS_ERR_IO);

@@ -34,6 +34,18 @@
  *   runs AdamW on the rank's slices (weight decay on matrices only), refreshes the bf16 copy,
  *   and, for the strategies that keep full weights, all-gathers the updated weights.
  *
+ *   Guards in that same exchange (no extra collective; docs/reliability.md):
+ *     - schedule: each rank adds its worker's running hash and count of the collectives it
+ *       enqueued (fs_comm_worker_schedule); ranks that differ fail the step on every rank,
+ *       naming them, instead of exchanging wrong data or hanging later. The per-collective
+ *       debug check (fs_comm_set_debug) names the first collective that differs.
+ *     - non-finite values: a loss or gradient norm that is NaN or Inf (any rank's gradient,
+ *       since the norm sums them all) is seen by every rank with the same bits, before AdamW
+ *       touches anything: cfg.on_nan says whether the step fails (stop) or the update is
+ *       skipped on every rank (skip; the step still counts for the schedule).
+ *     - stop requests: a rank that wants to stop (a signal, fs_engine_request_stop) tells
+ *       every rank, so all of them stop after the same step.
+ *
  * With overlap off every collective is waited for right after it is enqueued: the same
  * collectives in the same order on the same data, so the results are bitwise identical;
  * only the timing changes.
@@ -54,12 +66,19 @@
 #include "flatshard/shard.h"
 #include "flatshard/weights.h"
 
+/* What a step with a NaN or Inf loss or gradient norm does. */
+typedef enum fs_on_nan {
+    FS_ON_NAN_STOP, /* the step fails (FS_ERR_INTERNAL) before the update */
+    FS_ON_NAN_SKIP, /* no update on any rank; fs_engine_step_stats.skipped = 1 */
+} fs_on_nan;
+
 typedef struct fs_engine_config {
     int overlap;            /* 0: wait for every collective as soon as it is enqueued */
     fs_adamw_config adamw;
     double clip;            /* max global gradient norm; <= 0: off */
     int worker_capacity;    /* queue slots of the communication worker */
     uint64_t seed;          /* weight initialisation */
+    fs_on_nan on_nan;
 } fs_engine_config;
 
 /* The queue capacity fs_engine_init uses when worker_capacity is 0, and the bytes the
@@ -71,6 +90,8 @@ typedef struct fs_engine_step_stats {
     double grad_norm;     /* global, before clipping */
     double clip_factor;   /* what the gradients were multiplied by (1 when not clipped) */
     double comm_wait_s;   /* time the compute thread waited for collectives this step */
+    int skipped;          /* 1: the loss or norm was not finite and the update was skipped */
+    int stop;             /* 1: some rank asked to stop after this step (fs_engine_request_stop) */
 } fs_engine_step_stats;
 
 typedef struct fs_engine fs_engine;
@@ -104,6 +125,15 @@ fs_status fs_engine_release_backward(fs_engine *e, int op);
  * the sum of this rank's micro-batch losses; lr the step's learning rate; step 1-based. */
 fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t step,
                              fs_engine_step_stats *out);
+
+/* This rank asks every rank to stop after the current step: the next fs_engine_end_step
+ * reports stop = 1 on every rank (whatever the others asked). Not collective. */
+void fs_engine_request_stop(fs_engine *e);
+
+/* Test hook: enqueues one empty all-reduce that the other ranks do not issue — the smallest
+ * desynchronisation, which moves no data (so it cannot hang) and only the schedule guard or
+ * the debug check can see. For fault-injection tests (desync-at). */
+fs_status fs_engine_inject_desync(fs_engine *e);
 
 /* Collective: every rank receives the full fp32 master weights (or, with grads = 1, the
  * gradient of the last step, before clipping and scaling are undone: as AdamW saw them)

@@ -47,6 +47,7 @@ typedef struct fs_train_config {
     fs_precision precision;
     int overlap;              /* 0: wait for every collective at once (same results) */
     int64_t ckpt_layers;      /* activation checkpointing of the first N blocks */
+    fs_on_nan on_nan;         /* a step whose loss or gradient norm is not finite: stop or skip */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */
@@ -60,6 +61,8 @@ typedef struct fs_step_stats {
     double seconds;        /* wall time of the step */
     double comm_wait_s;    /* of which this rank's compute thread waited for communication */
     int64_t tokens;        /* tokens of the global batch */
+    int skipped;           /* 1: the loss or gradient norm was not finite; no update (--on-nan skip) */
+    int stop;              /* 1: some rank asked to stop after this step (fs_engine_request_stop) */
 } fs_step_stats;
 
 typedef struct fs_trainer {
@@ -93,7 +96,14 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
                           fs_mem *mem);
 void fs_trainer_free(fs_trainer *t); /* idempotent */
 
-/* One optimizer step on the batch the sampler gives for (seed, step). Collective. */
+/* One optimizer step on the batch the sampler gives for (seed, step). Collective.
+ * Fault injection (fs_fault_at, docs/reliability.md), at the start of step S on rank R:
+ *   die-at:S:R     under MPI the process kills itself (SIGKILL); in process the rank's thread
+ *                  stops taking part (no collective, no message) until its peers give up;
+ *   hang-at:S:R    the rank stops taking part and never returns under MPI (the peers' timeout
+ *                  must end the job); in process, as die-at;
+ *   nan-at:S[:R]   a NaN is written into the rank's norm-group gradient after backward;
+ *   desync-at:S:R  the rank enqueues one collective the others do not (fs_engine_inject_desync). */
 fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
 
 /* One optimizer step on an explicit global batch (the same on every rank): inputs and

@@ -88,12 +88,21 @@ struct fs_engine {
     int max_pieces;
 
     fs_trace *trace;      /* the communication track of a timeline, or NULL */
-    double *exchange;     /* (2 * world) every rank's (sum of squares, loss) */
+    struct step_record *exchange; /* (world) every rank's end-of-step record */
+    int stop_requested;
     unsigned char *grad_written; /* (n_units) the unit's gradient holds this step's first part */
     int *uses_left;       /* (n_units) ddp: backward uses of the unit left in this micro-batch */
     int n_micro, micro;
     double wait_s;
 };
+
+/* What every rank contributes to the end-of-step exchange. */
+typedef struct step_record {
+    double sumsq, loss;                     /* of this rank's gradient elements and micro-batches */
+    uint64_t schedule_hash, schedule_count; /* fs_comm_worker_schedule before the exchange */
+    int32_t stop;                           /* fs_engine_request_stop was called */
+    int32_t pad;
+} step_record;
 
 /* ------------------------------------------------------------------ worker helpers */
 
@@ -338,7 +347,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
     if (!fs_strategy_full_grads(s) && !e->in_place)
         ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
-    ALLOC(FS_MEM_OTHER, 2 * (size_t)e->world * sizeof(double), "loss and norm exchange", &e->exchange);
+    ALLOC(FS_MEM_OTHER, (size_t)e->world * sizeof(step_record), "end-of-step exchange", &e->exchange);
     ALLOC(FS_MEM_OTHER, (size_t)l->n_units, "gradient flags", &e->grad_written);
     ALLOC(FS_MEM_OTHER, (size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
     if (s == FS_STRATEGY_ZERO3_PARAM)
@@ -633,31 +642,72 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
         for (int k = 0; k < 2; k++) z3_release_grads(e, k);
     int64_t n_grads;
     float *grads = reduced_grads(e, &n_grads);
-    /* every rank's (sum of squares, loss), added in rank order on every rank */
-    double mine[2] = {fs_sum_squares(e->pool, grads, n_grads), local_loss};
+    /* every rank's record: (sum of squares, loss) added in rank order on every rank, and the
+     * guards (the DESIGN comment in engine.h) */
+    step_record mine = {.sumsq = fs_sum_squares(e->pool, grads, n_grads), .loss = local_loss,
+                        .stop = e->stop_requested};
+    fs_comm_worker_schedule(e->worker, &mine.schedule_hash, &mine.schedule_count);
+    e->stop_requested = 0;
     uint64_t t;
-    FS_TRY(enqueue(e, fs_comm_op_all_gather(mine, e->exchange, sizeof mine, FS_DTYPE_BYTES), &t));
+    FS_TRY(enqueue(e, fs_comm_op_all_gather(&mine, e->exchange, sizeof mine, FS_DTYPE_BYTES), &t));
     FS_TRY(wait_ticket(e, t));
     double sumsq = 0, loss = 0;
+    int stop = 0;
     for (int r = 0; r < e->world; r++) {
-        sumsq += e->exchange[2 * r];
-        loss += e->exchange[2 * r + 1];
+        const step_record *x = &e->exchange[r];
+        if (x->schedule_hash != e->exchange[0].schedule_hash ||
+            x->schedule_count != e->exchange[0].schedule_count)
+            return fs_errorf(FS_ERR_INTERNAL,
+                             "step %lld: the ranks issued different collectives: rank %d issued "
+                             "%llu (schedule hash %016llx) where rank 0 issued %llu (%016llx) "
+                             "since the start; --debug-collectives names the first that differs",
+                             (long long)step, r, (unsigned long long)x->schedule_count,
+                             (unsigned long long)x->schedule_hash,
+                             (unsigned long long)e->exchange[0].schedule_count,
+                             (unsigned long long)e->exchange[0].schedule_hash);
+        sumsq += x->sumsq;
+        loss += x->loss;
+        stop |= x->stop != 0;
     }
-    if (e->strategy == FS_STRATEGY_DDP) sumsq = mine[0]; /* every rank holds the whole sum */
+    if (e->strategy == FS_STRATEGY_DDP) sumsq = mine.sumsq; /* every rank holds the whole sum */
     /* the reduced gradient is the sum over W ranks of per-micro-batch means: one scaling
      * turns it into the mean and applies the clipping */
     const double mean_scale = 1.0 / ((double)e->world * (double)e->n_micro);
     const double norm = sqrt(sumsq) * mean_scale;
+    out->loss = loss * mean_scale;
+    out->grad_norm = norm;
+    out->comm_wait_s = e->wait_s;
+    out->stop = stop;
+    out->skipped = 0;
+    out->clip_factor = 1;
+    /* every rank sees the same sums, so every rank takes the same branch */
+    if (!isfinite(out->loss) || !isfinite(norm)) {
+        e->ring_unit[0] = e->ring_unit[1] = -1;
+        if (e->cfg.on_nan == FS_ON_NAN_SKIP) {
+            out->skipped = 1;
+            return FS_OK;
+        }
+        return fs_errorf(FS_ERR_INTERNAL,
+                         "step %lld: the loss is %g and the gradient norm %g: stopped before the "
+                         "optimizer step, so the master weights and AdamW state are those after "
+                         "step %lld (--on-nan skip would skip such steps)",
+                         (long long)step, out->loss, norm, (long long)step - 1);
+    }
     const double clip = fs_clip_factor(norm, e->cfg.clip);
     fs_scale(e->pool, grads, n_grads, (float)(mean_scale * clip));
     optimizer_step(e, lr, step);
     FS_TRY(refresh_weights(e));
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
-    out->loss = loss * mean_scale;
-    out->grad_norm = norm;
     out->clip_factor = clip;
-    out->comm_wait_s = e->wait_s;
     return FS_OK;
+}
+
+void fs_engine_request_stop(fs_engine *e) { e->stop_requested = 1; }
+
+fs_status fs_engine_inject_desync(fs_engine *e) {
+    static float nothing;
+    uint64_t t;
+    return enqueue(e, fs_comm_op_all_reduce(&nothing, &nothing, 0, FS_DTYPE_FP32, FS_REDOP_SUM), &t);
 }
 
 /* ------------------------------------------------------------------ whole-model views */

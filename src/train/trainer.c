@@ -8,8 +8,11 @@
  * Gradients: each micro-batch's loss is a mean over its tokens; the engine sums the W ranks'
  * and K micro-batches' gradients and scales the sum by 1/(W*K) once, with the clipping.
  */
+#include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "flatshard/kernels.h"
 #include "flatshard/train.h"
@@ -33,6 +36,7 @@ fs_train_config fs_train_config_default(void) {
         .precision = FS_PRECISION_FP32,
         .overlap = 1,
         .ckpt_layers = 0,
+        .on_nan = FS_ON_NAN_STOP,
     };
 }
 
@@ -132,7 +136,7 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     if (st == FS_OK) {
         fs_kernels_init();
         fs_engine_config ec = {.overlap = cfg->overlap, .adamw = cfg->adamw, .clip = cfg->clip,
-                               .worker_capacity = 0, .seed = cfg->seed};
+                               .worker_capacity = 0, .seed = cfg->seed, .on_nan = cfg->on_nan};
         st = fs_engine_init(&t->engine, &t->plan, comm, mem, t->pool, ec);
     }
     if (st != FS_OK) {
@@ -205,6 +209,19 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
     return FS_OK;
 }
 
+/* die-at and hang-at (fs_trainer_step's comment): this rank stops taking part. */
+static fs_status stop_taking_part(fs_trainer *t, int die) {
+    if (die && fs_comm_backend_kind(t->comm) == FS_COMM_BACKEND_MPI) raise(SIGKILL);
+    /* no collective, no message: in process the peers' timeout fails the group, which ends
+     * this loop; under MPI (hang-at) nothing does, and the job must be ended from outside */
+    while (!fs_comm_is_failed(t->comm)) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return fs_errorf(FS_ERR_INTERNAL, "rank %d stopped taking part at step %lld (injected fault)",
+                     fs_comm_rank(t->comm), (long long)t->step + 1);
+}
+
 fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const int32_t *targets,
                                    fs_step_stats *out) {
     double t0 = fs_now();
@@ -216,7 +233,11 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     const int traced = t->step + 1 >= t->trace_from && t->step + 1 <= t->trace_to;
     t->trace_compute.recording = t->trace_comm.recording = traced;
     t->trace_compute.step = t->trace_comm.step = (int32_t)(t->step + 1);
+    const int64_t step = t->step + 1;
+    if (fs_fault_at("die-at", step, rank)) return stop_taking_part(t, 1);
+    if (fs_fault_at("hang-at", step, rank)) return stop_taking_part(t, 0);
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
+    if (fs_fault_at("desync-at", step, rank)) FS_TRY(fs_engine_inject_desync(t->engine));
     double loss_sum = 0;
     for (int64_t k = 0; k < c->grad_accum; k++) {
         const int64_t row0 = (k * world + rank) * c->batch; /* this rank's rows of micro k */
@@ -230,6 +251,7 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
         fs_engine_begin_micro(t->engine, (int)k);
         FS_TRY(run_micro_batch(t, &loss_sum));
     }
+    if (fs_fault_at("nan-at", step, rank)) fs_engine_norm_grads(t->engine)[0] = NAN;
     fs_lr_schedule sched = {.lr = c->lr, .min_lr = c->min_lr, .warmup_steps = c->warmup_steps,
                             .total_steps = c->steps};
     double lr = fs_lr_at(&sched, t->step);
@@ -250,6 +272,8 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     out->seconds = t1 - t0;
     out->comm_wait_s = es.comm_wait_s;
     out->tokens = c->grad_accum * world * c->batch * c->seq;
+    out->skipped = es.skipped;
+    out->stop = es.stop;
     return FS_OK;
 }
 

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# tests/cli/test_reliability.sh — faults end to end (docs/reliability.md): a rank that dies
+# or hangs, in process and under OpenMPI and MPICH, ends the run with a message naming it and
+# the last checkpoint resumes bit for bit; a desynchronised collective schedule is named
+# (cheaply, and per collective with --debug-collectives); NaN in the gradients stops before
+# the update or skips it; SIGTERM/SIGINT save a checkpoint and exit 143/130; a full or
+# unwritable checkpoint directory and the N-th failing allocation give one clear line.
+# Faults are injected with FLATSHARD_FAULT (src/core/fault.c); every launch runs under
+# `timeout`, so a hang fails the test instead of the suite.
+. "$(dirname "$0")/lib.sh"
+
+TEXT=/usr/share/games/fortunes/fortunes
+if [ ! -f "$TEXT" ]; then
+    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
+    summary; exit
+fi
+SAN=${FLATSHARD_SANITIZER:-}
+# a rank is declared dead after this many seconds without progress; sanitized builds run
+# 5-20x slower, so their ranks get longer (a live rank must never be taken for a dead one)
+TO=3
+[ -n "$SAN" ] && TO=15
+common=(--model tiny --data "$TEXT" --seq 32 --batch 2 --threads 1 --no-save --log-every 100 --comm-timeout "$TO")
+losses() { /usr/bin/python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if json.loads(l)["step"] >= int(sys.argv[2])))' "$@"; }
+# timed NAME EXIT CMD... — run, and print how long it took (docs/reliability.md quotes these)
+timed() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    run "$@"
+    t1=$(date +%s.%N)
+    echo "     (took $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s)"
+}
+
+# --- a rank that dies in process: its thread stops taking part at step 4 of 5
+run "uninterrupted 3-rank run" 0 timeout 300 "$FS" train "${common[@]}" --steps 5 --ranks 3 --metrics "$WORK/ref.jsonl"
+timed "rank 2 of 3 dies at step 4 (in process): exit 1" 1 env FLATSHARD_FAULT=die-at:4:2 timeout 300 "$FS" train "${common[@]}" --steps 5 --ranks 3 --save "$WORK/dead" --save-every 1 --keep 0
+expect "one line names the dead rank and the last checkpoint" [ "$(wc -l <"$WORK/err")" -eq 1 ] && grep -q "no progress from rank 2 for $TO s (dead or hung.*the last checkpoint is $WORK/dead/step-00000003" "$WORK/err"
+expect "step 3 is complete, nothing of step 4" [ -f "$WORK/dead/step-00000003/COMPLETE" ] && [ ! -e "$WORK/dead/step-00000004" ]
+run "resume after the dead rank" 0 timeout 300 "$FS" train "${common[@]}" --steps 5 --ranks 3 --resume "$WORK/dead" --metrics "$WORK/dead.jsonl"
+expect "steps 4-5 have bit for bit the losses of the uninterrupted run" [ "$(losses "$WORK/ref.jsonl" 4)" = "$(losses "$WORK/dead.jsonl" 4)" ]
+timed "rank 1 of 2 hangs at step 2 (in process): exit 1" 1 env FLATSHARD_FAULT=hang-at:2:1 timeout 300 "$FS" train "${common[@]}" --steps 4 --ranks 2
+expect "the hung rank is named" grep -q "^flatshard train: rank 0: no progress from rank 1 for $TO s" "$WORK/err"
+refuse "--comm-timeout must not be negative" 2 "--comm-timeout must be between 0" "$FS" train "${common[@]}" --comm-timeout -1
+
+# --- the collective schedule: rank 1 issues one collective the others do not, at step 2
+# one_line PATTERN — the last command printed exactly one stderr line, matching PATTERN
+one_line() { [ "$(wc -l <"$WORK/err")" -eq 1 ] && grep -Eq -- "$1" "$WORK/err"; }
+differ() { ! cmp -s "$1" "$2"; }
+run "a desynchronised schedule fails the run" 1 env FLATSHARD_FAULT=desync-at:2:1 timeout 300 "$FS" train "${common[@]}" --steps 4 --ranks 3
+expect "it is caught at the end of step 2, naming the ranks" one_line "step 2: the ranks issued different collectives: rank 1 issued 38 .* where rank 0 issued 37"
+run "the same with --debug-collectives" 1 env FLATSHARD_FAULT=desync-at:2:1 timeout 300 "$FS" train "${common[@]}" --steps 4 --ranks 3 --debug-collectives
+expect "the debug check names the collective and the unit" one_line "rank 1 issued all_reduce count=0 .* where rank 0 issued all_gather count=[0-9]+ dtype=fp32 algo=ring for unit [0-9]+"
+run "--debug-collectives on a correct run" 0 timeout 300 "$FS" train "${common[@]}" --steps 2 --ranks 3 --debug-collectives
+
+# --- NaN in rank 1's gradient at step 3
+run "NaN at step 3 stops the run (--on-nan stop, the default)" 1 env FLATSHARD_FAULT=nan-at:3:1 timeout 300 "$FS" train "${common[@]}" --steps 5 --ranks 2 --save "$WORK/nan" --save-every 1 --keep 0
+expect "one line: the step, the NaN norm, weights untouched, the last checkpoint" [ "$(wc -l <"$WORK/err")" -eq 1 ] && \
+    grep -q "step 3: the loss is [0-9.]* and the gradient norm nan: stopped before the optimizer step.*the last checkpoint is $WORK/nan/step-00000002" "$WORK/err"
+expect "no step-3 checkpoint" [ ! -e "$WORK/nan/step-00000003" ] && [ -f "$WORK/nan/step-00000002/COMPLETE" ]
+run "NaN at step 3 with --on-nan skip" 0 env FLATSHARD_FAULT=nan-at:3:1 timeout 300 "$FS" train "${common[@]}" --steps 5 --ranks 2 --save "$WORK/skip" --save-every 1 --keep 0 --on-nan skip --metrics "$WORK/skip.jsonl"
+expect "the skipped step is reported" grep -q "^step 3: the loss is .* gradient norm nan: update skipped (--on-nan skip; 1 step skipped so far)" "$WORK/out"
+expect "the master weights and AdamW state after step 3 are those after step 2" \
+    cmp -s "$WORK/skip/step-00000002/rank-00001-of-00002.bin" "$WORK/skip/step-00000003/rank-00001-of-00002.bin"
+expect "step 4 updates them again" differ "$WORK/skip/step-00000003/rank-00001-of-00002.bin" "$WORK/skip/step-00000004/rank-00001-of-00002.bin"
+expect "metrics mark step 3 skipped with a null norm, the others not" /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["skipped"] for r in rows] == [0, 0, 1, 0, 0], rows
+assert rows[2]["grad_norm"] is None and all(r["grad_norm"] > 0 for i, r in enumerate(rows) if i != 2), rows
+' "$WORK/skip.jsonl"
+
+# --- signals: stop at the next step boundary, save, exit 128 + signal
+signal_run() { # SIGNAL DIR — starts a long run, sends SIGNAL after its 3rd step, waits
+    local sig=$1 dir=$2 pid n=0
+    timeout 600 "$FS" train "${common[@]}" --steps 100000 --ranks 2 --save "$dir" --save-every 1000 \
+        --metrics "$dir.jsonl" >"$WORK/out" 2>"$WORK/err" &
+    pid=$!
+    while [ "$(cat "$dir.jsonl" 2>/dev/null | wc -l)" -lt 3 ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -s "$sig" "$pid" 2>/dev/null
+    # timeout forwards the signal to flatshard; its exit status is flatshard's
+    wait "$pid"
+}
+signal_run TERM "$WORK/term"
+rc=$?
+expect "SIGTERM: exit 143" [ "$rc" -eq 143 ]
+step=$(sed -nE 's/.*SIGTERM: stopped after step ([0-9]+); saved checkpoint .*/\1/p' "$WORK/err")
+expect "SIGTERM: one line says where it stopped and what it saved (step '$step')" [ -n "$step" ] && [ "$(wc -l <"$WORK/err")" -eq 1 ]
+ckpt=$(printf '%s/step-%08d' "$WORK/term" "${step:-0}")
+expect "the checkpoint of that step is complete" [ -f "$ckpt/COMPLETE" ]
+expect "metrics end at that step" [ "$(tail -n 1 "$WORK/term.jsonl" | sed -E 's/^\{"step":([0-9]+),.*/\1/')" = "$step" ]
+run "resume after SIGTERM" 0 timeout 300 "$FS" train "${common[@]}" --steps $((${step:-0} + 2)) --ranks 2 --resume "$WORK/term"
+expect "it continued from that step" grep -q "resumed from $ckpt: step $step" "$WORK/out"
+signal_run INT "$WORK/int"
+rc=$?
+expect "SIGINT: exit 130 and a checkpoint" [ "$rc" -eq 130 ] && grep -q "SIGINT: stopped after step" "$WORK/err" && \
+    [ -n "$(ls "$WORK/int"/step-*/COMPLETE 2>/dev/null)" ]
+
+# --- checkpoint directories that cannot take a checkpoint
+refuse "an unwritable --save directory is refused before training" 1 "--save /proc/flatshard-ckpt" "$FS" train "${common[@]}" --steps 2 --save /proc/flatshard-ckpt
+mkdir -p "$WORK/small"
+if mount -t tmpfs -o size=60M tmpfs "$WORK/small" 2>/dev/null; then
+    # a tiny checkpoint is 39 MiB: the first fits, the second fills the filesystem
+    run "a full filesystem during the step-2 save: exit 1" 1 timeout 300 "$FS" train "${common[@]}" --steps 3 --ranks 2 --save "$WORK/small/ck" --save-every 1 --keep 0
+    expect "one line names the file and 'No space left on device', and the last checkpoint" [ "$(wc -l <"$WORK/err")" -eq 1 ] && \
+        grep -q "step-00000002.tmp/rank-0000[01]-of-00002.bin: .*No space left on device.*the last checkpoint is $WORK/small/ck/step-00000001" "$WORK/err"
+    run "the step-1 checkpoint is intact" 0 "$FS" inspect "$WORK/small/ck/step-00000001"
+    expect "inspect verifies both rank files" [ "$(grep -c 'bin .*checksum ok' "$WORK/out")" -eq 2 ]
+    umount "$WORK/small"
+else
+    echo "skip full filesystem: cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)"
+fi
+
+# --- the N-th allocation fails during initialisation; one rank in process, so that under
+# ASan leak detection is on and any leak on the error paths fails the run
+failures=0
+bad=()
+for n in $(seq 1 40); do
+    ASAN_OPTIONS=${SAN:+detect_leaks=1} FLATSHARD_FAULT=alloc-fail:$n timeout 300 "$FS" train "${common[@]}" --steps 1 >"$WORK/out" 2>"$WORK/err"
+    rc=$?
+    [ "$rc" -eq 0 ] && break
+    failures=$((failures + 1))
+    if [ "$rc" -ne 1 ] || [ "$(wc -l <"$WORK/err")" -ne 1 ] || ! grep -q "injected failure" "$WORK/err"; then
+        bad+=("allocation $n: exit $rc: $(head -c 300 "$WORK/err")")
+    fi
+done
+expect "every failing allocation ($failures of them) exits 1 with one line and no leak" [ "${#bad[@]}" -eq 0 ] "${bad[@]+"${bad[@]}"}"
+expect "initialisation makes at least 10 allocations and then the run succeeds" [ "$failures" -ge 10 ] && [ "$rc" -eq 0 ]
+
+# --- ranks as processes: a process killed (SIGKILL) at step 3, and one that hangs
+mpi_fault_runs() { # LABEL BINARY LAUNCHER...
+    local label=$1 bin=$2; shift 2
+    local tag="$WORK/mpi-$label"
+    timed "$label: rank 1 of 3 killed at step 3: the job fails" 1 nonzero_is_1 env FLATSHARD_FAULT=die-at:3:1 timeout -k 5 120 "$@" -np 3 "$bin" train "${common[@]}" --steps 5 --save "$tag-die" --save-every 1 --keep 0
+    expect "$label: no process is left" [ -z "$(pgrep -f "$tag-die")" ]
+    expect "$label: step 2 is complete" [ -f "$tag-die/step-00000002/COMPLETE" ]
+    timed "$label: rank 1 of 3 hangs at step 3: the others give up after $TO s" 1 nonzero_is_1 env FLATSHARD_FAULT=hang-at:3:1 timeout -k 5 120 "$@" -np 3 "$bin" train "${common[@]}" --steps 5 --save "$tag-hang" --save-every 1 --keep 0
+    expect "$label: the hung rank is named" grep -q "no progress from rank 1 for $TO s" "$WORK/err"
+    expect "$label: no process is left" [ -z "$(pgrep -f "$tag-hang")" ]
+}
+# the launchers' exit codes differ (OpenMPI's mpirun exits 1 after MPI_Abort, 137 for a
+# killed process; MPICH's hydra passes on other codes): what matters is failed or not, and
+# timeout's 124 (a hang) stays a failure of the check
+nonzero_is_1() { "$@"; local rc=$?; [ "$rc" -eq 124 ] && return 124; [ "$rc" -ne 0 ] && return 1; return 0; }
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}
+if command -v mpirun >/dev/null 2>&1; then
+    mpi_fault_runs openmpi "$FS" mpirun --allow-run-as-root --oversubscribe --bind-to none
+else
+    echo "skip OpenMPI: mpirun is not installed"
+fi
+if [ -n "$SAN" ]; then
+    echo "skip MPICH: this is a $SAN run; the plain run covers MPICH"
+elif command -v mpirun.mpich >/dev/null 2>&1 && make -s MPI=mpich -j2 build-mpich/flatshard >"$WORK/mpich.log" 2>&1; then
+    mpi_fault_runs mpich build-mpich/flatshard mpirun.mpich
+else
+    echo "skip MPICH: mpirun.mpich is missing or the MPICH build failed ($(tail -n 3 "$WORK/mpich.log" 2>/dev/null))"
+fi
+
+summary
