@@ -35,7 +35,7 @@ for envname in default unset; do
         g=() s=()
         for _ in $(seq "$RUNS"); do
             g+=("$("${runenv[@]}" "$FS" bench gemm --model small --seq 256 --batch 4 --threads "$threads" --json | grep '^{')")
-            s+=("$("${runenv[@]}" "$FS" bench step --model small --seq 256 --batch 4 --threads "$threads" --steps 5 --warmup 2 --data "$DATA" --json | grep '^{')")
+            s+=("$("${runenv[@]}" "$FS" bench step --model small --seq 256 --batch 4 --threads "$threads" --steps 5 --warmup 2 --precision fp32 --data "$DATA" --json | grep '^{')")
         done
         printf '%s\n' "${g[@]}" "${s[@]}" | sed "s/^{/{\"env\":\"$envname\",/" >>"$OUT"
         core=$(printf '%s\n' "${g[0]}" | field blas_core)

@@ -35,15 +35,51 @@ static double median(double *v, int n) {
 static const fs_command_help step_help = {
     .usage = "flatshard bench step --data FILE [options]",
     .description =
-        "Times real training steps (forward, backward, AdamW) of a model in one process and\n"
-        "prints the median step time and tokens/s with min/max, the achieved FLOP rate\n"
-        "(model FLOPs per token x tokens/s; formula in include/flatshard/model.h), and the\n"
-        "share of the measured steps spent in each kernel kind, GEMM first.",
+        "Times real training steps (forward, backward, AdamW) of a model in one process, in\n"
+        "fp32, bf16 or both: with both, one trainer per precision, their steps alternating so\n"
+        "that drift in the machine's speed hits both alike. Prints per precision the median\n"
+        "step time and tokens/s with min/max, the achieved FLOP rate (model FLOPs per token x\n"
+        "tokens/s; formula in include/flatshard/model.h), the share of the measured steps\n"
+        "spent in each kernel kind, and the bf16/fp32 speed ratio.",
     .epilog = "example:\n  flatshard bench step --model small --seq 256 --batch 4 --threads 1 --data corpus.txt",
 };
 
+static const char *const bench_precisions[] = {"fp32", "bf16", "both", NULL};
+
+/* One precision's trainer and its measured steps. */
+typedef struct step_run {
+    fs_precision precision;
+    fs_mem *mem;
+    fs_comm *comm;
+    fs_trainer tr;
+    int ready;
+    double *secs, total;
+} step_run;
+
+static fs_status step_run_init(step_run *r, fs_precision precision, const fs_llama_config *mcfg,
+                               const fs_train_config *base, const fs_token_data *data, int64_t steps) {
+    memset(r, 0, sizeof *r);
+    r->precision = precision;
+    fs_train_config cfg = *base;
+    cfg.precision = precision;
+    /* one rank: its allocator and an in-process communicator of one */
+    FS_TRY(fs_mem_init(&r->mem, 0));
+    FS_TRY(fs_comm_inproc_init(1, fs_comm_config_default(), &r->mem, &r->comm));
+    FS_TRY(fs_trainer_init(&r->tr, mcfg, &cfg, data, r->comm, r->mem));
+    r->ready = 1;
+    r->secs = calloc((size_t)steps, sizeof *r->secs);
+    return r->secs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "out of memory");
+}
+
+static void step_run_free(step_run *r) {
+    free(r->secs);
+    if (r->ready) fs_trainer_free(&r->tr);
+    fs_comm_free(r->comm);
+    fs_mem_free(r->mem);
+}
+
 static int bench_step(int argc, char **argv) {
-    const char *model = "small", *data_path = NULL;
+    const char *model = "small", *data_path = NULL, *precision = "both";
     int64_t batch = 4, seq = 256, steps = 5, warmup = 2, threads = 1, vocab_chunk = 0;
     int json = 0;
     const fs_opt opts[] = {
@@ -54,8 +90,9 @@ static int bench_step(int argc, char **argv) {
         {"steps", 0, FS_OPT_INT, &steps, "N", "measured steps", NULL, 1, 1 << 20},
         {"warmup", 0, FS_OPT_INT, &warmup, "N", "unmeasured steps first", NULL, 0, 1 << 20},
         {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads", NULL, 1, 1024},
+        {"precision", 0, FS_OPT_STRING, &precision, "P", "the precision policy to time", bench_precisions, 0, 0},
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "vocabulary chunk rows (0: whole)", NULL, 0, INT64_MAX},
-        {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line", NULL, 0, 0},
+        {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line per precision", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0;
@@ -76,61 +113,66 @@ static int bench_step(int argc, char **argv) {
     cfg.steps = warmup + steps;
     cfg.threads = (int)threads;
     cfg.vocab_chunk_rows = vocab_chunk;
-    /* one rank: its allocator and an in-process communicator of one */
-    fs_mem *mem = NULL;
-    fs_comm *comm = NULL;
-    fs_trainer tr = {0};
-    st = fs_mem_init(&mem, 0);
-    if (st == FS_OK) st = fs_comm_inproc_init(1, fs_comm_config_default(), &mem, &comm);
-    if (st == FS_OK) st = fs_trainer_init(&tr, &mcfg, &cfg, &data, comm, mem);
-    double *secs = calloc((size_t)steps, sizeof *secs);
-    if (st == FS_OK && !secs) st = fs_errorf(FS_ERR_NOMEM, "out of memory");
+    step_run runs[2];
+    int n_runs = 0;
+    memset(runs, 0, sizeof runs);
+    if (strcmp(precision, "bf16") != 0)
+        st = step_run_init(&runs[n_runs++], FS_PRECISION_FP32, &mcfg, &cfg, &data, steps);
+    if (st == FS_OK && strcmp(precision, "fp32") != 0)
+        st = step_run_init(&runs[n_runs++], FS_PRECISION_BF16, &mcfg, &cfg, &data, steps);
     fs_step_stats s;
-    for (int64_t i = 0; i < warmup && st == FS_OK; i++) st = fs_trainer_step(&tr, &s);
-    memset(&tr.profile, 0, sizeof tr.profile);
-    double total = 0;
-    for (int64_t i = 0; i < steps && st == FS_OK; i++) {
-        st = fs_trainer_step(&tr, &s);
-        secs[i] = s.seconds;
-        total += s.seconds;
-    }
+    for (int64_t i = 0; i < warmup && st == FS_OK; i++)
+        for (int k = 0; k < n_runs && st == FS_OK; k++) st = fs_trainer_step(&runs[k].tr, &s);
+    for (int k = 0; k < n_runs; k++) memset(&runs[k].tr.profile, 0, sizeof runs[k].tr.profile);
+    for (int64_t i = 0; i < steps && st == FS_OK; i++)
+        for (int k = 0; k < n_runs && st == FS_OK; k++) {
+            st = fs_trainer_step(&runs[k].tr, &s);
+            runs[k].secs[i] = s.seconds;
+            runs[k].total += s.seconds;
+        }
     if (st != FS_OK) {
-        free(secs);
-        fs_trainer_free(&tr);
-        fs_comm_free(comm);
-        fs_mem_free(mem);
+        for (int k = 0; k < n_runs; k++) step_run_free(&runs[k]);
         fs_token_data_close(&data);
         return fs_cli_report("bench step", st);
     }
-    double tokens = (double)(batch * seq);
-    double step_med = median(secs, (int)steps), step_min = secs[0], step_max = secs[steps - 1];
-    double tps = tokens / step_med;
-    double fpt = fs_layout_train_flops_per_token(&tr.layout, seq);
-    double gflops = fpt * tps / 1e9;
-    double gemm_share = tr.profile.seconds[FS_PROF_GEMM] / total;
-    char desc[256];
-    fs_cli_describe_model(&tr.layout, desc, sizeof desc);
-    printf("bench step: %s %s\n", model, desc);
-    printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " threads, %" PRId64
-           " measured steps after %" PRId64 " warm-up, OpenBLAS core %s\n",
-           batch, seq, threads, steps, warmup, fs_kernels_blas_corename());
-    printf("  step time  median %.4f s  (min %.4f, max %.4f)\n", step_med, step_min, step_max);
-    printf("  tokens/s   median %.1f  (min %.1f, max %.1f)\n", tps, tokens / step_max, tokens / step_min);
-    printf("  model FLOPs per token %.4g -> achieved %.1f GFLOP/s\n", fpt, gflops);
-    printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
-    fs_cli_print_profile(stdout, &tr.profile);
-    if (json)
-        printf("{\"bench\":\"step\",\"model\":\"%s\",\"params\":%" PRId64 ",\"batch\":%" PRId64
-               ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"steps\":%" PRId64
-               ",\"step_s_median\":%.6f,\"step_s_min\":%.6f,\"step_s_max\":%.6f,"
-               "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"gflops\":%.2f,\"gemm_share\":%.4f,"
-               "\"blas_core\":\"%s\"}\n",
-               model, tr.layout.total_numel, batch, seq, threads, steps, step_med, step_min,
-               step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename());
-    free(secs);
-    fs_trainer_free(&tr);
-    fs_comm_free(comm);
-    fs_mem_free(mem);
+    const double tokens = (double)(batch * seq);
+    double med[2] = {0, 0};
+    for (int k = 0; k < n_runs; k++) {
+        step_run *r = &runs[k];
+        fs_trainer *tr = &r->tr;
+        double step_med = median(r->secs, (int)steps), step_min = r->secs[0], step_max = r->secs[steps - 1];
+        med[k] = step_med;
+        double tps = tokens / step_med;
+        double fpt = fs_layout_train_flops_per_token(&tr->layout, seq);
+        double gflops = fpt * tps / 1e9;
+        double gemm_share = tr->profile.seconds[FS_PROF_GEMM] / r->total;
+        if (k == 0) {
+            char desc[256];
+            fs_cli_describe_model(&tr->layout, desc, sizeof desc);
+            printf("bench step: %s %s\n", model, desc);
+            printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " threads, %" PRId64
+                   " measured steps after %" PRId64 " warm-up; OpenBLAS core %s, bf16 kernel %s\n",
+                   batch, seq, threads, steps, warmup, fs_kernels_blas_corename(),
+                   fs_kernels_isa_name(fs_kernels_isa()));
+        }
+        printf("%s:\n", fs_precision_name(r->precision));
+        printf("  step time  median %.4f s  (min %.4f, max %.4f)\n", step_med, step_min, step_max);
+        printf("  tokens/s   median %.1f  (min %.1f, max %.1f)\n", tps, tokens / step_max, tokens / step_min);
+        printf("  model FLOPs per token %.4g -> achieved %.1f GFLOP/s\n", fpt, gflops);
+        printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
+        fs_cli_print_profile(stdout, &tr->profile);
+        if (json)
+            printf("{\"bench\":\"step\",\"model\":\"%s\",\"precision\":\"%s\",\"params\":%" PRId64
+                   ",\"batch\":%" PRId64 ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"steps\":%" PRId64
+                   ",\"step_s_median\":%.6f,\"step_s_min\":%.6f,\"step_s_max\":%.6f,"
+                   "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"gflops\":%.2f,\"gemm_share\":%.4f,"
+                   "\"blas_core\":\"%s\",\"bf16_kernel\":\"%s\"}\n",
+                   model, fs_precision_name(r->precision), tr->layout.total_numel, batch, seq, threads, steps,
+                   step_med, step_min, step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename(),
+                   fs_kernels_isa_name(fs_kernels_isa()));
+    }
+    if (n_runs == 2) printf("bf16 step vs fp32 step: %.2fx faster\n", med[0] / med[1]);
+    for (int k = 0; k < n_runs; k++) step_run_free(&runs[k]);
     fs_token_data_close(&data);
     return FS_EXIT_OK;
 }
@@ -148,13 +190,31 @@ typedef enum { PASS_FWD, PASS_DINP, PASS_DW } gemm_pass;
 static const fs_command_help gemm_help = {
     .usage = "flatshard bench gemm [options]",
     .description =
-        "Times OpenBLAS sgemm through flatshard's threaded matmul on every GEMM a training step\n"
-        "of the model runs: each linear layer's forward (out = in W^T), input gradient\n"
-        "(dout W) and weight gradient (dout^T in). Prints the median GFLOP/s per GEMM, the\n"
-        "rate over a whole step's GEMMs (their FLOPs over their median times, each weighted\n"
-        "by how often a step runs it), and a square 1024^3 GEMM for reference. 2MNK FLOPs.",
+        "Times every GEMM a training step of the model runs — each linear layer's forward\n"
+        "(out = in W^T), input gradient (dout W) and weight gradient (dout^T in) — through\n"
+        "flatshard's threaded matmul: OpenBLAS sgemm (fp32) and the bf16 GEMM (bf16 operands,\n"
+        "fp32 accumulation; AVX512-BF16 where the CPU has it), side by side in one run, each\n"
+        "repetition alternating between them. Prints the median GFLOP/s per GEMM, the rate\n"
+        "over a whole step's GEMMs (their FLOPs over their median times, each weighted by how\n"
+        "often a step runs it), the bf16/fp32 ratio, and a square 1024^3 GEMM for reference.\n"
+        "Before timing, the bf16 output is checked bit for bit against the portable path.\n"
+        "2MNK FLOPs.",
     .epilog = "example:\n  flatshard bench gemm --model small --seq 256 --batch 4 --threads 1",
 };
+
+/* One GEMM pass of one shape in one precision. */
+static void gemm_pass_run(fs_pool *pool, int bf16, gemm_pass p, const gemm_shape *g, float *out, const float *in,
+                          const float *w, const uint16_t *w16, float *din, float *dw) {
+    if (!bf16) {
+        if (p == PASS_FWD) fs_matmul_forward(pool, out, in, w, g->n, g->ic, g->oc, 0);
+        else if (p == PASS_DINP) fs_matmul_backward(pool, din, NULL, out, in, w, g->n, g->ic, g->oc, 0, 0);
+        else fs_matmul_backward(pool, NULL, dw, out, in, w, g->n, g->ic, g->oc, 0, 0);
+    } else {
+        if (p == PASS_FWD) fs_matmul_forward_bf16(pool, out, in, w16, g->n, g->ic, g->oc, 0);
+        else if (p == PASS_DINP) fs_matmul_backward_bf16(pool, din, NULL, out, in, w16, g->n, g->ic, g->oc, 0, 0);
+        else fs_matmul_backward_bf16(pool, NULL, dw, out, in, w16, g->n, g->ic, g->oc, 0, 0);
+    }
+}
 
 static int bench_gemm(int argc, char **argv) {
     const char *model = "small";
@@ -191,68 +251,93 @@ static int bench_gemm(int argc, char **argv) {
         if (g->oc * g->ic > max_w) max_w = g->oc * g->ic;
         if (g->n * g->oc > max_out) max_out = g->n * g->oc;
     }
+    int64_t max_all = max_in > max_w ? max_in : max_w;
+    if (max_out > max_all) max_all = max_out;
     fs_pool *pool = NULL;
     st = fs_pool_init(&pool, (int)threads);
     if (st != FS_OK) return fs_cli_report("bench gemm", st);
     float *in = malloc((size_t)max_in * sizeof(float)), *w = malloc((size_t)max_w * sizeof(float));
     float *out = malloc((size_t)max_out * sizeof(float)), *din = malloc((size_t)max_in * sizeof(float));
-    float *dw = malloc((size_t)max_w * sizeof(float));
-    double *t = malloc((size_t)reps * sizeof(double));
-    if (!in || !w || !out || !din || !dw || !t) {
+    float *dw = malloc((size_t)max_w * sizeof(float)), *check = malloc((size_t)max_all * sizeof(float));
+    uint16_t *w16 = malloc((size_t)max_w * sizeof(uint16_t));
+    double *t32 = malloc((size_t)reps * sizeof(double)), *t16 = malloc((size_t)reps * sizeof(double));
+    if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16) {
         fprintf(stderr, "flatshard bench gemm: out of memory\n");
         return FS_EXIT_RUNTIME;
     }
     for (int64_t i = 0; i < max_in; i++) in[i] = fs_rand_uniform(1, 1, (uint64_t)i) - 0.5f;
     for (int64_t i = 0; i < max_w; i++) w[i] = fs_rand_uniform(1, 2, (uint64_t)i) - 0.5f;
+    for (int64_t i = 0; i < max_w; i++) w16[i] = fs_fp32_to_bf16(w[i]);
     for (int64_t i = 0; i < max_out; i++) out[i] = fs_rand_uniform(1, 3, (uint64_t)i) - 0.5f;
     fs_kernels_init();
-    printf("bench gemm: %s, N = batch %" PRId64 " x seq %" PRId64 " = %" PRId64
-           ", %" PRId64 " threads, OpenBLAS core %s, median of %" PRId64 "\n",
-           model, batch, seq, N, threads, fs_kernels_blas_corename(), reps);
-    printf("  %-14s %-6s %7s %7s %7s %10s %9s\n", "gemm", "pass", "M", "N", "K", "time ms", "GFLOP/s");
-    double step_flops = 0, step_seconds = 0, square_gflops = 0;
+    const fs_kernel_isa isa = fs_kernels_isa();
+    printf("bench gemm: %s, N = batch %" PRId64 " x seq %" PRId64 " = %" PRId64 ", %" PRId64
+           " threads, median of %" PRId64 "; fp32: OpenBLAS core %s; bf16: %s kernel\n",
+           model, batch, seq, N, threads, reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa));
+    printf("  %-14s %-5s %6s %6s %6s %12s %12s %7s  %s\n", "gemm", "pass", "M", "N", "K", "fp32 GFLOP/s",
+           "bf16 GFLOP/s", "ratio", "bf16 vs portable");
+    double flops_step = 0, sec32 = 0, sec16 = 0, sq32 = 0, sq16 = 0;
+    int mismatches = 0;
     static const char *pass_names[] = {"fwd", "dinp", "dw"};
     for (int i = 0; i < n_shapes; i++) {
         const gemm_shape *g = &shapes[i];
-        for (int p = PASS_FWD; p <= PASS_DW; p++) {
+        for (int pi = PASS_FWD; pi <= PASS_DW; pi++) {
+            const gemm_pass p = (gemm_pass)pi;
             if (g->per_step == 0 && p != PASS_FWD) continue;
+            float *result = p == PASS_FWD ? out : p == PASS_DINP ? din : dw;
+            const int64_t rn = p == PASS_FWD ? g->n * g->oc : p == PASS_DINP ? g->n * g->ic : g->oc * g->ic;
+            /* the check: the portable path's bits against the fast path's */
+            fs_kernels_set_isa(FS_ISA_PORTABLE);
+            gemm_pass_run(pool, 1, p, g, out, in, w, w16, din, dw);
+            memcpy(check, result, (size_t)rn * sizeof(float));
+            fs_kernels_set_isa(isa);
+            gemm_pass_run(pool, 1, p, g, out, in, w, w16, din, dw);
+            const int same = memcmp(check, result, (size_t)rn * sizeof(float)) == 0;
+            mismatches += !same;
+            if (p == PASS_FWD) /* the backward passes read `out` as dout */
+                for (int64_t k = 0; k < g->n * g->oc; k++) out[k] = fs_rand_uniform(1, 3, (uint64_t)k) - 0.5f;
             for (int64_t r = -1; r < reps; r++) {
+                float *o = p == PASS_FWD ? check : out; /* the forward must not overwrite dout */
                 double t0 = fs_now();
-                if (p == PASS_FWD) fs_matmul_forward(pool, out, in, w, g->n, g->ic, g->oc, 0);
-                else if (p == PASS_DINP)
-                    fs_matmul_backward(pool, din, NULL, out, in, w, g->n, g->ic, g->oc, 0, 0);
-                else fs_matmul_backward(pool, NULL, dw, out, in, w, g->n, g->ic, g->oc, 0, 0);
-                if (r >= 0) t[r] = fs_now() - t0;
+                gemm_pass_run(pool, 0, p, g, o, in, w, w16, din, dw);
+                double t1 = fs_now();
+                gemm_pass_run(pool, 1, p, g, o, in, w, w16, din, dw);
+                double t2 = fs_now();
+                if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1;
             }
-            double sec = median(t, (int)reps);
-            double flops = 2.0 * (double)g->n * (double)g->ic * (double)g->oc;
+            const double s32 = median(t32, (int)reps), s16 = median(t16, (int)reps);
+            const double flops = 2.0 * (double)g->n * (double)g->ic * (double)g->oc;
             int64_t M = p == PASS_DW ? g->oc : g->n, Nn = p == PASS_DINP ? g->ic : (p == PASS_DW ? g->ic : g->oc);
             int64_t K = p == PASS_FWD ? g->ic : (p == PASS_DINP ? g->oc : g->n);
-            printf("  %-14s %-6s %7" PRId64 " %7" PRId64 " %7" PRId64 " %10.3f %9.1f\n", g->name,
-                   pass_names[p], M, Nn, K, 1e3 * sec, flops / sec / 1e9);
+            printf("  %-14s %-5s %6" PRId64 " %6" PRId64 " %6" PRId64 " %12.1f %12.1f %6.2fx  %s\n", g->name,
+                   pass_names[p], M, Nn, K, flops / s32 / 1e9, flops / s16 / 1e9, s32 / s16,
+                   same ? "same bits" : "DIFFERENT");
             if (g->per_step > 0) {
-                step_flops += flops * (double)g->per_step;
-                step_seconds += sec * (double)g->per_step;
+                flops_step += flops * (double)g->per_step;
+                sec32 += s32 * (double)g->per_step;
+                sec16 += s16 * (double)g->per_step;
             } else {
-                square_gflops = flops / sec / 1e9;
+                sq32 = flops / s32 / 1e9;
+                sq16 = flops / s16 / 1e9;
             }
         }
     }
-    double step_gflops = step_flops / step_seconds / 1e9;
-    printf("  all GEMMs of one training step: %.3g FLOP in %.4f s -> %.1f GFLOP/s\n", step_flops,
-           step_seconds, step_gflops);
+    const double g32 = flops_step / sec32 / 1e9, g16 = flops_step / sec16 / 1e9;
+    printf("  all GEMMs of one training step: %.3g FLOP; fp32 %.4f s -> %.1f GFLOP/s; bf16 %.4f s -> %.1f GFLOP/s"
+           " (%.2fx)\n", flops_step, sec32, g32, sec16, g16, g16 / g32);
     if (json)
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"batch\":%" PRId64 ",\"seq\":%" PRId64
-               ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"square_1024_gflops\":%.2f,"
-               "\"blas_core\":\"%s\"}\n",
-               model, batch, seq, threads, step_gflops, square_gflops, fs_kernels_blas_corename());
-    free(in);
-    free(w);
-    free(out);
-    free(din);
-    free(dw);
-    free(t);
+               ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"step_gemm_gflops_bf16\":%.2f,"
+               "\"square_1024_gflops\":%.2f,\"square_1024_gflops_bf16\":%.2f,\"blas_core\":\"%s\","
+               "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d}\n",
+               model, batch, seq, threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
+               fs_kernels_isa_name(isa), mismatches);
+    free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16);
     fs_pool_free(pool);
+    if (mismatches) {
+        fprintf(stderr, "flatshard bench gemm: %d bf16 GEMMs differ from the portable path\n", mismatches);
+        return FS_EXIT_RUNTIME;
+    }
     return FS_EXIT_OK;
 }
 
@@ -266,7 +351,8 @@ typedef struct bench_command {
 
 static const bench_command benches[] = {
     {"step", bench_step, "training steps: tokens/s, FLOP rate, time per kernel"},
-    {"gemm", bench_gemm, "OpenBLAS sgemm on the model's GEMM shapes"},
+    {"gemm", bench_gemm, "fp32 (OpenBLAS) and bf16 GEMMs on the model's shapes, side by side"},
+    {"kernels", fs_cmd_bench_kernels, "every CPU kernel, checked against the portable path, then timed"},
     {"comm", fs_cmd_bench_comm, "collectives, nccl-tests style: ring vs builtin (cli/cmd_bench_comm.c)"},
     {NULL, NULL, NULL},
 };

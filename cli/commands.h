@@ -18,6 +18,7 @@ int fs_cmd_plan(int argc, char **argv);
 int fs_cmd_trace_svg(int argc, char **argv);
 int fs_cmd_bench(int argc, char **argv);
 int fs_cmd_bench_comm(int argc, char **argv); /* `flatshard bench comm`, cli/cmd_bench_comm.c */
+int fs_cmd_bench_kernels(int argc, char **argv); /* `flatshard bench kernels`, cli/cmd_bench_kernels.c */
 
 /* Prints "flatshard <cmd>: <error message of the calling thread>" to stderr and returns the
  * exit code for the status: 2 for FS_ERR_USAGE, 1 for everything else. */

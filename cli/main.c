@@ -2,10 +2,12 @@
  * cli/main.c — `flatshard <command> [options]`: dispatch to a command.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
 #include "commands.h"
+#include "flatshard/kernels.h"
 #include "flatshard/core.h"
 
 #define FS_VERSION "0.1.0"
@@ -57,6 +59,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--version") == 0) {
         printf("flatshard %s\n", FS_VERSION);
         return FS_EXIT_OK;
+    }
+    const char *kernels_error = fs_kernels_env_error();
+    if (kernels_error) {
+        fprintf(stderr, "flatshard: %s, not '%s'\n", kernels_error, getenv("FLATSHARD_KERNELS"));
+        return FS_EXIT_USAGE;
     }
     for (const fs_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);

@@ -14,7 +14,8 @@ trap 'rm -rf "$log_dir"' EXIT
 
 run_one() { # name, command...
     local name=$1; shift
-    local log="$log_dir/$(basename "$name").log"
+    local log
+    log="$log_dir/$(basename "${name%% *}")$RANDOM.log"
     echo "== $name"
     "$@" >"$log" 2>&1
     local rc=$?
@@ -40,6 +41,11 @@ run_one() { # name, command...
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "$t" "$t"
+done
+# the kernels again on the portable path (the fast copies are chosen at run time; this CPU
+# would otherwise only ever test them)
+for t in test_kernels test_model; do
+    [ -x "$build/tests/$t" ] && run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" env FLATSHARD_KERNELS=portable "$build/tests/$t"
 done
 for s in tests/cli/test_*.sh; do
     [ -f "$s" ] || continue

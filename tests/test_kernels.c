@@ -519,12 +519,16 @@ static const att_shape att_shapes[] = {
     {2, 13, 6, 2, 4, 5, 1}, /* GQA 6/2, padded rows */
     {1, 13, 3, 3, 20, 0, 1},/* multi-head, HS = 20 */
     {1, 70, 2, 1, 8, 3, 0}, /* T = 70 > 64: the online softmax rescales between key blocks */
+    /* head sizes the AVX-512 copy takes (multiples of 16): partial 16-key blocks, GQA */
+    {2, 37, 4, 2, 16, 0, 1},
+    {1, 21, 2, 1, 32, 7, 1},
+    {1, 150, 4, 2, 64, 0, 0},
 };
 
 static void ref_attention(double *out, double *lse, const double *qkv, int64_t ld, att_shape s) {
     const int64_t T = s.T, HS = s.HS, C = s.NH * HS, group = s.NH / s.NKV;
     const double scale = 1.0 / sqrt((double)HS);
-    double sc[128];
+    double sc[256]; /* T <= 256 */
     for (int64_t b = 0; b < s.B; b++)
         for (int64_t h = 0; h < s.NH; h++)
             for (int64_t t = 0; t < T; t++) {
@@ -994,8 +998,8 @@ static void test_pool_size_independence(void) {
         float *vs[2] = {fcopy(vv, n), fcopy(vv, n)};
         fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                               .weight_decay = 0.1, .step = 1};
-        fs_adamw_update(p1, pp[0], mm[0], vs[0], g, n, hp);
-        fs_adamw_update(p3, pp[1], mm[1], vs[1], g, n, hp);
+        fs_adamw_update(p1, pp[0], NULL, mm[0], vs[0], g, n, hp);
+        fs_adamw_update(p3, pp[1], NULL, mm[1], vs[1], g, n, hp);
         CHECK(same_bits(pp[0], pp[1], n) && same_bits(mm[0], mm[1], n) &&
                   same_bits(vs[0], vs[1], n),
               "adamw differs between pools");
@@ -1035,7 +1039,7 @@ static void test_adamw_vs_double(void) {
         for (int step = 1; step <= 5; step++) {
             fill_normal(g, n, 0.01f);
             hp.step = step;
-            fs_adamw_update(pools[step % 2], p, m, v, g, n, hp);
+            fs_adamw_update(pools[step % 2], p, NULL, m, v, g, n, hp);
             ref_adamw(dp, dm, dv, g, n, hp);
         }
         CHECK_CLOSE(wd ? "adamw param (wd 0.1)" : "adamw param (wd 0)", p, dp, n, 1e-8, 1.2e-6);
@@ -1115,10 +1119,10 @@ static void test_adamw_matches_pytorch(void) {
                 const float *g = adamw_golden_g + (step - 1) * n;
                 hp.step = step;
                 if (split) {
-                    fs_adamw_update(pools[pi], p, m, v, g, 13, hp);
-                    fs_adamw_update(pools[pi], p + 13, m + 13, v + 13, g + 13, n - 13, hp);
+                    fs_adamw_update(pools[pi], p, NULL, m, v, g, 13, hp);
+                    fs_adamw_update(pools[pi], p + 13, NULL, m + 13, v + 13, g + 13, n - 13, hp);
                 } else {
-                    fs_adamw_update(pools[pi], p, m, v, g, n, hp);
+                    fs_adamw_update(pools[pi], p, NULL, m, v, g, n, hp);
                 }
             }
             for (int i = 0; i < n; i++) {
@@ -1136,6 +1140,86 @@ static void test_adamw_matches_pytorch(void) {
 
 /* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
  * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
+/* The bf16 copy AdamW writes in the same pass equals fs_fp32_to_bf16 of the new weights:
+ * after a real step on random data, and, with lr = 0 (weights unchanged), on the values
+ * where rounding is delicate — ties to even both ways, the largest value that rounds up to
+ * infinity, infinities, NaN, subnormals, signed zeros. */
+static void test_adamw_writes_the_bf16_copy(void) {
+    const int64_t n = 4096 + 4099; /* vector bodies and a scalar tail */
+    float *p = fnew(n), *m = fnew(n), *v = fnew(n), *g = fnew(n);
+    uint16_t *copy = calloc((size_t)n, sizeof *copy);
+    fill_normal(p, n, 1.0f), fill_normal(g, n, 1.0f);
+    memset(m, 0, (size_t)n * sizeof *m), memset(v, 0, (size_t)n * sizeof *v);
+    fs_adamw_params hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 1};
+    fs_adamw_update(pools[1], p, copy, m, v, g, n, hp);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += copy[i] != fs_fp32_to_bf16(p[i]);
+    CHECK(bad == 0, "%lld of %lld bf16 copies differ from the cast of the new weights after a step",
+          (long long)bad, (long long)n);
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0x7f7f8000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0x00000001u,
+                                       0x00808000u, 0x80000000u, 0x00000000u, 0x3f80ffffu, 0x3f807fffu};
+    const int64_t ns = (int64_t)(sizeof special / sizeof special[0]);
+    for (int64_t i = 0; i < n; i++) memcpy(&p[i], &special[i % ns], sizeof(float));
+    memset(g, 0, (size_t)n * sizeof *g);
+    hp.lr = 0.0;
+    fs_adamw_update(pools[0], p, copy, m, v, g, n, hp);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &p[i], sizeof bits);
+        uint16_t want = fs_fp32_to_bf16(p[i]);
+        if (copy[i] != want && bad++ < 3)
+            CHECK(0, "element %lld (0x%08x): copy 0x%04x, cast 0x%04x", (long long)i, bits, copy[i], want);
+    }
+    CHECK(bad == 0, "%lld special values cast differently", (long long)bad);
+    free(p), free(m), free(v), free(g), free(copy);
+}
+
+/* The AVX-512 SwiGLU (vectorised exp) against the portable one (libm expf), over every
+ * magnitude of the gate, -100 to 100, including where exp overflows: within 4 ulp of the
+ * larger output (plus, for the gate gradient, 8 ulp of |dy u| where it cancels), and the
+ * same zeros, signs and infinities. */
+static void test_swiglu_paths_agree(void) {
+    const int64_t N = 3, FF = 20001; /* a masked tail */
+    float *gu = fnew(N * 2 * FF), *o1 = fnew(N * FF), *o2 = fnew(N * FF), *dy = fnew(N * FF);
+    float *d1 = fnew(N * 2 * FF), *d2 = fnew(N * 2 * FF);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < FF; i++) {
+            gu[n * 2 * FF + i] = -100.0f + 200.0f * (float)i / (float)(FF - 1) + 0.37f * (float)n;
+            gu[n * 2 * FF + FF + i] = 1.0f + 0.001f * (float)i;
+            dy[n * FF + i] = 0.5f - 0.0001f * (float)i;
+        }
+    memset(d1, 0, (size_t)(N * 2 * FF) * sizeof(float));
+    memset(d2, 0, (size_t)(N * 2 * FF) * sizeof(float));
+    fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_PORTABLE);
+    fs_swiglu_forward(pools[1], o1, gu, N, FF);
+    fs_swiglu_backward(pools[1], d1, dy, gu, N, FF);
+    fs_kernels_set_isa(FS_ISA_N - 1);
+    fs_swiglu_forward(pools[1], o2, gu, N, FF);
+    fs_swiglu_backward(pools[1], d2, dy, gu, N, FF);
+    fs_kernels_set_isa(before);
+    int64_t bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const float *a = pass ? d1 : o1, *b = pass ? d2 : o2;
+        const int64_t n = pass ? N * 2 * FF : N * FF;
+        for (int64_t i = 0; i < n; i++) {
+            const double x = a[i], y = b[i], big = fmax(fabs(x), fabs(y));
+            /* dgate = dy u sig (1 + g (1 - sig)) cancels where 1 + g (1 - sig) ~ 0 (g ~ -1.28):
+             * there an ulp of exp moves it by ulps of |dy u|, not of the result */
+            const int64_t row = i / (pass ? 2 * FF : FF), col = i % (pass ? 2 * FF : FF);
+            const double scale = pass && col < FF ? fabs((double)dy[row * FF + col] * gu[row * 2 * FF + FF + col]) : 0.0;
+            const double tol = 4.0 * 0x1p-23 * big + 8.0 * 0x1p-23 * scale;
+            const int ok = x == y || (isfinite(x) && isfinite(y) && fabs(x - y) <= tol);
+            if (!ok && bad++ < 3)
+                CHECK(0, "%s[%lld]: portable %.9g, %s %.9g", pass ? "dgu" : "out", (long long)i, x,
+                      fs_kernels_isa_name(fs_kernels_cpu_isa()), y);
+        }
+    }
+    CHECK(bad == 0, "%lld outputs differ by more than the tolerance", (long long)bad);
+    free(gu), free(o1), free(o2), free(dy), free(d1), free(d2);
+}
+
 static void test_sum_squares_and_scale(void) {
     static const int64_t sizes[] = {0, 1, 7, 63, 64, 65, 1000, 64 * 8192 + 4097};
     fs_pool *extra[2] = {NULL, NULL};
@@ -1188,6 +1272,8 @@ int main(void) {
     RUN(test_pool_size_independence);
     RUN(test_adamw_vs_double);
     RUN(test_adamw_matches_pytorch);
+    RUN(test_adamw_writes_the_bf16_copy);
+    RUN(test_swiglu_paths_agree);
     RUN(test_sum_squares_and_scale);
     for (int p = 0; p < N_POOLS; p++) fs_pool_free(pools[p]);
     return fs_test_summary();

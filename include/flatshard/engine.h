@@ -113,11 +113,11 @@ void fs_engine_begin_micro(fs_engine *e, int k);
 fs_status fs_engine_norm_weights(fs_engine *e, const float **out);
 float *fs_engine_norm_grads(fs_engine *e);
 
-fs_status fs_engine_acquire_forward(fs_engine *e, int op, const float **weights);
+fs_status fs_engine_acquire_forward(fs_engine *e, int op, const void **weights);
 fs_status fs_engine_release_forward(fs_engine *e, int op);
 /* *grads: where the op writes its unit's weight gradient; *accumulate: whether it must add
  * to what is there (fs_model_backward's flag). */
-fs_status fs_engine_acquire_backward(fs_engine *e, int op, const float **weights, float **grads,
+fs_status fs_engine_acquire_backward(fs_engine *e, int op, const void **weights, float **grads,
                                      int *accumulate);
 fs_status fs_engine_release_backward(fs_engine *e, int op);
 

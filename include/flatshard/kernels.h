@@ -55,6 +55,64 @@ void fs_matmul_backward(fs_pool *pool,
                         int64_t N, int64_t IC, int64_t OC,
                         int accumulate_dinp, int accumulate_dweight);
 
+/* ------------------------------------------------------------------ bf16 matmul
+ * The bf16 precision policy's linear layers: the same three products as above with every
+ * operand rounded to bf16 (round to nearest even) and fp32 accumulation. Activations and
+ * output gradients stay fp32 in memory and are rounded as the GEMM packs them (the cast is
+ * fused into the packing: no bf16 copy of an activation is ever written); weights come as
+ * bf16 (the ring's buffers, the compute shard). A product of two bf16 is exact in fp32; the
+ * sums are fp32, in an order that depends only on K (fixed k blocks), so the bits depend
+ * neither on the pool size nor on how the output is split. Gradients are written straight
+ * into the fp32 buffers: accumulate 0 writes (beta 0), 1 adds (beta 1).
+ *
+ * Where the CPU has AVX512-BF16 (fs_kernels_isa() == FS_ISA_AVX512_BF16) the inner kernel is
+ * vdpbf16ps; elsewhere a portable loop computes the same products and sums. */
+void fs_matmul_forward_bf16(fs_pool *pool,
+                            float *out,             /* (N, OC) */
+                            const float *inp,       /* (N, IC), rounded to bf16 */
+                            const uint16_t *weight, /* (OC, IC) bf16 */
+                            int64_t N, int64_t IC, int64_t OC, int accumulate);
+
+void fs_matmul_backward_bf16(fs_pool *pool,
+                             float *dinp,            /* (N, IC) or NULL */
+                             float *dweight,         /* (OC, IC) or NULL, fp32 */
+                             const float *dout,      /* (N, OC), rounded to bf16 */
+                             const float *inp,       /* (N, IC), rounded to bf16 */
+                             const uint16_t *weight, /* (OC, IC) bf16 */
+                             int64_t N, int64_t IC, int64_t OC,
+                             int accumulate_dinp, int accumulate_dweight);
+
+/* The general product behind them: C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N), where an
+ * operand is fp32 or bf16 storage, row-major with leading dimension ld, transposed or not. */
+typedef enum fs_gemm_dtype { FS_GEMM_F32, FS_GEMM_BF16 } fs_gemm_dtype;
+typedef struct fs_gemm_operand {
+    const void *data;
+    fs_gemm_dtype dtype;
+    int trans;  /* 0: stored (rows, cols) as op() sees it; 1: stored transposed */
+    int64_t ld; /* elements between consecutive stored rows */
+} fs_gemm_operand;
+void fs_gemm_bf16(fs_pool *pool, float *C, int64_t ldc, int accumulate, fs_gemm_operand A,
+                  fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
+
+/* ------------------------------------------------------------------ instruction sets
+ * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,
+ * capped by the environment variable FLATSHARD_KERNELS (auto | portable | avx2 | avx512 |
+ * avx512bf16) or by fs_kernels_set_isa (tests run both paths in one process). */
+typedef enum fs_kernel_isa {
+    FS_ISA_PORTABLE,    /* baseline x86-64 (SSE2) or any other CPU */
+    FS_ISA_AVX2,        /* AVX2 + FMA */
+    FS_ISA_AVX512,      /* AVX-512 F/BW/DQ/VL */
+    FS_ISA_AVX512_BF16, /* and AVX512_BF16 (vdpbf16ps) */
+    FS_ISA_N
+} fs_kernel_isa;
+fs_kernel_isa fs_kernels_isa(void);      /* the level in use */
+fs_kernel_isa fs_kernels_cpu_isa(void);  /* the best this CPU has */
+/* Caps the level at `cap` (the CPU's best if lower); returns the level in use before. */
+fs_kernel_isa fs_kernels_set_isa(fs_kernel_isa cap);
+const char *fs_kernels_isa_name(fs_kernel_isa isa); /* "portable", "avx512bf16", ... */
+/* NULL, or a message if FLATSHARD_KERNELS holds a value that is not a level's name. */
+const char *fs_kernels_env_error(void);
+
 /* ------------------------------------------------------------------ embedding
  * Rows [row0, row0 + rows) of the embedding table (a vocabulary chunk; the whole table when
  * row0 = 0 and rows = V). For every n with row0 <= tokens[n] < row0 + rows:
@@ -65,6 +123,13 @@ void fs_embedding_forward(fs_pool *pool,
                           const int32_t *tokens,  /* (N) */
                           const float *wte,       /* (rows, C) */
                           int64_t N, int64_t C, int64_t row0, int64_t rows);
+
+/* The same lookup from a bf16 table, widened to fp32 (the bf16 policy). */
+void fs_embedding_forward_bf16(fs_pool *pool,
+                               float *out,            /* (N, C) */
+                               const int32_t *tokens, /* (N) */
+                               const uint16_t *wte,   /* (rows, C) bf16 */
+                               int64_t N, int64_t C, int64_t row0, int64_t rows);
 
 /* dwte[tokens[n] - row0, :] += dout[n, :] for the tokens in the chunk. Split over columns of
  * C and summed in token order, so the bits do not depend on the pool size. */
@@ -217,7 +282,8 @@ typedef struct fs_adamw_params {
 } fs_adamw_params;
 
 void fs_adamw_update(fs_pool *pool,
-                     float *param,      /* (n) */
+                     float *param,         /* (n) */
+                     uint16_t *param_bf16, /* (n) fs_fp32_to_bf16 of the new param, or NULL */
                      float *m,          /* (n) */
                      float *v,          /* (n) */
                      const float *grad, /* (n) */

@@ -226,13 +226,18 @@ typedef struct fs_model {
     const fs_layout *layout;
     fs_pool *pool;
     fs_profile *profile;
+    /* 0: unit weights are fp32 and the linear layers run fp32 sgemm; 1 (the bf16 policy):
+     * unit weights are bf16 (uint16_t) and the linear layers run the bf16 GEMM, rounding
+     * their activation inputs to bf16. Norm weights, activations and gradients stay fp32. */
+    int bf16_weights;
 } fs_model;
 
 /* Forward of op `op` for the micro-batch in acts (inputs/targets filled by the caller).
- *   w       the flat weights of the op's unit (layout->units[unit].numel floats)
+ *   w       the flat weights of the op's unit (layout->units[unit].numel elements: float,
+ *           or uint16_t bf16 when m->bf16_weights)
  *   norm_w  the flat weights of the norm group
  * After the last head op, acts->loss holds the mean cross-entropy. */
-void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const float *w,
+void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const void *w,
                       const float *norm_w);
 
 /* Backward of op `op` (call in reverse op order after a full forward).
@@ -240,7 +245,7 @@ void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const float *w,
  *               (a tied unit is used twice: the second use must accumulate)
  *   norm_dw     the norm group's gradient: always accumulated (zero it before a step)
  * The gradient of the loss is that of acts->loss (the mean over the micro-batch's tokens). */
-void fs_model_backward(const fs_model *m, fs_acts *acts, int op, const float *w, float *dw,
+void fs_model_backward(const fs_model *m, fs_acts *acts, int op, const void *w, float *dw,
                        int accumulate, const float *norm_w, float *norm_dw);
 
 #endif /* FLATSHARD_MODEL_H */

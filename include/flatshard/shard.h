@@ -28,9 +28,9 @@
  *                of the largest unit, allocated once
  *
  * Precision (DESIGN.md §7): fp32, or bf16 — bf16 weights in the buffers and on the wire,
- * gradients sent as bf16 and summed in fp32, fp32 master weights, optimizer state and
- * gradient shards. Until the bf16 GEMM exists (issue 7), a unit's bf16 weights are widened
- * into an fp32 compute buffer before use.
+ * gradients reduced in fp32 (as DESIGN.md §7 allows), fp32 master weights, optimizer state and
+ * gradient shards. The kernels read a unit's bf16 weights where they lie (the bf16 GEMM);
+ * only the norm group is widened into an fp32 buffer.
  */
 #ifndef FLATSHARD_SHARD_H
 #define FLATSHARD_SHARD_H

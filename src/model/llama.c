@@ -169,23 +169,26 @@ void fs_acts_free(fs_acts *a, fs_mem *mem) {
 
 /* ------------------------------------------------------------------ block weights */
 
+/* A block's weights: fp32, or bf16 under the bf16 policy (m->bf16_weights). */
 typedef struct block_weights {
-    const float *qkv;  /* (QKV, C) q, k and v projections stacked */
-    const float *o;    /* (C, C) */
-    const float *gu;   /* (2FF, C) gate and up projections stacked */
-    const float *down; /* (C, FF) */
+    const void *qkv;  /* (QKV, C) q, k and v projections stacked */
+    const void *o;    /* (C, C) */
+    const void *gu;   /* (2FF, C) gate and up projections stacked */
+    const void *down; /* (C, FF) */
 } block_weights;
 
 typedef struct block_grads {
-    float *qkv, *o, *gu, *down; /* shapes as block_weights */
+    float *qkv, *o, *gu, *down; /* shapes as block_weights, always fp32 */
 } block_grads;
 
-static block_weights split_block(const dims *d, const float *w) {
+static block_weights split_block(const fs_model *m, const dims *d, const void *w) {
+    const size_t esize = m->bf16_weights ? sizeof(uint16_t) : sizeof(float);
+    const char *p = w;
     block_weights bw;
-    bw.qkv = w;
-    bw.o = bw.qkv + d->QKV * d->C;
-    bw.gu = bw.o + d->C * d->C;
-    bw.down = bw.gu + 2 * d->FF * d->C;
+    bw.qkv = p;
+    bw.o = p + (size_t)(d->QKV * d->C) * esize;
+    bw.gu = (const char *)bw.o + (size_t)(d->C * d->C) * esize;
+    bw.down = (const char *)bw.gu + (size_t)(2 * d->FF * d->C) * esize;
     return bw;
 }
 
@@ -198,6 +201,23 @@ static block_grads split_block_grads(const dims *d, float *dw) {
     return g;
 }
 
+/* The linear layers, in the precision of the weights: fp32 sgemm, or the bf16 GEMM (bf16
+ * operands, fp32 accumulation, gradients written straight into the fp32 buffers). */
+static void linear_forward(const fs_model *m, float *out, const float *inp, const void *w, int64_t N,
+                           int64_t IC, int64_t OC, int accumulate) {
+    if (m->bf16_weights) fs_matmul_forward_bf16(m->pool, out, inp, w, N, IC, OC, accumulate);
+    else fs_matmul_forward(m->pool, out, inp, w, N, IC, OC, accumulate);
+}
+
+static void linear_backward(const fs_model *m, float *dinp, float *dw, const float *dout,
+                            const float *inp, const void *w, int64_t N, int64_t IC, int64_t OC,
+                            int accumulate_dinp, int accumulate_dw) {
+    if (m->bf16_weights)
+        fs_matmul_backward_bf16(m->pool, dinp, dw, dout, inp, w, N, IC, OC, accumulate_dinp, accumulate_dw);
+    else
+        fs_matmul_backward(m->pool, dinp, dw, dout, inp, w, N, IC, OC, accumulate_dinp, accumulate_dw);
+}
+
 /* ------------------------------------------------------------------ forward */
 
 /* The activation slot of block l: checkpointed blocks share slot 0. */
@@ -208,12 +228,12 @@ static int64_t slot_of(const fs_acts *a, int l) {
 
 /* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in
  * backward without touching x[l+1], which the following blocks have already consumed. */
-static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
+static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
                           const float *norm_w, int write_output) {
     fs_pool *pool = m->pool;
     const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
     const float eps = (float)m->layout->cfg.rms_norm_eps;
-    block_weights bw = split_block(d, w);
+    block_weights bw = split_block(m, d, w);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
     float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
@@ -224,7 +244,7 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
 
     PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln1, rstd1, x, ln1_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, qkv, ln1, bw.qkv, N, C, QKV, 0));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
     PROF(m, FS_PROF_ROPE, {
         fs_rope_forward(pool, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         fs_rope_forward(pool, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
@@ -232,16 +252,16 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_ATTENTION,
          fs_attention_forward(pool, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS));
     PROF(m, FS_PROF_OTHER, memcpy(xmid, x, (size_t)(N * C) * sizeof *x));
-    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, xmid, att, bw.o, N, C, C, 1));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
     PROF(m, FS_PROF_SWIGLU, fs_swiglu_forward(pool, h, gu, N, FF));
     if (!write_output) return;
     PROF(m, FS_PROF_OTHER, memcpy(x_next, xmid, (size_t)(N * C) * sizeof *x));
-    PROF(m, FS_PROF_GEMM, fs_matmul_forward(pool, x_next, h, bw.down, N, FF, C, 1));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
 }
 
-static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const float *w,
+static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
                          const float *norm_w) {
     const fs_op *o = &m->layout->ops[op];
     const fs_unit_info *u = &m->layout->units[o->unit];
@@ -252,7 +272,7 @@ static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, c
              fs_rmsnorm_forward(m->pool, a->lnf, a->rstdf, a->x + d->L * N * C, final_w, N, C,
                                 (float)m->layout->cfg.rms_norm_eps));
     }
-    PROF(m, FS_PROF_GEMM, fs_matmul_forward(m->pool, a->logits, a->lnf, w, N, C, u->rows, 0));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, u->rows, 0));
     a->logits_op = op;
     PROF(m, FS_PROF_XENT,
          fs_xent_chunk_forward(m->pool, a->row_max, a->row_sum, a->target_logit, a->logits,
@@ -262,7 +282,7 @@ static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, c
              a->loss = fs_xent_finish(a->row_max, NULL, a->row_max, a->row_sum, a->target_logit, N));
 }
 
-void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
+void fs_model_forward(const fs_model *m, fs_acts *a, int op, const void *w,
                       const float *norm_w) {
     const fs_layout *layout = m->layout;
     FS_ASSERT(op >= 0 && op < layout->n_ops);
@@ -271,8 +291,12 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
     const fs_unit_info *u = &layout->units[o->unit];
     switch (o->kind) {
     case FS_UNIT_EMBED:
-        PROF(m, FS_PROF_EMBED,
-             fs_embedding_forward(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
+        if (m->bf16_weights)
+            PROF(m, FS_PROF_EMBED,
+                 fs_embedding_forward_bf16(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
+        else
+            PROF(m, FS_PROF_EMBED,
+                 fs_embedding_forward(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
         break;
     case FS_UNIT_BLOCK: block_forward(m, a, &d, u->index, w, norm_w, 1); break;
     case FS_UNIT_HEAD: head_forward(m, a, &d, op, w, norm_w); break;
@@ -282,14 +306,14 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const float *w,
 
 /* ------------------------------------------------------------------ backward */
 
-static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, const float *w,
+static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
                            float *dw, int accumulate, const float *norm_w, float *norm_dw) {
     fs_pool *pool = m->pool;
     const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
     /* a checkpointed block recomputes its activations here, with its weights already
      * gathered for the backward: no extra gather */
     if (l < a->ckpt_layers) block_forward(m, a, d, l, w, norm_w, 0);
-    block_weights bw = split_block(d, w);
+    block_weights bw = split_block(m, d, w);
     block_grads bg = split_block_grads(d, dw);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *dln1_w = norm_dw + (2 * l) * C, *dln2_w = norm_dw + (2 * l + 1) * C;
@@ -305,16 +329,16 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
 
     /* dres = dL/dx[l+1] on entry; MLP branch */
     PROF(m, FS_PROF_GEMM,
-         fs_matmul_backward(pool, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+         linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
     PROF(m, FS_PROF_OTHER, memset(a->dgu, 0, (size_t)(N * 2 * FF) * sizeof(float)));
     PROF(m, FS_PROF_SWIGLU, fs_swiglu_backward(pool, a->dgu, a->dh, gu, N, FF));
     PROF(m, FS_PROF_GEMM,
-         fs_matmul_backward(pool, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+         linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
          fs_rmsnorm_backward(pool, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */
     PROF(m, FS_PROF_GEMM,
-         fs_matmul_backward(pool, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
+         linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
     PROF(m, FS_PROF_OTHER, memset(a->dqkv, 0, (size_t)(N * QKV) * sizeof(float)));
     PROF(m, FS_PROF_ATTENTION,
          fs_attention_backward(pool, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
@@ -324,13 +348,13 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         fs_rope_backward(pool, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
     PROF(m, FS_PROF_GEMM,
-         fs_matmul_backward(pool, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
+         linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
     PROF(m, FS_PROF_NORM,
          fs_rmsnorm_backward(pool, a->dres, dln1_w, a->dln, x, ln1_w, rstd1, N, C));
     /* dres = dL/dx[l] */
 }
 
-static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, const float *w,
+static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
                           float *dw, int accumulate, const float *norm_w, float *norm_dw) {
     const fs_op *o = &m->layout->ops[op];
     const fs_unit_info *u = &m->layout->units[o->unit];
@@ -338,15 +362,15 @@ static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, 
     /* The logits of the last forward chunk are still in the buffer; earlier chunks are
      * recomputed (one extra GEMM per chunk instead of holding B x T x V logits). */
     if (a->logits_op != op)
-        PROF(m, FS_PROF_GEMM, fs_matmul_forward(m->pool, a->logits, a->lnf, w, N, C, Vc, 0));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, Vc, 0));
     PROF(m, FS_PROF_XENT,
          fs_xent_chunk_backward(m->pool, a->logits, a->logits, a->row_max, a->targets, N, Vc,
                                 u->row0, 1.0f / (float)N));
     a->logits_op = -1; /* the buffer now holds dlogits */
     /* backward visits the last forward chunk first: it writes dlnf, the others add */
     PROF(m, FS_PROF_GEMM,
-         fs_matmul_backward(m->pool, a->dlnf, dw, a->logits, a->lnf, w, N, C, Vc,
-                            !o->last_of_kind, accumulate));
+         linear_backward(m, a->dlnf, dw, a->logits, a->lnf, w, N, C, Vc, !o->last_of_kind,
+                         accumulate));
     if (o->first_of_kind) { /* all chunks done: back through the final norm */
         const float *final_w = norm_w + 2 * d->L * C;
         PROF(m, FS_PROF_OTHER, memset(a->dres, 0, (size_t)(N * C) * sizeof(float)));
@@ -356,7 +380,7 @@ static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, 
     }
 }
 
-void fs_model_backward(const fs_model *m, fs_acts *a, int op, const float *w, float *dw,
+void fs_model_backward(const fs_model *m, fs_acts *a, int op, const void *w, float *dw,
                        int accumulate, const float *norm_w, float *norm_dw) {
     const fs_layout *layout = m->layout;
     FS_ASSERT(op >= 0 && op < layout->n_ops);

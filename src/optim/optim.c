@@ -40,7 +40,7 @@ void fs_adamw_step_weights(fs_pool *pool, fs_weights *params, fs_weights *m, fs_
             .weight_decay = t->weight_decay ? cfg->weight_decay : 0.0,
             .step = step,
         };
-        fs_adamw_update(pool, params->data + at, m->data + at, v->data + at, grads->data + at,
+        fs_adamw_update(pool, params->data + at, NULL, m->data + at, v->data + at, grads->data + at,
                         t->numel, hp);
     }
 }

@@ -13,7 +13,7 @@
  *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32)
  *   norm_buf    sharded weights: the gathered norm group (Nn, compute dtype)
  *   norm_grads  sharded gradients: the norm group's gradient (Nn, fp32)
- *   wide        bf16: one fp32 unit buffer the kernels read (R), norm32 the norms (Nn)
+ *   norm32      bf16: the norm group in fp32 (Nn), which the kernels read
  * zero3-param allocates a unit's weight buffer per use and its gradient buffers per backward
  * op, frees them after use, and keeps at most two of each alive.
  *
@@ -79,7 +79,7 @@ struct fs_engine {
     float *gring[2];
     uint64_t gring_ticket[2];
     void *norm_buf;
-    float *norm32, *norm_grads, *wide;
+    float *norm32, *norm_grads;
     int norm_ready;
     uint64_t norm_ticket;
 
@@ -158,14 +158,6 @@ static fs_status gather_unit(fs_engine *e, int u, void *dst, uint64_t *ticket) {
     return FS_OK;
 }
 
-/* The fp32 weights of a unit held in compute dtype at src: src itself in fp32, else widened
- * into the one fp32 unit buffer (the kernels are fp32 until the bf16 GEMM exists). */
-static const float *as_fp32(fs_engine *e, const void *src, int64_t numel, float *wide) {
-    if (!e->bf16) return src;
-    fs_cast_bf16_to_fp32(e->pool, wide, src, numel);
-    return wide;
-}
-
 static int op_unit(const fs_engine *e, int op) { return e->layout->ops[op].unit; }
 
 /* yafsdp: makes sure ring buffer b holds (or is being filled with) unit u. */
@@ -198,13 +190,13 @@ static fs_status z3_drop(fs_engine *e, int k) {
 }
 
 /* Loads op's unit into the slot of op's parity (and the neighbour `next`, if >= 0, into the
- * other: the prefetch), waits for op's, and returns its fp32 weights. */
-static fs_status acquire_weights(fs_engine *e, int op, int next, const float **out) {
+ * other: the prefetch), waits for op's, and returns its weights in the compute dtype (fp32,
+ * or bf16 under the bf16 policy: the kernels read bf16 directly). */
+static fs_status acquire_weights(fs_engine *e, int op, int next, const void **out) {
     const int u = op_unit(e, op), b = op % 2;
-    const int64_t numel = e->layout->units[u].numel;
     if (e->in_place && e->strategy == FS_STRATEGY_YAFSDP) { /* the shard is the whole unit */
         int64_t at = e->plan->units[u].shard_offset;
-        *out = e->bf16 ? as_fp32(e, e->compute + at, numel, e->wide) : e->master + at;
+        *out = e->bf16 ? (const void *)(e->compute + at) : (const void *)(e->master + at);
         return FS_OK;
     }
     switch (e->strategy) {
@@ -212,17 +204,17 @@ static fs_status acquire_weights(fs_engine *e, int op, int next, const float **o
         FS_TRY(ring_load(e, b, u));
         if (next >= 0) FS_TRY(ring_load(e, next % 2, op_unit(e, next)));
         FS_TRY(wait_ticket(e, e->ring_ticket[b]));
-        *out = as_fp32(e, e->ring[b], numel, e->wide);
+        *out = e->ring[b];
         return FS_OK;
     case FS_STRATEGY_ZERO3_PARAM:
         FS_TRY(z3_load(e, b, u));
         if (next >= 0) FS_TRY(z3_load(e, next % 2, op_unit(e, next)));
         FS_TRY(wait_ticket(e, e->zw[b].ticket));
-        *out = as_fp32(e, e->zw[b].buf, numel, e->wide);
+        *out = e->zw[b].buf;
         return FS_OK;
     default: { /* full weights */
         int64_t at = e->plan->units[u].full_offset;
-        *out = e->bf16 ? as_fp32(e, e->compute + at, numel, e->wide) : e->master + at;
+        *out = e->bf16 ? (const void *)(e->compute + at) : (const void *)(e->master + at);
         return FS_OK;
     }
     }
@@ -262,22 +254,24 @@ static void init_master(fs_engine *e) {
     }
 }
 
-/* After the master changed: the bf16 copy, and for zero1/zero2 the replicated weights. */
-static fs_status refresh_weights(fs_engine *e) {
+/* After the master changed: the bf16 copy (unless the optimizer already wrote it, cast = 0),
+ * and for zero1/zero2 the replicated weights. */
+static fs_status refresh_weights(fs_engine *e, int cast) {
     const fs_plan *p = e->plan;
+    cast = cast && e->bf16;
     if (e->strategy == FS_STRATEGY_DDP) {
-        if (e->bf16) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->full_numel);
+        if (cast) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->full_numel);
         return FS_OK;
     }
     if (!fs_strategy_full_weights(e->strategy)) {
-        if (e->bf16) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->shard_numel);
+        if (cast) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->shard_numel);
         return FS_OK;
     }
     /* zero1, zero2: the rank's slice of each piece to everybody, in place */
     for (int pi = 0; pi < p->n_pieces; pi++) {
         const fs_shard_piece *pc = &p->pieces[pi];
         int64_t mine = pc->full_offset + (int64_t)e->rank * pc->shard;
-        if (e->bf16)
+        if (cast)
             fs_cast_fp32_to_bf16(e->pool, e->compute + mine, e->master + pc->shard_offset,
                                  pc->shard);
         char *base = e->bf16 ? (char *)e->compute : (char *)e->master;
@@ -340,7 +334,6 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     if (!fs_strategy_full_weights(s) && !e->in_place)
         ALLOC(FS_MEM_WEIGHT_BUF, Nn * e->csize, "norm group weights", &e->norm_buf);
     if (e->bf16) {
-        ALLOC(FS_MEM_WEIGHT_BUF, R * f4, "fp32 unit weights", &e->wide);
         ALLOC(FS_MEM_WEIGHT_BUF, Nn * f4, "fp32 norm weights", &e->norm32);
     }
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !e->in_place)
@@ -363,7 +356,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     }
     if (st == FS_OK) {
         init_master(e);
-        st = refresh_weights(e);
+        st = refresh_weights(e, 1);
     }
     if (st != FS_OK) {
         fs_engine_free(e);
@@ -393,7 +386,7 @@ void fs_engine_free(fs_engine *e) {
         fs_mem_release(e->mem, e->gring[k]);
     }
     void *blocks[] = {e->master, e->grads_full, e->grads_shard, e->adam_m, e->adam_v,
-                      e->compute, e->norm_buf, e->wide, e->norm32, e->norm_grads,
+                      e->compute, e->norm_buf, e->norm32, e->norm_grads,
                       e->exchange, e->grad_written, e->uses_left};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) fs_mem_release(e->mem, blocks[i]);
     free(e);
@@ -452,7 +445,7 @@ float *fs_engine_norm_grads(fs_engine *e) {
     return e->grads_full + nu->full_offset;
 }
 
-fs_status fs_engine_acquire_forward(fs_engine *e, int op, const float **weights) {
+fs_status fs_engine_acquire_forward(fs_engine *e, int op, const void **weights) {
     return acquire_weights(e, op, op + 1 < e->layout->n_ops ? op + 1 : -1, weights);
 }
 
@@ -462,7 +455,7 @@ fs_status fs_engine_release_forward(fs_engine *e, int op) {
     return FS_OK;
 }
 
-fs_status fs_engine_acquire_backward(fs_engine *e, int op, const float **weights, float **grads,
+fs_status fs_engine_acquire_backward(fs_engine *e, int op, const void **weights, float **grads,
                                      int *accumulate) {
     const int u = op_unit(e, op), b = op % 2;
     FS_TRY(acquire_weights(e, op, op > 0 ? op - 1 : -1, weights));
@@ -613,7 +606,16 @@ static int64_t master_position(const fs_engine *e, const fs_shard_slice *sl,
     return sl->shard_pos;
 }
 
-/* AdamW over the rank's tensor slices. */
+/* Where a slice's bf16 copy lives: beside its master for the sharded strategies and DDP, in
+ * the full layout (the rank's slice of every piece) for zero1/zero2. */
+static int64_t compute_position(const fs_engine *e, const fs_shard_slice *sl, const fs_shard_piece *pc) {
+    if (fs_strategy_full_weights(e->strategy) && e->strategy != FS_STRATEGY_DDP)
+        return pc->full_offset + (int64_t)e->rank * pc->shard + (sl->shard_pos - pc->shard_offset);
+    return master_position(e, sl, pc);
+}
+
+/* AdamW over the rank's tensor slices; under bf16 the same pass writes the bf16 copy. The
+ * padding between slices is never updated: its bf16 copy, cast once at start, stays zero. */
 static void optimizer_step(fs_engine *e, double lr, int64_t step) {
     const fs_plan *p = e->plan;
     const fs_layout *l = e->layout;
@@ -629,7 +631,8 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step) {
                               .eps = e->cfg.adamw.eps,
                               .weight_decay = t->weight_decay ? e->cfg.adamw.weight_decay : 0.0,
                               .step = step};
-        fs_adamw_update(e->pool, e->master + param_at, e->adam_m + sl->shard_pos,
+        uint16_t *param_bf16 = e->bf16 ? e->compute + compute_position(e, sl, pc) : NULL;
+        fs_adamw_update(e->pool, e->master + param_at, param_bf16, e->adam_m + sl->shard_pos,
                         e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
     }
 }
@@ -696,7 +699,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     const double clip = fs_clip_factor(norm, e->cfg.clip);
     fs_scale(e->pool, grads, n_grads, (float)(mean_scale * clip));
     optimizer_step(e, lr, step);
-    FS_TRY(refresh_weights(e));
+    FS_TRY(refresh_weights(e, 0)); /* optimizer_step wrote the bf16 copy */
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
     out->clip_factor = clip;
     return FS_OK;
@@ -771,7 +774,7 @@ int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, i
 
 fs_status fs_engine_state_loaded(fs_engine *e) {
     e->ring_unit[0] = e->ring_unit[1] = -1;
-    return refresh_weights(e);
+    return refresh_weights(e, 1);
 }
 
 const fs_plan *fs_engine_plan(const fs_engine *e) { return e->plan; }

@@ -205,13 +205,13 @@ static void predict_bytes(fs_plan *pl) {
     if (bf16) b[FS_MEM_COMPUTE_SHARD] = (fs_strategy_full_weights(s) ? F : S) * 2;
 
     /* weight buffers: the ring (yafsdp) and the gathered norm group (sharded strategies);
-     * under bf16 one fp32 unit buffer and the fp32 norm group the kernels read */
+     * under bf16 the fp32 norm group the kernels read (unit weights are read as bf16) */
     /* (one rank alone works in place: no ring, see fs_plan_in_place) */
     const int in_place = fs_plan_in_place(pl);
     size_t wb = 0, gb = 0;
     if (s == FS_STRATEGY_YAFSDP && !in_place) wb += 2 * R * c_bytes;
     if (!fs_strategy_full_weights(s) && !in_place) wb += Nn * c_bytes;
-    if (bf16) wb += R * f4 + Nn * f4;
+    if (bf16) wb += Nn * f4;
     /* gradient buffers: zero2 and yafsdp reduce-scatter each unit through two of them; the
      * sharded strategies gather norm gradients in a full buffer */
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !in_place) gb += 2 * R * f4;

@@ -143,7 +143,8 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
         fs_trainer_free(t);
         return st;
     }
-    t->model = (fs_model){.layout = &t->layout, .pool = t->pool, .profile = &t->profile};
+    t->model = (fs_model){.layout = &t->layout, .pool = t->pool, .profile = &t->profile,
+                          .bf16_weights = t->cfg.precision == FS_PRECISION_BF16};
     return FS_OK;
 }
 
@@ -186,7 +187,7 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
     FS_TRY(fs_engine_norm_weights(e, &norm_w));
     float *norm_dw = fs_engine_norm_grads(e);
     for (int op = 0; op < l->n_ops; op++) {
-        const float *w = NULL;
+        const void *w = NULL;
         double t0 = fs_now();
         FS_TRY(fs_engine_acquire_forward(e, op, &w));
         double t1 = fs_now();
@@ -196,7 +197,7 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
     }
     *loss_sum += t->acts.loss;
     for (int op = l->n_ops - 1; op >= 0; op--) {
-        const float *w = NULL;
+        const void *w = NULL;
         float *dw = NULL;
         int accumulate = 0;
         double t0 = fs_now();

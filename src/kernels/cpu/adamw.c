@@ -17,6 +17,8 @@
  * fmaf is exact by definition, so these bits do not depend on the CPU; where the CPU has
  * AVX2 and FMA an 8-lane copy of the loop runs (same bits; ~1 ns per element against ~6 ns
  * for the portable loop, which, compiled without -mfma, calls libm's fmaf).
+ * Under the bf16 policy the same pass writes the bf16 copy of the new weights (the compute
+ * shard the next step gathers), instead of a second pass over the shard.
  *
  * What it does not do: amsgrad, maximize, gradient clipping (the caller scales the
  * gradient), or the multi-tensor (foreach) variant, whose float results are the same.
@@ -30,6 +32,7 @@
 
 typedef struct adamw_job {
     float *param, *m, *v;
+    uint16_t *param_bf16; /* NULL, or the bf16 copy written in the same pass */
     const float *grad;
     float decay;          /* 1 - lr * wd */
     float beta1, one_minus_beta1;
@@ -53,7 +56,20 @@ static void adamw_scalar(const adamw_job *j, int64_t begin, int64_t end) {
         p[i] = pi + (neg_step * mi) / denom;
         m[i] = mi;
         v[i] = vi;
+        if (j->param_bf16) j->param_bf16[i] = fs_fp32_to_bf16(p[i]);
     }
+}
+
+/* fs_fp32_to_bf16 of eight floats: round to nearest even, NaN kept a quiet NaN. */
+__attribute__((target("avx2,fma"))) static inline __m128i bf16_of8(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+    /* 32-bit lanes to 16 bits: packus works per 128-bit half, permute joins the halves */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 
 /* The same operations eight lanes at a time; each intrinsic is one IEEE operation, so the
@@ -77,24 +93,24 @@ __attribute__((target("avx2,fma"))) static void adamw_avx2(const adamw_job *j, i
         _mm256_storeu_ps(j->param + i, p);
         _mm256_storeu_ps(j->m + i, m);
         _mm256_storeu_ps(j->v + i, v);
+        if (j->param_bf16) _mm_storeu_si128((__m128i *)(j->param_bf16 + i), bf16_of8(p));
     }
     adamw_scalar(j, i, end);
 }
 
 static void adamw_range(void *arg, int64_t begin, int64_t end, int thread) {
-    /* reads the CPU model that libgcc filled in at start-up: a few loads */
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (fs_kernels_isa() >= FS_ISA_AVX2)
         adamw_avx2(arg, begin, end);
     else
         adamw_scalar(arg, begin, end);
 }
 
-void fs_adamw_update(fs_pool *pool, float *param, float *m, float *v, const float *grad,
-                     int64_t n, fs_adamw_params hp) {
+void fs_adamw_update(fs_pool *pool, float *param, uint16_t *param_bf16, float *m, float *v,
+                     const float *grad, int64_t n, fs_adamw_params hp) {
     FS_ASSERT(hp.step >= 1);
     double bc1 = 1.0 - pow(hp.beta1, (double)hp.step);
     double bc2 = 1.0 - pow(hp.beta2, (double)hp.step);
-    adamw_job j = {.param = param, .m = m, .v = v, .grad = grad,
+    adamw_job j = {.param = param, .m = m, .v = v, .grad = grad, .param_bf16 = param_bf16,
                    .decay = (float)(1.0 - hp.lr * hp.weight_decay),
                    .beta1 = (float)hp.beta1, .one_minus_beta1 = (float)(1.0 - hp.beta1),
                    .beta2 = (float)hp.beta2, .one_minus_beta2 = (float)(1.0 - hp.beta2),

@@ -27,6 +27,42 @@ static inline int64_t fs_cpu_row_grain(int64_t row_numel) {
 
 #define FS_CPU_LANES 8
 
+/* Function attributes of the kernel copies compiled for wider vectors, picked at run time
+ * with fs_kernels_isa() (dispatch.c). The baseline copy of the same body has no attribute. */
+#define FS_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define FS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#define FS_TARGET_AVX512BF16 \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
+/* A loop body that is compiled once per target it is inlined into. */
+#define FS_CPU_BODY static inline __attribute__((always_inline))
+
+#include <immintrin.h>
+
+/* This thread's scratch buffer, at least `bytes` long, 64-byte aligned (scratch.c). */
+void *fs_cpu_scratch(size_t bytes);
+
+/* expf for 16 floats: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor polynomial to
+ * r^7 (truncation below 1e-8 relative), 2^n applied by vscalefps, which saturates to 0 and
+ * to inf where expf does. Within 2 ulp of glibc's expf over the whole range (checked in
+ * tests/test_kernels.c); NaN gives NaN. */
+FS_TARGET_AVX512 static inline __m512 fs_cpu_exp16(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693145751953125f), ln2_lo = _mm512_set1_ps(1.428606765330187e-06f);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f)); /* NaN passes */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+    r = _mm512_fnmadd_ps(n, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* sum_i a[i] * b[i] in float over eight fixed lanes (lane j takes i = j mod 8), the lanes
  * added pairwise in a fixed order. */
 static inline float fs_cpu_dot(const float *restrict a, const float *restrict b, int64_t n) {

@@ -21,7 +21,7 @@
 
 typedef struct emb_job {
     float *out;            /* forward: (N, C); backward: dwte (rows, C) */
-    const float *in;       /* forward: wte (rows, C); backward: dout (N, C) */
+    const float *in;       /* forward: wte (rows, C) (bf16 in the _bf16 lookup); backward: dout (N, C) */
     const int32_t *tokens; /* (N) */
     int64_t N, C, row0, rows;
 } emb_job;
@@ -33,6 +33,23 @@ static void emb_forward_rows(void *arg, int64_t begin, int64_t end, int thread) 
         if (r < 0 || r >= j->rows) continue;
         memcpy(j->out + n * j->C, j->in + r * j->C, (size_t)j->C * sizeof(float));
     }
+}
+
+static void emb_forward_rows_bf16(void *arg, int64_t begin, int64_t end, int thread) {
+    const emb_job *j = arg;
+    const uint16_t *wte = (const uint16_t *)j->in;
+    for (int64_t n = begin; n < end; n++) {
+        int64_t r = (int64_t)j->tokens[n] - j->row0;
+        if (r < 0 || r >= j->rows) continue;
+        for (int64_t c = 0; c < j->C; c++) j->out[n * j->C + c] = fs_bf16_to_fp32(wte[r * j->C + c]);
+    }
+}
+
+void fs_embedding_forward_bf16(fs_pool *pool, float *out, const int32_t *tokens, const uint16_t *wte,
+                               int64_t N, int64_t C, int64_t row0, int64_t rows) {
+    emb_job j = {.out = out, .in = (const float *)(const void *)wte, .tokens = tokens, .N = N, .C = C,
+                 .row0 = row0, .rows = rows};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(C), emb_forward_rows_bf16, &j);
 }
 
 void fs_embedding_forward(fs_pool *pool, float *out, const int32_t *tokens, const float *wte,

@@ -34,9 +34,28 @@ static void swiglu_forward_rows(void *arg, int64_t begin, int64_t end, int threa
     }
 }
 
+/* The same with AVX-512 and fs_cpu_exp16 (expf is most of this kernel's time: ~4 ns per
+ * element through libm against ~0.3 vectorised); the division stays a true division. */
+FS_TARGET_AVX512 static void swiglu_forward_rows_avx512(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu_job *j = arg;
+    const int64_t FF = j->FF;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t n = begin; n < end; n++) {
+        const float *gate = j->gu + n * 2 * FF, *up = gate + FF;
+        float *o = j->out + n * FF;
+        for (int64_t i = 0; i < FF; i += 16) {
+            const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
+            const __m512 x = _mm512_maskz_loadu_ps(k, gate + i);
+            const __m512 e1 = _mm512_add_ps(one, fs_cpu_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+            _mm512_mask_storeu_ps(o + i, k, _mm512_mul_ps(_mm512_div_ps(x, e1), _mm512_maskz_loadu_ps(k, up + i)));
+        }
+    }
+}
+
 void fs_swiglu_forward(fs_pool *pool, float *out, const float *gu, int64_t N, int64_t FF) {
     swiglu_job j = {.out = out, .gu = gu, .FF = FF};
-    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF), swiglu_forward_rows, &j);
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF),
+                         fs_kernels_isa() >= FS_ISA_AVX512 ? swiglu_forward_rows_avx512 : swiglu_forward_rows, &j);
 }
 
 /*
@@ -65,8 +84,30 @@ static void swiglu_backward_rows(void *arg, int64_t begin, int64_t end, int thre
     }
 }
 
+FS_TARGET_AVX512 static void swiglu_backward_rows_avx512(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu_job *j = arg;
+    const int64_t FF = j->FF;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t n = begin; n < end; n++) {
+        const float *gate = j->gu + n * 2 * FF, *up = gate + FF, *dy = j->dout + n * FF;
+        float *dgate = j->out + n * 2 * FF, *dup = dgate + FF;
+        for (int64_t i = 0; i < FF; i += 16) {
+            const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
+            const __m512 x = _mm512_maskz_loadu_ps(k, gate + i), u = _mm512_maskz_loadu_ps(k, up + i);
+            const __m512 g = _mm512_maskz_loadu_ps(k, dy + i);
+            const __m512 e1 = _mm512_add_ps(one, fs_cpu_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+            const __m512 sig = _mm512_div_ps(one, e1), silu = _mm512_div_ps(x, e1);
+            const __m512 dsilu = _mm512_mul_ps(sig, _mm512_add_ps(one, _mm512_mul_ps(x, _mm512_sub_ps(one, sig))));
+            const __m512 dg = _mm512_mul_ps(_mm512_mul_ps(g, u), dsilu);
+            _mm512_mask_storeu_ps(dgate + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, dgate + i), dg));
+            _mm512_mask_storeu_ps(dup + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, dup + i), _mm512_mul_ps(g, silu)));
+        }
+    }
+}
+
 void fs_swiglu_backward(fs_pool *pool, float *dgu, const float *dout, const float *gu,
                         int64_t N, int64_t FF) {
     swiglu_job j = {.out = dgu, .dout = dout, .gu = gu, .FF = FF};
-    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(2 * FF), swiglu_backward_rows, &j);
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(2 * FF),
+                         fs_kernels_isa() >= FS_ISA_AVX512 ? swiglu_backward_rows_avx512 : swiglu_backward_rows, &j);
 }

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# bench/kernels.sh — issue 7's figures: the bf16 GEMM against OpenBLAS sgemm on the model's
+# own GEMMs, the whole training step against that GEMM rate, the bf16 step against the fp32
+# step, and where a step's time goes, per kernel kind. One thread, `small`, T = 256, batch 4;
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for every figure (OpenBLAS's chosen core is
+# printed). Each measurement is repeated RUNS times; the table reports the median of the
+# runs' medians. With BEFORE=path/to/an/older/flatshard, its fp32 `bench step` (an older
+# build has no --precision) is run too, for the before/after per-kernel shares.
+#
+#   bench/kernels.sh [DATA]          RUNS=3 BEFORE=/tmp/old/build/flatshard bench/kernels.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FS=${FS:-build/flatshard}
+RUNS=${RUNS:-3}
+DATA=${1:-data/fortunes-train.bin}
+OUT=${OUT:-out/bench-kernels}
+if [ ! -f "$DATA" ]; then
+    mkdir -p "$(dirname "$DATA")"
+    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
+    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
+fi
+mkdir -p "$OUT"
+rm -f "$OUT"/*
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+common=(--model small --seq 256 --batch 4 --threads 1)
+for r in $(seq "$RUNS"); do
+    "$FS" bench gemm "${common[@]}" --reps 5 --json >"$OUT/gemm-$r.txt"
+    "$FS" bench step "${common[@]}" --steps 5 --warmup 2 --precision both --data "$DATA" --json >"$OUT/step-$r.txt"
+    if [ -n "${BEFORE:-}" ]; then
+        "$BEFORE" bench step "${common[@]}" --steps 5 --warmup 2 --data "$DATA" --json >"$OUT/before-$r.txt"
+    fi
+done
+"$FS" bench kernels "${common[@]}" --reps 7 >"$OUT/kernels.txt"
+/usr/bin/python3 - "$OUT" "$RUNS" <<'PY'
+import glob, json, re, statistics, sys
+out, runs = sys.argv[1], int(sys.argv[2])
+med = statistics.median
+def jsons(pattern):
+    rows = []
+    for f in sorted(glob.glob(f"{out}/{pattern}")):
+        rows += [json.loads(l) for l in open(f) if l.startswith("{")]
+    return rows
+def shares(pattern, precision):
+    """per-kernel share of step time from the text tables, median over runs"""
+    acc = {}
+    for f in sorted(glob.glob(f"{out}/{pattern}")):
+        block, cur = {}, None
+        for line in open(f):
+            m = re.match(r"^(fp32|bf16):$", line.strip())
+            if m: cur = m.group(1)
+            m = re.match(r"^  (\w+)\s+([\d.]+) s\s+([\d.]+)%", line)
+            if m and (cur == precision or precision is None):
+                block[m.group(1)] = float(m.group(3))
+        for k, v in block.items(): acc.setdefault(k, []).append(v)
+    return {k: med(v) for k, v in acc.items()}
+g = jsons("gemm-*.txt")
+s = jsons("step-*.txt")
+g32, g16 = med(r["step_gemm_gflops"] for r in g), med(r["step_gemm_gflops_bf16"] for r in g)
+st = {p: [r for r in s if r["precision"] == p] for p in ("fp32", "bf16")}
+s32, s16 = med(r["gflops"] for r in st["fp32"]), med(r["gflops"] for r in st["bf16"])
+t32, t16 = med(r["step_s_median"] for r in st["fp32"]), med(r["step_s_median"] for r in st["bf16"])
+print(f"# OpenBLAS core {g[0]['blas_core']}, bf16 kernel {g[0]['bf16_kernel']}, {runs} runs, median of medians")
+print("| figure | value | target |")
+print("|---|---|---|")
+print(f"| sgemm over a step's GEMMs | {g32:.1f} GFLOP/s | |")
+print(f"| bf16 GEMM over a step's GEMMs | {g16:.1f} GFLOP/s | |")
+print(f"| bf16 GEMM / sgemm | {g16 / g32:.2f}x | >= 1.4x |")
+print(f"| fp32 step | {t32:.3f} s, {s32:.1f} GFLOP/s | |")
+print(f"| bf16 step | {t16:.3f} s, {s16:.1f} GFLOP/s | |")
+print(f"| bf16 step rate / bf16 GEMM rate | {100 * s16 / g16:.0f}% | >= 60% |")
+print(f"| bf16 step / fp32 step speed | {t32 / t16:.2f}x | >= 1.3x |")
+before = shares("before-*.txt", None) if glob.glob(f"{out}/before-*.txt") else None
+a32, a16 = shares("step-*.txt", "fp32"), shares("step-*.txt", "bf16")
+kinds = sorted(set(a32) | set(a16) | set(before or {}), key=lambda k: -a16.get(k, 0))
+print()
+print("| kernel kind | " + ("before (older build, fp32) | " if before else "") + "fp32 step | bf16 step |")
+print("|---|" + ("---|" if before else "") + "---|---|")
+for k in kinds:
+    b = f"{before.get(k, 0):.1f}% | " if before else ""
+    print(f"| {k} | {b}{a32.get(k, 0):.1f}% | {a16.get(k, 0):.1f}% |")
+if before:
+    bt = med(r["step_s_median"] for r in jsons("before-*.txt"))
+    print(f"\nolder build's fp32 step: {bt:.3f} s")
+PY
+echo
+sed -n '1,40p' "$OUT/kernels.txt"

@@ -1,0 +1,332 @@
+/*
+ * cli/cmd_bench_kernels.c — `flatshard bench kernels`: every CPU kernel of a training step on
+ * the model's own shapes, each first checked against the reference (portable) path, then
+ * timed: median time and GB/s or GFLOP/s beside this machine's peaks (../shared/MACHINE.md).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "commands.h"
+#include "common.h"
+#include "flatshard/kernels.h"
+#include "flatshard/model.h"
+
+/* Peaks per core, from ../shared/MACHINE.md: fp32 FMA ~215-222 and bf16 vdpbf16ps ~360-410
+ * GFLOP/s register-bound; memcpy ~13-16 GB/s per thread (fresh data beyond the caches). */
+#define PEAK_FP32_GFLOPS 218.0
+#define PEAK_BF16_GFLOPS 385.0
+#define PEAK_COPY_GBS 15.0
+
+static const fs_command_help kernels_help = {
+    .usage = "flatshard bench kernels [options]",
+    .description =
+        "Times every CPU kernel a training step runs, on the model's shapes (N = batch x seq\n"
+        "tokens): RMSNorm, RoPE, attention, SwiGLU, cross-entropy, embedding (forward and\n"
+        "backward), AdamW (with and without the fused bf16 copy), the bf16 cast, the sum of\n"
+        "squares, and one GEMM in fp32 (OpenBLAS) and bf16. Before timing, each kernel's\n"
+        "output on the fast path the CPU selects is compared with the portable path\n"
+        "(FLATSHARD_KERNELS=portable): 'same bits', the largest difference relative to the\n"
+        "output's largest magnitude, or 'one path' for kernels with a single implementation.\n"
+        "Rates: bytes read and written over time (GB/s) for the memory-bound kernels, model\n"
+        "FLOPs over time for GEMM and attention, beside the peaks of ../shared/MACHINE.md\n"
+        "(per core: fp32 218 and bf16 385 GFLOP/s, memcpy ~15 GB/s).",
+    .epilog = "example:\n  flatshard bench kernels --model small --batch 4 --seq 256 --threads 1",
+};
+
+typedef enum {
+    K_RMSNORM_FWD, K_RMSNORM_BWD, K_ROPE_FWD, K_ROPE_BWD, K_ATT_FWD, K_ATT_BWD, K_SWIGLU_FWD,
+    K_SWIGLU_BWD, K_XENT_FWD, K_XENT_BWD, K_EMBED_FWD, K_EMBED_BWD, K_ADAMW, K_ADAMW_BF16, K_CAST,
+    K_SUMSQ, K_GEMM_FP32, K_GEMM_BF16, K_N
+} kernel_id;
+
+static const char *const kernel_names[K_N] = {
+    "rmsnorm fwd", "rmsnorm bwd", "rope fwd", "rope bwd", "attention fwd", "attention bwd",
+    "swiglu fwd", "swiglu bwd", "xent fwd", "xent bwd", "embedding fwd", "embedding bwd",
+    "adamw", "adamw+bf16", "cast bf16", "sum squares", "gemm fp32", "gemm bf16",
+};
+
+typedef struct bufs {
+    int64_t B, T, N, C, NH, NKV, HS, QKV, FF, V, n_opt;
+    float *x, *y, *z, *w, *gu, *dgu, *qkv, *dqkv, *att, *lse, *cos, *sin, *big, *p, *m, *v, *g;
+    float *r1, *r2, *r3, *out; /* outputs and per-row scratch */
+    uint16_t *w16, *p16;
+    int32_t *tok;
+    float *ref;                /* the portable path's output, for the check */
+} bufs;
+
+static float rnd(uint64_t stream, int64_t i) { return fs_rand_uniform(7, stream, (uint64_t)i) - 0.5f; }
+
+static void fill(float *x, int64_t n, uint64_t stream) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd(stream, i);
+}
+
+/* Resets every input a kernel reads or accumulates into, so both paths see the same. */
+static void reset(bufs *b) {
+    fill(b->x, b->N * b->FF, 1), fill(b->y, b->N * b->FF, 2), fill(b->z, b->N * b->FF, 3);
+    fill(b->gu, b->N * 2 * b->FF, 4), memset(b->dgu, 0, (size_t)(b->N * 2 * b->FF) * sizeof(float));
+    fill(b->qkv, b->N * b->QKV, 5), memset(b->dqkv, 0, (size_t)(b->N * b->QKV) * sizeof(float));
+    fill(b->p, b->n_opt, 6), fill(b->g, b->n_opt, 7);
+    memset(b->m, 0, (size_t)b->n_opt * sizeof(float)), memset(b->v, 0, (size_t)b->n_opt * sizeof(float));
+    memset(b->w, 0, (size_t)(b->FF * b->C * 2) * sizeof(float));
+    fill(b->big, b->N * b->V, 8);
+}
+
+/* Runs kernel k once; returns the output to check and its length. */
+static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_out) {
+    const int64_t N = b->N, C = b->C, FF = b->FF, V = b->V, QKV = b->QKV;
+    float *q = b->qkv, *kk = b->qkv + b->NH * b->HS, *vv = kk + b->NKV * b->HS;
+    switch (k) {
+    case K_RMSNORM_FWD:
+        fs_rmsnorm_forward(pool, b->out, b->r1, b->x, b->y, N, C, 1e-5f);
+        *n_out = N * C;
+        return b->out;
+    case K_RMSNORM_BWD:
+        fs_rmsnorm_forward(pool, b->out, b->r1, b->x, b->y, N, C, 1e-5f); /* rstd */
+        memset(b->z, 0, (size_t)(N * C) * sizeof(float));
+        fs_rmsnorm_backward(pool, b->z, b->w, b->out, b->x, b->y, b->r1, N, C);
+        *n_out = N * C;
+        return b->z;
+    case K_ROPE_FWD:
+        fs_rope_forward(pool, q, QKV, b->cos, b->sin, b->B, b->T, b->NH + b->NKV, b->HS);
+        *n_out = N * QKV;
+        return b->qkv;
+    case K_ROPE_BWD:
+        fs_rope_backward(pool, q, QKV, b->cos, b->sin, b->B, b->T, b->NH + b->NKV, b->HS);
+        *n_out = N * QKV;
+        return b->qkv;
+    case K_ATT_FWD:
+        fs_attention_forward(pool, b->att, b->lse, q, kk, vv, QKV, b->B, b->T, b->NH, b->NKV, b->HS);
+        *n_out = N * b->NH * b->HS;
+        return b->att;
+    case K_ATT_BWD:
+        fs_attention_forward(pool, b->att, b->lse, q, kk, vv, QKV, b->B, b->T, b->NH, b->NKV, b->HS);
+        fs_attention_backward(pool, b->dqkv, b->dqkv + b->NH * b->HS, b->dqkv + (b->NH + b->NKV) * b->HS, QKV,
+                              b->x, q, kk, vv, QKV, b->att, b->lse, b->B, b->T, b->NH, b->NKV, b->HS);
+        *n_out = N * QKV;
+        return b->dqkv;
+    case K_SWIGLU_FWD:
+        fs_swiglu_forward(pool, b->out, b->gu, N, FF);
+        *n_out = N * FF;
+        return b->out;
+    case K_SWIGLU_BWD:
+        fs_swiglu_backward(pool, b->dgu, b->y, b->gu, N, FF);
+        *n_out = N * 2 * FF;
+        return b->dgu;
+    case K_XENT_FWD:
+        fs_xent_chunk_forward(pool, b->r1, b->r2, b->r3, b->big, b->tok, N, V, 0, 1);
+        *n_out = N;
+        return b->r2;
+    case K_XENT_BWD:
+        fs_xent_chunk_backward(pool, b->out, b->big, b->r1, b->tok, N, V, 0, 1.0f / (float)N);
+        *n_out = N * V;
+        return b->out;
+    case K_EMBED_FWD:
+        fs_embedding_forward(pool, b->out, b->tok, b->y, N, C, 0, V);
+        *n_out = N * C;
+        return b->out;
+    case K_EMBED_BWD:
+        fs_embedding_backward(pool, b->w, b->x, b->tok, N, C, 0, V);
+        *n_out = V * C;
+        return b->w;
+    case K_ADAMW:
+    case K_ADAMW_BF16: {
+        fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 1};
+        fs_adamw_update(pool, b->p, k == K_ADAMW_BF16 ? b->p16 : NULL, b->m, b->v, b->g, b->n_opt, hp);
+        *n_out = b->n_opt;
+        return b->p;
+    }
+    case K_CAST:
+        fs_cast_fp32_to_bf16(pool, b->p16, b->p, b->n_opt);
+        fs_cast_bf16_to_fp32(pool, b->m, b->p16, b->n_opt);
+        *n_out = b->n_opt;
+        return b->m;
+    case K_SUMSQ:
+        b->r1[0] = (float)fs_sum_squares(pool, b->p, b->n_opt);
+        *n_out = 1;
+        return b->r1;
+    case K_GEMM_FP32:
+        fs_matmul_forward(pool, b->out, b->x, b->z, N, C, 2 * FF, 0);
+        *n_out = N * 2 * FF;
+        return b->out;
+    case K_GEMM_BF16:
+        fs_matmul_forward_bf16(pool, b->out, b->x, b->w16, N, C, 2 * FF, 0);
+        *n_out = N * 2 * FF;
+        return b->out;
+    case K_N: break;
+    }
+    *n_out = 0;
+    return NULL;
+}
+
+/* Bytes moved or model FLOPs of one call (is_flops says which), counting only the kernel
+ * itself (not the forward a backward measurement runs first: that is subtracted). */
+static double kernel_work(kernel_id k, const bufs *b, int *is_flops) {
+    const double N = (double)b->N, C = (double)b->C, FF = (double)b->FF, V = (double)b->V, f = 4.0;
+    const double pairs = (double)b->B * (double)b->NH * (double)b->T * ((double)b->T + 1.0) / 2.0;
+    const double n = (double)b->n_opt, rope = N * (double)(b->NH + b->NKV) * (double)b->HS;
+    *is_flops = 0;
+    switch (k) {
+    case K_RMSNORM_FWD: return N * C * f * 2;
+    case K_RMSNORM_BWD: return N * C * f * 4;
+    case K_ROPE_FWD: case K_ROPE_BWD: return rope * f * 2;
+    case K_ATT_FWD: *is_flops = 1; return 4.0 * pairs * (double)b->HS;
+    case K_ATT_BWD: *is_flops = 1; return 10.0 * pairs * (double)b->HS;
+    case K_SWIGLU_FWD: return N * FF * f * 3;
+    case K_SWIGLU_BWD: return N * FF * f * 7;
+    case K_XENT_FWD: return N * V * f;
+    case K_XENT_BWD: return N * V * f * 2;
+    case K_EMBED_FWD: return N * C * f * 2;
+    case K_EMBED_BWD: return N * C * f * 3;
+    case K_ADAMW: return n * f * 7;
+    case K_ADAMW_BF16: return n * f * 7 + n * 2;
+    case K_CAST: return n * (f + 2) * 2;
+    case K_SUMSQ: return n * f;
+    case K_GEMM_FP32: case K_GEMM_BF16: *is_flops = 1; return 2.0 * N * C * 2.0 * FF;
+    case K_N: break;
+    }
+    return 0;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int fs_cmd_bench_kernels(int argc, char **argv) {
+    const char *model = "small";
+    int64_t batch = 4, seq = 256, reps = 7, threads = 1, opt_elements = 16 << 20;
+    int json = 0;
+    const fs_opt opts[] = {
+        {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
+        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences", NULL, 1, 1 << 16},
+        {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 16},
+        {"reps", 0, FS_OPT_INT, &reps, "N", "timed repetitions per kernel (after one warm-up)", NULL, 1, 1000},
+        {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads", NULL, 1, 1024},
+        {"opt-elements", 0, FS_OPT_INT, &opt_elements, "N", "elements for AdamW, the casts and the sum of squares (a shard's size)", NULL, 1, INT64_C(1) << 32},
+        {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line per kernel", NULL, 0, 0},
+        {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
+    };
+    int npos = 0;
+    int rc = fs_args_parse("bench kernels", &kernels_help, opts, argc, argv, NULL, 0, &npos);
+    if (rc < 0) return FS_EXIT_OK;
+    if (rc != FS_EXIT_OK) return rc;
+    fs_llama_config c;
+    fs_status st = fs_llama_config_load(model, &c);
+    if (st != FS_OK) return fs_cli_report("bench kernels", st);
+    bufs b = {.B = batch, .T = seq, .N = batch * seq, .C = c.hidden_size, .NH = c.num_attention_heads,
+              .NKV = c.num_key_value_heads, .FF = c.intermediate_size, .V = c.vocab_size};
+    b.HS = b.C / b.NH;
+    b.QKV = (b.NH + 2 * b.NKV) * b.HS;
+    b.n_opt = opt_elements; /* by default 16M: beyond the caches, like a shard */
+    /* every general-purpose array holds the largest of: logits (N, V), gate/up (N, 2FF), the
+     * gate/up weight the GEMMs read (2FF, C), the embedding table (V, C) */
+    int64_t big_n = b.N * (b.V > 2 * b.FF ? b.V : 2 * b.FF);
+    if (2 * b.FF * b.C > big_n) big_n = 2 * b.FF * b.C;
+    if (b.V * b.C > big_n) big_n = b.V * b.C;
+    const size_t fl = sizeof(float);
+    float **arrays[] = {&b.x, &b.y, &b.z, &b.gu, &b.dgu, &b.out, &b.big, &b.ref};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) *arrays[i] = malloc((size_t)big_n * fl);
+    free(b.ref);
+    b.ref = malloc((size_t)(big_n > b.n_opt ? big_n : b.n_opt) * fl); /* any kernel's output */
+    b.w = malloc((size_t)(b.FF * b.C * 2 > b.V * b.C ? b.FF * b.C * 2 : b.V * b.C) * fl);
+    b.qkv = malloc((size_t)(b.N * b.QKV) * fl), b.dqkv = malloc((size_t)(b.N * b.QKV) * fl);
+    b.att = malloc((size_t)(b.N * b.C) * fl), b.lse = malloc((size_t)(b.B * b.NH * b.T) * fl);
+    b.cos = malloc((size_t)(b.T * b.HS / 2) * fl), b.sin = malloc((size_t)(b.T * b.HS / 2) * fl);
+    b.p = malloc((size_t)b.n_opt * fl), b.m = malloc((size_t)b.n_opt * fl), b.v = malloc((size_t)b.n_opt * fl);
+    b.g = malloc((size_t)b.n_opt * fl), b.p16 = malloc((size_t)b.n_opt * sizeof(uint16_t));
+    b.w16 = malloc((size_t)(b.FF * b.C * 2) * sizeof(uint16_t));
+    b.r1 = malloc((size_t)b.N * fl), b.r2 = malloc((size_t)b.N * fl), b.r3 = malloc((size_t)b.N * fl);
+    b.tok = malloc((size_t)b.N * sizeof(int32_t));
+    double *t = malloc((size_t)reps * sizeof(double));
+    int ok = b.w && b.qkv && b.dqkv && b.att && b.lse && b.cos && b.sin && b.p && b.m && b.v && b.g && b.p16 &&
+             b.w16 && b.r1 && b.r2 && b.r3 && b.tok && t;
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) ok = ok && *arrays[i];
+    fs_pool *pool = NULL;
+    if (ok) ok = fs_pool_init(&pool, (int)threads) == FS_OK;
+    if (!ok) {
+        fprintf(stderr, "flatshard bench kernels: out of memory\n");
+        return FS_EXIT_RUNTIME;
+    }
+    fs_kernels_init();
+    fs_rope_table(b.cos, b.sin, b.T, b.HS, (float)c.rope_theta);
+    for (int64_t i = 0; i < b.N; i++) b.tok[i] = (int32_t)fs_rand_below(7, 9, (uint64_t)i, (uint64_t)b.V);
+    for (int64_t i = 0; i < b.FF * b.C * 2; i++) b.w16[i] = fs_fp32_to_bf16(rnd(10, i));
+    fill(b.z, b.N * b.FF, 3);
+    const fs_kernel_isa isa = fs_kernels_isa();
+    printf("bench kernels: %s, B %" PRId64 " x T %" PRId64 " = %" PRId64 " tokens, C %" PRId64 ", FF %" PRId64
+           ", heads %" PRId64 "/%" PRId64 " x %" PRId64 ", vocab %" PRId64 "; AdamW/casts over %" PRId64
+           " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s; median of %" PRId64 "\n",
+           model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, threads, threads == 1 ? "" : "s",
+           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), reps);
+    printf("  %-14s %10s %10s %12s %9s  %s\n", "kernel", "time ms", "rate", "peak/core", "of peak", "vs portable path");
+    double fwd_med[K_N] = {0};
+    int mismatches = 0;
+    for (int ki = 0; ki < K_N; ki++) {
+        const kernel_id k = (kernel_id)ki;
+        int64_t n_out = 0;
+        /* the check: portable output, then the fast path's, from the same inputs */
+        fs_kernels_set_isa(FS_ISA_PORTABLE);
+        reset(&b);
+        const float *o = run_kernel(k, &b, pool, &n_out);
+        memcpy(b.ref, o, (size_t)n_out * fl);
+        fs_kernels_set_isa(isa);
+        reset(&b);
+        o = run_kernel(k, &b, pool, &n_out);
+        double maxref = 0, maxdiff = 0;
+        int same = memcmp(b.ref, o, (size_t)n_out * fl) == 0;
+        for (int64_t i = 0; i < n_out; i++) {
+            maxref = fmax(maxref, fabs((double)b.ref[i]));
+            maxdiff = fmax(maxdiff, fabs((double)b.ref[i] - (double)o[i]));
+        }
+        const int single = k == K_RMSNORM_FWD || k == K_RMSNORM_BWD || k == K_ROPE_FWD || k == K_ROPE_BWD ||
+                           k == K_XENT_FWD || k == K_XENT_BWD || k == K_EMBED_FWD || k == K_EMBED_BWD ||
+                           k == K_CAST || k == K_SUMSQ || k == K_GEMM_FP32;
+        char check[64];
+        const double rel = maxref > 0 ? maxdiff / maxref : maxdiff;
+        if (same) snprintf(check, sizeof check, single ? "same bits (one path)" : "same bits");
+        else snprintf(check, sizeof check, "max diff %.1e of max |out|", rel);
+        if (!same && !(rel <= 1e-5)) { /* beyond a few ulp of the largest output: a bug */
+            mismatches++;
+            strcat(check, " FAIL");
+        }
+        for (int64_t r = -1; r < reps; r++) {
+            reset(&b);
+            double t0 = fs_now();
+            run_kernel(k, &b, pool, &n_out);
+            if (r >= 0) t[r] = fs_now() - t0;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
+        double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+        if (k == K_RMSNORM_FWD || k == K_ATT_FWD) fwd_med[k] = med;
+        /* a backward measurement runs its forward first (for its saved state): subtract it */
+        if (k == K_RMSNORM_BWD) med -= fwd_med[K_RMSNORM_FWD];
+        if (k == K_ATT_BWD) med -= fwd_med[K_ATT_FWD];
+        int is_flops;
+        const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
+        const double peak = (is_flops ? (k == K_GEMM_BF16 ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_COPY_GBS) *
+                            (double)threads;
+        printf("  %-14s %10.3f %7.1f %-3s %7.0f %-4s %8.0f%%  %s\n", kernel_names[k], 1e3 * med, rate,
+               is_flops ? "GF" : "GB", peak, is_flops ? "GF/s" : "GB/s", 100.0 * rate / peak, check);
+        if (json)
+            printf("{\"bench\":\"kernels\",\"kernel\":\"%s\",\"seconds\":%.6g,\"%s\":%.4g,\"peak\":%.4g,"
+                   "\"same_bits\":%s,\"max_rel_diff\":%.3g,\"isa\":\"%s\"}\n",
+                   kernel_names[k], med, is_flops ? "gflops" : "gbs", rate, peak, same ? "true" : "false", rel,
+                   fs_kernels_isa_name(isa));
+    }
+    printf("  (memory-bound rates count each array read or written once; arrays of a few MiB\n"
+           "   sit in the caches, so they can exceed the memcpy figure)\n");
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) free(*arrays[i]);
+    free(b.w), free(b.qkv), free(b.dqkv), free(b.att), free(b.lse), free(b.cos), free(b.sin), free(b.p);
+    free(b.m), free(b.v), free(b.g), free(b.p16), free(b.w16), free(b.r1), free(b.r2), free(b.r3), free(b.tok);
+    free(t);
+    fs_pool_free(pool);
+    if (mismatches) {
+        fprintf(stderr, "flatshard bench kernels: %d kernels differ from the portable path beyond 1e-5\n", mismatches);
+        return FS_EXIT_RUNTIME;
+    }
+    return FS_EXIT_OK;
+}

@@ -1,0 +1,392 @@
+/*
+ * gemm_bf16.c — C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N) with bf16 operands and fp32
+ * accumulation (contract in kernels.h), and the bf16 linear layers built on it.
+ *
+ * The structure is the classic one of GotoBLAS and BLIS: the k dimension is cut into blocks
+ * of KC, the columns of B into blocks of NC and the rows of A into blocks of MC; each block
+ * of B and of A is packed, rounded to bf16, into the layout the inner kernel reads, and the
+ * inner kernel computes an MR x NR tile of C from an MR-row panel of A and an NR-column panel
+ * of B. The packed layouts hold k in pairs, because vdpbf16ps multiplies pairs:
+ *   A panel  [kp][MR]  one 32-bit word per (row, pair): bf16(A'[m][2kp]) low, [2kp+1] high
+ *   B panel  [kp][NR]  one 32-bit word per (pair, column), the same way
+ * and an odd K is padded with a zero. The AVX512-BF16 kernel keeps the 6 x 64 tile in 24 zmm
+ * accumulators: per pair, four loads of B and six broadcasts of A feed 24 vdpbf16ps.
+ *
+ * Every element of C is summed the same way whatever the pool size or the split: for each
+ * k block in order, the tile accumulates its pairs from zero, then C = acc (the first block,
+ * when writing) or C += acc. The portable kernel does the same products and sums in the same
+ * order as vdpbf16ps (per pair, the high product is added first, then the low one: Intel's
+ * definition of the instruction), so the two paths agree except where vdpbf16ps flushes
+ * subnormals to zero (tests/test_gemm.c checks both against a double-precision reference
+ * and against each other).
+ *
+ * Workspace: each thread packs into its thread's scratch buffer (scratch.c: A block 96 KiB,
+ * B block 1 MiB).
+ *
+ * What it does not do: alpha other than 1, beta other than 0 or 1, or operands that are not
+ * fp32 or bf16.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_common.h"
+
+enum {
+    GB_MR = 6,    /* rows of the C tile */
+    GB_NR = 64,   /* columns of the C tile: four zmm of 16 floats */
+    GB_KC = 512,  /* k per packed block (256 pairs); 256 ran 1.38x sgemm, 384 1.52x, 512 1.57x */
+    GB_MC = 96,   /* rows of A per packed block (a multiple of MR) */
+    GB_NC = 1024, /* columns of B per packed block (a multiple of NR) */
+};
+#define GB_KP (GB_KC / 2)
+/* Below this many multiply-adds a GEMM runs on the calling thread. */
+#define GB_MIN_PARALLEL_MACS (1 << 18)
+
+/* An operand as op() sees it: logical element (r, c) is data[r * rs + c * cs]. */
+typedef struct view {
+    const void *data;
+    int bf16;
+    int64_t rs, cs;
+} view;
+
+static inline uint16_t view_bf16(const view *v, int64_t r, int64_t c) {
+    const int64_t i = r * v->rs + c * v->cs;
+    return v->bf16 ? ((const uint16_t *)v->data)[i] : fs_fp32_to_bf16(((const float *)v->data)[i]);
+}
+
+/* ------------------------------------------------------------------ packing */
+
+static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+
+/* A' rows [m0, m0 + mc), k [k0, k0 + kc) into MR-row panels [kp][MR]; missing rows and the
+ * odd k are zero. */
+static void pack_a(uint32_t *restrict out, const view *a, int64_t m0, int64_t mc, int64_t k0,
+                   int64_t kc, int64_t K) {
+    const int64_t kpc = (kc + 1) / 2;
+    for (int64_t p = 0; p < mc; p += GB_MR) {
+        uint32_t *panel = out + p / GB_MR * kpc * GB_MR;
+        const int64_t rows = mc - p < GB_MR ? mc - p : GB_MR;
+        if (rows < GB_MR) memset(panel, 0, (size_t)(kpc * GB_MR) * sizeof *panel);
+        for (int64_t i = 0; i < rows; i++) {
+            const int64_t m = m0 + p + i;
+            for (int64_t kp = 0; kp < kpc; kp++) {
+                const int64_t k = k0 + 2 * kp;
+                uint16_t lo = view_bf16(a, m, k), hi = k + 1 < K ? view_bf16(a, m, k + 1) : 0;
+                panel[kp * GB_MR + i] = pair(lo, hi);
+            }
+        }
+    }
+}
+
+/* B' k [k0, k0 + kc), columns [n0, n0 + nc) into NR-column panels [kp][NR]. */
+static void pack_b(uint32_t *restrict out, const view *b, int64_t k0, int64_t kc, int64_t n0,
+                   int64_t nc, int64_t K) {
+    const int64_t kpc = (kc + 1) / 2;
+    for (int64_t p = 0; p < nc; p += GB_NR) {
+        uint32_t *panel = out + p / GB_NR * kpc * GB_NR;
+        const int64_t cols = nc - p < GB_NR ? nc - p : GB_NR;
+        for (int64_t kp = 0; kp < kpc; kp++) {
+            const int64_t k = k0 + 2 * kp;
+            uint32_t *row = panel + kp * GB_NR;
+            if (b->cs == 1 && !b->bf16) { /* columns contiguous, fp32: the common case */
+                const float *lo = (const float *)b->data + k * b->rs + n0 + p;
+                const float *hi = k + 1 < K ? lo + b->rs : NULL;
+                for (int64_t j = 0; j < cols; j++)
+                    row[j] = pair(fs_fp32_to_bf16(lo[j]), hi ? fs_fp32_to_bf16(hi[j]) : 0);
+            } else {
+                for (int64_t j = 0; j < cols; j++) {
+                    const int64_t n = n0 + p + j;
+                    row[j] = pair(view_bf16(b, k, n), k + 1 < K ? view_bf16(b, k + 1, n) : 0);
+                }
+            }
+            for (int64_t j = cols; j < GB_NR; j++) row[j] = 0;
+        }
+    }
+}
+
+/* The same packings with AVX512-BF16 (vcvtne2ps2bf16 rounds to nearest even like
+ * fs_fp32_to_bf16), for the four layouts the linear layers use; what is left over (the
+ * odd k, rows or columns short of a vector) goes through the scalar loops above, which give
+ * the same words.
+ *   k contiguous (A not transposed, B transposed): 16 pairs of one row or column are one
+ *     vector; they are scattered to their places, one word every MR (A) or NR (B) words;
+ *   k strided (A transposed, B not transposed): rows k and k+1 are interleaved, 16 pairs of
+ *     neighbouring rows or columns per vector. */
+
+/* 32 consecutive elements from p (fp32 or bf16), as 16 pair words. */
+FS_TARGET_AVX512BF16 static inline __m512i load_pairs(const void *p, int bf16, int64_t i) {
+    if (bf16) return _mm512_loadu_si512((const uint16_t *)p + i);
+    const float *f = (const float *)p + i;
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
+}
+
+/* Elements [i, i + 16) of rows lo and hi, interleaved: word j = pair(lo[i+j], hi[i+j]). */
+FS_TARGET_AVX512BF16 static inline __m512i interleave16(const void *p, int bf16, int64_t lo, int64_t hi, int64_t i) {
+    static const uint16_t idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    __m512i both;
+    if (bf16) {
+        const uint16_t *b = p;
+        both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + lo + i))),
+                                  _mm256_loadu_si256((const __m256i *)(b + hi + i)), 1);
+    } else {
+        const float *f = p;
+        both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + hi + i), _mm512_loadu_ps(f + lo + i));
+    }
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), both);
+}
+
+/* A' rows [m0, m0 + mc), k [k0, k0 + kc), as pack_a. */
+FS_TARGET_AVX512BF16 static void pack_a_avx512(uint32_t *restrict out, const view *a, int64_t m0, int64_t mc,
+                                               int64_t k0, int64_t kc, int64_t K) {
+    const int64_t kpc = (kc + 1) / 2, full = k0 + kc < K ? kc / 2 : (K - k0) / 2; /* whole pairs */
+    if (a->cs == 1) { /* k contiguous: rows of A */
+        const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(GB_MR));
+        for (int64_t p = 0; p < mc; p += GB_MR) {
+            uint32_t *panel = out + p / GB_MR * kpc * GB_MR;
+            const int64_t rows = mc - p < GB_MR ? mc - p : GB_MR;
+            if (rows < GB_MR) memset(panel, 0, (size_t)(kpc * GB_MR) * sizeof *panel);
+            for (int64_t i = 0; i < rows; i++) {
+                const int64_t base = (m0 + p + i) * a->rs + k0;
+                int64_t kp = 0;
+                for (; kp + 16 <= full; kp += 16)
+                    _mm512_i32scatter_epi32(panel + kp * GB_MR + i, stride, load_pairs(a->data, a->bf16, base + 2 * kp), 4);
+                for (; kp < kpc; kp++) {
+                    const int64_t k = k0 + 2 * kp;
+                    panel[kp * GB_MR + i] = pair(view_bf16(a, m0 + p + i, k), k + 1 < K ? view_bf16(a, m0 + p + i, k + 1) : 0);
+                }
+            }
+        }
+        return;
+    }
+    /* rows of A' contiguous: interleave pairs of stored rows, 16 rows of A' at a time */
+    uint32_t tmp[GB_MC];
+    for (int64_t kp = 0; kp < kpc; kp++) {
+        const int64_t k = k0 + 2 * kp;
+        int64_t i = 0;
+        if (kp < full)
+            for (; i + 16 <= mc; i += 16)
+                _mm512_storeu_si512(tmp + i, interleave16(a->data, a->bf16, k * a->cs, (k + 1) * a->cs, m0 + i));
+        for (; i < mc; i++) tmp[i] = pair(view_bf16(a, m0 + i, k), k + 1 < K ? view_bf16(a, m0 + i, k + 1) : 0);
+        for (int64_t p = 0; p < mc; p += GB_MR) {
+            uint32_t *dst = out + p / GB_MR * kpc * GB_MR + kp * GB_MR;
+            const int64_t rows = mc - p < GB_MR ? mc - p : GB_MR;
+            for (int64_t r = 0; r < GB_MR; r++) dst[r] = r < rows ? tmp[p + r] : 0;
+        }
+    }
+}
+
+/* B' k [k0, k0 + kc), columns [n0, n0 + nc), as pack_b. */
+FS_TARGET_AVX512BF16 static void pack_b_avx512(uint32_t *restrict out, const view *b, int64_t k0, int64_t kc,
+                                               int64_t n0, int64_t nc, int64_t K) {
+    const int64_t kpc = (kc + 1) / 2, full = k0 + kc < K ? kc / 2 : (K - k0) / 2;
+    if (b->rs == 1) { /* k contiguous: columns of B' are stored rows */
+        const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(GB_NR));
+        for (int64_t p = 0; p < nc; p += GB_NR) {
+            uint32_t *panel = out + p / GB_NR * kpc * GB_NR;
+            const int64_t cols = nc - p < GB_NR ? nc - p : GB_NR;
+            if (cols < GB_NR) memset(panel, 0, (size_t)(kpc * GB_NR) * sizeof *panel);
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t n = n0 + p + j, base = n * b->cs + k0;
+                int64_t kp = 0;
+                for (; kp + 16 <= full; kp += 16)
+                    _mm512_i32scatter_epi32(panel + kp * GB_NR + j, stride, load_pairs(b->data, b->bf16, base + 2 * kp), 4);
+                for (; kp < kpc; kp++) {
+                    const int64_t k = k0 + 2 * kp;
+                    panel[kp * GB_NR + j] = pair(view_bf16(b, k, n), k + 1 < K ? view_bf16(b, k + 1, n) : 0);
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < nc; p += GB_NR) {
+        uint32_t *panel = out + p / GB_NR * kpc * GB_NR;
+        const int64_t cols = nc - p < GB_NR ? nc - p : GB_NR;
+        for (int64_t kp = 0; kp < kpc; kp++) {
+            const int64_t k = k0 + 2 * kp;
+            uint32_t *row = panel + kp * GB_NR;
+            int64_t j = 0;
+            if (kp < full)
+                for (; j + 16 <= cols; j += 16)
+                    _mm512_store_si512(row + j, interleave16(b->data, b->bf16, k * b->rs, (k + 1) * b->rs, n0 + p + j));
+            for (; j < cols; j++) row[j] = pair(view_bf16(b, k, n0 + p + j), k + 1 < K ? view_bf16(b, k + 1, n0 + p + j) : 0);
+            for (; j < GB_NR; j++) row[j] = 0;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ inner kernels
+ * acc (MR x NR) = sum over kpc pairs of A panel x B panel; then the mr x nr corner of the tile
+ * is stored to C (add = 0) or added to it (add = 1). */
+
+static inline float lo_f(uint32_t w) { return fs_bf16_to_fp32((uint16_t)w); }
+static inline float hi_f(uint32_t w) { return fs_bf16_to_fp32((uint16_t)(w >> 16)); }
+
+static void kernel_portable(int64_t kpc, const uint32_t *restrict ap, const uint32_t *restrict bp,
+                            float *C, int64_t ldc, int mr, int nr, int add) {
+    float acc[GB_MR][GB_NR];
+    memset(acc, 0, sizeof acc);
+    for (int64_t kp = 0; kp < kpc; kp++) {
+        const uint32_t *b = bp + kp * GB_NR;
+        for (int i = 0; i < GB_MR; i++) {
+            const float ah = hi_f(ap[kp * GB_MR + i]), al = lo_f(ap[kp * GB_MR + i]);
+            float *restrict c = acc[i];
+            for (int j = 0; j < GB_NR; j++) {
+                c[j] = c[j] + ah * hi_f(b[j]);
+                c[j] = c[j] + al * lo_f(b[j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) C[i * ldc + j] = add ? C[i * ldc + j] + acc[i][j] : acc[i][j];
+}
+
+FS_TARGET_AVX512BF16 static void kernel_avx512bf16(int64_t kpc, const uint32_t *restrict ap,
+                                                   const uint32_t *restrict bp, float *C,
+                                                   int64_t ldc, int mr, int nr, int add) {
+    __m512 c[GB_MR][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < GB_MR; i++)
+        for (int j = 0; j < 4; j++) c[i][j] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < kpc; kp++) {
+        const uint32_t *b = bp + kp * GB_NR;
+        const __m512bh b0 = (__m512bh)_mm512_load_si512(b);
+        const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 16);
+        const __m512bh b2 = (__m512bh)_mm512_load_si512(b + 32);
+        const __m512bh b3 = (__m512bh)_mm512_load_si512(b + 48);
+        const uint32_t *a = ap + kp * GB_MR;
+#pragma GCC unroll 6
+        for (int i = 0; i < GB_MR; i++) {
+            const __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            c[i][0] = _mm512_dpbf16_ps(c[i][0], ai, b0);
+            c[i][1] = _mm512_dpbf16_ps(c[i][1], ai, b1);
+            c[i][2] = _mm512_dpbf16_ps(c[i][2], ai, b2);
+            c[i][3] = _mm512_dpbf16_ps(c[i][3], ai, b3);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        float *row = C + i * ldc;
+        for (int j = 0; j < 4; j++) {
+            const int left = nr - 16 * j;
+            if (left <= 0) break;
+            const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512 v = c[i][j];
+            if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, row + 16 * j), v);
+            _mm512_mask_storeu_ps(row + 16 * j, mask, v);
+        }
+    }
+}
+
+typedef void (*kernel_fn)(int64_t, const uint32_t *, const uint32_t *, float *, int64_t, int, int, int);
+typedef void (*pack_a_fn)(uint32_t *, const view *, int64_t, int64_t, int64_t, int64_t, int64_t);
+typedef void (*pack_b_fn)(uint32_t *, const view *, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+/* ------------------------------------------------------------------ the blocked product */
+
+typedef struct gemm_job {
+    view a, b;
+    float *C;
+    int64_t ldc, M, N, K;
+    int accumulate, split_cols;
+    kernel_fn kernel;
+    pack_a_fn pack_a;
+    pack_b_fn pack_b;
+} gemm_job;
+
+/* C rows [r0, r1) x columns [c0, c1), on the calling thread. */
+static void gemm_block(const gemm_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (r1 <= r0 || c1 <= c0) return;
+    if (j->K == 0) {
+        if (!j->accumulate)
+            for (int64_t r = r0; r < r1; r++) memset(j->C + r * j->ldc + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        return;
+    }
+    uint32_t *wa = fs_cpu_scratch(((size_t)GB_MC + GB_NC) * GB_KP * sizeof(uint32_t));
+    uint32_t *wb = wa + (size_t)GB_MC * GB_KP;
+    for (int64_t n0 = c0; n0 < c1; n0 += GB_NC) {
+        const int64_t nc = c1 - n0 < GB_NC ? c1 - n0 : GB_NC;
+        for (int64_t k0 = 0; k0 < j->K; k0 += GB_KC) {
+            const int64_t kc = j->K - k0 < GB_KC ? j->K - k0 : GB_KC, kpc = (kc + 1) / 2;
+            const int add = j->accumulate || k0 > 0;
+            j->pack_b(wb, &j->b, k0, kc, n0, nc, j->K);
+            for (int64_t m0 = r0; m0 < r1; m0 += GB_MC) {
+                const int64_t mc = r1 - m0 < GB_MC ? r1 - m0 : GB_MC;
+                j->pack_a(wa, &j->a, m0, mc, k0, kc, j->K);
+                for (int64_t jr = 0; jr < nc; jr += GB_NR)
+                    for (int64_t ir = 0; ir < mc; ir += GB_MR)
+                        j->kernel(kpc, wa + ir / GB_MR * kpc * GB_MR, wb + jr / GB_NR * kpc * GB_NR,
+                                  j->C + (m0 + ir) * j->ldc + n0 + jr, j->ldc,
+                                  (int)(mc - ir < GB_MR ? mc - ir : GB_MR), (int)(nc - jr < GB_NR ? nc - jr : GB_NR),
+                                  add);
+            }
+        }
+    }
+}
+
+static void gemm_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const gemm_job *j = arg;
+    if (j->split_cols) gemm_block(j, 0, j->M, begin, end);
+    else gemm_block(j, begin, end, 0, j->N);
+}
+
+static view view_of(fs_gemm_operand o) {
+    /* A' (M, K): trans 0 stores (M, K); B' (K, N): trans 0 stores (K, N) */
+    view v = {.data = o.data, .bf16 = o.dtype == FS_GEMM_BF16};
+    if (o.trans) {
+        v.rs = 1;
+        v.cs = o.ld;
+    } else {
+        v.rs = o.ld;
+        v.cs = 1;
+    }
+    return v;
+}
+
+void fs_gemm_bf16(fs_pool *pool, float *C, int64_t ldc, int accumulate, fs_gemm_operand A,
+                  fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
+    FS_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
+    gemm_job j = {.a = view_of(A), .b = view_of(B), .C = C, .ldc = ldc, .M = M, .N = N, .K = K,
+                  .accumulate = accumulate,
+                  .kernel = fast ? kernel_avx512bf16 : kernel_portable,
+                  .pack_a = fast ? pack_a_avx512 : pack_a,
+                  .pack_b = fast ? pack_b_avx512 : pack_b};
+    int threads = fs_pool_size(pool);
+    if ((double)M * (double)N * (double)K < GB_MIN_PARALLEL_MACS) threads = 1;
+    if (threads == 1) {
+        gemm_block(&j, 0, M, 0, N);
+        return;
+    }
+    /* rows when every thread gets a few tiles' height, else columns */
+    j.split_cols = M < (int64_t)threads * 4 * GB_MR && N > M;
+    if (j.split_cols) fs_pool_parallel_for(pool, N, GB_NR, gemm_range, &j);
+    else fs_pool_parallel_for(pool, M, GB_MR, gemm_range, &j);
+}
+
+/* ------------------------------------------------------------------ linear layers */
+
+static int64_t ld_of(int64_t n) { return n < 1 ? 1 : n; }
+
+void fs_matmul_forward_bf16(fs_pool *pool, float *out, const float *inp, const uint16_t *weight,
+                            int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
+    fs_gemm_operand a = {inp, FS_GEMM_F32, 0, ld_of(IC)}, b = {weight, FS_GEMM_BF16, 1, ld_of(IC)};
+    fs_gemm_bf16(pool, out, ld_of(OC), accumulate, a, b, N, OC, IC);
+}
+
+void fs_matmul_backward_bf16(fs_pool *pool, float *dinp, float *dweight, const float *dout,
+                             const float *inp, const uint16_t *weight, int64_t N, int64_t IC,
+                             int64_t OC, int accumulate_dinp, int accumulate_dweight) {
+    if (dinp) { /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
+        fs_gemm_operand a = {dout, FS_GEMM_F32, 0, ld_of(OC)}, b = {weight, FS_GEMM_BF16, 0, ld_of(IC)};
+        fs_gemm_bf16(pool, dinp, ld_of(IC), accumulate_dinp, a, b, N, IC, OC);
+    }
+    if (dweight) { /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout stored (N, OC) */
+        fs_gemm_operand a = {dout, FS_GEMM_F32, 1, ld_of(OC)}, b = {inp, FS_GEMM_F32, 0, ld_of(IC)};
+        fs_gemm_bf16(pool, dweight, ld_of(IC), accumulate_dweight, a, b, OC, IC, N);
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# tests/cli/test_kernels_cli.sh — the kernel benchmarks end to end on the tiny model: each
+# compares the fast path this CPU selects with the portable path before timing, so a run that
+# exits 0 is also a check of every fast kernel on the model's own shapes; and a bad
+# FLATSHARD_KERNELS value is refused by name.
+. "$(dirname "$0")/lib.sh"
+
+run "bench kernels on tiny" 0 "$FS" bench kernels --model tiny --batch 2 --seq 80 --reps 1 --opt-elements 100003 --json
+expect "every kernel is listed with a check" [ "$(grep -c '^{"bench":"kernels"' "$WORK/out")" -eq 18 ]
+expect "no kernel differs from the portable path" bash -c "! grep -q FAIL '$WORK/out'"
+expect "the bf16 GEMM gives the portable path's bits" grep -qE '^  gemm bf16 .*same bits' "$WORK/out"
+run "bench gemm on tiny" 0 "$FS" bench gemm --model tiny --batch 2 --seq 64 --reps 1 --json
+expect "bench gemm reports both precisions and no mismatch" grep -qE '"step_gemm_gflops_bf16":[0-9.]+,.*"bf16_mismatches":0' "$WORK/out"
+run "bench step in both precisions" 0 "$FS" bench step --model tiny --batch 2 --seq 64 --steps 1 --warmup 0 --data /usr/share/games/fortunes/fortunes
+expect "bench step prints the bf16/fp32 ratio" grep -qE '^bf16 step vs fp32 step: [0-9.]+x faster' "$WORK/out"
+run "the portable path forced" 0 env FLATSHARD_KERNELS=portable "$FS" bench kernels --model tiny --batch 1 --seq 16 --reps 1 --opt-elements 1000
+expect "the header names the portable kernels" grep -q 'kernels portable' "$WORK/out"
+refuse "an unknown FLATSHARD_KERNELS" 2 "FLATSHARD_KERNELS must be auto, portable, avx2, avx512 or avx512bf16, not 'fast'" \
+    env FLATSHARD_KERNELS=fast "$FS" bench kernels --model tiny
+summary

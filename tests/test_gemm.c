@@ -1,0 +1,211 @@
+/*
+ * tests/test_gemm.c — the bf16 GEMM (kernels.h) on both dispatch paths.
+ *
+ *   1. against a double-precision product of the same bf16-rounded operands, for every
+ *      combination of transposes and operand dtypes, on shapes that are not multiples of the
+ *      blocking (M, N, K of 1, odd K, K across several k blocks, N across several column
+ *      blocks), writing and accumulating;
+ *   2. the AVX512-BF16 path against the portable path (FLATSHARD_KERNELS=portable forces the
+ *      latter for a whole run; here fs_kernels_set_isa switches in one process);
+ *   3. bits independent of the pool size and of how the output is split;
+ *   4. the linear-layer wrappers against the fp32 matmul on bf16-representable inputs.
+ *
+ * Tolerance. The operands are rounded to bf16 first, so the double reference sees exactly
+ * the values the kernel multiplies; each product is exact in fp32, and a float sum of K
+ * terms of size up to s errs by at most K u s (u = 2^-24). The check is
+ * |got - ref| <= 2 K u sum|a b| + tiny: a wrong product, a missed or doubled k, a wrong
+ * transpose or a mispacked pair is off by a whole term, far above it.
+ */
+#include "flatshard/kernels.h"
+#include "harness.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static fs_pool *pool3;
+static uint64_t stream = 1;
+
+static float *rand_f32(int64_t n) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+    const uint64_t st = stream++;
+    for (int64_t i = 0; i < n; i++) x[i] = fs_rand_normal(0x6e33, st, (uint64_t)i);
+    return x;
+}
+
+static uint16_t *to_bf16(const float *x, int64_t n) {
+    uint16_t *y = malloc((size_t)(n > 0 ? n : 1) * sizeof *y);
+    for (int64_t i = 0; i < n; i++) y[i] = fs_fp32_to_bf16(x[i]);
+    return y;
+}
+
+/* The value op() sees: stored element rounded to bf16. */
+static double elem(const void *p, int bf16, int64_t i) {
+    return bf16 ? fs_bf16_to_fp32(((const uint16_t *)p)[i]) : fs_bf16_to_fp32(fs_fp32_to_bf16(((const float *)p)[i]));
+}
+
+typedef struct gemm_case {
+    int64_t M, N, K;
+    int ta, tb, a16, b16, accumulate;
+} gemm_case;
+
+/* Runs one case on the given pool and checks it; returns the output for comparisons. */
+static float *run_case(const gemm_case *g, fs_pool *pool, int check) {
+    const int64_t M = g->M, N = g->N, K = g->K;
+    const int64_t lda = (g->ta ? M : K) + 3, ldb = (g->tb ? K : N) + 5, ldc = N + 2;
+    const int64_t arows = g->ta ? K : M, brows = g->tb ? N : K;
+    stream = 100 + (uint64_t)(M * 7 + N * 13 + K * 17 + g->ta * 2 + g->tb * 3 + g->a16 * 5 + g->b16 * 11);
+    float *a32 = rand_f32(arows * lda), *b32 = rand_f32(brows * ldb), *c = rand_f32(M * ldc);
+    uint16_t *a16 = to_bf16(a32, arows * lda), *b16 = to_bf16(b32, brows * ldb);
+    float *c0 = malloc((size_t)(M * ldc > 0 ? M * ldc : 1) * sizeof *c0);
+    memcpy(c0, c, (size_t)(M * ldc) * sizeof *c);
+    const void *ap = g->a16 ? (const void *)a16 : (const void *)a32;
+    const void *bp = g->b16 ? (const void *)b16 : (const void *)b32;
+    fs_gemm_operand A = {ap, g->a16 ? FS_GEMM_BF16 : FS_GEMM_F32, g->ta, lda};
+    fs_gemm_operand B = {bp, g->b16 ? FS_GEMM_BF16 : FS_GEMM_F32, g->tb, ldb};
+    fs_gemm_bf16(pool, c, ldc, g->accumulate, A, B, M, N, K);
+    if (check) {
+        int bad = 0;
+        for (int64_t m = 0; m < M && bad < 3; m++)
+            for (int64_t n = 0; n < N && bad < 3; n++) {
+                double ref = g->accumulate ? c0[m * ldc + n] : 0, mag = fabs(ref);
+                for (int64_t k = 0; k < K; k++) {
+                    double x = elem(ap, g->a16, g->ta ? k * lda + m : m * lda + k);
+                    double y = elem(bp, g->b16, g->tb ? n * ldb + k : k * ldb + n);
+                    ref += x * y;
+                    mag += fabs(x * y);
+                }
+                double tol = 2.0 * (double)(K + 1) * 0x1p-24 * mag + 1e-30;
+                if (!(fabs(c[m * ldc + n] - ref) <= tol)) {
+                    bad++;
+                    CHECK(0, "M=%lld N=%lld K=%lld ta=%d tb=%d a16=%d b16=%d acc=%d: C[%lld][%lld] = %.9g, want %.9g (tol %.3g)",
+                          (long long)M, (long long)N, (long long)K, g->ta, g->tb, g->a16, g->b16, g->accumulate,
+                          (long long)m, (long long)n, c[m * ldc + n], ref, tol);
+                }
+            }
+        /* the padding between rows of C is untouched */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = N; n < ldc; n++)
+                if (c[m * ldc + n] != c0[m * ldc + n]) {
+                    CHECK(0, "C padding at [%lld][%lld] was written", (long long)m, (long long)n);
+                    m = M;
+                    break;
+                }
+    }
+    free(a32), free(b32), free(a16), free(b16), free(c0);
+    return c;
+}
+
+static const int64_t shapes[][3] = {
+    {1, 1, 1},   {1, 70, 33},  {7, 1, 300}, {13, 65, 2},  {6, 64, 256}, {12, 128, 512},
+    {37, 200, 257}, {97, 129, 513}, {5, 1100, 31}, {130, 1030, 70},
+};
+#define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+static void for_all_cases(void (*fn)(const gemm_case *)) {
+    for (int s = 0; s < N_SHAPES; s++)
+        for (int v = 0; v < 16; v++) {
+            gemm_case g = {shapes[s][0], shapes[s][1], shapes[s][2], v & 1, v >> 1 & 1, v >> 2 & 1, v >> 3 & 1, (s + v) % 2};
+            fn(&g);
+        }
+}
+
+static void check_one(const gemm_case *g) { free(run_case(g, pool3, 1)); }
+
+static void test_gemm_vs_reference_fast_path(void) {
+    fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_N - 1);
+    if (fs_kernels_isa() != FS_ISA_AVX512_BF16) printf("     (this CPU has no AVX512-BF16: the portable path runs twice)\n");
+    for_all_cases(check_one);
+    fs_kernels_set_isa(before);
+}
+
+static void test_gemm_vs_reference_portable(void) {
+    fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_PORTABLE);
+    CHECK(fs_kernels_isa() == FS_ISA_PORTABLE, "set_isa(portable) left %s", fs_kernels_isa_name(fs_kernels_isa()));
+    for_all_cases(check_one);
+    fs_kernels_set_isa(before);
+}
+
+static void compare_paths(const gemm_case *g) {
+    fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_PORTABLE);
+    float *slow = run_case(g, pool3, 0);
+    fs_kernels_set_isa(FS_ISA_N - 1);
+    float *fast = run_case(g, pool3, 0);
+    fs_kernels_set_isa(before);
+    const int64_t n = g->M * (g->N + 2);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += memcmp(&slow[i], &fast[i], sizeof(float)) != 0;
+    CHECK(diff == 0, "M=%lld N=%lld K=%lld ta=%d tb=%d: %lld of %lld outputs differ between the portable and %s paths",
+          (long long)g->M, (long long)g->N, (long long)g->K, g->ta, g->tb, (long long)diff, (long long)n,
+          fs_kernels_isa_name(fs_kernels_cpu_isa()));
+    free(slow), free(fast);
+}
+
+static void test_gemm_paths_agree_bitwise(void) { for_all_cases(compare_paths); }
+
+static void compare_pools(const gemm_case *g) {
+    float *one = run_case(g, NULL, 0), *three = run_case(g, pool3, 0);
+    const int64_t n = g->M * (g->N + 2);
+    CHECK(memcmp(one, three, (size_t)n * sizeof(float)) == 0, "M=%lld N=%lld K=%lld: 1 and 3 threads differ",
+          (long long)g->M, (long long)g->N, (long long)g->K);
+    free(one), free(three);
+}
+
+static void test_gemm_pool_size_independent(void) { for_all_cases(compare_pools); }
+
+/* The linear layers on values bf16 represents exactly, with K small enough that every sum is
+ * exact in fp32 too: the bf16 layer must equal the fp32 one bit for bit. */
+static void test_linear_layers_match_fp32_on_exact_inputs(void) {
+    const int64_t N = 37, IC = 70, OC = 130;
+    uint64_t draw = 0;
+#define SMALL_INT() ((float)((int)(fs_rand_uniform(0x11, 1, draw++) * 15) - 7))
+    float *inp = malloc(N * IC * sizeof(float)), *w32 = malloc(OC * IC * sizeof(float));
+    float *dout = malloc(N * OC * sizeof(float));
+    /* small integers times powers of two: products and sums of up to 130 terms are exact */
+    for (int64_t i = 0; i < N * IC; i++) inp[i] = SMALL_INT() * 0.25f;
+    for (int64_t i = 0; i < OC * IC; i++) w32[i] = SMALL_INT() * 0.5f;
+    for (int64_t i = 0; i < N * OC; i++) dout[i] = SMALL_INT() * 0.125f;
+    uint16_t *w16 = to_bf16(w32, OC * IC);
+    float *o1 = malloc(N * OC * sizeof(float)), *o2 = malloc(N * OC * sizeof(float));
+    float *di1 = malloc(N * IC * sizeof(float)), *di2 = malloc(N * IC * sizeof(float));
+    float *dw1 = malloc(OC * IC * sizeof(float)), *dw2 = malloc(OC * IC * sizeof(float));
+    for (int acc = 0; acc < 2; acc++) {
+        for (int64_t i = 0; i < N * OC; i++) o1[i] = o2[i] = (float)(i % 5);
+        for (int64_t i = 0; i < N * IC; i++) di1[i] = di2[i] = (float)(i % 3);
+        for (int64_t i = 0; i < OC * IC; i++) dw1[i] = dw2[i] = (float)(i % 7);
+        fs_matmul_forward(pool3, o1, inp, w32, N, IC, OC, acc);
+        fs_matmul_forward_bf16(pool3, o2, inp, w16, N, IC, OC, acc);
+        fs_matmul_backward(pool3, di1, dw1, dout, inp, w32, N, IC, OC, acc, acc);
+        fs_matmul_backward_bf16(pool3, di2, dw2, dout, inp, w16, N, IC, OC, acc, acc);
+        CHECK(memcmp(o1, o2, N * OC * sizeof(float)) == 0, "forward (accumulate %d) differs from fp32", acc);
+        CHECK(memcmp(di1, di2, N * IC * sizeof(float)) == 0, "input gradient (accumulate %d) differs from fp32", acc);
+        CHECK(memcmp(dw1, dw2, OC * IC * sizeof(float)) == 0, "weight gradient (accumulate %d) differs from fp32", acc);
+    }
+    free(inp), free(w32), free(dout), free(w16), free(o1), free(o2), free(di1), free(di2), free(dw1), free(dw2);
+}
+
+static void test_isa_names_and_cap(void) {
+    CHECK(strcmp(fs_kernels_isa_name(FS_ISA_PORTABLE), "portable") == 0, "name of the portable level");
+    CHECK(strcmp(fs_kernels_isa_name(FS_ISA_AVX512_BF16), "avx512bf16") == 0, "name of the bf16 level");
+    fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_AVX2);
+    CHECK(fs_kernels_isa() <= FS_ISA_AVX2, "cap at avx2 left %s", fs_kernels_isa_name(fs_kernels_isa()));
+    fs_kernels_set_isa(FS_ISA_N - 1);
+    CHECK(fs_kernels_isa() == fs_kernels_cpu_isa(), "no cap gives the CPU's best");
+    fs_kernels_set_isa(before);
+}
+
+int main(void) {
+    fs_kernels_init();
+    CHECK_OK(fs_pool_init(&pool3, 3));
+    printf("     CPU kernels: %s (best on this CPU: %s)\n", fs_kernels_isa_name(fs_kernels_isa()),
+           fs_kernels_isa_name(fs_kernels_cpu_isa()));
+    RUN(test_isa_names_and_cap);
+    RUN(test_gemm_vs_reference_fast_path);
+    RUN(test_gemm_vs_reference_portable);
+    RUN(test_gemm_paths_agree_bitwise);
+    RUN(test_gemm_pool_size_independent);
+    RUN(test_linear_layers_match_fp32_on_exact_inputs);
+    fs_pool_free(pool3);
+    return fs_test_summary();
+}
