@@ -114,7 +114,7 @@ endif
 LIB      := $(BUILD)/libflatshard.a
 BIN      := $(BUILD)/flatshard
 
-.PHONY: all test check clean
+.PHONY: all test check bench clean
 # test objects are intermediate files of the pattern rules; keep them between builds
 .SECONDARY:
 all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN)
@@ -158,6 +158,20 @@ test: all
 # TSan, with one final "N passed, M failed" line over all of them.
 check:
 	@WERROR=$(WERROR) tests/check.sh
+
+# Every figure of BENCHMARKS.md, script by script (about an hour on the 2-core machine; each
+# prints its table). A peer or facility that is missing — PyTorch, a torch >= 2.4 for FSDP2
+# (TORCH2_PYTHON), root for the network namespaces — is skipped with a line saying so; nothing
+# is downloaded.
+bench: all
+	bench/single_process.sh
+	bench/kernels.sh
+	bench/strategies.sh
+	bench/planner.sh
+	bench/checkpoint.sh
+	bench/comm_mpi_configs.sh
+	bench/pytorch.sh
+	bench/interconnect.sh
 
 clean:
 	rm -rf build build-* 
