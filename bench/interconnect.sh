@@ -60,9 +60,19 @@ exec ip netns exec "$ns" sh -c "$*"
 EOF
 chmod +x "$OUT/agent.sh"
 printf '%s slots=1\n%s slots=1\n' "$NS0" "$NS1" >"$OUT/hosts"
-MPI=(ip netns exec "$NS0" mpirun --allow-run-as-root --hostfile "$OUT/hosts" -np 2 --bind-to none
-     --mca plm_rsh_agent "$OUT/agent.sh" --mca btl tcp,self
-     --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24")
+# rtc ^hwloc: OpenMPI 4.1's daemons otherwise share the hwloc topology through a shared-memory
+# segment mapped at a fixed address, and a daemon started through the agent now and then
+# crashes writing it (seen here: SIGSEGV in hwloc_shmem_topology_write); nothing is bound
+mpi() {
+    local try
+    for try in 1 2 3; do
+        ip netns exec "$NS0" mpirun --allow-run-as-root --hostfile "$OUT/hosts" -np 2 --bind-to none \
+            --mca plm_rsh_agent "$OUT/agent.sh" --mca rtc ^hwloc --mca btl tcp,self \
+            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "$@" && return 0
+        echo "mpirun failed (attempt $try): $*" >&2
+    done
+    return 1
+}
 common=(--model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --no-save
         --progress lines --log-every 1000)
 
@@ -74,11 +84,11 @@ for rate in $RATES; do
         dev=$([ "$ns" = "$NS0" ] && echo fsbv0 || echo fsbv1)
         tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
     done
-    "${MPI[@]}" "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json \
+    mpi "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json \
         >"$OUT/link-$rate.log" 2>&1
     for s in ddp zero3-param yafsdp; do
         name="$s-$rate"
-        "${MPI[@]}" "$FS" train "${common[@]}" --strategy "$s" --metrics "$OUT/$name.jsonl" \
+        mpi "$FS" train "${common[@]}" --strategy "$s" --metrics "$OUT/$name.jsonl" \
             --trace "$OUT/$name.json" --trace-steps 1 >"$OUT/$name.log" 2>&1
         "$FS" trace-svg "$OUT/$name.json" -o "$OUT/$name.svg" >/dev/null
         "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy "$s" --precision fp32 \
