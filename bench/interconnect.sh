@@ -6,7 +6,10 @@
 # exposed communication (the time its compute thread waited) over the steps after the first,
 # rank 0's peak memory, and the timeline of one step drawn as an SVG.
 #
-#   sudo bench/interconnect.sh [DATA]       MODEL=small BATCH=4 SEQ=256 STEPS=4 RATES="1gbit 10gbit"
+#   sudo bench/interconnect.sh [DATA]       MODEL=small BATCH=4 SEQ=256 STEPS=4 RUNS=2 RATES="1gbit 10gbit"
+#
+# Each run's figure is the median over its steps after the first; the table reports the
+# median over RUNS runs (the timeline is the last run's).
 #
 # "link time" is the bytes one rank sends per step (`flatshard plan --json`) over the bus
 # bandwidth an all-gather of 64 MiB reaches on the same link (`bench comm`), "compute" the
@@ -20,6 +23,7 @@ MODEL=${MODEL:-small}
 BATCH=${BATCH:-4}
 SEQ=${SEQ:-256}
 STEPS=${STEPS:-4}
+RUNS=${RUNS:-2}
 RATES=${RATES:-1gbit 10gbit}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-interconnect}")
@@ -88,8 +92,10 @@ for rate in $RATES; do
         >"$OUT/link-$rate.log" 2>&1
     for s in ddp zero3-param yafsdp; do
         name="$s-$rate"
-        mpi "$FS" train "${common[@]}" --strategy "$s" --metrics "$OUT/$name.jsonl" \
-            --trace "$OUT/$name.json" --trace-steps 1 >"$OUT/$name.log" 2>&1
+        for run in $(seq "$RUNS"); do
+            mpi "$FS" train "${common[@]}" --strategy "$s" --metrics "$OUT/$name.$run.jsonl" \
+                --trace "$OUT/$name.json" --trace-steps 1 >>"$OUT/$name.log" 2>&1
+        done
         "$FS" trace-svg "$OUT/$name.json" -o "$OUT/$name.svg" >/dev/null
         "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy "$s" --precision fp32 \
             --device this-machine --json >"$OUT/$name.plan.json"
@@ -97,21 +103,21 @@ for rate in $RATES; do
     done
 done
 /usr/bin/python3 - "$OUT" "${rows[@]}" <<'PY'
-import json, statistics, sys
+import glob, json, statistics, sys
 out, rows = sys.argv[1], sys.argv[2:]
 def steps(path):
     r = [json.loads(l) for l in open(path)]
     return r[1:] if len(r) > 1 else r
 compute = statistics.median(x["step_time"] for x in steps(f"{out}/compute.jsonl"))
-print(f"compute-only step (one rank, no link): {compute:.3f} s")
+print(f"compute-only step (one rank, no link): {compute:.3f} s; {len(glob.glob(f'{out}/yafsdp-*.*.jsonl')) // max(1, len({r.rsplit('-', 1)[1] for r in rows}))} runs per row")
 print("| link | strategy | link busbw GB/s | sent per step GB | link time s | step s | exposed comm s | exposed / step | peak MiB (rank 0) | timeline |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name in rows:
     s, rate = name.rsplit("-", 1)
-    m = steps(f"{out}/{name}.jsonl")
-    step = statistics.median(x["step_time"] for x in m)
-    exposed = statistics.median(x["exposed_comm_time"] for x in m)
-    peak = m[-1]["peak_bytes"]["total"] / 2**20
+    runs = [steps(f) for f in sorted(glob.glob(f"{out}/{name}.*.jsonl"))]
+    step = statistics.median(statistics.median(x["step_time"] for x in m) for m in runs)
+    exposed = statistics.median(statistics.median(x["exposed_comm_time"] for x in m) for m in runs)
+    peak = max(m[-1]["peak_bytes"]["total"] for m in runs) / 2**20
     bw = [json.loads(l) for l in open(f"{out}/link-{rate}.log") if l.startswith("{")]
     busbw = max(x["busbw_gbs"] for x in bw) if bw else float("nan")
     plan = json.load(open(f"{out}/{name}.plan.json"))
