@@ -14,11 +14,8 @@ FS=${FS:-build/flatshard}
 RUNS=${RUNS:-3}
 DIR=${DIR:-out/bench-ckpt}
 DATA=${1:-data/fortunes-train.bin}
-if [ ! -f "$DATA" ]; then
-    mkdir -p "$(dirname "$DATA")"
-    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
-fi
+. bench/lib.sh
+ensure_corpus "$FS" "$DATA"
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 common=(--model small --data "$DATA" --batch 1 --seq 32 --threads 1 --no-save --log-every 1000)
 saves=() loads2=() loads3=() loads1=()

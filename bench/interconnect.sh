@@ -33,11 +33,8 @@ if [ "$(id -u)" -ne 0 ]; then echo "skip: the network namespaces need root"; exi
 for tool in ip tc mpirun; do
     command -v "$tool" >/dev/null || { echo "skip: $tool is not installed (Debian: iproute2, openmpi-bin)"; exit 0; }
 done
-if [ ! -f "$DATA" ]; then
-    mkdir -p "$(dirname "$DATA")"
-    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
-fi
+. bench/lib.sh
+ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE

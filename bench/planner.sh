@@ -18,11 +18,8 @@ SEQ=${SEQ:-256}
 STEPS=${STEPS:-4}
 DATA=${1:-data/fortunes-train.bin}
 OUT=${OUT:-out/bench-planner}
-if [ ! -f "$DATA" ]; then
-    mkdir -p "$(dirname "$DATA")"
-    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
-fi
+. bench/lib.sh
+ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 echo "# $MODEL, batch $BATCH x $SEQ tokens per rank, 1 thread per rank, median of steps 2-$STEPS;" \

@@ -42,11 +42,8 @@ if ! "$TORCH_PYTHON" -c 'import torch' 2>/dev/null; then
     echo "skip: $TORCH_PYTHON has no torch (Debian: python3-torch)"
     exit 0
 fi
-if [ ! -f "$DATA" ]; then
-    mkdir -p "$(dirname "$DATA")"
-    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
-fi
+. bench/lib.sh
+ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/*.txt
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE

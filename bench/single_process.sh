@@ -16,11 +16,8 @@ FS=${FS:-build/flatshard}
 RUNS=${RUNS:-3}
 OUT=${OUT:-out/bench-single-process.jsonl}
 DATA=${1:-data/fortunes-train.bin}
-if [ ! -f "$DATA" ]; then
-    mkdir -p "$(dirname "$DATA")"
-    mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-    "$FS" tokenize -o "$DATA" "${files[@]}" >/dev/null
-fi
+. bench/lib.sh
+ensure_corpus "$FS" "$DATA"
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 

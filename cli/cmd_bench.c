@@ -20,16 +20,6 @@
 #include "flatshard/kernels.h"
 #include "flatshard/train.h"
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ------------------------------------------------------------------ bench step */
 
 static const fs_command_help step_help = {
@@ -140,7 +130,7 @@ static int bench_step(int argc, char **argv) {
     for (int k = 0; k < n_runs; k++) {
         step_run *r = &runs[k];
         fs_trainer *tr = &r->tr;
-        double step_med = median(r->secs, (int)steps), step_min = r->secs[0], step_max = r->secs[steps - 1];
+        double step_med = fs_cli_median(r->secs, (int)steps), step_min = r->secs[0], step_max = r->secs[steps - 1];
         med[k] = step_med;
         double tps = tokens / step_med;
         double fpt = fs_layout_train_flops_per_token(&tr->layout, seq);
@@ -305,7 +295,7 @@ static int bench_gemm(int argc, char **argv) {
                 double t2 = fs_now();
                 if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1;
             }
-            const double s32 = median(t32, (int)reps), s16 = median(t16, (int)reps);
+            const double s32 = fs_cli_median(t32, (int)reps), s16 = fs_cli_median(t16, (int)reps);
             const double flops = 2.0 * (double)g->n * (double)g->ic * (double)g->oc;
             int64_t M = p == PASS_DW ? g->oc : g->n, Nn = p == PASS_DINP ? g->ic : (p == PASS_DW ? g->ic : g->oc);
             int64_t K = p == PASS_FWD ? g->ic : (p == PASS_DINP ? g->oc : g->n);

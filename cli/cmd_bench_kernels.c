@@ -193,11 +193,6 @@ static double kernel_work(kernel_id k, const bufs *b, int *is_flops) {
     return 0;
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int fs_cmd_bench_kernels(int argc, char **argv) {
     const char *model = "small";
     int64_t batch = 4, seq = 256, reps = 7, threads = 1, opt_elements = 16 << 20;
@@ -301,8 +296,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
             run_kernel(k, &b, pool, &n_out);
             if (r >= 0) t[r] = fs_now() - t0;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
-        double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+        double med = fs_cli_median(t, (int)reps);
         if (k == K_RMSNORM_FWD || k == K_ATT_FWD) fwd_med[k] = med;
         /* a backward measurement runs its forward first (for its saved state): subtract it */
         if (k == K_RMSNORM_BWD) med -= fwd_med[K_RMSNORM_FWD];

@@ -26,6 +26,16 @@ void fs_cli_describe_model(const fs_layout *l, char *buf, size_t n) {
              c->tie_word_embeddings ? ", tied embeddings" : "");
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double fs_cli_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 void fs_cli_print_profile(FILE *f, const fs_profile *p) {
     double total = 0;
     for (int k = 0; k < FS_PROF_N_KINDS; k++) total += p->seconds[k];

@@ -14,6 +14,9 @@
 void fs_cli_describe_model(const fs_layout *layout, char *buf, size_t n);
 
 /* The share of time per kernel kind, as a small table. */
+/* The median of v[0..n), n >= 1 (sorts v in place): the figure every benchmark reports. */
+double fs_cli_median(double *v, int n);
+
 void fs_cli_print_profile(FILE *f, const fs_profile *p);
 
 /* Creates the parent directory of path if needed and checks that path can be written. */

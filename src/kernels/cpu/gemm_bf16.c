@@ -59,6 +59,14 @@ static inline uint16_t view_bf16(const view *v, int64_t r, int64_t c) {
 
 static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
 
+/* The word of A' row m holding k and k + 1, and of B' column n (zero past K). */
+static inline uint32_t a_pair(const view *a, int64_t m, int64_t k, int64_t K) {
+    return pair(view_bf16(a, m, k), k + 1 < K ? view_bf16(a, m, k + 1) : 0);
+}
+static inline uint32_t b_pair(const view *b, int64_t k, int64_t n, int64_t K) {
+    return pair(view_bf16(b, k, n), k + 1 < K ? view_bf16(b, k + 1, n) : 0);
+}
+
 /* A' rows [m0, m0 + mc), k [k0, k0 + kc) into MR-row panels [kp][MR]; missing rows and the
  * odd k are zero. */
 static void pack_a(uint32_t *restrict out, const view *a, int64_t m0, int64_t mc, int64_t k0,
@@ -72,8 +80,7 @@ static void pack_a(uint32_t *restrict out, const view *a, int64_t m0, int64_t mc
             const int64_t m = m0 + p + i;
             for (int64_t kp = 0; kp < kpc; kp++) {
                 const int64_t k = k0 + 2 * kp;
-                uint16_t lo = view_bf16(a, m, k), hi = k + 1 < K ? view_bf16(a, m, k + 1) : 0;
-                panel[kp * GB_MR + i] = pair(lo, hi);
+                panel[kp * GB_MR + i] = a_pair(a, m, k, K);
             }
         }
     }
@@ -97,7 +104,7 @@ static void pack_b(uint32_t *restrict out, const view *b, int64_t k0, int64_t kc
             } else {
                 for (int64_t j = 0; j < cols; j++) {
                     const int64_t n = n0 + p + j;
-                    row[j] = pair(view_bf16(b, k, n), k + 1 < K ? view_bf16(b, k + 1, n) : 0);
+                    row[j] = b_pair(b, k, n, K);
                 }
             }
             for (int64_t j = cols; j < GB_NR; j++) row[j] = 0;
@@ -155,7 +162,7 @@ FS_TARGET_AVX512BF16 static void pack_a_avx512(uint32_t *restrict out, const vie
                     _mm512_i32scatter_epi32(panel + kp * GB_MR + i, stride, load_pairs(a->data, a->bf16, base + 2 * kp), 4);
                 for (; kp < kpc; kp++) {
                     const int64_t k = k0 + 2 * kp;
-                    panel[kp * GB_MR + i] = pair(view_bf16(a, m0 + p + i, k), k + 1 < K ? view_bf16(a, m0 + p + i, k + 1) : 0);
+                    panel[kp * GB_MR + i] = a_pair(a, m0 + p + i, k, K);
                 }
             }
         }
@@ -169,7 +176,7 @@ FS_TARGET_AVX512BF16 static void pack_a_avx512(uint32_t *restrict out, const vie
         if (kp < full)
             for (; i + 16 <= mc; i += 16)
                 _mm512_storeu_si512(tmp + i, interleave16(a->data, a->bf16, k * a->cs, (k + 1) * a->cs, m0 + i));
-        for (; i < mc; i++) tmp[i] = pair(view_bf16(a, m0 + i, k), k + 1 < K ? view_bf16(a, m0 + i, k + 1) : 0);
+        for (; i < mc; i++) tmp[i] = a_pair(a, m0 + i, k, K);
         for (int64_t p = 0; p < mc; p += GB_MR) {
             uint32_t *dst = out + p / GB_MR * kpc * GB_MR + kp * GB_MR;
             const int64_t rows = mc - p < GB_MR ? mc - p : GB_MR;
@@ -196,7 +203,7 @@ FS_TARGET_AVX512BF16 static void pack_b_avx512(uint32_t *restrict out, const vie
                     _mm512_i32scatter_epi32(panel + kp * GB_NR + j, stride, load_pairs(b->data, b->bf16, base + 2 * kp), 4);
                 for (; kp < kpc; kp++) {
                     const int64_t k = k0 + 2 * kp;
-                    panel[kp * GB_NR + j] = pair(view_bf16(b, k, n), k + 1 < K ? view_bf16(b, k + 1, n) : 0);
+                    panel[kp * GB_NR + j] = b_pair(b, k, n, K);
                 }
             }
         }
@@ -212,7 +219,7 @@ FS_TARGET_AVX512BF16 static void pack_b_avx512(uint32_t *restrict out, const vie
             if (kp < full)
                 for (; j + 16 <= cols; j += 16)
                     _mm512_store_si512(row + j, interleave16(b->data, b->bf16, k * b->rs, (k + 1) * b->rs, n0 + p + j));
-            for (; j < cols; j++) row[j] = pair(view_bf16(b, k, n0 + p + j), k + 1 < K ? view_bf16(b, k + 1, n0 + p + j) : 0);
+            for (; j < cols; j++) row[j] = b_pair(b, k, n0 + p + j, K);
             for (; j < GB_NR; j++) row[j] = 0;
         }
     }
