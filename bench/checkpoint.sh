@@ -16,6 +16,7 @@ DIR=${DIR:-out/bench-ckpt}
 DATA=${1:-data/fortunes-train.bin}
 . bench/lib.sh
 ensure_corpus "$FS" "$DATA"
+bench_machine
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 common=(--model small --data "$DATA" --batch 1 --seq 32 --threads 1 --no-save --log-every 1000)
 saves=() loads2=() loads3=() loads1=()

@@ -6,7 +6,7 @@
 # exposed communication (the time its compute thread waited) over the steps after the first,
 # rank 0's peak memory, and the timeline of one step drawn as an SVG.
 #
-#   sudo bench/interconnect.sh [DATA]       MODEL=small BATCH=4 SEQ=256 STEPS=4 RUNS=2 RATES="1gbit 10gbit"
+#   sudo bench/interconnect.sh [DATA]       MODEL=small BATCH=4 SEQ=256 STEPS=4 RUNS=3 RATES="1gbit 10gbit"
 #
 # Each run's figure is the median over its steps after the first; the table reports the
 # median over RUNS runs (the timeline is the last run's).
@@ -23,7 +23,7 @@ MODEL=${MODEL:-small}
 BATCH=${BATCH:-4}
 SEQ=${SEQ:-256}
 STEPS=${STEPS:-4}
-RUNS=${RUNS:-2}
+RUNS=${RUNS:-3}
 RATES=${RATES:-1gbit 10gbit}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-interconnect}")
@@ -61,15 +61,28 @@ exec ip netns exec "$ns" sh -c "$*"
 EOF
 chmod +x "$OUT/agent.sh"
 printf '%s slots=1\n%s slots=1\n' "$NS0" "$NS1" >"$OUT/hosts"
+# mpi RESULT [--stdout] CMD... — runs CMD on the two namespaces, up to 3 attempts. Each
+# attempt writes its own file, attempts/RESULT.N: CMD names it wherever it says @RESULT@, or
+# with --stdout mpirun's output goes there. Only a successful attempt's file becomes RESULT,
+# so a failed attempt's rows never mix with the next one's.
 # rtc ^hwloc: OpenMPI 4.1's daemons otherwise share the hwloc topology through a shared-memory
 # segment mapped at a fixed address, and a daemon started through the agent now and then
 # crashes writing it (seen here: SIGSEGV in hwloc_shmem_topology_write); nothing is bound
 mpi() {
-    local try
+    local result=$1 to_stdout=0 try; shift
+    [ "$1" = --stdout ] && { to_stdout=1; shift; }
+    mkdir -p "$OUT/attempts"
     for try in 1 2 3; do
-        ip netns exec "$NS0" mpirun --allow-run-as-root --hostfile "$OUT/hosts" -np 2 --bind-to none \
+        local attempt="$OUT/attempts/$(basename "$result").$try" args=() a out=/dev/stdout
+        rm -f "$attempt"
+        [ "$to_stdout" -eq 1 ] && out=$attempt
+        for a in "$@"; do args+=("${a//@RESULT@/$attempt}"); done
+        if ip netns exec "$NS0" mpirun --allow-run-as-root --hostfile "$OUT/hosts" -np 2 --bind-to none \
             --mca plm_rsh_agent "$OUT/agent.sh" --mca rtc ^hwloc --mca btl tcp,self \
-            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "$@" && return 0
+            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "${args[@]}" >"$out" 2>&1; then
+            [ -e "$attempt" ] && mv "$attempt" "$result"
+            return 0
+        fi
         echo "mpirun failed (attempt $try): $*" >&2
     done
     return 1
@@ -77,6 +90,7 @@ mpi() {
 common=(--model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --no-save
         --progress lines --log-every 1000)
 
+bench_machine
 # compute: the same per-rank work on one rank, no link
 "$FS" train "${common[@]}" --ranks 1 --metrics "$OUT/compute.jsonl" >"$OUT/compute.log"
 rows=()
@@ -85,12 +99,11 @@ for rate in $RATES; do
         dev=$([ "$ns" = "$NS0" ] && echo fsbv0 || echo fsbv1)
         tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
     done
-    mpi "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json \
-        >"$OUT/link-$rate.log" 2>&1
+    mpi "$OUT/link-$rate.log" --stdout "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json
     for s in ddp zero3-param yafsdp; do
         name="$s-$rate"
         for run in $(seq "$RUNS"); do
-            mpi "$FS" train "${common[@]}" --strategy "$s" --metrics "$OUT/$name.$run.jsonl" \
+            mpi "$OUT/$name.$run.jsonl" "$FS" train "${common[@]}" --strategy "$s" --metrics @RESULT@ \
                 --trace "$OUT/$name.json" --trace-steps 1 >>"$OUT/$name.log" 2>&1
         done
         "$FS" trace-svg "$OUT/$name.json" -o "$OUT/$name.svg" >/dev/null

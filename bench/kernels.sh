@@ -19,6 +19,7 @@ ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 rm -f "$OUT"/*
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+bench_machine
 common=(--model small --seq 256 --batch 4 --threads 1)
 for r in $(seq "$RUNS"); do
     "$FS" bench gemm "${common[@]}" --reps 5 --json >"$OUT/gemm-$r.txt"

@@ -47,6 +47,7 @@ ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/*.txt
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+bench_machine
 export OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE
 # one config.json for both sides: flatshard trains exactly the model the peer builds
 "$FS" plan --model "$MODEL" --json >/dev/null # a bad MODEL fails here, by name

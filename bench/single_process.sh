@@ -18,6 +18,7 @@ OUT=${OUT:-out/bench-single-process.jsonl}
 DATA=${1:-data/fortunes-train.bin}
 . bench/lib.sh
 ensure_corpus "$FS" "$DATA"
+bench_machine
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 
