@@ -1,11 +1,13 @@
 # flatshard — one GNU Makefile.
 #
 #   make                  build build/flatshard, the library and the test programs
-#   make test             build and run the whole test suite (ends with "N passed, M failed")
+#   make test             build and run the whole test suite, the long tier included
+#                         (ends with "N passed, M failed, K skipped"; FLATSHARD_LONG=0 omits
+#                         the soak test)
 #   make SANITIZER=address test     the same under ASan (also: undefined, thread); objects go
 #                                   to build-<sanitizer>/ so they never mix with the plain build
 #   make SANITIZER=fuzz   clang libFuzzer targets of the file parsers, in build-fuzz/fuzz/
-#   make DEBUG=1          -O0, extra assertions in debug-only checks
+#   make DEBUG=1          -O0 -g3 with FS_DEBUG: the debug-only FS_DEBUG_ASSERT checks (core.h) on
 #   make WERROR=1         warnings are errors (CI sets this)
 #   make clean
 #
@@ -149,13 +151,15 @@ $(BUILD)/mpi_tests/%: $(BUILD)/obj/tests/mpi/%.o $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
-# The suite: every test program, then the end-to-end CLI tests; tests/run.sh prints the
-# totals and exits non-zero on any failure.
+# The whole suite: every test program, then the end-to-end CLI tests, the long tier
+# (tests/cli/test_soak.sh) too unless FLATSHARD_LONG=0 is set; tests/run.sh prints the totals
+# and exits non-zero on any failure.
 test: all
-	@FLATSHARD_BUILD=$(BUILD) FLATSHARD_SANITIZER=$(SANITIZER) tests/run.sh
+	@FLATSHARD_LONG=$${FLATSHARD_LONG:-1} FLATSHARD_BUILD=$(BUILD) FLATSHARD_SANITIZER=$(SANITIZER) tests/run.sh
 
 # What CI runs (./quickstart.sh test): the suite on the plain build and under ASan, UBSan and
-# TSan, with one final "N passed, M failed" line over all of them.
+# TSan, then the MPI=none and DEBUG=1 builds with a smoke run of each, with one final
+# "N passed, M failed, K skipped" line over all of them.
 check:
 	@WERROR=$(WERROR) tests/check.sh
 

@@ -7,8 +7,10 @@
 #
 #   bench/planner.sh [DATA]           MODEL=small BATCH=4 SEQ=256 STEPS=4 bench/planner.sh
 #
-# The this-machine preset's utilisation was calibrated with OpenBLAS's own core choice, so
-# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset here (the core OpenBLAS picks is printed).
+# this-machine is measured (docs/planner.md): the script recalibrates it once before training,
+# in the same environment the training runs in (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset:
+# OpenBLAS's own core choice, printed), and prints the measured figures above the table. Run
+# it on a quiet machine: a busy one lowers both the calibration and the measured steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FS=${FS:-build/flatshard}
@@ -22,6 +24,7 @@ OUT=${OUT:-out/bench-planner}
 ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+"$FS" plan --device this-machine --recalibrate | sed -n 's/^  device this-machine: /# /p'
 echo "# $MODEL, batch $BATCH x $SEQ tokens per rank, 1 thread per rank, median of steps 2-$STEPS;" \
      "OpenBLAS core: $("$FS" bench gemm --model tiny --reps 1 --json | sed -n 's/.*"blas_core":"\([^"]*\)".*/\1/p')"
 echo "| ranks | strategy | precision | measured step s | rank 0 waited s | estimated step s | compute s | comm s | estimate / measured |"

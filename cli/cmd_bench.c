@@ -140,9 +140,10 @@ static int bench_step(int argc, char **argv) {
             char desc[256];
             fs_cli_describe_model(&tr->layout, desc, sizeof desc);
             printf("bench step: %s %s\n", model, desc);
-            printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " threads, %" PRId64
-                   " measured steps after %" PRId64 " warm-up; OpenBLAS core %s, bf16 kernel %s\n",
-                   batch, seq, threads, steps, warmup, fs_kernels_blas_corename(),
+            printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " thread%s, %" PRId64
+                   " measured step%s after %" PRId64 " warm-up; OpenBLAS core %s, bf16 kernel %s\n",
+                   batch, seq, threads, threads == 1 ? "" : "s", steps, steps == 1 ? "" : "s", warmup,
+                   fs_kernels_blas_corename(),
                    fs_kernels_isa_name(fs_kernels_isa()));
         }
         printf("%s:\n", fs_precision_name(r->precision));
@@ -161,7 +162,9 @@ static int bench_step(int argc, char **argv) {
                    step_med, step_min, step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename(),
                    fs_kernels_isa_name(fs_kernels_isa()));
     }
-    if (n_runs == 2) printf("bf16 step vs fp32 step: %.2fx faster\n", med[0] / med[1]);
+    if (n_runs == 2) /* a ratio below 1 is not "0.70x faster" */
+        printf("bf16 step vs fp32 step: %.2fx %s\n", med[0] >= med[1] ? med[0] / med[1] : med[1] / med[0],
+               med[0] >= med[1] ? "faster" : "slower");
     for (int k = 0; k < n_runs; k++) step_run_free(&runs[k]);
     fs_token_data_close(&data);
     return FS_EXIT_OK;

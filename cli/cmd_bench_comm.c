@@ -10,7 +10,10 @@
  * reports the slowest rank's median, so a row is as fast as the whole collective. With
  * --check (the default) one more run of each algorithm is compared with exactly predictable
  * data (small integers, exact in every dtype) and the wrong elements of all ranks are counted
- * in #wrong.
+ * in #wrong. Wrong elements in any row fail the command (exit 1, one line on stderr): a
+ * benchmark of collectives that compute wrong results measures nothing. FLATSHARD_FAULT=
+ * corrupt-collective:N flips one bit in each of the first N elements of every rank's checked
+ * output before it is counted (docs/reliability.md), so the tests can see #wrong count.
  *
  * size is the bytes of the whole buffer (all-gather: the gathered output; reduce-scatter: the
  * input; all-reduce and broadcast: the buffer), count its elements, rounded down so that every
@@ -42,6 +45,8 @@ typedef struct bench_args {
     int n_dtypes;
     fs_comm_algo algos[BENCH_MAX_LIST];
     int n_algos;
+    int64_t wrong_total; /* out: the sum of #wrong over all rows, set by rank 0 (every rank
+                          * under MPI) when the run completes */
 } bench_args;
 
 /* What each rank reports for a row; rank 0 combines them. */
@@ -135,6 +140,15 @@ static int64_t count_wrong(fs_coll coll, fs_dtype d, const void *recv, size_t co
     return wrong;
 }
 
+/* The fault corrupt-collective:N: one bit flipped in each of the first N elements of recv
+ * (elems elements of e bytes), as a faulty link or reduction would leave them. Every flip
+ * changes the element's bits, so each must be counted once. */
+static void inject_corruption(void *recv, size_t elems, size_t e) {
+    int64_t n = fs_fault_value("corrupt-collective");
+    unsigned char *b = recv;
+    for (size_t i = 0; n > 0 && i < elems && i < (size_t)n; i++) b[i * e] ^= 1u;
+}
+
 /* ------------------------------------------------------------------ one rank */
 
 typedef struct bench_rank_ctx {
@@ -144,6 +158,7 @@ typedef struct bench_rank_ctx {
     void *send, *recv;         /* (max_bytes) each */
     double *times;             /* (n_algos, iters) */
     bench_rank_stats *stats;   /* (world) */
+    int64_t wrong_total;       /* #wrong summed over the rows so far (the same on every rank) */
 } bench_rank_ctx;
 
 /* One collective through the worker, as the engine runs it. */
@@ -251,16 +266,19 @@ static fs_status bench_size(bench_rank_ctx *c, fs_coll coll, fs_dtype d, size_t 
             op.algo = a->algos[ai];
             memset(c->recv, 0x7f, recv_bytes); /* no expected value looks like this */
             FS_TRY(run_op(c, &op));
+            inject_corruption(c->recv, recv_bytes / e, e);
             mine.wrong = count_wrong(coll, d, c->recv, out_count, world, rank);
         }
         FS_TRY(fs_comm_all_gather(&mine, c->stats, sizeof mine, FS_DTYPE_BYTES, c->comm));
-        if (rank != 0) continue;
+        /* every rank sums, so that every rank knows whether the run failed */
         const bench_rank_stats *slowest = &c->stats[0];
         int64_t wrong = 0;
         for (int r = 0; r < world; r++) {
             if (c->stats[r].median > slowest->median) slowest = &c->stats[r];
             wrong += c->stats[r].wrong;
         }
+        c->wrong_total += wrong;
+        if (rank != 0) continue;
         print_row(a, c->comm, coll, d, redop, a->algos[ai], bytes, count, slowest, wrong);
     }
     return FS_OK;
@@ -292,7 +310,8 @@ static fs_status bench_run(bench_rank_ctx *c) {
     return FS_OK;
 }
 
-/* The body of every rank, in-process or MPI. */
+/* The body of every rank, in-process or MPI; arg is the bench_args, whose wrong_total rank 0
+ * sets (every rank under MPI, each in its own process). */
 static fs_status bench_rank(fs_comm *comm, void *arg) {
     bench_rank_ctx c = {.a = arg, .comm = comm};
     const bench_args *a = c.a;
@@ -312,6 +331,8 @@ static fs_status bench_rank(fs_comm *comm, void *arg) {
     c.stats = p;
     if (st == FS_OK) st = fs_comm_worker_init(comm, 4, &c.worker);
     if (st == FS_OK) st = bench_run(&c);
+    if (st == FS_OK && (fs_comm_rank(comm) == 0 || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
+        ((bench_args *)arg)->wrong_total = c.wrong_total;
     fs_comm_worker_free(c.worker);
     fs_mem_free(mem);
     return st;
@@ -348,6 +369,18 @@ static int parse_list(const char *opt, const char *text, int n_values,
         return -1;
     }
     return n;
+}
+
+/* The verdict of a completed run: exit 1 with one line (from rank 0) when any row counted
+ * wrong elements. Every rank knows the total, so under MPI every process fails alike. */
+static int report_wrong(const char *cmd, const bench_args *a, int rank) {
+    if (a->wrong_total == 0) return FS_EXIT_OK;
+    if (rank == 0)
+        fprintf(stderr,
+                "flatshard %s: %" PRId64 " wrong elements in the checked results (the #wrong "
+                "column): the collectives computed wrong results\n",
+                cmd, a->wrong_total);
+    return FS_EXIT_RUNTIME;
 }
 
 static const char *coll_name_int(int v) { return fs_coll_name((fs_coll)v); }
@@ -423,7 +456,8 @@ int fs_cmd_bench_comm(int argc, char **argv) {
                                    "processes are the ranks");
     if (!fs_comm_mpi_launched()) {
         st = fs_comm_inproc_run(ranks > 0 ? (int)ranks : 1, cfg, bench_rank, &a);
-        return st == FS_OK ? FS_EXIT_OK : fs_cli_report(cmd, st);
+        if (st != FS_OK) return fs_cli_report(cmd, st);
+        return report_wrong(cmd, &a, 0);
     }
     fs_mem *mem = NULL;
     fs_comm *comm = NULL;
@@ -433,15 +467,17 @@ int fs_cmd_bench_comm(int argc, char **argv) {
         fs_mem_free(mem);
         return fs_cli_report(cmd, st);
     }
-    fs_set_thread_rank(fs_comm_rank(comm));
+    int rank = fs_comm_rank(comm);
+    fs_set_thread_rank(rank);
     st = bench_rank(comm, &a);
+    int exit_code = FS_EXIT_OK;
     if (st != FS_OK) {
         /* The other processes may be waiting in a collective for this one: end the job. */
-        fs_cli_report(cmd, st);
+        exit_code = fs_cli_report(cmd, st);
         fs_comm_abort(comm);
     }
     fs_comm_free(comm);
     fs_comm_mpi_finalize();
     fs_mem_free(mem);
-    return FS_EXIT_OK;
+    return exit_code != FS_EXIT_OK ? exit_code : report_wrong(cmd, &a, rank);
 }

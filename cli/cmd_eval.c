@@ -61,7 +61,7 @@ int fs_cmd_eval(int argc, char **argv) {
     int64_t windows = st == FS_OK ? fs_sampler_n_windows(&data, seq) : 0;
     int64_t used = windows / batch < batches ? windows / batch : batches;
     if (st == FS_OK && used < 1)
-        st = fs_errorf(FS_ERR_USAGE,
+        st = fs_errorf(FS_ERR_FORMAT, /* a data error, exit 1, as in train */
                        "%s holds %" PRId64 " windows of %" PRId64 "+1 tokens, fewer than one batch "
                        "of %" PRId64 "; use a smaller --batch or --seq",
                        data_path, windows, seq, batch);
@@ -71,12 +71,16 @@ int fs_cmd_eval(int argc, char **argv) {
         fs_kernels_init();
         fs_model m = {.layout = &cm.layout, .pool = pool, .profile = NULL};
         double sum = 0;
-        for (int64_t i = 0; i < used; i++) {
+        for (int64_t i = 0; i < used && st == FS_OK; i++) {
+            st = fs_token_data_check_unchanged(&data); /* never a SIGBUS (data.h) */
+            if (st != FS_OK) break;
             fs_sampler_fill_sequential(&data, i * batch, batch, seq, acts.inputs, acts.targets);
             sum += fs_forward_loss(&m, &acts, &cm.weights);
         }
         double loss = sum / (double)used;
-        if (json)
+        if (st != FS_OK) {
+            /* reported below */
+        } else if (json)
             printf("{\"loss\": %.6f, \"batches\": %" PRId64 ", \"batch\": %" PRId64
                    ", \"seq\": %" PRId64 ", \"tokens\": %" PRId64 "}\n",
                    loss, used, batch, seq, used * batch * seq);

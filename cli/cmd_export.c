@@ -24,7 +24,9 @@ static const fs_command_help export_help = {
         "..., model.norm.weight, lm_head.weight) and DIR/config.json. PATH is a checkpoint (a\n"
         "step-N directory or a --save root: its newest complete checkpoint's master weights),\n"
         "a safetensors file, or a Hugging Face model directory. bf16 rounds every weight to\n"
-        "nearest even. Files are written under temporary names and renamed when complete.",
+        "nearest even. Files are written under temporary names and renamed when complete; an\n"
+        "older sharded model's model.safetensors.index.json in DIR (which readers would take\n"
+        "before model.safetensors) is then removed, and the shard files it names.",
     .epilog = "example:\n  flatshard export --from out/ckpt --to safetensors --out out/hf --dtype bf16",
 };
 
@@ -52,11 +54,16 @@ int fs_cmd_export(int argc, char **argv) {
     fs_source *src = NULL;
     if (st == FS_OK) st = fs_source_open(&src, from);
     uint64_t bytes = 0;
+    int stale = 0;
     double t0 = fs_now();
-    if (st == FS_OK) st = fs_source_export_hf(src, out, strcmp(dtype, "bf16") == 0 ? FS_ST_BF16 : FS_ST_F32, &bytes);
+    if (st == FS_OK)
+        st = fs_source_export_hf(src, out, strcmp(dtype, "bf16") == 0 ? FS_ST_BF16 : FS_ST_F32, &bytes, &stale);
     if (st == FS_OK)
         printf("exported %s to %s/model.safetensors (%s, %.1f MiB) and %s/config.json in %.2f s\n",
                fs_source_describe(src), out, dtype, (double)bytes / 1048576.0, out, fs_now() - t0);
+    if (st == FS_OK && stale > 0)
+        printf("removed %s/model.safetensors.index.json and %d shard file%s of the older sharded model there "
+               "(the index would have hidden the new weights)\n", out, stale - 1, stale - 1 == 1 ? "" : "s");
     fs_source_close(src);
     return st == FS_OK ? FS_EXIT_OK : fs_cli_report("export", st);
 }

@@ -90,7 +90,8 @@ int fs_cmd_generate(int argc, char **argv) {
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
     if (!weights) return fs_usage_error("generate", "--weights FILE is required; see 'flatshard generate --help'");
-    if (temperature < 0) return fs_usage_error("generate", "--temperature must be >= 0 (got %g)", temperature);
+    if (!(temperature >= 0 && temperature <= 1e6)) /* NaN too */
+        return fs_usage_error("generate", "--temperature must be between 0 (greedy) and 1e6 (got %g)", temperature);
 
     fs_cli_model cm;
     fs_status st = fs_cli_model_load(&cm, model, weights);

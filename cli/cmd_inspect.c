@@ -78,6 +78,15 @@ static int inspect_checkpoint(const char *path) {
     printf("  step %" PRId64 ", seed %" PRIu64 ", saved by %d rank%s, strategy %s, precision %s\n", ck.step,
            ck.seed, ck.world, ck.world == 1 ? "" : "s", fs_strategy_name(ck.strategy),
            fs_precision_name(ck.precision));
+    if (ck.run_id[0]) { /* its lineage (docs/checkpoint.md) */
+        char from[128] = "from scratch";
+        if (ck.parent_step >= 0)
+            snprintf(from, sizeof from, "resumed from step %" PRId64 " of %s%s", ck.parent_step,
+                     ck.parent_id[0] ? "run " : "an anonymous run", ck.parent_id);
+        printf("  run %s, save %" PRId64 " in its directory, %s\n", ck.run_id, ck.seq, from);
+    } else {
+        printf("  no run id (saved before run ids: an anonymous lineage)\n");
+    }
     print_config(&ck.config);
     printf("  %d tensors, %" PRId64 " parameters; arrays master, adam_m, adam_v (fp32)\n", ck.n_tensors, params);
     for (int t = 0; t < ck.n_tensors; t++) {

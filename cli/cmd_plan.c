@@ -22,9 +22,11 @@ static const fs_command_help plan_help = {
         "device, the collectives of one step with their bytes, and an estimated step time\n"
         "(compute FLOPs over a sustained rate; collective bytes over the link's bus bandwidth;\n"
         "what the schedule overlaps). The model is a preset (tiny, small, llama2-7b,\n"
-        "llama2-13b, llama2-70b, llama3-8b, llama3-70b) or a config.json; the device a preset\n"
-        "whose figures and sources are in docs/planner.md. --ckpt-layers auto finds the fewest\n"
-        "checkpointed blocks that fit.",
+        "llama2-13b, llama2-70b, llama3-8b, llama3-70b) or a config.json; the device a\n"
+        "published preset (figures and sources in docs/planner.md) or this-machine: this\n"
+        "machine, one core per rank, measured by a short calibration (GEMMs and memcpy) that\n"
+        "is cached in $XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the\n"
+        "figures came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.",
     .epilog = "examples:\n"
               "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
               "  flatshard plan --model small --world 2 --batch 4 --seq 256 --device this-machine",
@@ -37,17 +39,18 @@ static const char *const device_choices[] = {"this-machine", "a100-80gb", "h100-
 typedef struct planned {
     fs_plan plan;
     fs_layout layout;
-    double bytes[FS_MEM_N_CATEGORIES], total;
+    uint64_t bytes[FS_MEM_N_CATEGORIES], total; /* exact: a double would round above 2^53 */
 } planned;
 
-/* The plan of rank 0, its activations at the device's bytes per element. */
+/* The plan of rank 0, its activations at the device's bytes per element (the plan's are
+ * fp32, whole multiples of 64 bytes, so the scaling is exact). */
 static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train_config *tc, int world,
                            const fs_hardware *hw) {
     FS_TRY(fs_trainer_plan(&p->plan, &p->layout, mc, tc, world, 0));
     p->total = 0;
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
-        double b = (double)p->plan.bytes[k];
-        if (k == FS_MEM_ACTIVATIONS) b *= hw->activation_bytes / 4.0;
+        uint64_t b = p->plan.bytes[k];
+        if (k == FS_MEM_ACTIVATIONS) b = b / 4 * (uint64_t)hw->activation_bytes;
         p->bytes[k] = b;
         p->total += b;
     }
@@ -63,7 +66,7 @@ int fs_cmd_plan(int argc, char **argv) {
     const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
     const char *ckpt = "0";
     int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0;
-    int json = 0;
+    int json = 0, recalibrate = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or a Hugging Face config.json", NULL, 0, 0},
         {"world", 'w', FS_OPT_INT, &world, "W", "ranks (devices)", NULL, 1, 1 << 20},
@@ -73,8 +76,9 @@ int fs_cmd_plan(int argc, char **argv) {
         {"ckpt-layers", 0, FS_OPT_STRING, &ckpt, "N|auto", "checkpointed blocks, or the fewest that fit the device", NULL, 0, 0},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded", strategy_choices, 0, 0},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "weights in the buffers and on the wire", precision_choices, 0, 0},
-        {"device", 'd', FS_OPT_STRING, &device, "NAME", "the hardware preset", device_choices, 0, 0},
+        {"device", 'd', FS_OPT_STRING, &device, "NAME", "a published preset, or this machine measured", device_choices, 0, 0},
         {"device-mem", 0, FS_OPT_BYTES, &device_mem, "BYTES", "device memory (0: the preset's)", NULL, 0, 0},
+        {"recalibrate", 0, FS_OPT_FLAG, &recalibrate, NULL, "this-machine: measure again and rewrite the cache", NULL, 0, 0},
         {"json", 0, FS_OPT_FLAG, &json, NULL, "print one JSON object instead of the tables", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
@@ -92,7 +96,11 @@ int fs_cmd_plan(int argc, char **argv) {
     const fs_hardware *hw = NULL;
     fs_train_config tc = fs_train_config_default();
     fs_status st = fs_llama_config_load(model, &mc);
-    if (st == FS_OK) st = fs_hardware_find(device, &hw);
+    if (st == FS_OK && recalibrate && strcmp(device, "this-machine") != 0)
+        return fs_usage_error("plan", "--recalibrate: only this-machine is measured ('%s' is a published preset)",
+                              device);
+    if (st == FS_OK)
+        st = recalibrate ? fs_hardware_this_machine(FS_CALIBRATE_NOW, &hw) : fs_hardware_find(device, &hw);
     if (st == FS_OK) st = fs_strategy_parse(strategy, &tc.strategy);
     if (st == FS_OK) st = fs_precision_parse(precision, &tc.precision);
     if (st != FS_OK) return fs_cli_report("plan", st);
@@ -115,7 +123,7 @@ int fs_cmd_plan(int argc, char **argv) {
             tc.ckpt_layers = n;
             st = make_plan(&p, &mc, &tc, (int)world, hw);
         }
-        if (st == FS_OK && p.total <= capacity) {
+        if (st == FS_OK && (double)p.total <= capacity) {
             needed = n;
             break;
         }
@@ -123,24 +131,27 @@ int fs_cmd_plan(int argc, char **argv) {
     if (st != FS_OK) return fs_cli_report("plan", st);
     fs_step_estimate est;
     fs_estimate_step(&p.plan, hw, grad_accum, &est);
-    const int fits = p.total <= capacity;
+    const int fits = (double)p.total <= capacity;
     static const char *const kinds[FS_EST_N_KINDS] = {"all_gather", "reduce_scatter", "all_reduce"};
+    static const char *const origin_names[] = {
+        [FS_HW_PUBLISHED] = "preset", [FS_HW_MEASURED] = "measured", [FS_HW_CACHED] = "cached"};
 
     if (json) {
         printf("{\"model\":\"%s\",\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"grad_accum\":%" PRId64 ",\"ckpt_layers\":%" PRId64 ",\"strategy\":\"%s\",\"precision\":\"%s\","
-               "\"device\":\"%s\",\"device_bytes\":%.0f,\"fits\":%s,\"bytes\":{",
+               "\"device\":\"%s\",\"device_figures\":\"%s\",\"device_bytes\":%.0f,\"fits\":%s,\"bytes\":{",
                model, p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
-               hw->name, capacity, fits ? "true" : "false");
+               hw->name, origin_names[hw->origin], capacity, fits ? "true" : "false");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
-            printf("\"%s\":%.0f,", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
-        printf("\"total\":%.0f},\"comm\":{", p.total);
+            printf("\"%s\":%" PRIu64 ",", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
+        printf("\"total\":%" PRIu64 "},\"comm\":{", p.total);
         for (int k = 0; k < FS_EST_N_KINDS; k++)
             printf("%s\"%s\":{\"count\":%" PRId64 ",\"bytes\":%.0f,\"wire_bytes\":%.0f}", k ? "," : "", kinds[k],
                    est.comm.count[k], est.comm.bytes[k], est.comm.wire[k]);
-        printf("},\"estimate\":{\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,\"step_s\":%.6g,"
-               "\"tokens_per_s\":%.6g,\"mfu\":%.4f,\"busbw\":%.4g}}\n",
-               est.compute_s, est.comm_s, est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw);
+        printf("},\"estimate\":{\"compute_s\":%.17g,\"comm_s\":%.17g,\"exposed_comm_s\":%.17g,\"step_s\":%.17g,"
+               "\"tokens_per_s\":%.17g,\"mfu\":%.17g,\"busbw\":%.17g,\"flops\":%.17g}}\n",
+               est.compute_s, est.comm_s, est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw,
+               est.flops);
         free_plan(&p);
         return FS_EXIT_OK;
     }
@@ -152,12 +163,15 @@ int fs_cmd_plan(int argc, char **argv) {
            world, strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
            tc.ckpt_layers == 1 ? "" : "s");
     printf("  device %s: %s\n", hw->name, hw->description);
+    printf("  device figures: %s\n", hw->origin_note);
     printf("memory per device, GiB (rank 0; activations at %.0f bytes per element on this device):\n",
            hw->activation_bytes);
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
-        printf("  %-14s %10.3f\n", fs_mem_category_name((fs_mem_category)k), p.bytes[k] / 1073741824.0);
-    printf("  %-14s %10.3f of %.1f: %s\n", "total", p.total / 1073741824.0, capacity / 1073741824.0,
+        printf("  %-14s %10.3f\n", fs_mem_category_name((fs_mem_category)k), (double)p.bytes[k] / 1073741824.0);
+    printf("  %-14s %10.3f of %.1f: %s\n", "total", (double)p.total / 1073741824.0, capacity / 1073741824.0,
            fits ? "fits" : "DOES NOT FIT");
+    printf("  %-14s %10.3f (the staging of the save of --out, at the end, on top of the total)\n", "final save",
+           (double)p.plan.save_bytes / 1073741824.0);
     if (auto_ckpt)
         printf("  --ckpt-layers auto: %s\n",
                needed >= 0 ? (needed == 0 ? "no checkpointing needed" : "the fewest checkpointed blocks that fit is above")

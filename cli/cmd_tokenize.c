@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "common.h"
 #include "flatshard/data.h"
 
 static const fs_command_help tokenize_help = {
@@ -33,7 +34,9 @@ int fs_cmd_tokenize(int argc, char **argv) {
     if (!out) return fs_usage_error("tokenize", "-o OUT.bin is required; see 'flatshard tokenize --help'");
     if (n == 0) return fs_usage_error("tokenize", "no input files; see 'flatshard tokenize --help'");
     int64_t tokens = 0;
-    fs_status st = fs_tokenize_files(out, inputs, n, &tokens);
+    /* before reading anything: -o is not an input, and its directory exists (created) */
+    fs_status st = fs_cli_check_output("-o", out, inputs, n, 0);
+    if (st == FS_OK) st = fs_tokenize_files(out, inputs, n, &tokens);
     if (st != FS_OK) return fs_cli_report("tokenize", st);
     printf("wrote %s: %" PRId64 " tokens from %d file%s\n", out, tokens, n, n == 1 ? "" : "s");
     return FS_EXIT_OK;

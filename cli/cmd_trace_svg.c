@@ -5,7 +5,6 @@
  * publishes: where a gather sits beside the op that computes while it runs, overlap is there
  * to see; where the compute row has a gap ("wait"), the communication was exposed.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +14,7 @@
 #include "args.h"
 #include "commands.h"
 #include "flatshard/core.h"
+#include "flatshard/trace.h"
 
 static const fs_command_help svg_help = {
     .usage = "flatshard trace-svg FILE.json -o OUT.svg [options]",
@@ -76,29 +76,26 @@ static double nice_tick(double span_us) {
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
 }
 
-static fs_status render(const cJSON *events, long step, const char *out, double width, int *n_boxes) {
-    /* the boxes of the step */
-    int cap = cJSON_GetArraySize(events), n = 0, world = 0;
-    box *boxes = calloc((size_t)cap + 1, sizeof *boxes);
+/* "steps 2-3" or "step 2": the range of steps the timeline's events carry, for messages. */
+static void steps_present(const fs_trace_file *tf, char *buf, size_t n) {
+    long lo = (long)tf->first_step, hi = (long)tf->last_step;
+    if (lo == 0) snprintf(buf, n, "no steps");
+    else if (lo == hi) snprintf(buf, n, "step %ld", lo);
+    else snprintf(buf, n, "steps %ld-%ld", lo, hi);
+}
+
+static fs_status render(const fs_trace_file *tf, long step, const char *out, double width, int *n_boxes) {
+    /* the boxes of the step (fs_trace_read_json checked every field) */
+    int n = 0, world = 0;
+    box *boxes = calloc((size_t)tf->n_boxes + 1, sizeof *boxes);
     if (!boxes) return fs_errorf(FS_ERR_NOMEM, "trace-svg: out of memory");
     double t0 = INFINITY, t1 = -INFINITY;
-    for (const cJSON *e = events->child; e; e = e->next) {
-        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
-        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
-        const cJSON *st = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
-        const cJSON *kind = args ? cJSON_GetObjectItemCaseSensitive(args, "kind") : NULL;
-        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !cJSON_IsNumber(st) ||
-            (long)st->valuedouble != step || !cJSON_IsString(kind) || !strcmp(kind->valuestring, "step"))
-            continue;
+    for (int64_t i = 0; i < tf->n_boxes; i++) {
+        const fs_trace_box *tb = &tf->boxes[i];
+        if (tb->step != step || !strcmp(tb->kind, "step")) continue;
         box *b = &boxes[n++];
-        b->rank = (int)cJSON_GetObjectItemCaseSensitive(e, "pid")->valuedouble;
-        b->track = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
-        b->ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
-        b->dur = cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble;
-        b->kind = kind->valuestring;
-        b->name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
-        const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(args, "bytes");
-        b->bytes = cJSON_IsNumber(bytes) ? bytes->valuedouble : 0;
+        *b = (box){.rank = tb->rank, .track = tb->track, .ts = tb->ts_us, .dur = tb->dur_us,
+                   .kind = tb->kind, .name = tb->name, .bytes = tb->bytes};
         if (b->rank + 1 > world) world = b->rank + 1;
         if (b->ts < t0) t0 = b->ts;
         if (b->ts + b->dur > t1) t1 = b->ts + b->dur;
@@ -106,14 +103,17 @@ static fs_status render(const cJSON *events, long step, const char *out, double 
     *n_boxes = n;
     if (n == 0) {
         free(boxes);
-        return fs_errorf(FS_ERR_USAGE, "trace-svg: the timeline has no events of step %ld", step);
+        char have[64];
+        steps_present(tf, have, sizeof have);
+        return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline holds %s (train --trace-steps sets how many)", step, have);
     }
     FILE *f = fopen(out, "w");
     if (!f) {
         free(boxes);
         return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
     }
-    const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 - t0;
+    /* a step whose boxes all have zero length at one instant still gets a 1 us axis */
+    const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 > t0 ? t1 - t0 : 1.0;
     const double plot = width - left - right, height = top + world * (2 * row + gap) + 90;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", width, height);
@@ -188,22 +188,18 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     char *text = size >= 0 && size < (1L << 30) ? malloc((size_t)size + 1) : NULL;
     size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
     fclose(f);
-    cJSON *root = text && got == (size_t)size ? cJSON_ParseWithLength(text, got) : NULL;
+    fs_trace_file tf = {0};
+    fs_status st = text && got == (size_t)size
+                       ? fs_trace_read_json(&tf, text, got, in[0])
+                       : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", in[0], text ? "short read" : "out of memory");
     free(text);
-    const cJSON *events = root ? cJSON_GetObjectItemCaseSensitive(root, "traceEvents") : NULL;
-    fs_status st = FS_OK;
-    if (!cJSON_IsArray(events)) st = fs_errorf(FS_ERR_FORMAT, "%s: not a Chrome Trace Event file (no traceEvents array)", in[0]);
     if (st == FS_OK && step == 0) { /* the first step present */
-        for (const cJSON *e = events->child; e; e = e->next) {
-            const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
-            const cJSON *s = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
-            if (cJSON_IsNumber(s) && (step == 0 || (int64_t)s->valuedouble < step)) step = (int64_t)s->valuedouble;
-        }
+        step = tf.first_step;
         if (step == 0) st = fs_errorf(FS_ERR_FORMAT, "%s: no flatshard step events", in[0]);
     }
     int n = 0;
-    if (st == FS_OK) st = render(events, (long)step, out, (double)width, &n);
-    cJSON_Delete(root);
+    if (st == FS_OK) st = render(&tf, (long)step, out, (double)width, &n);
+    fs_trace_file_free(&tf);
     if (st != FS_OK) return fs_cli_report("trace-svg", st);
     printf("drew step %lld (%d boxes) to %s\n", (long long)step, n, out);
     return FS_EXIT_OK;

@@ -12,6 +12,10 @@
  * the same step, save a checkpoint when --save is given, and the program exits 128 + the
  * signal's number. A failure after a checkpoint was saved names that checkpoint, so the run
  * can be resumed from it. FLATSHARD_FAULT=alloc-fail:N makes rank 0's N-th allocation fail.
+ *
+ * --save DIR: at start-up the writer (rank 0) locks DIR for the run, recovers what crashed
+ * saves left, and claims a lineage there (fs_ckpt_claim: refused when DIR holds another
+ * run's checkpoints, unless resumed from DIR or given --new-lineage; docs/checkpoint.md).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -55,14 +60,63 @@ static const char *const progress_choices[] = {"auto", "live", "lines", NULL};
 static const char *const on_nan_choices[] = {"stop", "skip", NULL};
 
 /* The signal (SIGINT or SIGTERM) that asked the run to stop, or 0. Set by the handler, read
- * by every rank between steps. */
+ * by every rank right before the end-of-step exchange of the step in progress (the trainer's
+ * stop_flag), so every rank stops after that same step. */
 static volatile sig_atomic_t stop_signal;
 
-/* Repeats are ignored: a launcher may deliver one signal twice (GNU timeout signals its
- * child and then its process group), and the stop is under way. SIGKILL still ends the
- * program at once. */
+/* Set by rank 0 once the step in progress has ended and the stop is under way (the save
+ * after it, if any), with the line the handler prints if a second signal comes then. */
+static volatile sig_atomic_t stop_acknowledged;
+static char abandon_line[1024];
+static volatile sig_atomic_t abandon_len;
+
+/* The first signal asks for a stop after the step in progress. A repeat before that step has
+ * ended is ignored: a launcher may deliver one signal twice (GNU timeout signals its child
+ * and then its process group; a terminal's Ctrl-C reaches both mpirun and the ranks). A
+ * repeat after it (a second Ctrl-C during the final save) stops at once: the save being
+ * written is abandoned in its temporary directory (fs_ckpt_save never touches a complete
+ * checkpoint before its replacement is complete), and the program exits 128 + the signal's
+ * number. Only async-signal-safe calls here: write and _exit. */
 static void on_stop_signal(int sig) {
-    if (!stop_signal) stop_signal = sig;
+    if (!stop_signal) {
+        stop_signal = sig;
+        return;
+    }
+    if (!stop_acknowledged) return;
+    static const char intr[] = "flatshard train: second SIGINT", term[] = "flatshard train: second SIGTERM";
+    if (abandon_len > 0) { /* rank 0 */
+        int ok = sig == SIGINT ? write(STDERR_FILENO, intr, sizeof intr - 1) >= 0
+                               : write(STDERR_FILENO, term, sizeof term - 1) >= 0;
+        if (ok && write(STDERR_FILENO, abandon_line, (size_t)abandon_len) < 0) {
+            /* nothing more can be done in a signal handler */
+        }
+    }
+    _exit(128 + sig);
+}
+
+/* When the step in progress has ended on a stop request: arms the immediate stop and, on
+ * rank 0 (`lead`, which alone knows the checkpoints), prepares the second signal's line
+ * naming the last complete checkpoint. */
+static void acknowledge_stop(const char *save_dir, const char *last_saved_name, int64_t step, int lead) {
+    int n;
+    if (!lead)
+        n = 0;
+    else if (!save_dir)
+        n = snprintf(abandon_line, sizeof abandon_line,
+                     ": stopped at once after step %" PRId64
+                     "; nothing saved (no --save)\n", step);
+    else if (last_saved_name[0])
+        n = snprintf(abandon_line, sizeof abandon_line,
+                     ": stopped at once; the save of step %" PRId64
+                     " was abandoned (its temporary directory is left for cleanup); the last complete "
+                     "checkpoint is %s/%s\n", step, save_dir, last_saved_name);
+    else
+        n = snprintf(abandon_line, sizeof abandon_line,
+                     ": stopped at once; the save of step %" PRId64
+                     " was abandoned (its temporary directory is left for cleanup); this run saved no "
+                     "complete checkpoint\n", step);
+    abandon_len = n < 0 ? 0 : n < (int)sizeof abandon_line ? n : (int)sizeof abandon_line - 1;
+    stop_acknowledged = 1;
 }
 
 /* Rank 0's view of the run, for the progress line. */
@@ -88,12 +142,21 @@ typedef struct train_run {
     FILE *metrics;
     int64_t log_every, save_every, keep;
     int profile, memory, no_save, ranks_here;
+    int new_lineage;           /* --new-lineage */
+    int lock_fd;               /* the --save root's lock, held by the writer (rank 0) for the run; -1: none */
+    fs_ckpt_lineage lineage;   /* the writer's lineage in the --save root (fs_ckpt_claim) */
     fs_comm_config comm_cfg;   /* --comm-timeout, --debug-collectives */
     progress progress;       /* rank 0's */
     /* written by rank 0 only, read after the ranks are done */
     int64_t last_saved_step;   /* the newest checkpoint this run saved (0: none) */
+    char last_saved_name[80];  /* its directory name under --save ("step-N" and the lineage's suffix) */
     int64_t skipped_steps;     /* --on-nan skip */
     int64_t stopped_at_step;   /* a signal stopped the run after this step (0: it did not) */
+    int stopped_by;            /* that signal's number */
+    int stop_reported;         /* report_stop printed the line */
+    /* the first --metrics or --trace write that failed: the run goes on (metrics are not
+     * written any more), saves the weights and checkpoints, then reports it and exits 1 */
+    char output_error[1024];
 } train_run;
 
 static void progress_break(progress *pg) {
@@ -115,9 +178,10 @@ static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
     fs_status st = fs_trainer_save(tr, run->save_dir, (int)run->keep);
     if (st == FS_OK && lead) {
         progress_break(&run->progress);
-        printf("saved checkpoint %s/step-%08" PRId64 " in %.2f s\n", run->save_dir, tr->step, fs_now() - t0);
+        printf("saved checkpoint %s/%s in %.2f s\n", run->save_dir, tr->lineage.last_name, fs_now() - t0);
         fflush(stdout);
         run->last_saved_step = tr->step;
+        snprintf(run->last_saved_name, sizeof run->last_saved_name, "%s", tr->lineage.last_name);
     }
     return st;
 }
@@ -128,6 +192,7 @@ typedef struct rank_memory {
     uint64_t bytes[FS_MEM_N_CATEGORIES], peak[FS_MEM_N_CATEGORIES];
     uint64_t plan_total, peak_total;
     uint64_t allocs_after_step1, allocs_at_end;
+    uint64_t save_plan, save_peak; /* the final save's staging buffer (0 with --no-save) */
 } rank_memory;
 
 static void print_memory(const rank_memory *all, int world, int64_t steps, const fs_plan *plan) {
@@ -150,6 +215,16 @@ static void print_memory(const rank_memory *all, int world, int64_t steps, const
         }
         printf("\n");
     }
+    /* the save's staging is its own line, outside the total: it lives only while the
+     * weights are written, on top of the training state (fs_weights_save_sharded) */
+    printf("  %-14s", "final save");
+    for (int r = 0; r < world; r++) {
+        char cell[64];
+        snprintf(cell, sizeof cell, "%.2f / %.2f", (double)all[r].save_plan / 1048576.0,
+                 (double)all[r].save_peak / 1048576.0);
+        printf("  %-24s", cell);
+    }
+    printf("\n");
     for (int r = 0; r < world; r++)
         printf("  rank %d: %" PRIu64 " allocations after step 1, %" PRIu64 " after step %" PRId64 "%s\n", r,
                all[r].allocs_after_step1, all[r].allocs_at_end, steps,
@@ -208,7 +283,17 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
         fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
-        fflush(run->metrics);
+        /* stdio keeps the first error: one check per record sees any failed write in it */
+        if (fflush(run->metrics) != 0 || ferror(run->metrics)) {
+            snprintf(run->output_error, sizeof run->output_error,
+                     "--metrics %s: write failed at step %" PRId64 ": %s (the rows from this one on are missing)",
+                     run->metrics_path, s.step, strerror(errno));
+            progress_break(pg);
+            fprintf(stderr, "flatshard train: warning: %s; training goes on, and the run will exit 1\n",
+                    run->output_error);
+            fclose(run->metrics);
+            run->metrics = NULL;
+        }
     }
 }
 
@@ -220,6 +305,8 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (run->resume) cfg.seed = run->resume->seed; /* the sampler must continue the same way */
     fs_trainer tr;
     FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
+    tr.stop_flag = &stop_signal;
+    if (lead && run->save_dir) tr.lineage = run->lineage; /* claimed at start-up: rank 0 writes */
     fs_status st = FS_OK;
     double t_load = fs_now();
     if (run->resume) st = fs_trainer_resume(&tr, run->resume);
@@ -247,9 +334,9 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                cfg.threads == 1 ? "" : "s",
                cfg.ckpt_layers > 0 ? ", activation checkpointing" : "");
         printf("  data %s: %" PRId64 " tokens; global batch %d ranks x %" PRId64 " x %" PRId64
-               " micro-batches of %" PRId64 " tokens; %" PRId64 " steps\n",
+               " micro-batches of %" PRId64 " tokens; %" PRId64 " step%s\n",
                run->data_path, run->data->n_tokens, world, cfg.batch, cfg.grad_accum, cfg.seq,
-               cfg.steps);
+               cfg.steps, cfg.steps == 1 ? "" : "s");
         if (run->resume)
             printf("  resumed from %s: step %" PRId64 " of a run on %d rank%s (%s, %s), seed %" PRIu64
                    ", loaded in %.2f s\n",
@@ -258,6 +345,15 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                    fs_precision_name(run->resume->precision), run->resume->seed, t_load);
         if (run->source)
             printf("  initialised from %s in %.2f s\n", fs_source_describe(run->source), t_load);
+        if (run->save_dir) {
+            const fs_ckpt_lineage *lin = &tr.lineage;
+            char from[96] = "";
+            if (!lin->continued && lin->parent_step >= 0)
+                snprintf(from, sizeof from, " branching from step %" PRId64 " of %s%.8s", lin->parent_step,
+                         lin->parent_id[0] ? "run " : "an anonymous run", lin->parent_id);
+            printf("  checkpoints: %s/step-N%s, run %.8s (%s%s)\n", run->save_dir, lin->tag, lin->run_id,
+                   lin->continued ? "continuing its lineage" : "a new lineage", from);
+        }
         fflush(stdout);
     }
     if (lead) {
@@ -277,7 +373,6 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     uint64_t allocs_after_step1 = 0;
     fs_step_stats s = {0};
     for (int64_t i = tr.step; i < cfg.steps && st == FS_OK; i++) {
-        if (stop_signal) fs_engine_request_stop(tr.engine); /* every rank hears it at the step's end */
         st = fs_trainer_step(&tr, &s);
         /* arguments that differ across ranks (the debug check's FS_ERR_USAGE) are, in the
          * middle of a run, a fault of the program, not of its user: exit 1, not 2 */
@@ -291,14 +386,20 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             train_tokens += s.tokens;
         }
         if (lead) report_step(run, &s, mem, cfg.steps, first_step, &run->progress);
+        /* every process arms its own handler; in process the ranks share rank 0's */
+        if (s.stop && (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
+            acknowledge_stop(run->save_dir, run->last_saved_name, s.step, lead);
         if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0)
             st = save_checkpoint(&tr, run, lead);
         if (st == FS_OK && s.stop) { /* a signal: every rank stops after this same step */
             if (run->save_dir && (run->save_every <= 0 || s.step % run->save_every != 0))
                 st = save_checkpoint(&tr, run, lead);
-            if (lead) {
-                progress_break(&run->progress);
+            if (lead) progress_break(&run->progress);
+            /* every process exits 128 + the signal (in process, rank 0 speaks for all); the
+             * signal is the one some rank saw: this one may have seen none */
+            if (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI) {
                 run->stopped_at_step = s.step;
+                run->stopped_by = s.stop;
             }
             fs_trainer_free(&tr);
             return st;
@@ -309,8 +410,11 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (lead) progress_break(&run->progress);
     if (st == FS_OK && run->trace_path) {
         int64_t dropped = 0;
-        st = fs_trainer_trace_write(&tr, run->trace_path, &dropped);
-        if (st == FS_OK && lead)
+        /* a failed timeline is reported at the end: it never costs the weights */
+        fs_status trace_st = fs_trainer_trace_write(&tr, run->trace_path, &dropped);
+        if (trace_st != FS_OK && lead && !run->output_error[0])
+            snprintf(run->output_error, sizeof run->output_error, "%s", fs_error_message());
+        if (trace_st == FS_OK && lead)
             printf("wrote the timeline of steps %" PRId64 "-%" PRId64 " to %s%s (open it in Perfetto or chrome://tracing, "
                    "or draw a step with 'flatshard trace-svg')\n",
                    trace_from, trace_from + run->trace_steps - 1 < cfg.steps ? trace_from + run->trace_steps - 1 : cfg.steps,
@@ -323,6 +427,19 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                100.0 * wait_seconds / train_seconds);
     if (st == FS_OK && lead && run->profile) fs_cli_print_profile(stdout, &tr.profile);
 
+    /* the weights, before --memory so that it can show what the save took */
+    uint64_t save_peak = 0;
+    if (st == FS_OK && !run->no_save) {
+        /* every rank writes its own slices of the master weights at their offsets in one
+         * file: nothing is gathered, and the save adds only its staging buffer, taken from
+         * a separate allocator so the training categories stay as the plan says */
+        fs_mem *save_mem = NULL;
+        st = fs_mem_init(&save_mem, 0);
+        if (st == FS_OK) st = fs_weights_save_sharded(tr.engine, save_mem, run->out_path);
+        if (st == FS_OK && lead) printf("saved weights to %s\n", run->out_path);
+        if (save_mem) save_peak = fs_mem_get_stats(save_mem).total_peak;
+        fs_mem_free(save_mem);
+    }
     if (st == FS_OK && run->memory) {
         rank_memory mine = {0}, *all = calloc((size_t)world, sizeof *all);
         fs_mem_stats ms = fs_mem_get_stats(mem);
@@ -335,6 +452,8 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         mine.peak_total = ms.total_peak;
         mine.allocs_after_step1 = allocs_after_step1;
         mine.allocs_at_end = ms.n_allocs;
+        mine.save_plan = run->no_save ? 0 : tr.plan.save_bytes;
+        mine.save_peak = save_peak;
         st = all ? fs_engine_all_gather_bytes(tr.engine, &mine, sizeof mine, all)
                  : fs_errorf(FS_ERR_NOMEM, "out of memory");
         if (st == FS_OK && lead) print_memory(all, world, cfg.steps, &tr.plan);
@@ -345,17 +464,6 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         FS_ASSERT(fs_mem_get_stats(mem).n_allocs == allocs_after_step1);
 #endif
 
-    if (st == FS_OK && !run->no_save) {
-        /* every rank takes part in the gather; rank 0 writes */
-        fs_mem *wmem = NULL;
-        fs_weights w = {0};
-        st = fs_mem_init(&wmem, 0);
-        if (st == FS_OK) st = fs_weights_init(&w, &tr.layout, wmem, FS_MEM_OTHER, "weights to save");
-        if (st == FS_OK) st = fs_trainer_gather_weights(&tr, &w);
-        if (st == FS_OK && lead) st = fs_weights_save_safetensors(&w, run->out_path);
-        if (st == FS_OK && lead) printf("saved weights to %s\n", run->out_path);
-        fs_mem_free(wmem);
-    }
     fs_trainer_free(&tr);
     return st;
 }
@@ -377,7 +485,7 @@ static void name_last_checkpoint(const train_run *run, fs_status st) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", fs_error_message());
     if (run->last_saved_step > 0)
-        fs_errorf(st, "%s; the last checkpoint is %s/step-%08" PRId64, msg, run->save_dir, run->last_saved_step);
+        fs_errorf(st, "%s; the last checkpoint is %s/%s", msg, run->save_dir, run->last_saved_name);
     else
         fs_errorf(st, "%s; this run saved no checkpoint", msg);
 }
@@ -397,6 +505,93 @@ static fs_status check_save_dir(const char *dir) {
     return FS_OK;
 }
 
+/* This process's rank as the MPI launcher gives it, before MPI is initialised (0 when none
+ * says: then this process is the writer). */
+static int launcher_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
+/* --metrics: a fresh run truncates the file; a resumed run keeps the rows up to the step it
+ * resumes from and drops the rest (rows of steps the resumed run does again, or of another
+ * run), so the file always describes one history. A row cut short by a crash ends what is
+ * kept. */
+static fs_status open_metrics(train_run *run) {
+    const char *path = run->metrics_path;
+    struct stat sb;
+    if (run->resume && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        FILE *f = fopen(path, "r+");
+        if (!f) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t n;
+        off_t keep = 0;
+        while ((n = getline(&line, &cap, f)) > 0) {
+            long long step = 0;
+            if (line[n - 1] != '\n' || sscanf(line, "{\"step\":%lld", &step) != 1 || step > run->resume->step)
+                break;
+            keep += (off_t)n;
+        }
+        free(line);
+        int bad = ferror(f) || ftruncate(fileno(f), keep) != 0;
+        int e = errno;
+        fclose(f);
+        if (bad) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot keep the rows up to step %" PRId64 ": %s",
+                                  path, run->resume->step, strerror(e));
+        run->metrics = fopen(path, "a");
+    } else {
+        run->metrics = fopen(path, "w");
+    }
+    if (!run->metrics) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
+    return FS_OK;
+}
+
+/* The start-up check of --out, --trace and --metrics (fs_cli_check_output): none is an
+ * input of the run or another of its outputs, each can be created where it will be. */
+static fs_status check_outputs(train_run *run) {
+    const char *in[8];
+    int n = 0;
+    in[n++] = run->data_path;
+    if (run->resume_path) in[n++] = run->resume_path;
+    if (run->init_from) in[n++] = run->init_from;
+    if (run->model_name) in[n++] = run->model_name; /* a config.json */
+    if (!run->no_save) {
+        FS_TRY(fs_cli_check_output("--out", run->out_path, in, n, 0));
+        in[n++] = run->out_path;
+    }
+    if (run->trace_path) {
+        FS_TRY(fs_cli_check_output("--trace", run->trace_path, in, n, 0));
+        in[n++] = run->trace_path;
+    }
+    if (run->metrics_path) {
+        FS_TRY(fs_cli_check_output("--metrics", run->metrics_path, in, n, 1));
+        FS_TRY(open_metrics(run));
+    }
+    return FS_OK;
+}
+
+/* Rank 0's line after a signal stopped the run; printed once (under MPI before the ranks
+ * finalize, see the call). */
+static void report_stop(train_run *run) {
+    if (run->stopped_at_step <= 0 || run->stop_reported) return;
+    run->stop_reported = 1;
+    const char *name = run->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
+    if (run->save_dir)
+        /* --resume DIR picks the newest save in DIR, and the lock kept any other run from
+         * saving there since: it is this one */
+        fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; saved checkpoint %s/%s"
+                " (continue with --resume %s)\n", name, run->stopped_at_step, run->save_dir,
+                run->last_saved_name, run->save_dir);
+    else
+        fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; nothing saved (no --save)\n",
+                name, run->stopped_at_step);
+    fflush(stderr);
+}
+
 /* Ranks of this job on this machine, for the default thread count. */
 static int local_ranks(int world) {
     const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
@@ -408,7 +603,8 @@ static int local_ranks(int world) {
 }
 
 int fs_cmd_train(int argc, char **argv) {
-    train_run run = {.cfg = fs_train_config_default(), .out_path = "out/model.safetensors",
+    static const char default_out[] = "out/model.safetensors"; /* compared by address: --out given? */
+    train_run run = {.cfg = fs_train_config_default(), .out_path = default_out,
                      .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto"};
     fs_train_config *c = &run.cfg;
     const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on", *on_nan = "stop";
@@ -422,10 +618,11 @@ int fs_cmd_train(int argc, char **argv) {
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
         {"init-from", 0, FS_OPT_STRING, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
-        {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md)", NULL, 0, 0},
+        {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md). DIR is locked for the run; one holding another run's checkpoints is refused unless this run resumes from DIR or --new-lineage is given", NULL, 0, 0},
+        {"new-lineage", 0, FS_OPT_FLAG, &run.new_lineage, NULL, "with --save: start a new lineage in DIR beside other runs' checkpoints (named step-N-<run id>; nothing of theirs is pruned or overwritten)", NULL, 0, 0},
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
-        {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep the newest K checkpoints (0: all)", NULL, 0, INT64_MAX},
-        {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from the newest complete checkpoint under PATH (any world size and strategy)", NULL, 0, 0},
+        {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
+        {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &run.data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
@@ -467,6 +664,10 @@ int fs_cmd_train(int argc, char **argv) {
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
     if (!run.data_path) return fs_usage_error("train", "--data FILE is required; see 'flatshard train --help'");
+    if (run.no_save && run.out_path != default_out)
+        return fs_usage_error("train", "--no-save and --out %s exclude each other (--no-save writes no weights)", run.out_path);
+    if (!(clip >= 0)) /* negative was once read as off: 0 is off */
+        return fs_usage_error("train", "--clip must be >= 0 (0: no clipping), not %g", clip);
     const int mpi = fs_comm_mpi_launched();
     if (mpi && ranks > 1)
         return fs_usage_error("train", "--ranks %" PRId64 " under an MPI launcher: the launcher sets the ranks (use -np)", ranks);
@@ -497,6 +698,20 @@ int fs_cmd_train(int argc, char **argv) {
     fs_status st = fs_strategy_parse(strategy, &c->strategy);
     if (st == FS_OK) st = fs_precision_parse(precision, &c->precision);
     if (st != FS_OK) return fs_cli_report("train", st);
+    if (run.new_lineage && !run.save_dir)
+        return fs_usage_error("train", "--new-lineage needs --save DIR (it starts a new lineage of checkpoints there)");
+    /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed
+     * saves before anything is read from it (--resume may name it), then claims a lineage. */
+    run.lock_fd = -1;
+    const int writer = !mpi || launcher_rank() == 0;
+    if (run.save_dir && writer) {
+        st = fs_ckpt_lock(run.save_dir, &run.lock_fd);
+        if (st == FS_OK) st = fs_ckpt_recover(run.save_dir, NULL);
+        if (st != FS_OK) {
+            fs_ckpt_unlock(run.lock_fd);
+            return fs_cli_report("train", st);
+        }
+    }
     /* the model: --model, else the checkpoint's or the source's, else tiny */
     fs_ckpt resume = {0};
     if (run.resume_path) {
@@ -506,6 +721,8 @@ int fs_cmd_train(int argc, char **argv) {
             st = fs_errorf(FS_ERR_USAGE, "%s is at step %" PRId64 ": nothing to do with --steps %" PRId64,
                            resume.dir, resume.step, c->steps);
     }
+    if (st == FS_OK && run.save_dir && writer)
+        st = fs_ckpt_claim(&run.lineage, run.save_dir, run.resume, run.new_lineage);
     if (st == FS_OK && run.init_from) st = fs_source_open(&run.source, run.init_from);
     if (st == FS_OK) {
         if (run.model_name) st = fs_llama_config_load(run.model_name, &run.mcfg);
@@ -540,12 +757,10 @@ int fs_cmd_train(int argc, char **argv) {
         return fs_cli_report("train", st);
     }
     run.data = &data;
-    if (!run.no_save) st = fs_cli_prepare_output_path(run.out_path);
-    if (st == FS_OK && run.trace_path) st = fs_cli_prepare_output_path(run.trace_path);
+    /* Every output is checked now, by the process that will write it, so that a path the run
+     * cannot write fails before step 1 rather than after hours of training. */
+    if (writer) st = check_outputs(&run);
     if (st == FS_OK && run.save_dir) st = check_save_dir(run.save_dir);
-    if (st == FS_OK && run.metrics_path && !(run.metrics = fopen(run.metrics_path, "a")))
-        st = fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", run.metrics_path,
-                       strerror(errno));
     if (st != FS_OK) {
         fs_token_data_close(&data);
         fs_ckpt_close(&resume);
@@ -572,6 +787,9 @@ int fs_cmd_train(int argc, char **argv) {
                 run.metrics = NULL;
             }
             st = train_rank(comm, mem, &run);
+            /* the stop line before MPI_Finalize: once the ranks end, mpirun (OpenMPI, told
+             * to stop itself) may no longer forward their output */
+            if (st == FS_OK && fs_comm_rank(comm) == 0) report_stop(&run);
             if (st != FS_OK) { /* the other ranks may be waiting in a collective: end them */
                 name_last_checkpoint(&run, st);
                 fs_cli_report("train", st);
@@ -595,22 +813,25 @@ int fs_cmd_train(int argc, char **argv) {
     }
     int exit_code = st == FS_OK ? FS_EXIT_OK : fs_cli_report("train", st);
     if (st == FS_OK && run.stopped_at_step > 0) {
-        const int sig = (int)stop_signal;
-        if (run.save_dir)
-            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; saved checkpoint %s/step-%08" PRId64
-                    " (continue with --resume %s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                    run.stopped_at_step, run.save_dir, run.last_saved_step, run.save_dir);
-        else
-            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; nothing saved (no --save)\n",
-                    sig == SIGINT ? "SIGINT" : "SIGTERM", run.stopped_at_step);
-        exit_code = 128 + sig;
+        if (!mpi) report_stop(&run); /* under MPI rank 0 printed it */
+        exit_code = 128 + run.stopped_by;
     }
-    if (run.metrics && fclose(run.metrics) != 0 && exit_code == FS_EXIT_OK) {
-        fs_errorf(FS_ERR_IO, "--metrics %s: write failed", run.metrics_path);
-        exit_code = fs_cli_report("train", FS_ERR_IO);
+    if (run.metrics && fclose(run.metrics) != 0 && !run.output_error[0])
+        snprintf(run.output_error, sizeof run.output_error, "--metrics %s: write failed at the end: %s",
+                 run.metrics_path, strerror(errno));
+    if (st == FS_OK && run.output_error[0]) { /* everything else was saved: say what was */
+        char saved[1200] = "";
+        if (!run.no_save && run.stopped_at_step == 0)
+            snprintf(saved, sizeof saved, "; the weights were saved to %s", run.out_path);
+        size_t k = strlen(saved);
+        if (run.save_dir && run.last_saved_step > 0)
+            snprintf(saved + k, sizeof saved - k, "; the last checkpoint is %s/%s", run.save_dir, run.last_saved_name);
+        fprintf(stderr, "flatshard train: %s%s\n", run.output_error, saved);
+        if (exit_code == FS_EXIT_OK) exit_code = FS_EXIT_RUNTIME;
     }
     fs_token_data_close(&data);
     fs_ckpt_close(&resume);
     fs_source_close(run.source);
+    fs_ckpt_unlock(run.lock_fd);
     return exit_code;
 }

@@ -1,11 +1,13 @@
 /*
  * cli/common.c — see common.h.
  */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "common.h"
 
 #include "flatshard/source.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +72,112 @@ fs_status fs_cli_prepare_output_path(const char *path) {
                                   strerror(errno));
     free(copy);
     return st;
+}
+
+/* mkdir -p of path's parent directory; 0, or -1 with errno set (ENOTDIR: a component is a
+ * file). */
+static int make_parents(char *dir) {
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        int rc = mkdir(dir, 0777);
+        int e = errno;
+        *p = '/';
+        if (rc != 0 && e != EEXIST) {
+            errno = e;
+            return -1;
+        }
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+/* The canonical form of a path that may not exist yet: realpath of the path, else of its
+ * directory followed by its last component, else the path itself. malloc'ed (NULL: out of
+ * memory). */
+static char *canonical(const char *path) {
+    char *r = realpath(path, NULL);
+    if (r) return r;
+    char *d = strdup(path), *b = strdup(path);
+    char *rd = d && b ? realpath(dirname(d), NULL) : NULL;
+    if (rd) {
+        const char *base = basename(b);
+        size_t n = strlen(rd) + strlen(base) + 2;
+        r = malloc(n);
+        if (r) snprintf(r, n, "%s/%s", rd, base);
+    } else {
+        r = strdup(path);
+    }
+    free(rd);
+    free(d);
+    free(b);
+    return r;
+}
+
+/* Whether two paths name one file: the same device and inode, or (one does not exist yet:
+ * two outputs) the same canonical path. */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char *ra = canonical(a), *rb = canonical(b);
+    int same = ra && rb && strcmp(ra, rb) == 0;
+    free(ra);
+    free(rb);
+    return same;
+}
+
+fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
+                              int n_inputs, int allow_device) {
+    if (!path || !path[0]) return fs_errorf(FS_ERR_USAGE, "%s: the path is empty", what);
+    size_t len = strlen(path);
+    if (path[len - 1] == '/')
+        return fs_errorf(FS_ERR_USAGE, "%s %s: names a directory, not a file", what, path);
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode))
+        return fs_errorf(FS_ERR_USAGE, "%s %s: is a directory, not a file", what, path);
+    if (exists && !S_ISREG(st.st_mode) && !(allow_device && S_ISCHR(st.st_mode)))
+        return fs_errorf(FS_ERR_USAGE,
+                         "%s %s: exists and is not a regular file (a device, pipe or socket "
+                         "would be replaced)", what, path);
+    for (int i = 0; i < n_inputs; i++)
+        if (inputs[i] && inputs[i][0] && same_file(path, inputs[i]))
+            return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it",
+                             what, path, inputs[i]);
+    if (exists && S_ISCHR(st.st_mode)) { /* allow_device: written in place, not renamed over */
+        FILE *f = fopen(path, "a");
+        if (!f) return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));
+        fclose(f);
+        return FS_OK;
+    }
+    char *copy = strdup(path);
+    if (!copy) return fs_errorf(FS_ERR_NOMEM, "out of memory");
+    char *dir = dirname(copy);
+    if (make_parents(dir) != 0) {
+        fs_status e = fs_errorf(FS_ERR_IO, "%s %s: cannot create the directory %s: %s", what, path,
+                                dir, strerror(errno));
+        free(copy);
+        return e;
+    }
+    free(copy);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return fs_errorf(FS_ERR_USAGE, "%s %s: the path is too long", what, path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = open(tmp, O_WRONLY | O_CLOEXEC); /* a leftover: keep it */
+    if (fd < 0)
+        return fs_errorf(FS_ERR_IO, "%s %s: cannot create the file %s: %s", what, path, tmp,
+                         strerror(errno));
+    close(fd);
+    if (created) unlink(tmp);
+    return FS_OK;
 }
 
 fs_status fs_cli_model_load(fs_cli_model *m, const char *model_spec, const char *weights_path) {

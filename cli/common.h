@@ -22,6 +22,20 @@ void fs_cli_print_profile(FILE *f, const fs_profile *p);
 /* Creates the parent directory of path if needed and checks that path can be written. */
 fs_status fs_cli_prepare_output_path(const char *path);
 
+/* The start-up check of an output file, run before any work so that a path the run could
+ * not write fails now and not hours later. `what` names the option in messages ("--out").
+ * Refused (FS_ERR_USAGE, one line naming what and path): an empty path, a path that is a
+ * directory, a path that exists and is not a regular file (unless allow_device: --metrics
+ * may go to /dev/stdout), a path that is one of inputs[0..n_inputs) (same device and inode,
+ * or the same realpath when the output does not exist yet). Then the parent directories are
+ * created (mkdir -p) and the temporary file the final write will use, "<path>.tmp" (the
+ * pattern of safetensors.c, trace.c and tokenfile.c), is created and removed (a leftover one
+ * is only opened for writing and left in place). FS_ERR_IO when that fails: a parent that is
+ * a file, a directory that cannot be written, /proc. Nothing else is changed; the
+ * directories created stay. */
+fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
+                              int n_inputs, int allow_device);
+
 /* A model ready for inference, from any model source (source.h: a safetensors file, a
  * Hugging Face directory, a checkpoint): its config (or model_spec's, when given), the layout
  * with the vocabulary in one chunk, the weights loaded. */

@@ -1,14 +1,39 @@
 #!/usr/bin/env bash
 # tests/check.sh — what CI runs: the whole suite on the plain build, then under
 # AddressSanitizer, UndefinedBehaviorSanitizer and ThreadSanitizer (each build in its own
-# directory), and one final line "N passed, M failed" over all four. Exits non-zero on any
-# failure, or if a build fails.
+# directory); then the two builds the suite would otherwise never compile, `make MPI=none`
+# (build-nompi/) and `make DEBUG=1` (build-debug/), each exercised by its test programs and a
+# short training run (tests/run.sh --quick); and one final line
+# "N passed, M failed, K skipped" over all of them. A build that fails counts as a failure.
+# Exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 jobs=$(nproc 2>/dev/null || echo 2)
 passed=0
 failed=0
+skipped=0
 report=()
+
+# suite NAME MODE ENV... — runs tests/run.sh MODE ("" for the whole suite, or --quick) with
+# the variables ENV and adds up its final line
+suite() {
+    local name=$1 mode=$2 log last
+    shift 2
+    log=$(mktemp)
+    env "$@" tests/run.sh ${mode:+"$mode"} | tee "$log"
+    last=$(tail -n 1 "$log")
+    rm -f "$log"
+    if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ ([0-9]+)\ skipped)?$ ]]; then
+        passed=$((passed + BASH_REMATCH[1]))
+        failed=$((failed + BASH_REMATCH[2]))
+        skipped=$((skipped + ${BASH_REMATCH[4]:-0}))
+        report+=("$name: $last")
+    else
+        failed=$((failed + 1))
+        report+=("$name: the suite did not finish")
+    fi
+}
+
 for san in "" address undefined thread; do
     name=${san:-plain}
     echo "=================== $name build"
@@ -19,24 +44,31 @@ for san in "" address undefined thread; do
     fi
     build=build
     [ -n "$san" ] && build=build-$san
-    log=$(mktemp)
     # the long tier (tests/cli/test_soak.sh) runs once, on the plain build: the sanitized
     # builds run the same code paths in the short tests, at 5-20x the time
     long=0
     [ -z "$san" ] && long=1
-    FLATSHARD_LONG=$long FLATSHARD_BUILD=$build FLATSHARD_SANITIZER=$san tests/run.sh | tee "$log"
-    last=$(tail -n 1 "$log")
-    rm -f "$log"
-    if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-        passed=$((passed + BASH_REMATCH[1]))
-        failed=$((failed + BASH_REMATCH[2]))
-        report+=("$name: $last")
-    else
-        failed=$((failed + 1))
-        report+=("$name: the suite did not finish")
-    fi
+    suite "$name" "" FLATSHARD_LONG=$long FLATSHARD_BUILD=$build FLATSHARD_SANITIZER=$san
 done
+
+# MPI=none: the comm backend without MPI compiled in (its own build directory, build-nompi/);
+# DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2 in-process ranks.
+for variant in nompi debug; do
+    echo "=================== $variant build"
+    if [ "$variant" = nompi ]; then
+        args=(MPI=none) build=build-nompi mpi=none
+    else
+        args=(DEBUG=1 BUILD=build-debug) build=build-debug mpi=openmpi
+    fi
+    if ! make -j"$jobs" "${args[@]}" ${WERROR:+WERROR=$WERROR} all; then
+        failed=$((failed + 1))
+        report+=("$variant: BUILD FAILED (make ${args[*]})")
+        continue
+    fi
+    suite "$variant" --quick FLATSHARD_BUILD=$build FLATSHARD_MPI=$mpi
+done
+
 echo "=================== summary"
 printf '%s\n' "${report[@]}"
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# tests/run.sh — runs every test program in $FLATSHARD_BUILD/tests and every end-to-end
-# script in tests/cli/, adds up their "#summary passed=N failed=M" lines, prints
-# "N passed, M failed" and exits non-zero on any failure. A program that crashes or prints no
-# summary counts as one failed test, named.
+# tests/run.sh — runs the test program of every tests/test_<name>.c (from
+# $FLATSHARD_BUILD/tests; a binary whose source is gone is a leftover of a deleted test and is
+# never run) and every end-to-end script in tests/cli/, adds up their
+# "#summary passed=N failed=M skipped=K" lines (skipped=K may be absent), prints
+# "N passed, M failed, K skipped" and exits non-zero on any failure. A program that crashes,
+# prints no summary or is not built counts as one failed test, named. A skip is never a pass:
+# it is counted apart, and in CI (CI=true) tests/cli/lib.sh turns a skip for want of a tool
+# or a build into a failure.
+#
+# tests/run.sh --quick runs the test programs once each and tests/cli/build_smoke.sh instead:
+# what tests/check.sh runs on the builds the full suite does not cover (MPI=none, DEBUG=1).
 set -u
 build=${FLATSHARD_BUILD:-build}
+quick=0
+case "${1:-}" in
+    "") ;;
+    --quick) quick=1 ;;
+    *) echo "usage: tests/run.sh [--quick] (FLATSHARD_BUILD names the build directory)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.." || exit 2
 passed=0
 failed=0
+skipped=0
 crashed=()
 log_dir=$(mktemp -d)
 trap 'rm -rf "$log_dir"' EXIT
@@ -21,37 +35,75 @@ run_one() { # name, command...
     local rc=$?
     cat "$log"
     local summary
-    summary=$(grep -E '^#summary passed=[0-9]+ failed=[0-9]+$' "$log" | tail -n 1)
+    summary=$(grep -E '^#summary passed=[0-9]+ failed=[0-9]+( skipped=[0-9]+)?$' "$log" | tail -n 1)
     if [ -z "$summary" ]; then
         failed=$((failed + 1))
         crashed+=("$name (exit $rc, no summary)")
         return
     fi
-    local p f
+    local p f k=0
     p=$(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$summary")
     f=$(sed -E 's/.*failed=([0-9]+).*/\1/' <<<"$summary")
+    [[ $summary == *skipped=* ]] && k=$(sed -E 's/.*skipped=([0-9]+).*/\1/' <<<"$summary")
     passed=$((passed + p))
     failed=$((failed + f))
+    skipped=$((skipped + k))
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         failed=$((failed + 1))
         crashed+=("$name (exit $rc after reporting no failure)")
     fi
 }
 
-for t in "$build"/tests/test_*; do
-    [ -x "$t" ] || continue
+for src in tests/test_*.c; do
+    [ -f "$src" ] || continue
+    t="$build/tests/$(basename "$src" .c)"
+    if [ ! -x "$t" ]; then
+        failed=$((failed + 1))
+        crashed+=("$t (not built; its source is $src)")
+        continue
+    fi
     run_one "$t" "$t"
 done
-# the kernels again on the portable path (the fast copies are chosen at run time; this CPU
-# would otherwise only ever test them)
-for t in test_kernels test_model; do
-    [ -x "$build/tests/$t" ] && run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" env FLATSHARD_KERNELS=portable "$build/tests/$t"
-done
-for s in tests/cli/test_*.sh; do
-    [ -f "$s" ] || continue
-    run_one "$s" env FLATSHARD_BUILD="$build" bash "$s"
-done
+# Mode bits do not stop root, so a program's permission-denied cases run only as another
+# user: when the suite runs as root (CI does), these programs run a second time as nobody
+# (65534), who can read the build and write /tmp. A root run that cannot switch users counts
+# the rerun as skipped (a failure in CI, like every skip for want of a tool).
+as_user_programs=(test_data)
+as_user=()
+if [ "$(id -u)" -eq 0 ]; then
+    if command -v setpriv >/dev/null 2>&1; then
+        as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    elif command -v runuser >/dev/null 2>&1; then
+        as_user=(runuser -u nobody --)
+    fi
+    for t in "${as_user_programs[@]}"; do
+        [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] || continue
+        if [ "${#as_user[@]}" -gt 0 ]; then
+            run_one "$build/tests/$t (as the unprivileged user nobody)" "${as_user[@]}" "$build/tests/$t"
+        elif [ "${CI:-}" = true ]; then
+            failed=$((failed + 1))
+            crashed+=("$build/tests/$t as nobody: neither setpriv nor runuser is installed (CI=true forbids skips)")
+        else
+            skipped=$((skipped + 1))
+            echo "skip $build/tests/$t as nobody: neither setpriv nor runuser is installed"
+        fi
+    done
+fi
+if [ "$quick" -eq 1 ]; then
+    run_one tests/cli/build_smoke.sh env FLATSHARD_BUILD="$build" bash tests/cli/build_smoke.sh
+else
+    # the kernels again on the portable path (the fast copies are chosen at run time; this
+    # CPU would otherwise only ever test them)
+    for t in test_kernels test_model; do
+        [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] &&
+            run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" env FLATSHARD_KERNELS=portable "$build/tests/$t"
+    done
+    for s in tests/cli/test_*.sh; do
+        [ -f "$s" ] || continue
+        run_one "$s" env FLATSHARD_BUILD="$build" bash "$s"
+    done
+fi
 
 for c in "${crashed[@]+"${crashed[@]}"}"; do echo "FAIL $c"; done
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -5,16 +5,24 @@
  *   - resume at another world size or strategy (4 -> 3, 4 -> 1, 1 -> 4, yafsdp -> zero3-param)
  *     continues the run within the tolerance of W ranks against one (engine_checks.h);
  *   - --keep prunes old checkpoints only after a new one is complete; leftovers of crashed
- *     saves are never loaded and are removed by the next save;
+ *     saves are never loaded and are removed by fs_ckpt_recover;
+ *   - lineages: every manifest names its run and what it resumed from; a root of another run
+ *     is refused unless resumed from or told --new-lineage; a branch gets its own names;
+ *     --keep prunes only the saving lineage; the root opens the most recent save; old
+ *     checkpoints without run ids still load; the lock refuses a second writer;
+ *   - a save over a checkpoint of the same name, crashed (fork, SIGKILL) at every stage of
+ *     its commit, leaves a complete copy, and recovery and resume then work;
  *   - corrupted, truncated, wrong-version and wrong-model checkpoints, and hostile manifests,
  *     each give a clear error naming the file and the problem;
  *   - initialisation from safetensors (F32, BF16, F16) and from a Hugging Face directory
  *     with an index of shard files, each rank reading its slices.
  */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine_checks.h"
@@ -35,6 +43,8 @@ typedef struct run_spec {
     int steps;
     const char *save_root;
     int save_at, save_every, keep;
+    int save_end;                    /* also save after the last step (a save over that step's name) */
+    fs_ckpt_lineage *lineage;        /* NULL: the trainer's own (unclaimed); else rank 0 saves as it, updated */
     const char *resume_path, *init_path;
     /* outputs */
     double losses[EC_MAX_STEPS + 1]; /* by step number */
@@ -60,6 +70,7 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
     if (st == FS_OK && src) st = fs_trainer_init_from(&t, src);
     const int lead = fs_comm_rank(comm) == 0;
     if (lead) s->first_step = t.step + 1;
+    if (lead && s->lineage) t.lineage = *s->lineage;
     while (st == FS_OK && t.step < s->steps) {
         fs_step_stats ss;
         st = fs_trainer_step_on_batch(&t, s->in, s->tg, &ss);
@@ -68,6 +79,8 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
             (ss.step == s->save_at || (s->save_every > 0 && ss.step % s->save_every == 0)))
             st = fs_trainer_save(&t, s->save_root, s->keep);
     }
+    if (st == FS_OK && s->save_end) st = fs_trainer_save(&t, s->save_root, s->keep);
+    if (lead && s->lineage) *s->lineage = t.lineage;
     ec_result mine;
     memset(&mine, 0, sizeof mine);
     if (st == FS_OK) st = fs_layout_init(&mine.layout, s->cfg, t.layout.vocab_chunk_rows);
@@ -201,16 +214,26 @@ static void test_keep_and_crashed_saves(void) {
     root_path(root, sizeof root, "keep");
     rm_rf(root);
     mkdir(root, 0777);
-    /* a crashed save of step 9 left a temporary directory */
+    /* a crashed save of step 9 left a temporary directory: recovery (at a writer's start,
+     * under the lock) removes it */
     snprintf(stale, sizeof stale, "%s/step-00000009.tmp", root);
     mkdir(stale, 0777);
+    int repaired = 0;
+    CHECK_OK(fs_ckpt_recover(root, &repaired));
+    CHECK(repaired == 1, "recovery handled %d entries, expected the one .tmp", repaired);
+    /* another lineage's save in progress: a save of ours must leave it alone */
+    char theirs[600];
+    snprintf(theirs, sizeof theirs, "%s/step-00000005-deadbeef.tmp", root);
+    mkdir(theirs, 0777);
     run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
                   .steps = 5, .save_root = root, .save_every = 1, .keep = 2};
     s.tc.steps = 5;
     CHECK_OK(run(2, &s));
-    CHECK(count_entries(root, "step-") == 2, "keep 2: %d step directories remain", count_entries(root, "step-"));
+    CHECK(count_entries(root, "step-0000000[0-9]$") == 2, "keep 2: %d step directories remain",
+          count_entries(root, "step-0000000[0-9]$"));
     struct stat sb;
     CHECK(stat(stale, &sb) != 0, "the crashed save's .tmp directory was removed");
+    CHECK(stat(theirs, &sb) == 0, "another lineage's temporary directory was removed by our save");
     fs_ckpt ck;
     CHECK_OK(fs_ckpt_open(&ck, root));
     CHECK(ck.step == 5, "the newest complete checkpoint is step 5, got %lld", (long long)ck.step);
@@ -291,7 +314,7 @@ static void test_damaged_checkpoints_are_refused(void) {
     fs_llama_config other = cfg;
     other.intermediate_size = 64;
     st = try_resume(&other, root);
-    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "intermediate_size is 48 there, 64 here"),
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "intermediate_size is 48 there, 64 here"),
           "wrong model: %s", fs_error_message());
 
     /* an edited manifest no longer matches the checksum in COMPLETE */
@@ -301,8 +324,12 @@ static void test_damaged_checkpoints_are_refused(void) {
     st = fs_ckpt_open(&ck, dir);
     CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "manifest is corrupted"), "edited manifest: %s",
           fs_error_message());
-    /* nothing to resume from */
-    st = fs_ckpt_open(&ck, tmpdir);
+    /* nothing to resume from: a directory of its own, whatever other tests leave in tmpdir */
+    char empty[512];
+    root_path(empty, sizeof empty, "empty-root");
+    rm_rf(empty);
+    CHECK(mkdir(empty, 0777) == 0, "mkdir %s", empty);
+    st = fs_ckpt_open(&ck, empty);
     CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "no complete checkpoint"), "empty root: %s", fs_error_message());
 }
 
@@ -345,6 +372,336 @@ static void test_hostile_manifests(void) {
         fs_ckpt_close(&ck);
     }
 #undef HEAD
+}
+
+/* ------------------------------------------------------------------ lineages, the lock, crashes */
+
+static int complete_in(const char *root, const char *name) {
+    char path[1100];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s/COMPLETE", root, name);
+    return stat(path, &sb) == 0;
+}
+
+static int exists_in(const char *root, const char *name) {
+    char path[1100];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", root, name);
+    return lstat(path, &sb) == 0;
+}
+
+/* Rewrites the checkpoint in dir as versions before run ids wrote it: the manifest without
+ * its lineage lines, and COMPLETE with the new manifest's CRC-32. */
+static void make_legacy(const char *dir) {
+    char path[1100], line[8192];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "open %s", path);
+    if (!f) return;
+    size_t cap = 1 << 20, len = 0;
+    char *out = malloc(cap);
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "  \"run_id\"", 10) || !strncmp(line, "  \"resumed_from\"", 16) ||
+            !strncmp(line, "  \"save_seq\"", 12))
+            continue;
+        size_t k = strlen(line);
+        CHECK(len + k < cap, "manifest too large for the test");
+        if (len + k >= cap) break;
+        memcpy(out + len, line, k);
+        len += k;
+    }
+    fclose(f);
+    f = fopen(path, "w");
+    fwrite(out, 1, len, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/COMPLETE", dir);
+    f = fopen(path, "w");
+    fprintf(f, "flatshard-checkpoint complete\nmanifest.json crc32 %08x\n", fs_crc32(0, out, len));
+    fclose(f);
+    free(out);
+}
+
+static void test_lineages_branches_and_keep(void) {
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    char root[512], root2[512], one[600], three[600], tag[16];
+    root_path(root, sizeof root, "lineage");
+    root_path(root2, sizeof root2, "lineage2");
+    rm_rf(root);
+    rm_rf(root2);
+    snprintf(one, sizeof one, "%s/step-00000001", root);
+    snprintf(three, sizeof three, "%s/step-00000003", root);
+
+    /* lineage A: steps 1-3, every one kept */
+    fs_ckpt_lineage a, b, x;
+    CHECK_OK(fs_ckpt_claim(&a, root, NULL, 0)); /* the root does not exist yet: nothing to refuse */
+    CHECK(strlen(a.run_id) == FS_CKPT_ID_HEX && a.tag[0] == '\0' && a.seq == 0 && a.parent_step == -1 && !a.continued,
+          "a fresh lineage: id '%s' tag '%s' seq %lld", a.run_id, a.tag, (long long)a.seq);
+    run_spec sa = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                   .steps = 3, .save_root = root, .save_every = 1, .lineage = &a};
+    sa.tc.steps = 3;
+    CHECK_OK(run(2, &sa));
+    CHECK(a.seq == 3 && strcmp(a.last_name, "step-00000003") == 0, "after 3 saves: seq %lld, last %s",
+          (long long)a.seq, a.last_name);
+    fs_ckpt ck;
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(ck.step == 3 && strcmp(ck.run_id, a.run_id) == 0 && ck.seq == 3 && ck.parent_step == -1,
+          "A's manifest: step %lld run '%s' seq %lld parent %lld", (long long)ck.step, ck.run_id,
+          (long long)ck.seq, (long long)ck.parent_step);
+    fs_ckpt_close(&ck);
+
+    /* a fresh run into A's root is refused, naming A's newest checkpoint and the way out */
+    fs_status st = fs_ckpt_claim(&x, root, NULL, 0);
+    char a8[16];
+    snprintf(a8, sizeof a8, "run %.8s", a.run_id);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "holds checkpoints of another run") &&
+              strstr(fs_error_message(), "step-00000003") && strstr(fs_error_message(), a8) &&
+              strstr(fs_error_message(), "--new-lineage"),
+          "a fresh run over A: %s", fs_error_message());
+
+    /* a branch from A's step 1 is its own lineage, with its own names */
+    CHECK_OK(fs_ckpt_open(&ck, one));
+    CHECK_OK(fs_ckpt_claim(&b, root, &ck, 0));
+    fs_ckpt_close(&ck);
+    snprintf(tag, sizeof tag, "-%.8s", b.run_id);
+    CHECK(!b.continued && strcmp(b.run_id, a.run_id) != 0 && strcmp(b.parent_id, a.run_id) == 0 &&
+              b.parent_step == 1 && b.seq == 3 && strcmp(b.tag, tag) == 0,
+          "the branch: continued %d parent '%s' step %lld seq %lld tag '%s'", b.continued, b.parent_id,
+          (long long)b.parent_step, (long long)b.seq, b.tag);
+    run_spec sb = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                   .steps = 3, .save_root = root, .save_every = 1, .keep = 1, .resume_path = one, .lineage = &b};
+    sb.tc.steps = 3;
+    CHECK_OK(run(2, &sb));
+    char b2name[64], b3name[64];
+    snprintf(b2name, sizeof b2name, "step-00000002%s", b.tag);
+    snprintf(b3name, sizeof b3name, "step-00000003%s", b.tag);
+    /* nothing of A is lost; --keep 1 pruned only the branch's own step 2 */
+    CHECK(complete_in(root, "step-00000001") && complete_in(root, "step-00000002") && complete_in(root, "step-00000003"),
+          "A's checkpoints survive the branch");
+    CHECK(!exists_in(root, b2name) && complete_in(root, b3name), "the branch keeps only %s", b3name);
+
+    /* the root opens the most recent save (the branch's step 3), not A's same step */
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(strcmp(ck.run_id, b.run_id) == 0 && ck.seq == 5 && ck.parent_step == 1 && strcmp(ck.parent_id, a.run_id) == 0 &&
+              strstr(ck.dir, b3name) != NULL,
+          "the root opens %s (run '%s', seq %lld)", ck.dir, ck.run_id, (long long)ck.seq);
+    /* and resuming it continues the branch */
+    CHECK_OK(fs_ckpt_claim(&x, root, &ck, 0));
+    CHECK(x.continued && strcmp(x.run_id, b.run_id) == 0 && strcmp(x.tag, b.tag) == 0 && x.seq == 5,
+          "resuming the root: continued %d tag '%s' seq %lld", x.continued, x.tag, (long long)x.seq);
+    fs_ckpt_close(&ck);
+
+    /* A's tip continues A (its plain names); A's step 2 would be another branch */
+    CHECK_OK(fs_ckpt_open(&ck, three));
+    CHECK_OK(fs_ckpt_claim(&x, root, &ck, 0));
+    CHECK(x.continued && strcmp(x.run_id, a.run_id) == 0 && x.tag[0] == '\0', "A's tip: continued %d tag '%s'",
+          x.continued, x.tag);
+    /* resumed from A's tip into another root, the run continues A there */
+    CHECK_OK(fs_ckpt_claim(&x, root2, &ck, 0));
+    CHECK(x.continued && strcmp(x.run_id, a.run_id) == 0 && x.tag[0] == '\0' && x.seq == 0,
+          "A's tip into an empty root: continued %d tag '%s'", x.continued, x.tag);
+    /* --new-lineage: told to, even A's tip starts a new lineage */
+    CHECK_OK(fs_ckpt_claim(&x, root, &ck, 1));
+    CHECK(!x.continued && strcmp(x.run_id, a.run_id) != 0 && x.tag[0] == '-', "--new-lineage from A's tip: tag '%s'", x.tag);
+    fs_ckpt_close(&ck);
+    char two[600];
+    snprintf(two, sizeof two, "%s/step-00000002", root);
+    CHECK_OK(fs_ckpt_open(&ck, two));
+    CHECK_OK(fs_ckpt_claim(&x, root, &ck, 0));
+    CHECK(!x.continued && x.parent_step == 2, "A's step 2 is not its tip: continued %d", x.continued);
+    fs_ckpt_close(&ck);
+    /* --new-lineage from scratch beside both: accepted, a name of its own */
+    CHECK_OK(fs_ckpt_claim(&x, root, NULL, 1));
+    snprintf(tag, sizeof tag, "-%.8s", x.run_id);
+    CHECK(!x.continued && x.parent_step == -1 && strcmp(x.tag, tag) == 0 && x.seq == 5, "--new-lineage: tag '%s'", x.tag);
+    /* the newest save's manifest damaged: the root does not quietly open an older one, it
+     * names the damaged one and the next most recent */
+    char manifest[700];
+    snprintf(manifest, sizeof manifest, "%s/%s/manifest.json", root, b3name);
+    FILE *f = fopen(manifest, "w");
+    if (f) {
+        fputs("{\"format\": \"flatsh", f);
+        fclose(f);
+    }
+    st = fs_ckpt_open(&ck, root);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), b3name) &&
+              strstr(fs_error_message(), "the next most recent complete checkpoint is") &&
+              strstr(fs_error_message(), "/step-00000003 ("),
+          "a damaged newest save: %s", fs_error_message());
+    ec_result_free(&sa.res);
+    ec_result_free(&sb.res);
+}
+
+static void test_checkpoints_without_run_ids(void) {
+    char root[512], dir[600];
+    root_path(root, sizeof root, "legacy");
+    make_checkpoint(root, dir, sizeof dir);
+    make_legacy(dir);
+    fs_llama_config cfg = ec_model(0);
+    fs_ckpt ck;
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(ck.step == 2 && ck.run_id[0] == '\0' && ck.seq == 0 && ck.parent_step == -1,
+          "an old checkpoint: step %lld run '%s' seq %lld", (long long)ck.step, ck.run_id, (long long)ck.seq);
+    CHECK_OK(try_resume(&cfg, root));
+    fs_ckpt_lineage x;
+    fs_status st = fs_ckpt_claim(&x, root, NULL, 0);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "saved before run ids"), "a fresh run over an old one: %s",
+          fs_error_message());
+    /* resumed, it is a new lineage (an anonymous one cannot be continued) beside the old names */
+    CHECK_OK(fs_ckpt_claim(&x, root, &ck, 0));
+    CHECK(!x.continued && x.parent_id[0] == '\0' && x.parent_step == 2 && x.tag[0] == '-',
+          "resuming an old checkpoint: continued %d parent '%s' %lld tag '%s'", x.continued, x.parent_id,
+          (long long)x.parent_step, x.tag);
+    fs_ckpt_close(&ck);
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                  .steps = 4, .save_root = root, .save_every = 1, .keep = 1, .resume_path = root, .lineage = &x};
+    s.tc.steps = 4;
+    CHECK_OK(run(2, &s));
+    ec_result_free(&s.res);
+    /* the anonymous checkpoint is nobody's to prune; the new lineage's newest opens */
+    CHECK(complete_in(root, "step-00000002"), "the old checkpoint survives --keep 1 of the new lineage");
+    CHECK_OK(fs_ckpt_open(&ck, root));
+    CHECK(ck.step == 4 && strcmp(ck.run_id, x.run_id) == 0 && strcmp(ck.parent_id, "") == 0 && ck.parent_step == 2,
+          "the root opens step %lld of run '%s'", (long long)ck.step, ck.run_id);
+    fs_ckpt_close(&ck);
+    /* a manifest with a malformed lineage is refused, naming the field */
+    static const char *const bad[] = {
+        "\"run_id\":\"xyz\",\"save_seq\":1,\"resumed_from\":null", "run_id",
+        "\"run_id\":\"0123456789abcdef0123456789abcdef\",\"resumed_from\":null", "save_seq",
+        "\"run_id\":\"0123456789abcdef0123456789abcdef\",\"save_seq\":1", "resumed_from",
+        "\"run_id\":\"0123456789abcdef0123456789abcdef\",\"save_seq\":1,\"resumed_from\":{\"run_id\":\"\"}", "resumed_from",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i += 2) {
+        char json[2048];
+        snprintf(json, sizeof json,
+                 "{\"format\":\"flatshard-checkpoint\",\"version\":1,\"step\":3,\"seed\":\"7\",%s,\"world_size\":1,"
+                 "\"strategy\":\"yafsdp\",\"precision\":\"fp32\",\"arrays\":[\"master\",\"adam_m\",\"adam_v\"],"
+                 "\"config\":{\"hidden_size\":8,\"intermediate_size\":8,\"num_hidden_layers\":1,"
+                 "\"num_attention_heads\":2,\"vocab_size\":4},\"tensors\":[{\"name\":\"a\",\"shape\":[4,2]}],"
+                 "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}",
+                 bad[i]);
+        st = fs_ckpt_parse_manifest(&ck, json, strlen(json), "m.json");
+        CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), bad[i + 1]), "lineage case %zu: %s", i / 2,
+              fs_error_message());
+        fs_ckpt_close(&ck);
+    }
+}
+
+static void test_lock(void) {
+    char root[512], path[600], want[64];
+    root_path(root, sizeof root, "locked");
+    rm_rf(root);
+    int fd = -1, fd2 = 7;
+    CHECK_OK(fs_ckpt_lock(root, &fd));
+    snprintf(want, sizeof want, "pid %ld on host ", (long)getpid());
+    fs_status st = fs_ckpt_lock(root, &fd2);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "is in use by another run") && strstr(fs_error_message(), want) &&
+              fd2 == -1,
+          "a second writer: %s", fs_error_message());
+    fs_ckpt_unlock(fd);
+    /* a lock file left by a process that is gone is no lock */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int f = -1;
+        _exit(fs_ckpt_lock(root, &f) == FS_OK ? 0 : 1); /* exits holding it */
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the child took the lock after we released ours");
+    snprintf(path, sizeof path, "%s/.lock", root);
+    FILE *f = fopen(path, "r");
+    char body[256] = "";
+    if (f) {
+        if (!fgets(body, sizeof body, f)) body[0] = '\0';
+        fclose(f);
+    }
+    snprintf(want, sizeof want, "pid %ld on host ", (long)pid);
+    CHECK(strncmp(body, want, strlen(want)) == 0, "the lock file names the child: '%s'", body);
+    CHECK_OK(fs_ckpt_lock(root, &fd));
+    fs_ckpt_unlock(fd);
+}
+
+/* A save over a checkpoint of the same name (the lineage's step 2 saved again), killed at
+ * every stage of its commit: a complete copy is there at once, recovery leaves exactly one
+ * (the old before the swap, the new after it) and nothing suffixed, and resume works. */
+static void test_crash_at_every_stage_of_a_same_step_save(void) {
+    static const struct {
+        const char *stage; /* "": no crash */
+        int64_t survivor_seq;
+        int keep, entries;
+    } cases[] = {
+        {"", 3, 0, 2},
+        {"manifest", 2, 0, 2},
+        {"complete", 2, 0, 2},
+        {"swapped", 3, 0, 2},
+        {"pruning", 3, 1, 1},
+        {"fallback-aside", 2, 0, 2},
+        {"fallback-swapped", 3, 0, 2},
+    };
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[2 * 8], tg[2 * 8];
+    ec_batch(cfg.vocab_size, 2, 8, in, tg);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *stage = cases[c].stage[0] ? cases[c].stage : "(none)";
+        char root[512], two[600], aside[700];
+        root_path(root, sizeof root, "stage");
+        rm_rf(root);
+        snprintf(two, sizeof two, "%s/step-00000002", root);
+        snprintf(aside, sizeof aside, "%s.old", two);
+        fs_ckpt_lineage lin;
+        CHECK_OK(fs_ckpt_claim(&lin, root, NULL, 0));
+        run_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                      .steps = 2, .save_root = root, .save_every = 1, .lineage = &lin};
+        s.tc.steps = 2;
+        CHECK_OK(run(2, &s));
+        ec_result_free(&s.res);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) { /* resumes step 2 and saves it again as the same lineage */
+            char fault[96];
+            snprintf(fault, sizeof fault, "crash-in-save-stage:%s:2", cases[c].stage);
+            if (cases[c].stage[0]) setenv("FLATSHARD_FAULT", fault, 1);
+            run_spec again = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in,
+                              .tg = tg, .steps = 2, .save_root = root, .save_end = 1, .keep = cases[c].keep,
+                              .resume_path = root, .lineage = &lin};
+            again.tc.steps = 2;
+            _exit(run(2, &again) == FS_OK ? 0 : 1);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "%s: wait", stage);
+        if (cases[c].stage[0])
+            CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "%s: the save should have been killed (status %d)",
+                  stage, status);
+        else
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uninterrupted save failed (status %d)", status);
+        /* before any recovery, a complete copy exists */
+        fs_ckpt ck;
+        const char *copy = strcmp(cases[c].stage, "fallback-aside") == 0 ? aside : two;
+        fs_status st = fs_ckpt_open(&ck, copy);
+        CHECK(st == FS_OK, "%s: no complete copy at %s: %s", stage, copy, fs_error_message());
+        for (int r = 0; st == FS_OK && r < ck.world; r++) CHECK_OK(fs_ckpt_verify_file(&ck, r));
+        fs_ckpt_close(&ck);
+        int repaired = 0;
+        CHECK_OK(fs_ckpt_recover(root, &repaired));
+        CHECK((repaired > 0) == (cases[c].stage[0] != '\0'), "%s: recovery handled %d entries", stage, repaired);
+        CHECK(count_entries(root, "step-.*[.]") == 0, "%s: suffixed leftovers remain after recovery", stage);
+        CHECK(count_entries(root, "step-") == cases[c].entries, "%s: %d checkpoints, expected %d", stage,
+              count_entries(root, "step-"), cases[c].entries);
+        st = fs_ckpt_open(&ck, root);
+        CHECK(st == FS_OK && ck.step == 2 && ck.seq == cases[c].survivor_seq, "%s: the root opens step %lld seq %lld, expected seq %lld",
+              stage, (long long)ck.step, (long long)ck.seq, (long long)cases[c].survivor_seq);
+        for (int r = 0; st == FS_OK && r < ck.world; r++) CHECK_OK(fs_ckpt_verify_file(&ck, r));
+        fs_ckpt_close(&ck);
+        run_spec on = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                       .steps = 3, .resume_path = root};
+        on.tc.steps = 3;
+        CHECK(run(2, &on) == FS_OK && on.first_step == 3, "%s: resume after recovery: %s", stage, fs_error_message());
+        ec_result_free(&on.res);
+    }
 }
 
 /* ------------------------------------------------------------------ model sources */
@@ -493,6 +850,10 @@ int main(void) {
     RUN(test_keep_and_crashed_saves);
     RUN(test_damaged_checkpoints_are_refused);
     RUN(test_hostile_manifests);
+    RUN(test_lineages_branches_and_keep);
+    RUN(test_checkpoints_without_run_ids);
+    RUN(test_lock);
+    RUN(test_crash_at_every_stage_of_a_same_step_save);
     RUN(test_init_from_safetensors_and_hf_directories);
     rm_rf(tmpdir);
     return fs_test_summary();

@@ -5,12 +5,16 @@
  * mpirun) runs for world sizes 1 to 5, with the smallest staging segment (64 bytes, so every
  * message crosses many segments and partial segments) and with the default one. Then what
  * only threads can show: staging allocated once and nothing allocated per call, a failing
- * rank that unblocks its peers, size mismatches caught without the debug check, a barrier
- * that really waits, the environment switch of the debug check, bf16 rounding.
+ * rank that unblocks its peers, a silent rank named by the timeout (no sleep raced against
+ * it), size mismatches caught without the debug check, a barrier that really waits, the
+ * environment switch of the debug check, bf16 rounding.
  */
 #include "flatshard/comm.h"
 #include "harness.h"
 #include "comm_checks.h"
+/* The silent-rank test gives one rank of a group a deadline and the others none: the timeout
+ * is per communicator (fs_comm.cfg), which no public call sets after creation. */
+#include "../src/comm/comm_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -253,47 +257,86 @@ static void test_failing_rank_unblocks_the_others(void) {
 }
 
 /* A rank that stops taking part without failing (a dead or hung peer, as its peers see
- * it): the others give up after the timeout and name it; nobody waits for ever. */
+ * it): the others give up after the timeout and name it; nobody waits for ever.
+ *
+ * Nothing here is raced against a clock. The silent rank blocks on a condition variable that
+ * only the survivors signal, after their collective has returned: until the timeout fires
+ * they have no way out, so it must fire, however slowly the threads run (2 busy cores, a
+ * sanitizer). Which peer a rank names must not depend on speed either: a survivor that is
+ * itself slow to reach the collective must not be the one named. So exactly the ranks in
+ * `timed` get a deadline (set on their own communicator before the collective: the
+ * environment's FLATSHARD_COMM_TIMEOUT cannot change it), and each of them waits first on the
+ * silent rank: with W = 2 that is the only peer; with W = 3 the silent rank is 0 and only
+ * rank 1 is timed, which in the ring receives from rank 0 and in the builtin barrier finds
+ * rank 0 the first rank missing (it looks from rank 0 up). The untimed survivors are released
+ * by the failure the timed rank records, and must pass on its message. */
+#define SILENT_TIMEOUT_S 0.05
+
 typedef struct silent_arg {
     fs_comm_algo algo;
+    int silent;             /* the rank that never arrives */
+    unsigned timed;         /* bit r: rank r waits with a deadline */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* survivors_done changed */
+    int survivors_done;
     fs_status st[MAX_W];
     char msg[MAX_W][256];
 } silent_arg;
 
 static fs_status silent_rank_fn(fs_comm *comm, void *p) {
     silent_arg *a = p;
-    int r = fs_comm_rank(comm);
-    if (r == 1) { /* long past the others' timeout, then gone without a word */
-        struct timespec ts = {1, 0};
-        nanosleep(&ts, NULL);
+    int r = fs_comm_rank(comm), W = fs_comm_world(comm);
+    if (r == a->silent) { /* gone without a word until every survivor has given up */
+        pthread_mutex_lock(&a->mu);
+        while (a->survivors_done < W - 1) pthread_cond_wait(&a->cv, &a->mu);
+        pthread_mutex_unlock(&a->mu);
         return FS_OK;
     }
+    /* This rank's own communicator, before its first collective: no other thread reads it. */
+    comm->cfg.timeout_s = (a->timed >> r) & 1u ? SILENT_TIMEOUT_S : 0;
     float x[8] = {0}, y[8 * MAX_W];
     fs_comm_op o = fs_comm_op_all_gather(x, y, 8, FS_DTYPE_FP32);
     o.algo = a->algo;
     a->st[r] = fs_comm_run(comm, &o);
     snprintf(a->msg[r], sizeof a->msg[r], "%s", fs_error_message());
+    pthread_mutex_lock(&a->mu);
+    a->survivors_done++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
     return a->st[r];
 }
 
 static void test_silent_rank_times_out(void) {
-    fs_comm_config cfg = fs_comm_config_default();
-    cfg.timeout_s = 0.2;
-    for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++) {
-        silent_arg a = {.algo = (fs_comm_algo)algo};
-        double t0 = fs_now();
-        fs_status st = fs_comm_inproc_run(3, cfg, silent_rank_fn, &a);
-        double waited = fs_now() - t0;
-        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "no progress from rank 1 for 0.2 s"),
-              "%s: the run names the silent rank: %s %s", fs_comm_algo_name((fs_comm_algo)algo),
-              fs_status_name(st), fs_error_message());
-        for (int r = 0; r < 3; r += 2)
-            CHECK(a.st[r] != FS_OK && strstr(a.msg[r], "no progress from rank 1"),
-                  "%s: rank %d names rank 1: %s", fs_comm_algo_name((fs_comm_algo)algo), r,
-                  a.msg[r]);
-        /* the silent rank sleeps 1 s; the others must not have waited much longer than it */
-        CHECK(waited < 20, "the run ended (%.1f s)", waited);
-    }
+    static const struct { int world, silent; unsigned timed; } cases[] = {
+        {2, 1, 1u << 0},               /* the only survivor, timed */
+        {3, 0, 1u << 1},               /* rank 1 times out; rank 2 hears of it */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++) {
+            int W = cases[k].world, S = cases[k].silent;
+            const char *name = fs_comm_algo_name((fs_comm_algo)algo);
+            silent_arg a = {.algo = (fs_comm_algo)algo, .silent = S, .timed = cases[k].timed};
+            pthread_mutex_init(&a.mu, NULL);
+            pthread_cond_init(&a.cv, NULL);
+            fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), silent_rank_fn, &a);
+            char named[96];
+            snprintf(named, sizeof named, "no progress from rank %d for %g s", S, SILENT_TIMEOUT_S);
+            CHECK(st == FS_ERR_IO, "W=%d %s: the run fails with an I/O error: %s %s", W, name,
+                  fs_status_name(st), fs_error_message());
+            CHECK(strstr(fs_error_message(), named) != NULL, "W=%d %s: the run names rank %d: %s",
+                  W, name, S, fs_error_message());
+            for (int r = 0; r < W; r++) {
+                if (r == S) continue;
+                int timed = (cases[k].timed >> r) & 1u;
+                /* the timed rank's own error, or the group's failure passed on to the others */
+                CHECK(a.st[r] == (timed ? FS_ERR_IO : FS_ERR_INTERNAL),
+                      "W=%d %s: rank %d returned %s", W, name, r, fs_status_name(a.st[r]));
+                CHECK(strstr(a.msg[r], named) != NULL, "W=%d %s: rank %d names rank %d: %s", W,
+                      name, r, S, a.msg[r]);
+            }
+            pthread_cond_destroy(&a.cv);
+            pthread_mutex_destroy(&a.mu);
+        }
 }
 
 typedef struct mismatch_arg {

@@ -1,21 +1,30 @@
 /*
- * tests/test_config.c — model configurations, the layout of units and tensors, and the
+ * tests/test_config.c — model configurations (their limits included), the layout of units and
+ * tensors, the planner (the largest accepted sizes without wrap-around, the step-time model
+ * against hand-computed cases, this-machine's calibration and its cache), and the
  * safetensors reader on malformed headers.
  */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "flatshard/estimate.h"
+#include "flatshard/kernels.h"
 #include "flatshard/model.h"
 #include "flatshard/safetensors.h"
+#include "flatshard/shard.h"
 #include "harness.h"
 
 static fs_status parse(const char *json, fs_llama_config *c) {
     return fs_llama_config_from_json(json, strlen(json), "cfg.json", c);
 }
 
-#define BASE "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, " \
-             "\"num_attention_heads\": 4, \"vocab_size\": 100"
+#define BASE_NO_VOCAB "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, " \
+                      "\"num_attention_heads\": 4"
+#define BASE BASE_NO_VOCAB ", \"vocab_size\": 100"
 
 static void test_presets(void) {
     fs_llama_config c;
@@ -164,6 +173,324 @@ static void test_flops_formula(void) {
     fs_layout_free(&l);
 }
 
+/* ------------------------------------------------------------------ limits: 64-bit sizes */
+
+/* The largest configuration the validator accepts. */
+static fs_llama_config max_config(void) {
+    fs_llama_config c = {.hidden_size = FS_CONFIG_MAX_HIDDEN_SIZE,
+                         .intermediate_size = FS_CONFIG_MAX_INTERMEDIATE_SIZE,
+                         .num_hidden_layers = FS_CONFIG_MAX_LAYERS,
+                         .num_attention_heads = FS_CONFIG_MAX_HEADS,
+                         .num_key_value_heads = FS_CONFIG_MAX_HEADS,
+                         .vocab_size = FS_CONFIG_MAX_VOCAB_SIZE,
+                         .max_position_embeddings = FS_CONFIG_MAX_POSITIONS,
+                         .rms_norm_eps = 1e-5, .rope_theta = 10000.0, .initializer_range = 0.02,
+                         .tie_word_embeddings = 0};
+    return c;
+}
+
+/* Each field at its maximum is accepted, one past it refused naming the field. The maxima
+ * are written out here (not taken from the macros) so that a changed limit fails. */
+static void test_config_limits_name_the_field(void) {
+    fs_llama_config c = max_config();
+    CHECK_OK(fs_llama_config_validate(&c));
+    static const struct {
+        const char *field;
+        int64_t max;
+    } limits[] = {
+        {"hidden_size", 1048576},        {"intermediate_size", 4194304},
+        {"num_hidden_layers", 4096},     {"num_attention_heads", 4096},
+        {"num_key_value_heads", 4096},   {"vocab_size", 2147483647},
+        {"max_position_embeddings", 16777216},
+    };
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+        fs_llama_config d = max_config();
+        int64_t *f = i == 0 ? &d.hidden_size : i == 1 ? &d.intermediate_size
+                   : i == 2 ? &d.num_hidden_layers : i == 3 ? &d.num_attention_heads
+                   : i == 4 ? &d.num_key_value_heads : i == 5 ? &d.vocab_size
+                   : &d.max_position_embeddings;
+        CHECK(*f == limits[i].max, "%s: the maximum is %lld, expected %lld", limits[i].field,
+              (long long)*f, (long long)limits[i].max);
+        *f = limits[i].max + 1; /* the range is checked before divisibility */
+        fs_status st = fs_llama_config_validate(&d);
+        CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), limits[i].field),
+              "%s one past its maximum: %s '%s'", limits[i].field, fs_status_name(st), fs_error_message());
+    }
+    /* vocab_size 2^31 in a config.json: refused as the file's field, before any data is read */
+    fs_llama_config e;
+    fs_status st = parse("{" BASE_NO_VOCAB ", \"vocab_size\": 2147483648}", &e);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "cfg.json") &&
+              strstr(fs_error_message(), "'vocab_size' is 2147483648") &&
+              strstr(fs_error_message(), "2147483647") && strstr(fs_error_message(), "32-bit"),
+          "vocab_size 2^31: %s", fs_error_message());
+    CHECK_OK(parse("{" BASE_NO_VOCAB ", \"vocab_size\": 2147483647}", &e));
+}
+
+/* The largest accepted configuration plans without wrap-around: every figure equals one
+ * computed here in exact integers; a micro-batch twice as large is refused naming --batch and
+ * --seq (its activations would pass 2^62 bytes). */
+static void test_largest_plan_has_no_wrap(void) {
+    fs_llama_config c = max_config();
+    fs_layout l;
+    CHECK_OK(fs_layout_init(&l, &c, 0));
+    /* block: q, k, v (3 x 2^20 rows of HS = 256 x 4096 heads) x C + o C x C + 3 x FF x C
+     *      = 3*2^40 + 2^40 + 12*2^40 = 2^44; 4096 blocks = 2^56; embedding and head V x C each;
+     * norms (2L + 1) x C */
+    const int64_t C = 1 << 20, V = 2147483647, L = 4096, FF = 1 << 22, QKV = 3 * C, NH = 4096;
+    const int64_t want_params = ((int64_t)1 << 56) + 2 * V * C + (2 * L + 1) * C;
+    CHECK(l.total_numel == want_params, "parameters %lld, expected %lld", (long long)l.total_numel,
+          (long long)want_params);
+    const int64_t T = (int64_t)1 << 23, N = T, HS = 256, S = L; /* batch 1, no checkpointing */
+    fs_plan plan;
+    fs_plan_config pc = {.world = 1, .rank = 0, .strategy = FS_STRATEGY_YAFSDP,
+                         .precision = FS_PRECISION_FP32, .batch = 1, .seq = T, .ckpt_layers = 0,
+                         .comm_bytes = 0};
+    fs_status st = fs_plan_init(&plan, &l, pc);
+    CHECK(st == FS_OK, "the largest config at T = 2^23 plans: %s", fs_error_message());
+    if (st == FS_OK) {
+        /* llama.c's activation arrays (every count a multiple of 16: no rounding), fp32 */
+        const int64_t act_numel = 2 * T * (HS / 2)         /* rope cos, sin */
+                                  + (L + 1) * N * C         /* x */
+                                  + 4 * S * N * C           /* ln1, att, xmid, ln2 */
+                                  + 2 * S * N               /* rstd1, rstd2 */
+                                  + S * N * QKV             /* qkv */
+                                  + S * 1 * NH * T          /* lse */
+                                  + S * N * 3 * FF          /* gu, h */
+                                  + N * C + N + N * V + 3 * N /* lnf, rstdf, logits, row stats */
+                                  + 4 * N * C + N * QKV + 3 * N * FF; /* backward scratch */
+        CHECK(plan.bytes[FS_MEM_ACTIVATIONS] == (size_t)act_numel * 4, "activations %zu, expected %lld",
+              plan.bytes[FS_MEM_ACTIVATIONS], (long long)act_numel * 4);
+        /* one rank, every unit a multiple of 32: the shard is the model */
+        CHECK(plan.bytes[FS_MEM_MASTER] == (size_t)want_params * 4, "master %zu", plan.bytes[FS_MEM_MASTER]);
+        CHECK(plan.bytes[FS_MEM_GRADS] == (size_t)want_params * 4, "grads %zu", plan.bytes[FS_MEM_GRADS]);
+        CHECK(plan.bytes[FS_MEM_OPTIM] == (size_t)want_params * 8, "optimizer %zu", plan.bytes[FS_MEM_OPTIM]);
+        size_t sum = 0;
+        for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) sum += plan.bytes[k];
+        CHECK(plan.total_bytes == sum && sum > (size_t)act_numel * 4 && sum < (size_t)INT64_MAX,
+              "total %zu is the sum of the categories and fits int64", plan.total_bytes);
+        fs_plan_free(&plan);
+    }
+    pc.batch = 2;
+    st = fs_plan_init(&plan, &l, pc);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "--batch 2") &&
+              strstr(fs_error_message(), "--seq 8388608") && strstr(fs_error_message(), "activations"),
+          "twice the micro-batch: %s '%s'", fs_status_name(st), fs_error_message());
+    pc.batch = (int64_t)1 << 40; /* B x T itself would overflow int64 */
+    pc.seq = (int64_t)1 << 24;
+    CHECK(fs_plan_init(&plan, &l, pc) == FS_ERR_USAGE, "a micro-batch of 2^64 tokens is refused");
+    fs_acts acts;
+    CHECK(fs_acts_init(&acts, &l, 2, T, 0, NULL) == FS_ERR_USAGE &&
+              strstr(fs_error_message(), "--batch 2"),
+          "fs_acts_init refuses it too, before allocating: %s", fs_error_message());
+    fs_layout_free(&l);
+    /* a tiny chunk of the largest vocabulary would make 2^31 units */
+    CHECK(fs_layout_init(&l, &c, 1) == FS_ERR_USAGE && strstr(fs_error_message(), "vocab_size 2147483647") &&
+              strstr(fs_error_message(), "--vocab-chunk"),
+          "chunks of one row: %s", fs_error_message());
+    CHECK_OK(fs_layout_init(&l, &c, 32768)); /* 65536 chunks: the most */
+    fs_layout_free(&l);
+}
+
+/* ------------------------------------------------------------------ the step-time model */
+
+/* A 2-block model (C 64, FF 128, 4 heads, 2 KV heads, V 100, untied) on 4 A100s, yafsdp,
+ * bf16, micro-batch 2 x 16, 2 micro-batches, block 0 checkpointed: every figure of
+ * fs_estimate_step computed by hand from docs/planner.md's formulas. */
+static double rel_err(double got, double want) { return fabs(got - want) / fabs(want); }
+#define CHECK_REL(got, want, what)                                                              \
+    CHECK(rel_err((got), (want)) <= 1e-9, "%s: %.17g, expected %.17g", what, (double)(got),   \
+          (double)(want))
+
+static void small_plan(fs_layout *l, fs_plan *plan) {
+    fs_llama_config c;
+    CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": 2}", &c));
+    CHECK_OK(fs_layout_init(l, &c, 0));
+    fs_plan_config pc = {.world = 4, .rank = 0, .strategy = FS_STRATEGY_YAFSDP,
+                         .precision = FS_PRECISION_BF16, .batch = 2, .seq = 16, .ckpt_layers = 1,
+                         .comm_bytes = 0};
+    CHECK_OK(fs_plan_init(plan, l, pc));
+}
+
+static void test_step_time_by_hand(void) {
+    fs_layout l;
+    fs_plan plan;
+    small_plan(&l, &plan);
+    const fs_hardware *hw = NULL;
+    CHECK_OK(fs_hardware_find("a100-80gb", &hw));
+    if (!hw) return;
+    CHECK(hw->origin == FS_HW_PUBLISHED && strstr(hw->origin_note, "preset"), "a100 is a preset");
+    fs_step_estimate e;
+    fs_estimate_step(&plan, hw, 2, &e);
+
+    /* FLOPs, N = B*T = 32 tokens: a block's forward 2 N (matmul weights 36864) + 2 N C (T+1);
+     * the head's 2 N C V; backward twice the forward; block 0 (checkpointed) forward again */
+    const double Fb = 2.0 * 32 * 36864 + 2.0 * 32 * 64 * 17, Fh = 2.0 * 32 * 64 * 100;
+    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh), model = 2 * (6 * Fb + 3 * Fh);
+    CHECK_REL(e.flops, flops, "flops");
+    const double rate = 312e12 * 0.5; /* bf16 peak x utilisation */
+    CHECK_REL(e.compute_s, flops / rate, "compute");
+    /* ops: embed, block 0, block 1, head; forward and backward compute per op */
+    const double cf0 = 0, cf1 = Fb / rate, cf2 = Fb / rate;
+    const double cb0 = 0, cb1 = 3 * Fb / rate, cb2 = 2 * Fb / rate;
+    (void)cf0;
+    (void)cb0;
+    /* collectives at 240 GB/s (4 ranks: one node), 50 us each, (W-1)/W = 3/4 on the wire;
+     * weights bf16 (2 bytes), gradients fp32; units padded to multiples of 4 x 32 */
+    const double bw = 240e9, lat = 50e-6;
+#define AG(bytes) (lat + 0.75 * (bytes) / bw) /* a reduce-scatter costs the same formula */
+    const double E = 6400 * 2, Bk = 36864 * 2, H = 6400 * 2;     /* embed, block, head weights */
+    const double Eg = 6400 * 4, Bg = 36864 * 4, Hg = 6400 * 4;   /* their gradients */
+    const double Nw = 384 * 2, Ng = 384 * 4, X = 16 * 4;         /* norms (320 -> 384), exchange */
+    /* micro-batch 0: gather every op; op i+1's gather beside op i's forward */
+    double exposed = AG(E) + fmax(0, AG(Bk) - cf0) + fmax(0, AG(Bk) - cf1) + fmax(0, AG(H) - cf2);
+    /* backward (ops 3..0): op i-1's gather again (ops 0 and 1: the last two stay resident) and
+     * op i+1's reduce-scatter beside op i's backward; op 0's reduce-scatter exposed */
+    const double bwd = fmax(0, AG(Bk) + AG(Hg) - cb2) + fmax(0, AG(E) + AG(Bg) - cb1) +
+                       fmax(0, AG(Bg) - cb0) + AG(Eg);
+    exposed += bwd;
+    /* micro-batch 1: ops 0 and 1 resident from micro-batch 0's backward */
+    exposed += fmax(0, AG(Bk) - cf1) + fmax(0, AG(H) - cf2) + bwd;
+    /* after backward: the norm group's gather and reduce-scatter, the (loss, norm) exchange */
+    const double end = AG(Nw) + AG(Ng) + AG(X);
+    exposed += end;
+    const double comm = (AG(E) + 2 * AG(Bk) + AG(H)) + (AG(E) + AG(Bk)) + (AG(Bk) + AG(H)) +
+                        (AG(E) + AG(Bk)) + 2 * (AG(Eg) + 2 * AG(Bg) + AG(Hg)) + end;
+#undef AG
+    CHECK_REL(e.comm_s, comm, "communication");
+    CHECK_REL(e.exposed_comm_s, exposed, "exposed communication");
+    CHECK_REL(e.step_s, flops / rate + exposed, "step");
+    CHECK_REL(e.tokens_per_s, 4.0 * 2 * 2 * 16 / (flops / rate + exposed), "tokens/s");
+    CHECK_REL(e.mfu, model / (312e12 * (flops / rate + exposed)), "MFU");
+    CHECK(e.busbw == 240e9, "busbw %g", e.busbw);
+    CHECK(e.comm.count[FS_EST_ALL_GATHER] == 12 && e.comm.count[FS_EST_REDUCE_SCATTER] == 9 &&
+              e.comm.count[FS_EST_ALL_REDUCE] == 0,
+          "counts %lld %lld %lld", (long long)e.comm.count[0], (long long)e.comm.count[1],
+          (long long)e.comm.count[2]);
+    const double ag_bytes = (E + 2 * Bk + H) + (E + Bk) + (Bk + H) + (E + Bk) + Nw + X;
+    const double rs_bytes = 2 * (Eg + 2 * Bg + Hg) + Ng;
+    CHECK(e.comm.bytes[FS_EST_ALL_GATHER] == ag_bytes && e.comm.wire[FS_EST_ALL_GATHER] == 0.75 * ag_bytes,
+          "all-gather bytes %.0f wire %.0f, expected %.0f", e.comm.bytes[0], e.comm.wire[0], ag_bytes);
+    CHECK(e.comm.bytes[FS_EST_REDUCE_SCATTER] == rs_bytes, "reduce-scatter bytes %.0f, expected %.0f",
+          e.comm.bytes[1], rs_bytes);
+
+    /* The same plan on a calibrated CPU (fs_hardware_from_calibration, fixed figures): rates
+     * from the GEMMs x step efficiency, busbw = memcpy x 0.4, collectives on the compute
+     * cores: nothing hidden */
+    fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .copy_bytes_per_s = 10e9};
+    fs_hardware cpu;
+    fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 2, &cpu);
+    CHECK(cpu.peak_flops_fp32 == 100e9 && cpu.peak_flops_bf16 == 50e9, "peaks are the GEMM rates");
+    CHECK(cpu.utilisation_fp32 == 0.87 && cpu.utilisation_bf16 == 0.80, "step efficiencies %g %g",
+          cpu.utilisation_fp32, cpu.utilisation_bf16);
+    CHECK(cpu.intra_busbw == 4e9 && cpu.inter_busbw == 4e9, "busbw %g %g", cpu.intra_busbw, cpu.inter_busbw);
+    CHECK(cpu.devices_per_node == 2 && cpu.memory_bytes == 24.0 * 1073741824.0 && cpu.comm_on_compute_cores &&
+              cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
+          "the machine's figures");
+    fs_estimate_step(&plan, &cpu, 2, &e);
+    const double cpu_rate = 50e9 * 0.80;
+    /* 21 collectives, one piece each */
+    const double cpu_comm = 21 * 50e-6 + 0.75 * (ag_bytes + rs_bytes) / 4e9;
+    CHECK_REL(e.compute_s, flops / cpu_rate, "cpu compute");
+    CHECK_REL(e.comm_s, cpu_comm, "cpu communication");
+    CHECK_REL(e.exposed_comm_s, cpu_comm, "cpu: all communication exposed");
+    CHECK_REL(e.step_s, flops / cpu_rate + cpu_comm, "cpu step");
+    CHECK_REL(e.mfu, model / (50e9 * (flops / cpu_rate + cpu_comm)), "cpu MFU");
+    fs_plan_free(&plan);
+    fs_layout_free(&l);
+}
+
+/* ------------------------------------------------------------------ this-machine */
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void test_calibration_and_cache(void) {
+    char dir[] = "/tmp/flatshard-test-calibration-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    setenv("XDG_CACHE_HOME", dir, 1);
+    char path[512], want[600], key[512];
+    CHECK_OK(fs_calibration_cache_path(path, sizeof path));
+    snprintf(want, sizeof want, "%s/flatshard/this-machine.txt", dir);
+    CHECK(strcmp(path, want) == 0, "cache path %s", path);
+    fs_calibration_key(key, sizeof key);
+    CHECK(strstr(key, fs_kernels_blas_corename()) && strstr(key, "threads 1"), "key %s", key);
+
+    fs_calibration m;
+    CHECK_OK(fs_calibration_measure(&m));
+    CHECK(m.gemm_fp32_flops > 1e8 && m.gemm_fp32_flops < 1e14 && m.gemm_bf16_flops > 1e7 &&
+              m.gemm_bf16_flops < 1e14 && m.copy_bytes_per_s > 1e8 && m.copy_bytes_per_s < 1e13,
+          "measured figures are plausible: %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
+          m.copy_bytes_per_s);
+    CHECK(strcmp(m.key, key) == 0 && strlen(m.date) == 19, "key and date recorded: %s", m.date);
+
+    /* round trip, bit for bit (%.17g) */
+    CHECK_OK(fs_calibration_write(path, &m));
+    fs_calibration r;
+    memset(&r, 0, sizeof r);
+    CHECK_OK(fs_calibration_read(path, key, &r));
+    CHECK(memcmp(&r, &m, sizeof r) == 0, "the cache reads back what was written");
+    /* another machine's (or OpenBLAS core's) figures are stale */
+    CHECK(fs_calibration_read(path, "another CPU | threads 1", &r) == FS_ERR_FORMAT &&
+              strstr(fs_error_message(), "another machine"),
+          "a different key: %s", fs_error_message());
+    /* corrupt files: refused, *out untouched */
+    static const char *const corrupt[] = {
+        "", "flatshard calibration 2\n", "garbage\n",
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\n",
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops nan\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops -1\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11x\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10", /* cut */
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\nextra 1\n",
+    };
+    for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
+        write_text(path, corrupt[i]);
+        fs_calibration before = r;
+        fs_status st = fs_calibration_read(path, "K", &r);
+        CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "not a valid calibration"),
+              "corrupt case %zu: %s %s", i, fs_status_name(st), fs_error_message());
+        CHECK(memcmp(&before, &r, sizeof r) == 0, "corrupt case %zu leaves *out alone", i);
+    }
+    write_text(path, "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\n"
+                     "copy_bytes_per_s 1e10\n");
+    CHECK_OK(fs_calibration_read(path, "K", &r));
+    CHECK(r.gemm_bf16_flops == 2e11 && strcmp(r.date, "D") == 0, "a hand-written cache parses");
+    unlink(path);
+    CHECK(fs_calibration_read(path, "K", &r) == FS_ERR_IO, "a missing cache");
+
+    /* this-machine: no cache -> measured now, and the cache written; then the same figures */
+    write_text(path, "corrupt\n");
+    const fs_hardware *hw = NULL;
+    CHECK_OK(fs_hardware_find("this-machine", &hw));
+    if (hw) {
+        CHECK(hw->origin == FS_HW_MEASURED && strstr(hw->origin_note, "measured now") &&
+                  strstr(hw->origin_note, path),
+              "a corrupt cache is ignored: %s", hw->origin_note);
+        CHECK(strcmp(hw->name, "this-machine") == 0 && hw->comm_on_compute_cores &&
+                  hw->utilisation_fp32 == FS_CPU_STEP_EFFICIENCY_FP32 && hw->peak_flops_fp32 > 0,
+              "this-machine figures");
+        CHECK_OK(fs_calibration_read(path, key, &r));
+        CHECK(r.gemm_fp32_flops == hw->peak_flops_fp32 && r.gemm_bf16_flops == hw->peak_flops_bf16,
+              "and rewritten with the figures in use");
+    }
+    const fs_hardware *again = NULL;
+    CHECK_OK(fs_hardware_find("this-machine", &again));
+    CHECK(again == hw && again && again->peak_flops_fp32 == r.gemm_fp32_flops,
+          "a second look in the process measures nothing");
+    CHECK(fs_hardware_find("tpu", &hw) == FS_ERR_USAGE && strstr(fs_error_message(), "this-machine"),
+          "unknown device: %s", fs_error_message());
+    unlink(path);
+    snprintf(want, sizeof want, "%s/flatshard", dir);
+    rmdir(want);
+    rmdir(dir);
+    unsetenv("XDG_CACHE_HOME");
+}
+
 /* Malformed safetensors headers are refused with a message, never read out of bounds. */
 static void test_safetensors_hostile_headers(void) {
     static const struct {
@@ -246,6 +573,10 @@ int main(void) {
     RUN(test_config_file_errors);
     RUN(test_layout_units_tensors_ops);
     RUN(test_flops_formula);
+    RUN(test_config_limits_name_the_field);
+    RUN(test_largest_plan_has_no_wrap);
+    RUN(test_step_time_by_hand);
+    RUN(test_calibration_and_cache);
     RUN(test_safetensors_hostile_headers);
     RUN(test_safetensors_files);
     return fs_test_summary();

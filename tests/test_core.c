@@ -1,8 +1,12 @@
-/* tests/test_core.c — the accounting allocator, the thread pool, the random numbers. */
+/* tests/test_core.c — the accounting allocator, the thread pool, the random numbers, the
+ * assertions. */
 #include "flatshard/core.h"
 #include "harness.h"
 
+#include <signal.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_mem_accounts_by_category(void) {
     fs_mem *mem = NULL;
@@ -91,8 +95,49 @@ static void test_pool_rejects_bad_sizes(void) {
     CHECK(fs_pool_init(&pool, -3) == FS_ERR_USAGE && !pool, "-3 threads");
 }
 
+/* Known values of the generator, computed outside C by this Python transcription of the
+ * algorithm in rand.c (three SplitMix64 finalizer rounds); its finalizer reproduces the
+ * published SplitMix64 stream (seed 0: 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4), so a wrong
+ * constant or shift in rand.c changes these outputs:
+ *   M = 2**64 - 1
+ *   def fin(z):
+ *       z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M
+ *       z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M
+ *       return z ^ (z >> 31)
+ *   def u64(seed, stream, counter):
+ *       z = fin((seed + 0x9e3779b97f4a7c15) & M)
+ *       z = fin(z ^ ((stream * 0xd1b54a32d192ed03 + 0x632be59bd9b4e019) & M))
+ *       return fin(z ^ ((counter * 0x8cb92ba72f3d8dd7 + 0x9e3779b97f4a7c15) & M))
+ * uniform = (u64 >> 40) / 2**24; normal = Box-Muller as in rand.c, in double, then float;
+ * below(n) = (u64 * n) >> 64. */
+static void test_rand_known_values(void) {
+    static const struct { uint64_t seed, stream, counter, want; } known[] = {
+        {0, 0, 0, 0x5f8bb9acd71360b0ULL},
+        {1, 2, 3, 0xcbb868bd2debbfc7ULL},
+        {1, 2, 4, 0x02529d59bd461de9ULL},
+        {0x5eed, 7, 123456789, 0x8eabdea3d6c056a1ULL},
+        {UINT64_MAX, UINT64_MAX, UINT64_MAX, 0x3416d6a381d81726ULL},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        uint64_t got = fs_rand_u64(known[i].seed, known[i].stream, known[i].counter);
+        CHECK(got == known[i].want, "fs_rand_u64(%llu, %llu, %llu) = 0x%016llx, want 0x%016llx",
+              (unsigned long long)known[i].seed, (unsigned long long)known[i].stream,
+              (unsigned long long)known[i].counter, (unsigned long long)got,
+              (unsigned long long)known[i].want);
+    }
+    /* 0.30519455671310425 has 24 significant bits: exact in float */
+    float u = fs_rand_uniform(42, 7, 5);
+    CHECK(u == 0.30519455671310425f, "fs_rand_uniform(42, 7, 5) = %.17g", (double)u);
+    /* the double result -0.7470247125014231 rounded to float */
+    float z = fs_rand_normal(42, 7, 5);
+    CHECK(z == -0.7470247149467468f, "fs_rand_normal(42, 7, 5) = %.17g", (double)z);
+    uint64_t b7 = fs_rand_below(3, 0, 11, 7), bp = fs_rand_below(3, 0, 12, 1000003);
+    CHECK(b7 == 5, "fs_rand_below(3, 0, 11, 7) = %llu, want 5", (unsigned long long)b7);
+    CHECK(bp == 79374, "fs_rand_below(3, 0, 12, 1000003) = %llu, want 79374",
+          (unsigned long long)bp);
+}
+
 static void test_rand_is_a_pure_function(void) {
-    CHECK(fs_rand_u64(1, 2, 3) == fs_rand_u64(1, 2, 3), "same inputs");
     CHECK(fs_rand_u64(1, 2, 3) != fs_rand_u64(1, 2, 4), "counter matters");
     CHECK(fs_rand_u64(1, 2, 3) != fs_rand_u64(1, 3, 3), "stream matters");
     CHECK(fs_rand_u64(1, 2, 3) != fs_rand_u64(2, 2, 3), "seed matters");
@@ -116,6 +161,72 @@ static void test_rand_is_a_pure_function(void) {
     for (int i = 0; i < 7; i++) CHECK(seen[i] > 100, "value %d drawn %d times", i, seen[i]);
 }
 
+/* Runs fn in a child process and returns what it wrote to stderr (at most cap - 1 bytes) and
+ * how it ended, so a test can watch an assertion abort without dying itself. */
+static int run_in_child(void (*fn)(void), char *err, size_t cap, int *signal_out) {
+    int fds[2];
+    *signal_out = 0;
+    err[0] = '\0';
+    if (pipe(fds) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        signal(SIGABRT, SIG_DFL);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t used = 0;
+    ssize_t got;
+    while (used + 1 < cap && (got = read(fds[0], err + used, cap - 1 - used)) > 0) used += (size_t)got;
+    err[used] = '\0';
+    close(fds[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return -1;
+    if (WIFSIGNALED(status)) *signal_out = WTERMSIG(status);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+
+static void assert_as_rank_3(void) {
+    fs_set_thread_rank(3);
+    int two = 2;
+    FS_ASSERT(two == 3);
+}
+
+static void debug_assert_false(void) {
+    int two = 2;
+    FS_DEBUG_ASSERT(two == 3);
+}
+
+/* FS_ASSERT is on in every build and names the rank and the condition; FS_DEBUG_ASSERT is an
+ * FS_ASSERT under make DEBUG=1 and nothing (its condition not even evaluated) otherwise. */
+static void test_assertions(void) {
+    char err[512];
+    int sig = 0;
+    run_in_child(assert_as_rank_3, err, sizeof err, &sig);
+    CHECK(sig == SIGABRT, "FS_ASSERT(false) ended with signal %d, want SIGABRT", sig);
+    CHECK(strstr(err, "flatshard: rank 3: assertion failed: two == 3 at ") != NULL,
+          "FS_ASSERT message: '%s'", err);
+    int rc = run_in_child(debug_assert_false, err, sizeof err, &sig);
+    int evaluated = 0;
+    FS_DEBUG_ASSERT((evaluated = 1) == 1);
+#if defined(FS_DEBUG) && FS_DEBUG
+    CHECK(sig == SIGABRT, "DEBUG build: FS_DEBUG_ASSERT(false) ended with signal %d, exit %d", sig,
+          rc);
+    CHECK(strstr(err, "assertion failed: two == 3") != NULL, "FS_DEBUG_ASSERT message: '%s'", err);
+    CHECK(evaluated == 1, "DEBUG build: FS_DEBUG_ASSERT did not evaluate its condition");
+    fs_test_note("DEBUG build: FS_DEBUG_ASSERT is on");
+#else
+    CHECK(sig == 0 && rc == 0, "release build: FS_DEBUG_ASSERT(false) ended with signal %d, exit %d",
+          sig, rc);
+    CHECK(evaluated == 0, "release build: FS_DEBUG_ASSERT evaluated its condition");
+    fs_test_note("release build: FS_DEBUG_ASSERT is off");
+#endif
+}
+
 static void test_error_messages(void) {
     CHECK(fs_errorf(FS_ERR_IO, "x.bin: cannot open") == FS_ERR_IO, "returns status");
     CHECK(fs_error_wrap(FS_ERR_IO, "loading %s", "data") == FS_ERR_IO, "wrap returns status");
@@ -128,7 +239,9 @@ int main(void) {
     RUN(test_mem_limit_and_injected_failure);
     RUN(test_pool_covers_every_item_once);
     RUN(test_pool_rejects_bad_sizes);
+    RUN(test_rand_known_values);
     RUN(test_rand_is_a_pure_function);
     RUN(test_error_messages);
+    RUN(test_assertions);
     return fs_test_summary();
 }

@@ -33,7 +33,22 @@
 
 static fs_pool *pools[N_POOLS];
 static const int pool_sizes[N_POOLS] = {1, 3};
-static uint64_t next_stream = 1; /* every fill draws from a fresh random stream */
+/* Every fill draws from a fresh random stream, numbered from a start that RUN_SEEDED sets
+ * from the test's name: a test's inputs depend on its name and its own fills only, not on
+ * which tests ran before it (FLATSHARD_TEST=name runs one alone, with the same inputs). */
+static uint64_t next_stream;
+
+static uint64_t stream_base_of(const char *name) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
+    return h;
+}
+
+#define RUN_SEEDED(fn)                                                                      \
+    do {                                                                                    \
+        next_stream = stream_base_of(#fn);                                                  \
+        RUN(fn);                                                                            \
+    } while (0)
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -100,6 +115,53 @@ static void fd_gradient(double *grad, double *x, int64_t n, double (*loss)(void 
         x[i] = saved;
         grad[i] = (lp - lm) / (2.0 * FD_H);
     }
+}
+
+/* ------------------------------------------------------------------ dispatch paths */
+
+/* Kernels with copies for wider vectors (attention: avx2, avx512; AdamW: avx2; SwiGLU:
+ * avx512) are tested on every copy this CPU can run, each capped in turn with
+ * fs_kernels_set_isa (which overrides FLATSHARD_KERNELS), and each test's "ok" line names
+ * the paths that ran and the ones the CPU lacks, so that a CPU without an ISA never passes
+ * the portable path off as the fast one. */
+typedef struct isa_paths {
+    fs_kernel_isa before;   /* the level to restore */
+    unsigned ran, missing;  /* bit i: level i */
+} isa_paths;
+
+static isa_paths paths_begin(void) {
+    isa_paths ps = {fs_kernels_isa(), 0, 0};
+    return ps;
+}
+
+/* Caps dispatch at `level`; 1 when the kernels now run exactly that level, 0 (and the level
+ * recorded as missing) when the CPU does not have it. */
+static int paths_use(isa_paths *ps, fs_kernel_isa level) {
+    fs_kernels_set_isa(level);
+    const int ok = fs_kernels_isa() == level;
+    if (ok) ps->ran |= 1u << level;
+    else ps->missing |= 1u << level;
+    return ok;
+}
+
+static void paths_list(char *out, size_t cap, unsigned mask) {
+    out[0] = '\0';
+    for (int i = 0; i < FS_ISA_N; i++)
+        if (mask >> i & 1u) {
+            size_t used = strlen(out);
+            snprintf(out + used, cap - used, "%s%s", used ? ", " : "", fs_kernels_isa_name((fs_kernel_isa)i));
+        }
+}
+
+/* Restores the level and notes "paths: portable, avx2; avx512 not on this CPU". */
+static void paths_end(isa_paths *ps) {
+    fs_kernels_set_isa(ps->before);
+    char ran[96], missing[96];
+    paths_list(ran, sizeof ran, ps->ran);
+    paths_list(missing, sizeof missing, ps->missing);
+    CHECK(ps->ran != 0, "no dispatch path ran");
+    if (ps->missing) fs_test_note("paths: %s; %s not on this CPU", ran, missing);
+    else fs_test_note("paths: %s", ran);
 }
 
 /* ------------------------------------------------------------------ matmul */
@@ -573,6 +635,10 @@ static double att_loss(void *p) {
  * relative. Backward vs FD: each gradient sums up to T products of such terms, O(1) in
  * size: 2e-6 absolute + 2e-5 relative. */
 static void test_attention(void) {
+    /* portable; avx2 (every head size); avx512 (head sizes that are multiples of 16, the
+     * others fall back to avx2 at that level) */
+    static const fs_kernel_isa att_levels[3] = {FS_ISA_PORTABLE, FS_ISA_AVX2, FS_ISA_AVX512};
+    isa_paths ps = paths_begin();
     for (size_t si = 0; si < sizeof att_shapes / sizeof att_shapes[0]; si++) {
         att_shape s = att_shapes[si];
         const int64_t ld = (s.NH + 2 * s.NKV) * s.HS + s.pad, N = s.B * s.T, C = s.NH * s.HS;
@@ -596,27 +662,32 @@ static void test_attention(void) {
             fd_gradient(fd, c.qkv, N * ld, att_loss, &c);
         }
         const float *q = qkv, *k = qkv + s.NH * s.HS, *v = qkv + (s.NH + s.NKV) * s.HS;
-        char name[96];
-        for (int p = 0; p < N_POOLS; p++) {
-            fs_attention_forward(pools[p], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
-            snprintf(name, sizeof name, "attention out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld",
-                     (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV,
-                     (long long)s.HS);
-            CHECK_CLOSE(name, out, want, N * C, 4e-6, 1e-6);
-            CHECK_CLOSE("attention lse", lse, want_lse, s.B * s.NH * s.T, 2e-6, 1e-6);
-            if (!fd) continue;
-            memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
-            fs_attention_backward(pools[p], dqkv, dqkv + s.NH * s.HS,
-                                  dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld, out, lse,
-                                  s.B, s.T, s.NH, s.NKV, s.HS);
-            /* covers dq, dk, dv and the padding columns (gradient 0, never written) */
-            snprintf(name, sizeof name, "attention dqkv vs FD B=%lld T=%lld NH=%lld NKV=%lld",
-                     (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV);
-            CHECK_CLOSE(name, dqkv, fd, N * ld, 2e-6, 2e-5);
+        char name[128];
+        for (int li = 0; li < 3; li++) {
+            if (!paths_use(&ps, att_levels[li])) continue;
+            const char *path = fs_kernels_isa_name(att_levels[li]);
+            for (int p = 0; p < N_POOLS; p++) {
+                fs_attention_forward(pools[p], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+                snprintf(name, sizeof name, "%s attention out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld",
+                         path, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV,
+                         (long long)s.HS);
+                CHECK_CLOSE(name, out, want, N * C, 4e-6, 1e-6);
+                CHECK_CLOSE("attention lse (shape above)", lse, want_lse, s.B * s.NH * s.T, 2e-6, 1e-6);
+                if (!fd) continue;
+                memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
+                fs_attention_backward(pools[p], dqkv, dqkv + s.NH * s.HS,
+                                      dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld, out, lse,
+                                      s.B, s.T, s.NH, s.NKV, s.HS);
+                /* covers dq, dk, dv and the padding columns (gradient 0, never written) */
+                snprintf(name, sizeof name, "%s attention dqkv vs FD B=%lld T=%lld NH=%lld NKV=%lld",
+                         path, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV);
+                CHECK_CLOSE(name, dqkv, fd, N * ld, 2e-6, 2e-5);
+            }
         }
         free(qkv), free(out), free(lse), free(wl), free(dqkv), free(c.qkv), free(c.out);
         free(want), free(want_lse), free(fd);
     }
+    paths_end(&ps);
 }
 
 /* ------------------------------------------------------------------ SwiGLU */
@@ -645,6 +716,8 @@ static const nc_shape swiglu_shapes[] = {{1, 24}, {7, 40}, {13, 5}};
  * operations: 2e-6 relative. Gates include +-30 and -100, where exp(-x) underflows or
  * overflows. */
 static void test_swiglu(void) {
+    static const fs_kernel_isa swiglu_levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    isa_paths ps = paths_begin();
     for (size_t s = 0; s < sizeof swiglu_shapes / sizeof swiglu_shapes[0]; s++) {
         const int64_t N = swiglu_shapes[s].N, FF = swiglu_shapes[s].C;
         float *gu = fnew(N * 2 * FF), *out = fnew(N * FF), *wl = fnew(N * FF);
@@ -659,15 +732,24 @@ static void test_swiglu(void) {
         memcpy(want, c.out, (size_t)(N * FF) * sizeof(double));
         double *fd = dnew(N * 2 * FF);
         fd_gradient(fd, c.gu, N * 2 * FF, swiglu_loss, &c);
-        for (int p = 0; p < N_POOLS; p++) {
-            fs_swiglu_forward(pools[p], out, gu, N, FF);
-            CHECK_CLOSE("swiglu out", out, want, N * FF, 1e-7, 1e-6);
-            memset(dgu, 0, (size_t)(N * 2 * FF) * sizeof(float));
-            fs_swiglu_backward(pools[p], dgu, wl, gu, N, FF);
-            CHECK_CLOSE("swiglu dgu vs FD", dgu, fd, N * 2 * FF, 1e-7, 2e-6);
+        for (int li = 0; li < 2; li++) {
+            if (!paths_use(&ps, swiglu_levels[li])) continue;
+            char name[96];
+            for (int p = 0; p < N_POOLS; p++) {
+                fs_swiglu_forward(pools[p], out, gu, N, FF);
+                snprintf(name, sizeof name, "%s swiglu out N=%lld FF=%lld",
+                         fs_kernels_isa_name(swiglu_levels[li]), (long long)N, (long long)FF);
+                CHECK_CLOSE(name, out, want, N * FF, 1e-7, 1e-6);
+                memset(dgu, 0, (size_t)(N * 2 * FF) * sizeof(float));
+                fs_swiglu_backward(pools[p], dgu, wl, gu, N, FF);
+                snprintf(name, sizeof name, "%s swiglu dgu vs FD N=%lld FF=%lld",
+                         fs_kernels_isa_name(swiglu_levels[li]), (long long)N, (long long)FF);
+                CHECK_CLOSE(name, dgu, fd, N * 2 * FF, 1e-7, 2e-6);
+            }
         }
         free(gu), free(out), free(wl), free(dgu), free(c.gu), free(c.out), free(want), free(fd);
     }
+    paths_end(&ps);
 }
 
 /* ------------------------------------------------------------------ cross-entropy */
@@ -802,13 +884,16 @@ static void test_xent(void) {
 /* A backward kernel run on a gradient pre-filled with g0 must give g0 + (its result on a
  * zeroed gradient). Kernels that add row by row into the gradient (embedding, rmsnorm
  * dweight, attention) round each partial sum against g0 rather than against 0, so the two
- * differ by a few roundings of terms of size |g0| + |g| ~ 1: 1e-6 relative to that is ~10x
- * the rounding and a million times below the g0 a write instead of an add would lose. */
+ * differ by one rounding per added row, of the partial sum at that point. The partial sums
+ * are not bounded by the final |g0| + |g| (the terms cancel: attention's dk and dv add T = 13
+ * rows of O(1) products, partial sums up to ~4), so the tolerance is 1e-6 (|g0| + |g|) plus
+ * 4e-6 absolute, the bound 13 u 4 ~ 3e-6 of those roundings (measured up to 1.7e-7). A write
+ * instead of an add loses g0 ~ N(0, 1), 2.5e5 times the absolute part on a typical element. */
 static void accumulates(const char *what, const float *g_from_zero, const float *g_from_g0,
                         const float *g0, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double want = (double)g0[i] + (double)g_from_zero[i];
-        double tol = 1e-6 * (fabs((double)g0[i]) + fabs((double)g_from_zero[i]));
+        double tol = 1e-6 * (fabs((double)g0[i]) + fabs((double)g_from_zero[i])) + 4e-6;
         if (!(fabs((double)g_from_g0[i] - want) <= tol)) {
             CHECK(0, "%s: element %lld is %.9g, g0 + g = %.9g", what, (long long)i,
                   (double)g_from_g0[i], want);
@@ -1104,42 +1189,47 @@ static const float adamw_golden_v[] = {
     7.406256e-06f, 2.3273713e-05f, 8.237962e-06f, 2.0966503e-05f};
 
 /* Bit for bit: the kernel reproduces PyTorch's rounding points (see adamw.c). The 24
- * elements are updated in one call (all in the 8-lane AVX2 body where the CPU has it) and in
- * two calls of 13 and 11 (so that 8 of them go through the scalar tail): both paths must give
- * PyTorch's bits, on both pools. */
+ * elements are updated in one call (all in the 8-lane AVX2 body on the avx2 path) and in
+ * two calls of 13 and 11 (so that 8 of them go through the scalar tail): the portable and the
+ * avx2 path must both give PyTorch's bits, on both pools. */
 static void test_adamw_matches_pytorch(void) {
     enum { n = 24 };
-    for (int pi = 0; pi < N_POOLS; pi++)
-        for (int split = 0; split <= 1; split++) {
-            float p[n], m[n] = {0}, v[n] = {0};
-            memcpy(p, adamw_golden_p0, sizeof p);
-            fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-                                  .weight_decay = 0.1, .step = 0};
-            for (int step = 1; step <= 5; step++) {
-                const float *g = adamw_golden_g + (step - 1) * n;
-                hp.step = step;
-                if (split) {
-                    fs_adamw_update(pools[pi], p, NULL, m, v, g, 13, hp);
-                    fs_adamw_update(pools[pi], p + 13, NULL, m + 13, v + 13, g + 13, n - 13, hp);
-                } else {
-                    fs_adamw_update(pools[pi], p, NULL, m, v, g, n, hp);
+    static const fs_kernel_isa adamw_levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX2};
+    isa_paths ps = paths_begin();
+    for (int li = 0; li < 2; li++) {
+        if (!paths_use(&ps, adamw_levels[li])) continue;
+        const char *path = fs_kernels_isa_name(adamw_levels[li]);
+        for (int pi = 0; pi < N_POOLS; pi++)
+            for (int split = 0; split <= 1; split++) {
+                float p[n], m[n] = {0}, v[n] = {0};
+                memcpy(p, adamw_golden_p0, sizeof p);
+                fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                                      .weight_decay = 0.1, .step = 0};
+                for (int step = 1; step <= 5; step++) {
+                    const float *g = adamw_golden_g + (step - 1) * n;
+                    hp.step = step;
+                    if (split) {
+                        fs_adamw_update(pools[pi], p, NULL, m, v, g, 13, hp);
+                        fs_adamw_update(pools[pi], p + 13, NULL, m + 13, v + 13, g + 13, n - 13, hp);
+                    } else {
+                        fs_adamw_update(pools[pi], p, NULL, m, v, g, n, hp);
+                    }
+                }
+                for (int i = 0; i < n; i++) {
+                    CHECK(p[i] == adamw_golden_p[i], "%s split=%d param[%d] %.9g, PyTorch %.9g",
+                          path, split, i, (double)p[i], (double)adamw_golden_p[i]);
+                    CHECK(m[i] == adamw_golden_m[i], "%s split=%d m[%d] %.9g, PyTorch %.9g", path,
+                          split, i, (double)m[i], (double)adamw_golden_m[i]);
+                    CHECK(v[i] == adamw_golden_v[i], "%s split=%d v[%d] %.9g, PyTorch %.9g", path,
+                          split, i, (double)v[i], (double)adamw_golden_v[i]);
                 }
             }
-            for (int i = 0; i < n; i++) {
-                CHECK(p[i] == adamw_golden_p[i], "split=%d param[%d] %.9g, PyTorch %.9g", split,
-                      i, (double)p[i], (double)adamw_golden_p[i]);
-                CHECK(m[i] == adamw_golden_m[i], "split=%d m[%d] %.9g, PyTorch %.9g", split, i,
-                      (double)m[i], (double)adamw_golden_m[i]);
-                CHECK(v[i] == adamw_golden_v[i], "split=%d v[%d] %.9g, PyTorch %.9g", split, i,
-                      (double)v[i], (double)adamw_golden_v[i]);
-            }
-        }
+    }
+    paths_end(&ps);
 }
 
 /* ------------------------------------------------------------------ reductions */
 
-/* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
- * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
 /* The bf16 copy AdamW writes in the same pass equals fs_fp32_to_bf16 of the new weights:
  * after a real step on random data, and, with lr = 0 (weights unchanged), on the values
  * where rounding is delicate — ties to even both ways, the largest value that rounds up to
@@ -1181,6 +1271,9 @@ static void test_adamw_writes_the_bf16_copy(void) {
  * larger output (plus, for the gate gradient, 8 ulp of |dy u| where it cancels), and the
  * same zeros, signs and infinities. */
 static void test_swiglu_paths_agree(void) {
+    if (fs_kernels_cpu_isa() < FS_ISA_AVX512)
+        SKIP(FS_SKIP_NOT_APPLICABLE, "the avx512 SwiGLU path is not available on this CPU (best: %s)",
+             fs_kernels_isa_name(fs_kernels_cpu_isa()));
     const int64_t N = 3, FF = 20001; /* a masked tail */
     float *gu = fnew(N * 2 * FF), *o1 = fnew(N * FF), *o2 = fnew(N * FF), *dy = fnew(N * FF);
     float *d1 = fnew(N * 2 * FF), *d2 = fnew(N * 2 * FF);
@@ -1195,10 +1288,13 @@ static void test_swiglu_paths_agree(void) {
     fs_kernel_isa before = fs_kernels_set_isa(FS_ISA_PORTABLE);
     fs_swiglu_forward(pools[1], o1, gu, N, FF);
     fs_swiglu_backward(pools[1], d1, dy, gu, N, FF);
-    fs_kernels_set_isa(FS_ISA_N - 1);
+    fs_kernels_set_isa(FS_ISA_AVX512);
+    const fs_kernel_isa fast = fs_kernels_isa();
     fs_swiglu_forward(pools[1], o2, gu, N, FF);
     fs_swiglu_backward(pools[1], d2, dy, gu, N, FF);
     fs_kernels_set_isa(before);
+    CHECK(fast == FS_ISA_AVX512, "capping at avx512 ran %s", fs_kernels_isa_name(fast));
+    fs_test_note("%s vs portable", fs_kernels_isa_name(fast));
     int64_t bad = 0;
     for (int pass = 0; pass < 2; pass++) {
         const float *a = pass ? d1 : o1, *b = pass ? d2 : o2;
@@ -1213,13 +1309,15 @@ static void test_swiglu_paths_agree(void) {
             const int ok = x == y || (isfinite(x) && isfinite(y) && fabs(x - y) <= tol);
             if (!ok && bad++ < 3)
                 CHECK(0, "%s[%lld]: portable %.9g, %s %.9g", pass ? "dgu" : "out", (long long)i, x,
-                      fs_kernels_isa_name(fs_kernels_cpu_isa()), y);
+                      fs_kernels_isa_name(fast), y);
         }
     }
     CHECK(bad == 0, "%lld outputs differ by more than the tolerance", (long long)bad);
     free(gu), free(o1), free(o2), free(dy), free(d1), free(d2);
 }
 
+/* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
+ * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
 static void test_sum_squares_and_scale(void) {
     static const int64_t sizes[] = {0, 1, 7, 63, 64, 65, 1000, 64 * 8192 + 4097};
     fs_pool *extra[2] = {NULL, NULL};
@@ -1258,23 +1356,23 @@ int main(void) {
         CHECK_OK(fs_pool_init(&pools[p], pool_sizes[p]));
         if (!pools[p]) return 2;
     }
-    RUN(test_matmul_forward_vs_reference);
-    RUN(test_matmul_backward_vs_reference);
-    RUN(test_matmul_backward_fd);
-    RUN(test_embedding);
-    RUN(test_rmsnorm);
-    RUN(test_rope_table);
-    RUN(test_rope);
-    RUN(test_attention);
-    RUN(test_swiglu);
-    RUN(test_xent);
-    RUN(test_backward_kernels_accumulate);
-    RUN(test_pool_size_independence);
-    RUN(test_adamw_vs_double);
-    RUN(test_adamw_matches_pytorch);
-    RUN(test_adamw_writes_the_bf16_copy);
-    RUN(test_swiglu_paths_agree);
-    RUN(test_sum_squares_and_scale);
+    RUN_SEEDED(test_matmul_forward_vs_reference);
+    RUN_SEEDED(test_matmul_backward_vs_reference);
+    RUN_SEEDED(test_matmul_backward_fd);
+    RUN_SEEDED(test_embedding);
+    RUN_SEEDED(test_rmsnorm);
+    RUN_SEEDED(test_rope_table);
+    RUN_SEEDED(test_rope);
+    RUN_SEEDED(test_attention);
+    RUN_SEEDED(test_swiglu);
+    RUN_SEEDED(test_xent);
+    RUN_SEEDED(test_backward_kernels_accumulate);
+    RUN_SEEDED(test_pool_size_independence);
+    RUN_SEEDED(test_adamw_vs_double);
+    RUN_SEEDED(test_adamw_matches_pytorch);
+    RUN_SEEDED(test_adamw_writes_the_bf16_copy);
+    RUN_SEEDED(test_swiglu_paths_agree);
+    RUN_SEEDED(test_sum_squares_and_scale);
     for (int p = 0; p < N_POOLS; p++) fs_pool_free(pools[p]);
     return fs_test_summary();
 }

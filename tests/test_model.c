@@ -389,8 +389,9 @@ static void test_exported_model_runs_in_the_reference(void) {
         mkdir(dir, 0777);
         fs_source *src = NULL;
         uint64_t bytes = 0;
+        int stale = 0;
         CHECK_OK(fs_source_open(&src, ckpt));
-        if (src) CHECK_OK(fs_source_export_hf(src, dir, dtypes[d], &bytes));
+        if (src) CHECK_OK(fs_source_export_hf(src, dir, dtypes[d], &bytes, &stale));
         fs_source_close(src);
         snprintf(cmd, sizeof cmd, "%s tools/torch_reference.py --mode eval --model %s --batch %s --out %s", python(),
                  dir, batch, out);
@@ -523,6 +524,34 @@ static void test_grad_accumulation_equals_big_batch(void) {
     free(tg);
 }
 
+/* The trainer takes each step's learning rate from the schedule at the right step: warmup
+ * 2 of 6 steps, lr 1e-2 down to 1e-3, values worked out by hand from the formula in
+ * optim.h (p = (step - 2) / 4: 0, 1/4, 1/2, 3/4). An off-by-one in the step the trainer
+ * passes, or a schedule left at a constant, changes at least one of them by 10% or more. */
+static void test_trainer_follows_the_lr_schedule(void) {
+    model_case mc = {"lr", make_cfg(24, 40, 1, 1, 1, 37, 0), 1, 5, 0};
+    fs_train_config tc = train_cfg(&mc, 0.0);
+    tc.steps = 6;
+    tc.warmup_steps = 2;
+    tc.lr = 1e-2;
+    tc.min_lr = 1e-3;
+    const double lr = 1e-2, mn = 1e-3;
+    const double want[6] = {lr / 2, lr, lr, mn + (lr - mn) * (2 + sqrt(2.0)) / 4, (lr + mn) / 2,
+                            mn + (lr - mn) * (2 - sqrt(2.0)) / 4};
+    const int64_t N = mc.B * mc.T;
+    int32_t in[5], tg[5];
+    make_batch(&mc, in, tg);
+    solo so;
+    CHECK_OK(solo_init(&so, &mc.cfg, &tc, NULL));
+    for (int i = 0; i < 6 && N == 5; i++) {
+        fs_step_stats st;
+        solo_step(&so, in, tg, &st);
+        CHECK(fabs(st.lr - want[i]) <= 1e-12 * want[i], "step %d: lr %.17g, want %.17g", i + 1, st.lr,
+              want[i]);
+    }
+    solo_free(&so);
+}
+
 static void test_step_allocates_nothing_and_loss_falls(void) {
     /* a repetitive text: the model must learn it quickly */
     char path[512];
@@ -609,6 +638,7 @@ int main(void) {
     RUN(test_reference_model_loads_in_flatshard);
     RUN(test_vocab_chunking_changes_nothing);
     RUN(test_grad_accumulation_equals_big_batch);
+    RUN(test_trainer_follows_the_lr_schedule);
     RUN(test_step_allocates_nothing_and_loss_falls);
     RUN(test_trainer_rejects_bad_configs);
     char cmd[512];

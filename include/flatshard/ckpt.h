@@ -21,11 +21,22 @@
  * CRC-32 and the size of every rank file.
  *
  * Saving is collective. The ranks write into "<root>/step-N.tmp/", each its own file,
- * fsynced; rank 0 then writes the manifest, fsyncs the directory, renames it to
- * "<root>/step-N", writes COMPLETE (fsynced) and fsyncs the root, and finally deletes the
- * oldest complete checkpoints beyond --keep. A crash at any point leaves every earlier
- * checkpoint intact; an incomplete one (a .tmp directory, or no COMPLETE) is never loaded
- * and is removed by the next save.
+ * fsynced; rank 0 then writes the manifest and COMPLETE into it (fsynced), swaps it in as
+ * "<root>/step-N" (an atomic exchange with an older copy of the same name, which is deleted
+ * only afterwards), fsyncs the root, and finally deletes this lineage's oldest complete
+ * checkpoints beyond --keep. A crash at any point leaves every earlier checkpoint intact and
+ * at least one complete copy of a checkpoint being replaced; an incomplete one (a suffixed
+ * directory, or no COMPLETE) is never loaded, and fs_ckpt_recover cleans up after a crash.
+ *
+ * Lineages. A root may hold checkpoints of several runs. Each manifest names its run (a
+ * random 128-bit run id), the checkpoint that run resumed from, and a save sequence number
+ * that grows with every save into the root. A run that resumes from the newest checkpoint of
+ * its run id continues that run id (the same lineage); a run from scratch, a run resumed from
+ * an older checkpoint (a branch) and a --new-lineage run start a new one. The first lineage
+ * in a root names its checkpoints "step-N"; later ones "step-N-<first hex digits of the run
+ * id>", so no lineage ever overwrites another's. "Newest" (fs_ckpt_open on a root) is the
+ * highest save sequence number; --keep prunes only the saving lineage. Checkpoints written
+ * before run ids existed load as an anonymous lineage that nothing prunes.
  *
  * What it does not do: share files between machines (ranks on several machines need a shared
  * filesystem under <root>), or save the data file itself (a resumed run must be given the
@@ -43,6 +54,7 @@
 
 #define FS_CKPT_VERSION 1
 #define FS_CKPT_ARRAYS 3 /* master, AdamW m, AdamW v */
+#define FS_CKPT_ID_HEX 32 /* a run id: 128 random bits as lowercase hexadecimal */
 
 /* One range of elements of one tensor, held by one rank of the saved run. Coordinates are
  * those of the whole tensor (row-major, its Hugging Face shape), so they mean the same thing
@@ -75,6 +87,10 @@ typedef struct fs_ckpt {
     int version;
     int64_t step;
     uint64_t seed;
+    char run_id[FS_CKPT_ID_HEX + 1];    /* the saving run's lineage; "" for an anonymous (old) checkpoint */
+    char parent_id[FS_CKPT_ID_HEX + 1]; /* the run id of the checkpoint that run resumed from ("" none or anonymous) */
+    int64_t parent_step;                /* its step; -1: that run started from scratch */
+    int64_t seq;                        /* save sequence number in its root; 0 for an anonymous checkpoint */
     int world;
     fs_strategy strategy;
     fs_precision precision;
@@ -86,16 +102,62 @@ typedef struct fs_ckpt {
     fs_ckpt_file *files;    /* (world) */
 } fs_ckpt;
 
-/* Saves the engine's state at optimizer step `step` under root. Collective over the engine's
- * ranks; every rank returns the same status (the message names the rank and file that
- * failed). keep > 0: afterwards only the newest keep complete checkpoints remain. The
- * previous checkpoints are never touched before the new one is complete. */
-fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep);
+/* A run's place in one --save root, kept by the writing rank (rank 0) between saves (its tag
+ * and seq are that root's: claim anew for another root). */
+typedef struct fs_ckpt_lineage {
+    char run_id[FS_CKPT_ID_HEX + 1];    /* this lineage's id; "" until claimed */
+    char parent_id[FS_CKPT_ID_HEX + 1]; /* the run id of the checkpoint resumed from ("" none or anonymous) */
+    int64_t parent_step;                /* its step; -1: from scratch */
+    char tag[FS_CKPT_ID_HEX + 2];       /* the suffix of this lineage's directory names: "" or "-<hex>" */
+    int64_t seq;                        /* the highest save sequence number in root so far */
+    int continued;                      /* 1: continues the resumed checkpoint's run id */
+    char last_name[80];                 /* the directory name of this lineage's last save here ("" none) */
+} fs_ckpt_lineage;
+
+/* A fresh run id: FS_CKPT_ID_HEX lowercase hex digits of getrandom(2). */
+fs_status fs_ckpt_new_run_id(char out[FS_CKPT_ID_HEX + 1]);
+
+/* Decides which lineage a run saving into root continues or starts (rank 0, under the lock,
+ * after fs_ckpt_recover). resumed: the checkpoint the run resumed from, or NULL. The run
+ * continues resumed's run id when resumed is the newest checkpoint of that run id in its own
+ * directory and new_lineage is 0; otherwise it gets a new run id whose parent is resumed.
+ * FS_ERR_USAGE, naming the other run and what to do, when root holds complete checkpoints of
+ * another lineage, unless the run resumes from a checkpoint in root or new_lineage is 1
+ * (nothing of the other lineages is ever pruned or overwritten). */
+fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *resumed, int new_lineage);
+
+/* Locks root against other writers: flock(LOCK_EX | LOCK_NB) on root/.lock (root is created
+ * if missing), into which it writes this process's pid and host. The lock lasts until
+ * fs_ckpt_unlock or the process ends; a lock file left by a dead process is no lock. Another
+ * holder: FS_ERR_USAGE naming it (the pid and host its lock file gives). */
+fs_status fs_ckpt_lock(const char *root, int *fd);
+void fs_ckpt_unlock(int fd); /* fd < 0: no-op */
+
+/* Cleans up after crashed saves (rank 0, under the lock): removes "step-*.tmp" and "step-*.del"
+ * directories, and for a "step-X.old" (the previous copy of X, moved aside by a save on a
+ * filesystem without atomic exchange) removes it when X is complete, or else moves it back
+ * to X. *repaired (may be NULL) counts the entries handled. */
+fs_status fs_ckpt_recover(const char *root, int *repaired);
+
+/* Saves the engine's state at optimizer step `step` under root as lineage lin (rank 0's;
+ * ignored on the other ranks, which may pass NULL). Collective over the engine's ranks;
+ * every rank returns the same status (the message names the rank and file that failed). An
+ * unclaimed lin (run_id "") claims a new lineage (fs_ckpt_claim with new_lineage). keep > 0:
+ * afterwards only this lineage's newest keep complete checkpoints remain. No complete
+ * checkpoint, not even one of the same name, is touched before the new one is complete.
+ * Faults (docs/reliability.md): crash-in-save-stage:NAME[:STEP] kills rank 0 (SIGKILL) at
+ * stage NAME of the commit: manifest, complete, swapped, pruning, or, forcing the path of
+ * filesystems without RENAME_EXCHANGE, fallback-aside and fallback-swapped. */
+fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,
+                       fs_ckpt_lineage *lin);
 
 /* Finds the newest complete checkpoint: `path` is a checkpoint directory itself or a root
- * holding step-N directories. Reads and validates its manifest (and the COMPLETE marker's
- * checksum of it). FS_ERR_IO if there is none; FS_ERR_FORMAT with the file and field for a
- * malformed one. */
+ * holding step-N directories, of which it opens the one with the highest save sequence
+ * number (anonymous checkpoints rank below all others, by step; one whose manifest cannot
+ * be read ranks above all, so that its damage is reported, with the next most recent named,
+ * rather than an older one loaded). Reads and validates its manifest (and the COMPLETE
+ * marker's checksum of it). FS_ERR_IO if there is none; FS_ERR_FORMAT with the file and
+ * field for a malformed one. */
 fs_status fs_ckpt_open(fs_ckpt *out, const char *path);
 void fs_ckpt_close(fs_ckpt *ck); /* idempotent */
 

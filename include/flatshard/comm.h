@@ -172,7 +172,7 @@ fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems
                               fs_comm **comms);
 
 /* A rank's body for fs_comm_inproc_run: runs on its own thread with its own communicator
- * (fs_thread_rank() is set to the rank). */
+ * (fs_set_thread_rank is called with the rank). */
 typedef fs_status (*fs_comm_rank_fn)(fs_comm *comm, void *arg);
 
 /* Runs fn on W threads, one per rank, each with its own communicator of a fresh group (with

@@ -57,8 +57,9 @@ const char *fs_status_name(fs_status st);
 /* ------------------------------------------------------------------ assertions */
 
 /* Always on, in release builds too. On failure prints "flatshard: rank R: assertion failed:
- * COND at FILE:LINE" to stderr, runs the abort hook (a multi-rank run installs one that takes
- * every rank down, so that nobody hangs waiting for the dead rank), then aborts. */
+ * COND at FILE:LINE" to stderr, then aborts. Nobody is left waiting for the dead rank:
+ * in-process ranks are threads of the aborting process, and under MPI the launcher ends
+ * every process of a job one of whose processes died on a signal. */
 #define FS_ASSERT(cond)                                                                     \
     do {                                                                                    \
         if (!(cond)) fs_assert_fail(#cond, __FILE__, __LINE__);                             \
@@ -66,12 +67,19 @@ const char *fs_status_name(fs_status st);
 
 _Noreturn void fs_assert_fail(const char *cond, const char *file, int line);
 
-/* The rank the calling thread works for, used in assertion messages (-1: not set). */
-void fs_set_thread_rank(int rank);
-int fs_thread_rank(void);
+/* Invariants too costly to check in every release build (a test per segment or per call of
+ * an inner loop): an FS_ASSERT under `make DEBUG=1` (which defines FS_DEBUG), nothing
+ * otherwise. The condition is still compiled (behind `0 &&`, never evaluated), so it keeps
+ * naming real variables when the code around it changes. Never use it for input validation,
+ * and never give it a condition with side effects. */
+#if defined(FS_DEBUG) && FS_DEBUG
+#define FS_DEBUG_ASSERT(cond) FS_ASSERT(cond)
+#else
+#define FS_DEBUG_ASSERT(cond) ((void)(0 && (cond)))
+#endif
 
-/* Called by fs_assert_fail before abort(). NULL restores the default (none). */
-void fs_set_abort_hook(void (*hook)(void));
+/* The rank the calling thread works for, named in assertion messages (-1: not set). */
+void fs_set_thread_rank(int rank);
 
 /* ------------------------------------------------------------------ accounting allocator */
 
@@ -128,6 +136,9 @@ void fs_mem_fail_after(fs_mem *mem, uint64_t n);
  * fault's first number (a), or 0 when it is not armed. */
 int fs_fault_at(const char *name, int64_t step, int rank);
 int64_t fs_fault_value(const char *name);
+/* Whether fault `name` is armed for stage `stage` (a word) at this step: the variable reads
+ * "<name>:<stage>" (any step) or "<name>:<stage>:<step>". */
+int fs_fault_stage(const char *name, const char *stage, int64_t step);
 
 /* ------------------------------------------------------------------ thread pool */
 

@@ -47,6 +47,8 @@ typedef struct fs_token_data {
     const uint8_t *tokens; /* points into the mapping, past any header */
     void *map;             /* the whole mapping (NULL for an empty file) */
     size_t map_bytes;
+    int fd1;               /* the mapped file's descriptor + 1 (0: none), for
+                            * fs_token_data_check_unchanged; + 1 so that a zeroed struct has none */
 } fs_token_data;
 
 /* Opens path, detecting a token file by its magic. Errors (FS_ERR_IO, FS_ERR_FORMAT) name the
@@ -55,6 +57,14 @@ typedef struct fs_token_data {
  * On error *out is left closed (safe to pass to fs_token_data_close). */
 fs_status fs_token_data_open(fs_token_data *out, const char *path);
 void fs_token_data_close(fs_token_data *data); /* idempotent */
+
+/* Checks that the mapped file still holds the bytes mapped: truncated in place under a
+ * running job, reading the mapping past its new end would raise SIGBUS, so callers check
+ * before each batch (one fstat) and get FS_ERR_IO naming the file and both sizes instead.
+ * A file replaced by renaming a new one over it has no effect: the descriptor holds the old
+ * inode. (A truncation between this check and the read is not caught: the window is one
+ * batch's copy.) FS_OK for a stream opened without a file. */
+fs_status fs_token_data_check_unchanged(const fs_token_data *data);
 
 /* Token i, 0 <= i < n_tokens. */
 static inline int32_t fs_token_data_get(const fs_token_data *d, int64_t i) {

@@ -91,7 +91,8 @@ typedef struct fs_engine_step_stats {
     double clip_factor;   /* what the gradients were multiplied by (1 when not clipped) */
     double comm_wait_s;   /* time the compute thread waited for collectives this step */
     int skipped;          /* 1: the loss or norm was not finite and the update was skipped */
-    int stop;             /* 1: some rank asked to stop after this step (fs_engine_request_stop) */
+    int stop;             /* > 0: some rank asked to stop after this step: the largest reason asked
+                           * (fs_engine_request_stop; the CLI's is a signal number); 0: none */
 } fs_engine_step_stats;
 
 typedef struct fs_engine fs_engine;
@@ -127,8 +128,9 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                              fs_engine_step_stats *out);
 
 /* This rank asks every rank to stop after the current step: the next fs_engine_end_step
- * reports stop = 1 on every rank (whatever the others asked). Not collective. */
-void fs_engine_request_stop(fs_engine *e);
+ * reports stop = the largest reason (> 0; the CLI passes the signal's number) any rank gave,
+ * the same on every rank. Not collective. */
+void fs_engine_request_stop(fs_engine *e, int reason);
 
 /* Test hook: enqueues one empty all-reduce that the other ranks do not issue — the smallest
  * desynchronisation, which moves no data (so it cannot hang) and only the schedule guard or

@@ -25,14 +25,25 @@
 #ifndef FLATSHARD_ESTIMATE_H
 #define FLATSHARD_ESTIMATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flatshard/core.h"
 #include "flatshard/shard.h"
 
+/* Where a hardware description's figures come from. */
+typedef enum fs_hw_origin {
+    FS_HW_PUBLISHED, /* a preset: datasheet figures and published utilisations */
+    FS_HW_MEASURED,  /* this-machine, calibrated in this process */
+    FS_HW_CACHED,    /* this-machine, a calibration read back from the cache file */
+} fs_hw_origin;
+
 typedef struct fs_hardware {
     const char *name;        /* "this-machine", "a100-80gb", ... */
     const char *description; /* one line, with the source of its figures in docs/planner.md */
+    fs_hw_origin origin;
+    const char *origin_note; /* one line: "published preset (docs/planner.md)", "measured now
+                                (cached in PATH)", "cached from DATE UTC (PATH)" */
     double memory_bytes;     /* per device */
     double peak_flops_fp32;  /* per device */
     double peak_flops_bf16;
@@ -46,9 +57,68 @@ typedef struct fs_hardware {
     double activation_bytes; /* bytes per activation element the device's kernels keep */
 } fs_hardware;
 
-/* The presets, NULL-terminated; and one by name (FS_ERR_USAGE listing them when unknown). */
+/* The published presets (a100-80gb, h100-80gb, h200), NULL-terminated. */
 const fs_hardware *const *fs_hardware_presets(void);
+/* One by name: a published preset, or "this-machine" = fs_hardware_this_machine(
+ * FS_CALIBRATE_CACHED). Unknown name: FS_ERR_USAGE listing the names. */
 fs_status fs_hardware_find(const char *name, const fs_hardware **out);
+
+/* ------------------------------------------------------------------ this machine, measured
+ * "this-machine" describes the machine the program runs on, one core per rank, from a short
+ * calibration (calibrate.c, 0.05-0.3 s): flatshard's own fp32 GEMM (fs_matmul_forward, OpenBLAS
+ * sgemm) and bf16 GEMM (fs_matmul_forward_bf16) on one thread at a block-sized shape, and a
+ * one-thread memcpy (each the fastest of three runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
+ * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
+ * one thread, before training starts (never inside a step: it takes the core for up to ~0.3 s). */
+typedef struct fs_calibration {
+    char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
+                                OpenBLAS's core, threads: the figures are valid while it holds */
+    char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
+    double gemm_fp32_flops;  /* fs_matmul_forward, one thread, (256, 768) @ (1024, 768)^T */
+    double gemm_bf16_flops;  /* fs_matmul_forward_bf16, the same shape */
+    double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
+} fs_calibration;
+
+typedef enum fs_calibrate_mode {
+    FS_CALIBRATE_CACHED, /* the cache if it is valid for this machine, else measure and cache */
+    FS_CALIBRATE_NOW,    /* measure and rewrite the cache */
+} fs_calibrate_mode;
+
+/* The key of the running machine and settings (see fs_calibration.key). */
+void fs_calibration_key(char *buf, size_t buf_bytes);
+/* Measures the running machine (0.05-0.3 s of one core); fills key and date too. */
+fs_status fs_calibration_measure(fs_calibration *out);
+/* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
+fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
+/* Reads a cache file. FS_ERR_IO: missing or unreadable; FS_ERR_FORMAT: corrupt (a line
+ * missing or malformed, a figure not finite and positive), or measured under another key (the
+ * message says which); FS_OK: *out filled. *out is unchanged on error. */
+fs_status fs_calibration_read(const char *path, const char *key, fs_calibration *out);
+/* Writes it through a temporary file and a rename (the directory is created): a concurrent
+ * reader sees the old file or the new one, never a part. */
+fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
+/* The hardware figures a calibration stands for (a pure function, docs/planner.md):
+ *   peak_flops_fp32/bf16  the measured GEMM rates (what a core sustains on a block's GEMM)
+ *   utilisation_fp32/bf16 FS_CPU_STEP_EFFICIENCY_FP32/BF16: a whole step's rate over its GEMMs'
+ *   intra/inter_busbw     copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR
+ *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
+ * name, description and origin_note are left NULL for the caller. */
+void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
+                                  int devices_per_node, fs_hardware *out);
+/* this-machine, calibrated or from the cache (see fs_calibrate_mode); the description lives
+ * until the next call. A cache that cannot be written is not an error (origin_note says so). */
+fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out);
+
+/* Step rate over GEMM rate, measured on the Zen 5 VM (BENCHMARKS.md, issue 7 table: fp32 step
+ * 172.8 GFLOP/s against sgemm 198.4 over the same step's GEMMs; bf16 256.3 against 321.3):
+ * attention, SwiGLU, norms and the optimizer run below the GEMM rate. */
+#define FS_CPU_STEP_EFFICIENCY_FP32 0.87
+#define FS_CPU_STEP_EFFICIENCY_BF16 0.80
+/* Ring busbw over one thread's memcpy rate, measured on the Zen 5 VM: the ring all-gather and
+ * reduce-scatter through the worker reach 6 GB/s on 2 ranks at 64 MiB against ~15 GB/s
+ * memcpy (MACHINE.md); the ring copies, sums and synchronises. */
+#define FS_CPU_RING_COPY_FACTOR 0.4
 
 /* The collectives of one optimizer step, by kind, as one device sees them. */
 typedef enum fs_coll_kind {

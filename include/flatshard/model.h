@@ -73,6 +73,14 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
 /* A preset name or, if `spec` names an existing file (or ends in .json), a config.json. */
 fs_status fs_llama_config_load(const char *spec, fs_llama_config *out);
 
+/* The largest accepted values (fs_llama_config_validate; config.c says why these). */
+#define FS_CONFIG_MAX_HIDDEN_SIZE ((int64_t)1 << 20)
+#define FS_CONFIG_MAX_INTERMEDIATE_SIZE ((int64_t)1 << 22)
+#define FS_CONFIG_MAX_LAYERS 4096
+#define FS_CONFIG_MAX_HEADS 4096
+#define FS_CONFIG_MAX_VOCAB_SIZE ((int64_t)INT32_MAX) /* token ids are int32 */
+#define FS_CONFIG_MAX_POSITIONS ((int64_t)1 << 24)
+
 /* Checks ranges and divisibility; the message names the field. */
 fs_status fs_llama_config_validate(const fs_llama_config *cfg);
 
@@ -137,6 +145,19 @@ typedef struct fs_layout {
  * head as one unit each; otherwise they are split into chunks of at most that many rows. */
 fs_status fs_layout_init(fs_layout *out, const fs_llama_config *cfg, int64_t vocab_chunk_rows);
 void fs_layout_free(fs_layout *layout); /* idempotent */
+
+/* At most this many vocabulary chunks (a smaller chunk size is refused, FS_ERR_USAGE). */
+#define FS_LAYOUT_MAX_VOCAB_CHUNKS 65536
+
+/* Refuses (FS_ERR_USAGE naming --batch and --seq) a micro-batch of B x T tokens whose
+ * activations would exceed FS_LAYOUT_MAX_ACTIVATION_BYTES, checked in double before any
+ * int64 product is formed: with the configuration limits of fs_llama_config_validate, every
+ * other size (parameters, their shards and buffers, ~22 bytes per parameter at most) stays
+ * below 2^61, so the plan's per-category byte counts and their total fit in 64 bits. B <= 0
+ * or T <= 0: FS_OK (nothing to size; fs_acts_init refuses those). fs_plan_init and
+ * fs_acts_init call it. */
+#define FS_LAYOUT_MAX_ACTIVATION_BYTES 4611686018427387904.0 /* 2^62 */
+fs_status fs_layout_check_batch(const fs_layout *layout, int64_t B, int64_t T);
 
 /* Index of the tensor piece with this Hugging Face name and first row, or -1. */
 int fs_layout_find_tensor(const fs_layout *layout, const char *name, int64_t row0);

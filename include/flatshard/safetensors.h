@@ -106,4 +106,38 @@ fs_status fs_st_writer_write(fs_st_writer *w, const void *data, size_t bytes);
 fs_status fs_st_writer_close(fs_st_writer *w); /* frees w, also on error */
 void fs_st_writer_abort(fs_st_writer *w);      /* NULL is a no-op */
 
+/* The bytes a writer puts before the data, computed from the entries' names, dtypes and
+ * shapes alone (pieces are ignored): the 8-byte length, the JSON text padded with spaces to a
+ * multiple of 8, and where each entry's data begins. fs_st_writer_open writes exactly these
+ * bytes, so a file written by parts (below) is byte-identical to a streamed one. */
+typedef struct fs_st_header {
+    char *bytes;         /* (size) the length prefix and the JSON text */
+    size_t size;         /* = the file offset of the data area */
+    uint64_t *begin;     /* (n_entries) each entry's first byte, from the data area's start */
+    uint64_t data_bytes; /* the data area's size */
+} fs_st_header;
+fs_status fs_st_header_build(fs_st_header *out, const fs_st_entry *entries, int n_entries,
+                             const char *const *metadata);
+void fs_st_header_free(fs_st_header *h); /* idempotent, safe on a zeroed struct */
+
+/* One file written by several writers at once (the ranks of a run, threads or processes on a
+ * filesystem they share), each writing its own byte ranges, so that no writer needs the
+ * whole data. The protocol, with a barrier (fs_engine_agree) between the steps:
+ *   1. one writer: fs_st_parallel_create writes the header to "<path>.tmp" and sizes the
+ *      file to its final size (header + data), fsynced;
+ *   2. every writer: fs_st_parallel_open, any number of fs_st_parallel_write (offsets in the
+ *      data area; ranges of different writers must not overlap), fs_st_parallel_close
+ *      (fsyncs that writer's bytes);
+ *   3. the first writer: fs_st_parallel_commit checks the size and renames over path, then
+ *      fsyncs the directory; or, when any writer failed, fs_st_parallel_discard.
+ * An existing file at path is replaced whole or not at all. Every failing call that created
+ * or renamed removes the temporary file; open/write/close failures leave it to discard. */
+typedef struct fs_st_parallel fs_st_parallel;
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h);
+fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, const fs_st_header *h);
+fs_status fs_st_parallel_write(fs_st_parallel *p, uint64_t data_offset, const void *data, size_t bytes);
+fs_status fs_st_parallel_close(fs_st_parallel *p); /* frees p, also on error; NULL: FS_OK */
+fs_status fs_st_parallel_commit(const char *path, const fs_st_header *h);
+void fs_st_parallel_discard(const char *path);
+
 #endif /* FLATSHARD_SAFETENSORS_H */

@@ -116,7 +116,14 @@ typedef struct fs_plan {
     size_t bytes[FS_MEM_N_CATEGORIES];
     size_t total_bytes;
     int64_t allocs_per_step;
+    /* the final save's staging buffer (fs_weights_save_sharded): each rank writes its own
+     * slices of the master weights into the file through it, FS_SAVE_STAGING_BYTES at most.
+     * Not in total_bytes: it exists only during the save, on top of the training state, and
+     * is the whole of what the save adds (nothing is gathered) */
+    size_t save_bytes;
 } fs_plan;
+
+#define FS_SAVE_STAGING_BYTES ((size_t)4 << 20)
 
 /* Computes the plan. Errors (FS_ERR_USAGE) name the problem: a world size larger than some
  * piece can be split over (more ranks than the piece has FS_SHARD_ALIGN-element blocks), a
@@ -137,6 +144,5 @@ int fs_plan_in_place(const fs_plan *plan);
 /* Which arrays a strategy keeps in full (1) or sharded (0). */
 int fs_strategy_full_weights(fs_strategy s); /* ddp, zero1, zero2 */
 int fs_strategy_full_grads(fs_strategy s);   /* ddp, zero1 */
-int fs_strategy_full_optim(fs_strategy s);   /* ddp */
 
 #endif /* FLATSHARD_SHARD_H */

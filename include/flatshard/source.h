@@ -47,10 +47,15 @@ fs_status fs_source_read(fs_source *s, const char *name, int64_t begin, int64_t 
 fs_status fs_weights_load(fs_weights *w, fs_source *s);
 
 /* Writes the source's model as a Hugging Face model directory: dir/model.safetensors (F32 or
- * BF16, rounded to nearest even) and dir/config.json, streaming tensor by tensor in blocks
- * (never the whole model in memory), each file under a temporary name renamed when complete.
- * dir must exist. *bytes is the size of the tensor data. */
-fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes);
+ * BF16, rounded to nearest even) and dir/config.json, streaming tensor by tensor in blocks of
+ * 1 Mi elements (never the whole model in memory: a checkpoint is read range by range from
+ * its rank files), each file under a temporary name renamed when complete. Then, when dir
+ * holds an older sharded model's model.safetensors.index.json (which readers would take
+ * before model.safetensors), that index is removed, and after it the shard files it names.
+ * dir must exist. *bytes is the size of the tensor data, *stale_removed the number of stale
+ * files removed (0 when there was no index). */
+fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes,
+                              int *stale_removed);
 
 /* For inspect: the tensors as stored (name, dtype name, shape). Returns the count. */
 int fs_source_tensor_count(const fs_source *s);

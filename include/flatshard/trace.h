@@ -11,7 +11,8 @@
  * fs_trace_write_json writes every rank's events as a Chrome Trace Event file (Perfetto and
  * chrome://tracing open it): process = rank, thread 0 = compute, thread 1 = communication,
  * complete ("X") events in microseconds since the traced run's start, with the unit and the
- * bytes in "args". `flatshard trace-svg` draws one step of it.
+ * bytes in "args". `flatshard trace-svg` draws one step of it, read back with
+ * fs_trace_read_json.
  */
 #ifndef FLATSHARD_TRACE_H
 #define FLATSHARD_TRACE_H
@@ -73,5 +74,35 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *events,
 
 /* "block 3", "embedding", ... for a unit (buf of n bytes). */
 void fs_trace_unit_name(const fs_layout *layout, int unit, char *buf, size_t n);
+
+/* ------------------------------------------------------------------ reading (trace-svg) */
+
+#define FS_TRACE_MAX_RANKS 65536 /* pid of an event read back: [0, this) */
+#define FS_TRACE_MAX_US 1e15     /* |ts| and dur read back, in microseconds (31 years) */
+
+/* One flatshard event of a timeline file read back ("X" events with args.step and
+ * args.kind; "step" events included). */
+typedef struct fs_trace_box {
+    int rank, track;         /* pid, tid (0 compute, 1 communication) */
+    int64_t step;            /* >= 1 */
+    double ts_us, dur_us;    /* finite, |ts| and dur <= FS_TRACE_MAX_US, dur >= 0 */
+    double bytes;            /* args.bytes, 0 when absent */
+    const char *kind, *name; /* into the parsed document (root) */
+} fs_trace_box;
+
+typedef struct fs_trace_file {
+    void *root;              /* the parsed JSON document, which kind and name point into */
+    fs_trace_box *boxes;     /* (n_boxes) in file order */
+    int64_t n_boxes;
+    int world;               /* 1 + the largest rank, 0 when there are no boxes */
+    int64_t first_step, last_step; /* over the boxes; 0 when there are none */
+} fs_trace_file;
+
+/* Parses a Chrome Trace Event file's text (n bytes; origin names it in errors). Events that
+ * are not flatshard's are skipped; a flatshard event with a missing, mistyped or
+ * out-of-range field is a format error naming its index and field. On error *out holds
+ * nothing. */
+fs_status fs_trace_read_json(fs_trace_file *out, const char *text, size_t n, const char *origin);
+void fs_trace_file_free(fs_trace_file *t); /* idempotent; NULL is a no-op */
 
 #endif /* FLATSHARD_TRACE_H */

@@ -16,6 +16,7 @@
 #ifndef FLATSHARD_TRAIN_H
 #define FLATSHARD_TRAIN_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "flatshard/ckpt.h"
@@ -62,7 +63,8 @@ typedef struct fs_step_stats {
     double comm_wait_s;    /* of which this rank's compute thread waited for communication */
     int64_t tokens;        /* tokens of the global batch */
     int skipped;           /* 1: the loss or gradient norm was not finite; no update (--on-nan skip) */
-    int stop;              /* 1: some rank asked to stop after this step (fs_engine_request_stop) */
+    int stop;              /* > 0: some rank asked to stop after this step, the reason it gave
+                            * (fs_engine_request_stop; stop_flag's value); 0: none */
 } fs_step_stats;
 
 typedef struct fs_trainer {
@@ -78,8 +80,12 @@ typedef struct fs_trainer {
     fs_comm *comm;             /* not owned */
     const fs_token_data *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
+    fs_ckpt_lineage lineage;   /* rank 0's: the lineage its saves continue (fs_trainer_save) */
     fs_trace trace_compute, trace_comm; /* a timeline's two tracks (fs_trainer_trace) */
     int64_t trace_from, trace_to;       /* the steps recorded; 0, 0: none */
+    /* not owned; NULL: none. A flag a signal handler sets (the CLI's): read right before the
+     * end-of-step exchange, so a signal during step k stops every rank after step k. */
+    const volatile sig_atomic_t *stop_flag;
 } fs_trainer;
 
 /* The shard plan a trainer with these settings would use on rank `rank` of `world`, for
@@ -103,7 +109,12 @@ void fs_trainer_free(fs_trainer *t); /* idempotent */
  *   hang-at:S:R    the rank stops taking part and never returns under MPI (the peers' timeout
  *                  must end the job); in process, as die-at;
  *   nan-at:S[:R]   a NaN is written into the rank's norm-group gradient after backward;
- *   desync-at:S:R  the rank enqueues one collective the others do not (fs_engine_inject_desync). */
+ *   desync-at:S:R  the rank enqueues one collective the others do not (fs_engine_inject_desync);
+ *   signal-at:S[:R]  the rank raises SIGINT after its first micro-batch's backward (the
+ *                  middle of step S); signal-twice-at:S[:R] also raises it again half way
+ *                  through the save of step S (checkpoint.c);
+ *   truncate-data-at:S[:R]  the rank truncates the data file to 0 bytes before its batch
+ *                  (fs_token_data_check_unchanged must then fail the step, not SIGBUS). */
 fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
 
 /* One optimizer step on an explicit global batch (the same on every rank): inputs and
@@ -121,8 +132,11 @@ fs_status fs_trainer_init_from(fs_trainer *t, fs_source *src);
  * size with any strategy. */
 fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck);
 
-/* Collective: saves a checkpoint of the state after the last step under root, keeping the
- * newest `keep` (0: all). */
+/* Collective: saves a checkpoint of the state after the last step under root as rank 0's
+ * t->lineage, keeping that lineage's newest `keep` (0: all). Set t->lineage from
+ * fs_ckpt_claim before the first save to continue a lineage or to be refused a root of
+ * another run; left unclaimed, the first save starts a new lineage beside whatever root
+ * holds. */
 fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep);
 
 /* Collective: records a timeline (trace.h) of steps [from_step, to_step] (1-based): every

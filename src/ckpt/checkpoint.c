@@ -4,12 +4,20 @@
  *
  * DESIGN. Saving is a sequence of agreements over the engine's ranks, so that every rank
  * returns the same status and nobody waits forever for a rank that failed:
- *   1. rank 0 prepares "<root>/step-N.tmp/" (removing leftovers of crashed saves); agree;
+ *   1. rank 0 names the checkpoint "step-N<tag>" (its lineage's suffix, ckpt.h) and creates
+ *      "<root>/step-N<tag>.tmp/"; every rank learns the name; agree;
  *   2. every rank writes its own file (fsynced, CRC-32 computed as written); agree, and
  *      rank 0 learns every file's CRC and size;
- *   3. rank 0 writes manifest.json (fsynced), fsyncs the directory, renames it to
- *      "<root>/step-N", writes COMPLETE (the manifest's CRC-32, fsynced), fsyncs the root,
- *      and deletes the oldest complete checkpoints beyond keep; agree.
+ *   3. rank 0 writes manifest.json and COMPLETE (the manifest's CRC-32) into the temporary
+ *      directory, fsynced, and moves it to its name: a plain rename, or, over a checkpoint
+ *      of the same name, renameat2(RENAME_EXCHANGE), after which the old copy sits under
+ *      the temporary name and is deleted (where the filesystem cannot exchange: the old copy
+ *      is renamed to ".old" first, then the new one in); it fsyncs the root and deletes this
+ *      lineage's oldest checkpoints beyond keep, each renamed to ".del" first; agree.
+ * So at every instant the checkpoint's name holds a complete copy or nothing, and a copy
+ * being replaced survives under a suffix until its successor is in; fs_ckpt_recover, run
+ * under the root's lock at a writer's start, removes or restores what a crash left. The lock
+ * (one writer per root) is what makes it safe to remove another save's leftovers then.
  * Rank 0 computes the other ranks' ranges from their plans (the plan is a pure function of
  * the rank), so only fixed-size records cross the wire. Loading agrees once, after every
  * rank has verified and read its part, before the engine's collective refresh.
@@ -29,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -58,7 +68,8 @@ static void join(char *buf, size_t n, const char *dir, const char *name) {
 
 /* Faults for tests (fs_fault_at, docs/reliability.md): crash-in-save:<step> kills the
  * process (SIGKILL) half way through writing its rank file; write-fail-in-save:<step> makes
- * that write fail. */
+ * that write fail; crash-in-save-stage:<stage>[:<step>] (crash_at below) kills rank 0 at a
+ * stage of the commit. */
 static int fault(const char *name, int64_t step) { return fs_fault_at(name, step, -1); }
 
 static void fsync_path(const char *path) {
@@ -73,6 +84,8 @@ static fs_status remove_dir(const char *dir) {
     if (!d) return errno == ENOENT ? FS_OK : fs_errorf(FS_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
     struct dirent *de;
     char path[2048];
+    join(path, sizeof path, dir, COMPLETE); /* first: a half-removed checkpoint is an incomplete one */
+    unlink(path);
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         join(path, sizeof path, dir, de->d_name);
@@ -215,6 +228,7 @@ static fs_status write_rank_file(fs_engine *e, const char *dir, int64_t step, fi
     for (int i = 0; i < n; i++) numel += sl[i].end - sl[i].begin;
     for (int a = 0; a < FS_CKPT_ARRAYS && st == FS_OK; a++) {
         if (a == 1 && fault("crash-in-save", step)) raise(SIGKILL);
+        if (a == 1 && fault("signal-twice-at", step)) raise(SIGINT); /* the second Ctrl-C (cmd_train.c) */
         if (a == 1 && fault("write-fail-in-save", step)) {
             st = fs_errorf(FS_ERR_IO, "%s: write failed: injected fault", path);
             break;
@@ -263,7 +277,7 @@ __attribute__((format(printf, 2, 3))) static void tprintf(text *t, const char *f
 
 /* Builds manifest.json; every rank's ranges come from its plan. */
 static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const file_record *recs,
-                                text *t) {
+                                const fs_ckpt_lineage *lin, int64_t seq, text *t) {
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
     char config[4096];
@@ -271,6 +285,13 @@ static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const
         return fs_errorf(FS_ERR_INTERNAL, "checkpoint: config text too long");
     tprintf(t, "{\n  \"format\": \"flatshard-checkpoint\",\n  \"version\": %d,\n", FS_CKPT_VERSION);
     tprintf(t, "  \"step\": %" PRId64 ",\n  \"seed\": \"%" PRIu64 "\",\n", step, seed);
+    tprintf(t, "  \"run_id\": \"%s\",\n", lin->run_id);
+    if (lin->parent_step >= 0)
+        tprintf(t, "  \"resumed_from\": {\"run_id\": \"%s\", \"step\": %" PRId64 "},\n", lin->parent_id,
+                lin->parent_step);
+    else
+        tprintf(t, "  \"resumed_from\": null,\n");
+    tprintf(t, "  \"save_seq\": %" PRId64 ",\n", seq);
     tprintf(t, "  \"world_size\": %d,\n  \"strategy\": \"%s\",\n  \"precision\": \"%s\",\n",
             p->cfg.world, fs_strategy_name(p->cfg.strategy), fs_precision_name(p->cfg.precision));
     tprintf(t, "  \"arrays\": [\"%s\", \"%s\", \"%s\"],\n", array_names[0], array_names[1], array_names[2]);
@@ -305,63 +326,111 @@ static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const
     return t->failed ? fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory") : FS_OK;
 }
 
-/* The complete step-N directories of root, newest first. */
-static fs_status list_complete(const char *root, int64_t **steps, int *n) {
-    *steps = NULL;
+/* ------------------------------------------------------------------ the checkpoints of a root */
+
+/* A complete checkpoint directory of a root, with its lineage. */
+typedef struct entry {
+    char name[80];                   /* its directory name */
+    int64_t step;
+    char tag[FS_CKPT_ID_HEX + 2];    /* the name's lineage suffix: "" or "-<hex>" */
+    char run_id[FS_CKPT_ID_HEX + 1]; /* "" anonymous or damaged */
+    int64_t seq;                     /* its save sequence number; 0 anonymous or damaged */
+    int damaged;                     /* the manifest is unreadable or its lineage malformed */
+} entry;
+
+static int is_hex(const char *s, size_t min, size_t max) {
+    size_t n = strlen(s);
+    if (n < min || n > max) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* A checkpoint directory name is "step-<digits>" or "step-<digits>-<8 to 32 hex digits>" and
+ * nothing else: ".tmp", ".old" and ".del" siblings are never checkpoints. */
+static int parse_name(const char *name, int64_t *step, char *tag, size_t tag_n) {
+    if (strncmp(name, "step-", 5) != 0) return 0;
+    const char *p = name + 5, *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == p || q - p > 15) return 0;
+    if (*q != '\0' && !(*q == '-' && is_hex(q + 1, 8, FS_CKPT_ID_HEX))) return 0;
+    *step = strtoll(p, NULL, 10);
+    snprintf(tag, tag_n, "%s", q);
+    return 1;
+}
+
+/* The run id and save sequence number of the checkpoint in dir. Listing never fails on a
+ * damaged manifest: it marks the entry, which then sorts first, so that opening the root
+ * reports the damage instead of quietly loading an older checkpoint. */
+static void read_lineage(const char *dir, entry *en) {
+    char path[2048], *json = NULL;
+    size_t len = 0;
+    en->damaged = 1;
+    join(path, sizeof path, dir, MANIFEST);
+    if (read_text_file(path, MAX_MANIFEST_BYTES, &json, &len) != FS_OK) return;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    free(json);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "run_id");
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(root, "save_seq");
+    if (cJSON_IsObject(root) && !id) {
+        en->damaged = 0; /* written before run ids: anonymous */
+    } else if (cJSON_IsString(id) && is_hex(id->valuestring, FS_CKPT_ID_HEX, FS_CKPT_ID_HEX) && cJSON_IsNumber(seq) &&
+               seq->valuedouble >= 1 && seq->valuedouble <= 9007199254740992.0 &&
+               seq->valuedouble == floor(seq->valuedouble)) {
+        snprintf(en->run_id, sizeof en->run_id, "%s", id->valuestring);
+        en->seq = (int64_t)seq->valuedouble;
+        en->damaged = 0;
+    }
+    cJSON_Delete(root);
+}
+
+/* Newest first: damaged ones (their place is unknown), then the highest save sequence
+ * number, then anonymous ones (0), by step. */
+static int cmp_newest(const void *a, const void *b) {
+    const entry *x = a, *y = b;
+    if (x->damaged != y->damaged) return x->damaged ? -1 : 1;
+    if (x->seq != y->seq) return x->seq > y->seq ? -1 : 1;
+    if (x->step != y->step) return x->step > y->step ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* The complete checkpoints of root, newest first. A missing root holds none. */
+static fs_status list_entries(const char *root, entry **out, int *n) {
+    *out = NULL;
     *n = 0;
     DIR *d = opendir(root);
-    if (!d) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
+    if (!d) return errno == ENOENT ? FS_OK : fs_errorf(FS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
     int cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        long long s;
-        char rest[8] = "";
-        if (sscanf(de->d_name, "step-%lld%7s", &s, rest) != 1 || s < 0) continue;
-        char marker[2048];
+        entry en;
+        memset(&en, 0, sizeof en);
+        if (strlen(de->d_name) >= sizeof en.name || !parse_name(de->d_name, &en.step, en.tag, sizeof en.tag))
+            continue;
+        snprintf(en.name, sizeof en.name, "%s", de->d_name);
+        char sub[1300], marker[1400];
         struct stat sb;
-        char sub[1300];
-        join(sub, sizeof sub, root, de->d_name);
+        join(sub, sizeof sub, root, en.name);
         join(marker, sizeof marker, sub, COMPLETE);
         if (stat(marker, &sb) != 0) continue;
+        read_lineage(sub, &en);
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
-            int64_t *q = realloc(*steps, (size_t)cap * sizeof *q);
+            entry *q = realloc(*out, (size_t)cap * sizeof *q);
             if (!q) {
                 closedir(d);
+                free(*out);
+                *out = NULL;
+                *n = 0;
                 return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
             }
-            *steps = q;
+            *out = q;
         }
-        (*steps)[(*n)++] = s;
+        (*out)[(*n)++] = en;
     }
     closedir(d);
-    for (int i = 1; i < *n; i++) /* newest first */
-        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
-            int64_t x = (*steps)[j];
-            (*steps)[j] = (*steps)[j - 1];
-            (*steps)[j - 1] = x;
-        }
+    if (*n > 1) qsort(*out, (size_t)*n, sizeof **out, cmp_newest);
     return FS_OK;
-}
-
-/* Rank 0: removes crashed saves' .tmp directories. */
-static void remove_stale_tmp(const char *root) {
-    DIR *d = opendir(root);
-    if (!d) return;
-    struct dirent *de;
-    char names[64][256];
-    int n = 0;
-    while ((de = readdir(d)) && n < 64) {
-        size_t len = strlen(de->d_name);
-        if (strncmp(de->d_name, "step-", 5) == 0 && len > 4 && strcmp(de->d_name + len - 4, ".tmp") == 0)
-            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++) {
-        char path[2048];
-        join(path, sizeof path, root, names[i]);
-        remove_dir(path);
-    }
 }
 
 static fs_status mkdir_p(const char *path) {
@@ -382,80 +451,328 @@ static fs_status mkdir_p(const char *path) {
     return FS_OK;
 }
 
-/* Rank 0's part of step 3: manifest, rename, marker, pruning. */
-static fs_status commit(fs_engine *e, const char *root, const char *tmp, const char *final,
-                        int64_t step, uint64_t seed, const file_record *recs, int keep) {
+/* ------------------------------------------------------------------ lineages, the lock, recovery */
+
+fs_status fs_ckpt_new_run_id(char out[FS_CKPT_ID_HEX + 1]) {
+    unsigned char b[FS_CKPT_ID_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t k = getrandom(b + got, sizeof b - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return fs_errorf(FS_ERR_IO, "checkpoint: getrandom failed: %s", k < 0 ? strerror(errno) : "no bytes");
+        got += (size_t)k;
+    }
+    for (size_t i = 0; i < sizeof b; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+    return FS_OK;
+}
+
+static int same_dir(const char *a, const char *b) {
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* The directory that holds directory dir. */
+static void parent_dir(char *buf, size_t n, const char *dir) {
+    snprintf(buf, n, "%s", dir);
+    size_t len = strlen(buf);
+    while (len > 1 && buf[len - 1] == '/') buf[--len] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash) snprintf(buf, n, ".");
+    else if (slash == buf) buf[1] = '\0';
+    else *slash = '\0';
+}
+
+static int tag_used(const entry *es, int n, const char *tag) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(es[i].tag, tag) == 0) return 1;
+    return 0;
+}
+
+fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *resumed, int new_lineage) {
+    memset(out, 0, sizeof *out);
+    out->parent_step = -1;
+    if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
+    entry *es = NULL;
+    int n = 0;
+    FS_TRY(list_entries(root, &es, &n));
+    fs_status st = FS_OK;
+    int in_root = 0;
+    if (resumed) {
+        char from[1100];
+        snprintf(out->parent_id, sizeof out->parent_id, "%s", resumed->run_id);
+        out->parent_step = resumed->step;
+        parent_dir(from, sizeof from, resumed->dir);
+        in_root = same_dir(from, root);
+        if (!new_lineage && resumed->run_id[0]) {
+            /* it continues only from the tip: nothing of its run id was saved after it there */
+            entry *fe = es;
+            int fn = n;
+            if (!in_root) st = list_entries(from, &fe, &fn);
+            out->continued = st == FS_OK;
+            for (int i = 0; st == FS_OK && i < fn; i++)
+                if (strcmp(fe[i].run_id, resumed->run_id) == 0 && fe[i].seq > resumed->seq) out->continued = 0;
+            if (fe != es) free(fe);
+        }
+    }
+    if (st == FS_OK && out->continued) snprintf(out->run_id, sizeof out->run_id, "%s", resumed->run_id);
+    else if (st == FS_OK) st = fs_ckpt_new_run_id(out->run_id);
+    const entry *other = NULL, *mine = NULL;
+    for (int i = 0; st == FS_OK && i < n; i++) {
+        if (strcmp(es[i].run_id, out->run_id) != 0 && !other) other = &es[i];
+        if (strcmp(es[i].run_id, out->run_id) == 0 && !mine) mine = &es[i];
+        if (es[i].seq > out->seq) out->seq = es[i].seq;
+    }
+    if (st == FS_OK && other && !in_root && !new_lineage) {
+        char who[64];
+        if (other->run_id[0]) snprintf(who, sizeof who, "run %.8s", other->run_id);
+        else if (other->damaged) snprintf(who, sizeof who, "its manifest is unreadable");
+        else snprintf(who, sizeof who, "saved before run ids");
+        st = fs_errorf(FS_ERR_USAGE,
+                       "--save %s holds checkpoints of another run (%s/%s, %s): continue it with --resume %s, "
+                       "keep it and start a new lineage beside it with --new-lineage, or choose another --save directory",
+                       root, root, other->name, who, root);
+    }
+    if (st == FS_OK && mine) {
+        snprintf(out->tag, sizeof out->tag, "%s", mine->tag);
+    } else if (st == FS_OK && tag_used(es, n, "")) { /* plain names belong to another lineage */
+        for (int len = 8; len <= FS_CKPT_ID_HEX; len *= 2) {
+            snprintf(out->tag, sizeof out->tag, "-%.*s", len, out->run_id);
+            if (!tag_used(es, n, out->tag)) break;
+        }
+    }
+    free(es);
+    if (st != FS_OK) memset(out->run_id, 0, sizeof out->run_id);
+    return st;
+}
+
+fs_status fs_ckpt_lock(const char *root, int *fd_out) {
+    *fd_out = -1;
+    if (!root[0]) return fs_errorf(FS_ERR_USAGE, "--save \"\": the path is empty; give a directory");
+    if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
+    fs_status st = mkdir_p(root);
+    if (st != FS_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fs_error_message());
+        return fs_errorf(st, "--save %s", msg);
+    }
+    char path[1100];
+    join(path, sizeof path, root, ".lock");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return fs_errorf(FS_ERR_IO, "--save %s: cannot create the lock file %s: %s", root, path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[256];
+        ssize_t k = pread(fd, holder, sizeof holder - 1, 0);
+        holder[k > 0 ? k : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (err == EWOULDBLOCK)
+            return fs_errorf(FS_ERR_USAGE, "--save %s is in use by another run (%s): wait for it to end, or choose another --save directory",
+                             root, holder[0] ? holder : "its lock file names no process");
+        return fs_errorf(FS_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+    }
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = '\0';
+    char body[320];
+    int len = snprintf(body, sizeof body, "pid %ld on host %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, body, (size_t)len, 0) != (ssize_t)len) {
+        int err = errno;
+        close(fd);
+        return fs_errorf(FS_ERR_IO, "%s: cannot write: %s", path, strerror(err));
+    }
+    *fd_out = fd;
+    return FS_OK;
+}
+
+void fs_ckpt_unlock(int fd) {
+    if (fd >= 0) close(fd); /* closing the last descriptor releases the flock */
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n > k && strcmp(s + n - k, suffix) == 0;
+}
+
+fs_status fs_ckpt_recover(const char *root, int *repaired) {
+    if (repaired) *repaired = 0;
+    DIR *d = opendir(root);
+    if (!d) return errno == ENOENT ? FS_OK : fs_errorf(FS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
+    char (*names)[256] = NULL;
+    int n = 0, cap = 0;
+    struct dirent *de;
+    fs_status st = FS_OK;
+    while (st == FS_OK && (de = readdir(d))) {
+        if (strncmp(de->d_name, "step-", 5) != 0 || strlen(de->d_name) >= 256) continue;
+        if (!has_suffix(de->d_name, ".tmp") && !has_suffix(de->d_name, ".old") && !has_suffix(de->d_name, ".del"))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char (*q)[256] = realloc(names, (size_t)cap * sizeof *q);
+            if (!q) {
+                st = fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
+                break;
+            }
+            names = q;
+        }
+        snprintf(names[n++], 256, "%s", de->d_name);
+    }
+    closedir(d);
+    for (int i = 0; st == FS_OK && i < n; i++) {
+        char path[1300], base[1300], marker[1400];
+        struct stat sb;
+        join(path, sizeof path, root, names[i]);
+        if (has_suffix(names[i], ".old")) {
+            /* the previous copy, moved aside by a save without atomic exchange: it goes only
+             * when the copy under the real name is complete, else it is put back */
+            snprintf(base, sizeof base, "%.*s", (int)(strlen(path) - 4), path);
+            join(marker, sizeof marker, base, COMPLETE);
+            if (stat(marker, &sb) == 0) st = remove_dir(path);
+            else {
+                st = remove_dir(base); /* an incomplete one under the real name */
+                if (st == FS_OK && rename(path, base) != 0)
+                    st = fs_errorf(FS_ERR_IO, "%s: cannot move back to %s: %s", path, base, strerror(errno));
+            }
+        } else {
+            st = remove_dir(path); /* a crashed save's .tmp, or a pruned or replaced one's .del */
+        }
+        if (st == FS_OK && repaired) (*repaired)++;
+    }
+    free(names);
+    if (n > 0) fsync_path(root);
+    return st;
+}
+
+/* ------------------------------------------------------------------ committing a save */
+
+static int stage_armed(const char *name, int64_t step) { return fs_fault_stage("crash-in-save-stage", name, step); }
+
+static void crash_at(const char *name, int64_t step) {
+    if (stage_armed(name, step)) raise(SIGKILL);
+}
+
+/* Deletes this lineage's complete checkpoints beyond the newest keep. Each is renamed to
+ * ".del" first, so a crash half way through a deletion leaves a suffixed directory (never
+ * loaded, removed by fs_ckpt_recover), never a complete-looking one with files missing. */
+static void prune(const char *root, const fs_ckpt_lineage *lin, int keep, int64_t step) {
+    entry *es = NULL;
+    int n = 0;
+    if (list_entries(root, &es, &n) != FS_OK) return; /* the new checkpoint is saved; pruning is best effort */
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(es[i].run_id, lin->run_id) != 0) continue; /* another lineage's, or anonymous: never ours */
+        if (kept++ < keep) continue;
+        char victim[1300], gone[1400];
+        join(victim, sizeof victim, root, es[i].name);
+        snprintf(gone, sizeof gone, "%s.del", victim);
+        if (rename(victim, gone) != 0) continue;
+        crash_at("pruning", step);
+        remove_dir(gone);
+    }
+    free(es);
+}
+
+/* Rank 0's part of step 3: manifest and marker into the temporary directory, the swap, the
+ * old copy's removal, pruning. */
+static fs_status commit(fs_engine *e, const char *root, const char *name, const char *tmp, int64_t step,
+                        uint64_t seed, const file_record *recs, int keep, fs_ckpt_lineage *lin) {
+    char final[1300], path[2048], body[128], old[1400] = "";
+    join(final, sizeof final, root, name);
     text t = {0};
-    fs_status st = build_manifest(e, step, seed, recs, &t);
-    char path[2048];
+    fs_status st = build_manifest(e, step, seed, recs, lin, lin->seq + 1, &t);
     join(path, sizeof path, tmp, MANIFEST);
     if (st == FS_OK) st = write_text_file(path, t.p);
     uint32_t crc = st == FS_OK ? fs_crc32(0, t.p, t.len) : 0;
     free(t.p);
     if (st != FS_OK) return st;
-    fsync_path(tmp);
-    if (rename(tmp, final) != 0)
-        return fs_errorf(FS_ERR_IO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-    char marker[2048], body[128];
-    join(marker, sizeof marker, final, COMPLETE);
+    crash_at("manifest", step);
+    /* the marker goes in before the swap, so whatever holds the final name is complete */
+    join(path, sizeof path, tmp, COMPLETE);
     snprintf(body, sizeof body, "flatshard-checkpoint complete\nmanifest.json crc32 %08" PRIx32 "\n", crc);
-    FS_TRY(write_text_file(marker, body));
-    fsync_path(final);
-    fsync_path(root);
-    if (keep > 0) { /* only now may older checkpoints go */
-        int64_t *steps = NULL;
-        int n = 0;
-        FS_TRY(list_complete(root, &steps, &n));
-        for (int i = keep; i < n; i++) {
-            char old[2048];
-            snprintf(old, sizeof old, "%s/step-%08" PRId64, root, steps[i]);
-            remove_dir(old);
+    FS_TRY(write_text_file(path, body));
+    fsync_path(tmp);
+    crash_at("complete", step);
+    struct stat sb;
+    int fallback = 0;
+    if (lstat(final, &sb) == 0) { /* a save over one of the same name: swap, delete only then */
+        fallback = stage_armed("fallback-aside", step) || stage_armed("fallback-swapped", step);
+        if (!fallback && renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+            snprintf(old, sizeof old, "%s", tmp); /* the exchange left the previous copy there */
+        } else if (fallback || errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+            /* no atomic exchange on this filesystem: the old copy moves aside first, and
+             * fs_ckpt_recover moves it back if the process dies before the new one is in */
+            fallback = 1;
+            snprintf(old, sizeof old, "%s.old", final);
+            if (rename(final, old) != 0)
+                return fs_errorf(FS_ERR_IO, "%s: cannot rename to %s: %s", final, old, strerror(errno));
+            fsync_path(root);
+            crash_at("fallback-aside", step);
+            if (rename(tmp, final) != 0) {
+                st = fs_errorf(FS_ERR_IO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+                rename(old, final);
+                return st;
+            }
+        } else {
+            return fs_errorf(FS_ERR_IO, "%s: cannot exchange with %s: %s", tmp, final, strerror(errno));
         }
-        free(steps);
+    } else if (rename(tmp, final) != 0) {
+        return fs_errorf(FS_ERR_IO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
     }
+    fsync_path(root);
+    lin->seq++;
+    snprintf(lin->last_name, sizeof lin->last_name, "%s", name);
+    crash_at(fallback ? "fallback-swapped" : "swapped", step);
+    if (old[0]) remove_dir(old); /* a leftover is fs_ckpt_recover's (or this name's next save's) */
+    if (keep > 0) prune(root, lin, keep, step); /* only now may older checkpoints go */
     return FS_OK;
 }
 
-fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep) {
+/* What rank 0 tells every rank before they write: the checkpoint's directory name. */
+typedef struct save_target {
+    char name[80];
+} save_target;
+
+fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,
+                       fs_ckpt_lineage *lin) {
     const fs_plan *p = fs_engine_plan(e);
     const int rank = p->cfg.rank, world = p->cfg.world;
-    char tmp[1536], final[1536];
     if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
-    if (snprintf(tmp, sizeof tmp, "%s/step-%08" PRId64 ".tmp", root, step) >= (int)sizeof tmp ||
-        snprintf(final, sizeof final, "%s/step-%08" PRId64, root, step) >= (int)sizeof final)
-        return fs_errorf(FS_ERR_USAGE, "--save %s: path too long", root);
-    /* 1. the temporary directory */
-    fs_status st = FS_OK;
-    if (rank == 0) {
-        st = mkdir_p(root);
-        if (st == FS_OK) {
-            remove_stale_tmp(root);
-            struct stat sb;
-            if (stat(final, &sb) == 0) remove_dir(final); /* a rerun over the same step */
-            if (mkdir(tmp, 0777) != 0)
-                st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    save_target mine, *targets = calloc((size_t)world, sizeof *targets);
+    file_record rec, *recs = calloc((size_t)world, sizeof *recs);
+    memset(&mine, 0, sizeof mine);
+    fs_status st = fs_engine_agree(e, targets && recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
+    char tmp[1400];
+    /* 1. rank 0 names the checkpoint (its lineage's suffix) and creates the temporary directory */
+    if (st == FS_OK) {
+        fs_status prep = FS_OK;
+        if (rank == 0) {
+            if (!lin) prep = fs_errorf(FS_ERR_INTERNAL, "checkpoint: rank 0 saves without a lineage");
+            if (prep == FS_OK) prep = mkdir_p(root);
+            if (prep == FS_OK && !lin->run_id[0]) prep = fs_ckpt_claim(lin, root, NULL, 1);
+            if (prep == FS_OK) {
+                snprintf(mine.name, sizeof mine.name, "step-%08" PRId64 "%s", step, lin->tag);
+                snprintf(tmp, sizeof tmp, "%s/%s.tmp", root, mine.name);
+                prep = remove_dir(tmp); /* this lineage's own crashed save of this step */
+                if (prep == FS_OK && mkdir(tmp, 0777) != 0)
+                    prep = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+            }
         }
+        st = fs_engine_all_gather_bytes(e, &mine, sizeof mine, targets);
+        if (st == FS_OK) st = fs_engine_agree(e, prep);
     }
-    FS_TRY(fs_engine_agree(e, st));
     /* 2. every rank's file */
-    file_record mine, *recs = calloc((size_t)world, sizeof *recs);
-    st = fs_engine_agree(e, recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
-    if (st != FS_OK) {
-        free(recs);
-        return st;
+    if (st == FS_OK) {
+        snprintf(tmp, sizeof tmp, "%s/%s.tmp", root, targets[0].name);
+        st = write_rank_file(e, tmp, step, &rec);
+        fs_status g = fs_engine_all_gather_bytes(e, &rec, sizeof rec, recs);
+        st = g != FS_OK ? g : fs_engine_agree(e, st);
     }
-    st = write_rank_file(e, tmp, step, &mine);
-    fs_status g = fs_engine_all_gather_bytes(e, &mine, sizeof mine, recs);
-    if (g != FS_OK) {
-        free(recs);
-        return g;
-    }
-    st = fs_engine_agree(e, st);
     /* 3. rank 0 commits */
     if (st == FS_OK) {
-        fs_status c = rank == 0 ? commit(e, root, tmp, final, step, seed, recs, keep) : FS_OK;
+        fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, recs, keep, lin) : FS_OK;
         st = fs_engine_agree(e, c);
     }
+    free(targets);
     free(recs);
     return st;
 }
@@ -506,6 +823,25 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
     if (!cJSON_IsString(seed) || !seed->valuestring[0] ||
         (errno = 0, ck->seed = strtoull(seed->valuestring, &end, 10), *end || errno))
         BAD("%s: field 'seed' must be a decimal string", origin);
+    /* the lineage: absent in checkpoints written before run ids (an anonymous lineage) */
+    ck->parent_step = -1;
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "run_id");
+    if (rid) {
+        if (!cJSON_IsString(rid) || !is_hex(rid->valuestring, FS_CKPT_ID_HEX, FS_CKPT_ID_HEX))
+            BAD("%s: field 'run_id' must be %d lowercase hexadecimal digits", origin, FS_CKPT_ID_HEX);
+        snprintf(ck->run_id, sizeof ck->run_id, "%s", rid->valuestring);
+        if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "save_seq"), 1, (int64_t)1 << 53, &ck->seq))
+            BAD("%s: field 'save_seq' must be a positive integer (it comes with 'run_id')", origin);
+        const cJSON *from = cJSON_GetObjectItemCaseSensitive(root, "resumed_from");
+        const cJSON *fid = cJSON_GetObjectItemCaseSensitive(from, "run_id");
+        if (!cJSON_IsNull(from) &&
+            (!cJSON_IsObject(from) || !cJSON_IsString(fid) ||
+             (fid->valuestring[0] && !is_hex(fid->valuestring, FS_CKPT_ID_HEX, FS_CKPT_ID_HEX)) ||
+             !json_int(cJSON_GetObjectItemCaseSensitive(from, "step"), 0, (int64_t)1 << 53, &ck->parent_step)))
+            BAD("%s: field 'resumed_from' must be null or {\"run_id\": \"\" or %d hexadecimal digits, \"step\": integer}",
+                origin, FS_CKPT_ID_HEX);
+        if (cJSON_IsString(fid)) snprintf(ck->parent_id, sizeof ck->parent_id, "%s", fid->valuestring);
+    }
     if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "world_size"), 1, 1 << 20, &v))
         BAD("%s: field 'world_size' must be an integer from 1 to %d", origin, 1 << 20);
     ck->world = (int)v;
@@ -670,16 +1006,22 @@ fs_status fs_ckpt_open(fs_ckpt *ck, const char *path) {
     if (!S_ISDIR(sb.st_mode)) return fs_errorf(FS_ERR_FORMAT, "%s: not a checkpoint directory", path);
     join(probe, sizeof probe, path, MANIFEST);
     if (stat(probe, &sb) == 0) return open_dir(ck, path);
-    int64_t *steps = NULL;
+    entry *es = NULL;
     int n = 0;
-    FS_TRY(list_complete(path, &steps, &n));
+    FS_TRY(list_entries(path, &es, &n));
     fs_status st = n == 0 ? fs_errorf(FS_ERR_IO, "%s: no complete checkpoint (step-N directory with a %s marker)", path, COMPLETE)
                           : FS_OK;
     if (st == FS_OK) {
-        snprintf(probe, sizeof probe, "%s/step-%08" PRId64, path, steps[0]);
+        join(probe, sizeof probe, path, es[0].name); /* the newest: the highest save sequence number */
         st = open_dir(ck, probe);
     }
-    free(steps);
+    if (st != FS_OK && n > 1) { /* say what else there is: never load it behind the user's back */
+        char msg[1536];
+        snprintf(msg, sizeof msg, "%s", fs_error_message());
+        st = fs_errorf(st, "%s; the next most recent complete checkpoint is %s/%s (name it to resume from it)", msg,
+                       path, es[1].name);
+    }
+    free(es);
     return st;
 }
 
@@ -702,7 +1044,7 @@ fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (fields[i].saved != fields[i].now)
-            return fs_errorf(FS_ERR_USAGE,
+            return fs_errorf(FS_ERR_FORMAT, /* exit 1, as for any file of another model (docs/cli.md) */
                              "%s: the checkpoint is of another model: %s is %g there, %g here",
                              ck->dir, fields[i].name, fields[i].saved, fields[i].now);
     if (whole_tensor_count(layout) != ck->n_tensors)

@@ -3,7 +3,9 @@
  *
  * JSON parsing is cJSON's; every number it gives is a double, exact for integers below 2^53,
  * which bounds every offset and dimension we accept. The writer prints the header itself so
- * that large offsets come out as exact integers.
+ * that large offsets come out as exact integers; fs_st_header_build is the one place that
+ * does, for the streaming writer and for files written in parts by several writers
+ * (fs_st_parallel_*, positioned writes into a file created at its final size).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -204,7 +206,8 @@ fs_status fs_safetensors_open(fs_safetensors *out, const char *path) {
     if (n < 2 || n > FS_ST_MAX_HEADER_BYTES || n > file_bytes - 8) {
         fclose(f);
         return fs_errorf(FS_ERR_FORMAT,
-                         "%s: header length %llu is impossible for a file of %llu bytes", path,
+                         "%s: not a safetensors file (its first 8 bytes, read as the header "
+                         "length, give %llu, impossible for a file of %llu bytes)", path,
                          (unsigned long long)n, (unsigned long long)file_bytes);
     }
     char *text = malloc((size_t)n);
@@ -317,10 +320,13 @@ struct fs_st_writer {
     uint64_t expected, written; /* data bytes */
 };
 
-fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_entry *entries,
-                            int n_entries, const char *const *metadata) {
-    *out = NULL;
+fs_status fs_st_header_build(fs_st_header *out, const fs_st_entry *entries, int n_entries,
+                             const char *const *metadata) {
+    memset(out, 0, sizeof *out);
+    uint64_t *begin = calloc((size_t)n_entries + 1, sizeof *begin);
+    if (!begin) return fs_errorf(FS_ERR_NOMEM, "out of memory building a safetensors header");
     text_buf hb = {0};
+    tb_printf(&hb, "%8s", ""); /* room for the length, filled in below */
     tb_printf(&hb, "{");
     int first = 1;
     if (metadata && metadata[0]) {
@@ -347,39 +353,61 @@ fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_en
             tb_printf(&hb, "%s%lld", d ? "," : "", (long long)e->shape[d]);
         tb_printf(&hb, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
                   (unsigned long long)(offset + bytes));
+        begin[i] = offset;
         offset += bytes;
     }
     tb_printf(&hb, "}");
     while (!hb.failed && hb.len % 8 != 0) tb_printf(&hb, " "); /* data starts 8-aligned */
     if (hb.failed) {
         free(hb.p);
-        return fs_errorf(FS_ERR_NOMEM, "%s: out of memory building the header", path);
+        free(begin);
+        return fs_errorf(FS_ERR_NOMEM, "out of memory building a safetensors header");
     }
+    const uint64_t json_len = (uint64_t)hb.len - 8;
+    for (int i = 0; i < 8; i++) hb.p[i] = (char)(uint8_t)(json_len >> (8 * i));
+    out->bytes = hb.p;
+    out->size = hb.len;
+    out->begin = begin;
+    out->data_bytes = offset;
+    return FS_OK;
+}
+
+void fs_st_header_free(fs_st_header *h) {
+    if (!h) return;
+    free(h->bytes);
+    free(h->begin);
+    memset(h, 0, sizeof *h);
+}
+
+fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_entry *entries,
+                            int n_entries, const char *const *metadata) {
+    *out = NULL;
+    fs_st_header hdr;
+    fs_status st = fs_st_header_build(&hdr, entries, n_entries, metadata);
+    if (st != FS_OK) return fs_errorf(st, "%s: out of memory building the header", path);
     fs_st_writer *w = calloc(1, sizeof *w);
     if (!w) {
-        free(hb.p);
+        fs_st_header_free(&hdr);
         return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
     }
     if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path ||
         snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path) >= (int)sizeof w->tmp) {
-        free(hb.p);
+        fs_st_header_free(&hdr);
         free(w);
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     }
-    w->expected = offset;
+    w->expected = hdr.data_bytes;
     w->f = fopen(w->tmp, "wb");
     if (!w->f) {
         int e = errno;
-        free(hb.p);
+        fs_st_header_free(&hdr);
         free(w);
         return fs_errorf(FS_ERR_IO, "%s.tmp: cannot create: %s", path, strerror(e));
     }
-    uint8_t len_le[8];
-    for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
-    int ok = fwrite(len_le, 1, 8, w->f) == 8 && fwrite(hb.p, 1, hb.len, w->f) == hb.len;
-    free(hb.p);
+    int ok = fwrite(hdr.bytes, 1, hdr.size, w->f) == hdr.size;
+    fs_st_header_free(&hdr);
     if (!ok) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+        st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
         fs_st_writer_abort(w);
         return st;
     }
@@ -426,6 +454,120 @@ void fs_st_writer_abort(fs_st_writer *w) {
     if (w->f) fclose(w->f);
     unlink(w->tmp);
     free(w);
+}
+
+/* ------------------------------------------------------------------ one file, many writers */
+
+/* "<path>.tmp" into buf; 0 when it does not fit. */
+static int tmp_name(char *buf, size_t n, const char *path) {
+    int k = snprintf(buf, n, "%s.tmp", path);
+    return k >= 0 && (size_t)k < n;
+}
+
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h) {
+    char tmp[4096];
+    if (!tmp_name(tmp, sizeof tmp, path)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    fs_status st = FS_OK;
+    for (size_t done = 0; st == FS_OK && done < h->size;) {
+        ssize_t n = pwrite(fd, h->bytes + done, h->size - done, (off_t)done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, n < 0 ? strerror(errno) : "no progress");
+        else done += (size_t)n;
+    }
+    /* the final size at once: the writers fill the data area in any order, and a disk too
+     * small for the holes they leave is found when they write, not after the rename */
+    if (st == FS_OK && ftruncate(fd, (off_t)(h->size + h->data_bytes)) != 0)
+        st = fs_errorf(FS_ERR_IO, "%s: cannot size the file to %llu bytes: %s", tmp,
+                       (unsigned long long)(h->size + h->data_bytes), strerror(errno));
+    if (st == FS_OK && fsync(fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && st == FS_OK) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (st != FS_OK) unlink(tmp);
+    return st;
+}
+
+struct fs_st_parallel {
+    char tmp[4096];
+    int fd;
+    uint64_t data_start, data_bytes;
+};
+
+fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, const fs_st_header *h) {
+    *out = NULL;
+    fs_st_parallel *p = calloc(1, sizeof *p);
+    if (!p) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
+    if (!tmp_name(p->tmp, sizeof p->tmp, path)) {
+        free(p);
+        return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    }
+    /* no O_CREAT: the file must be the one the creator sized; a rank that cannot see it is
+     * on another filesystem */
+    p->fd = open(p->tmp, O_WRONLY | O_CLOEXEC);
+    if (p->fd < 0) {
+        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open for writing: %s (every rank writes its own "
+                                            "part of the file: the directory must be on a filesystem all ranks share)",
+                                 p->tmp, strerror(errno));
+        free(p);
+        return st;
+    }
+    p->data_start = h->size;
+    p->data_bytes = h->data_bytes;
+    *out = p;
+    return FS_OK;
+}
+
+fs_status fs_st_parallel_write(fs_st_parallel *p, uint64_t data_offset, const void *data, size_t bytes) {
+    if (data_offset > p->data_bytes || bytes > p->data_bytes - data_offset)
+        return fs_errorf(FS_ERR_INTERNAL, "%s: write of %zu bytes at data byte %llu is past the data area (%llu bytes)",
+                         p->tmp, bytes, (unsigned long long)data_offset, (unsigned long long)p->data_bytes);
+    const char *src = data;
+    for (size_t done = 0; done < bytes;) {
+        ssize_t n = pwrite(p->fd, src + done, bytes - done, (off_t)(p->data_start + data_offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return fs_errorf(FS_ERR_IO, "%s: write failed at byte %llu: %s", p->tmp,
+                             (unsigned long long)(p->data_start + data_offset + done),
+                             n < 0 ? strerror(errno) : "no progress");
+        done += (size_t)n;
+    }
+    return FS_OK;
+}
+
+fs_status fs_st_parallel_close(fs_st_parallel *p) {
+    if (!p) return FS_OK;
+    fs_status st = FS_OK;
+    /* each writer makes its own bytes durable: on a shared filesystem another client's fsync
+     * does not cover them */
+    if (fsync(p->fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", p->tmp, strerror(errno));
+    if (close(p->fd) != 0 && st == FS_OK) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", p->tmp, strerror(errno));
+    free(p);
+    return st;
+}
+
+fs_status fs_st_parallel_commit(const char *path, const fs_st_header *h) {
+    char tmp[4096];
+    if (!tmp_name(tmp, sizeof tmp, path)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    struct stat sb;
+    fs_status st = FS_OK;
+    if (stat(tmp, &sb) != 0)
+        st = fs_errorf(FS_ERR_IO, "%s: %s", tmp, strerror(errno));
+    else if ((uint64_t)sb.st_size != h->size + h->data_bytes)
+        st = fs_errorf(FS_ERR_IO, "%s: %lld bytes, expected %llu: changed while it was written", tmp,
+                       (long long)sb.st_size, (unsigned long long)(h->size + h->data_bytes));
+    else if (rename(tmp, path) != 0)
+        st = fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
+    if (st != FS_OK) {
+        unlink(tmp);
+        return st;
+    }
+    fsync_parent(path);
+    return FS_OK;
+}
+
+void fs_st_parallel_discard(const char *path) {
+    char tmp[4096];
+    if (tmp_name(tmp, sizeof tmp, path)) unlink(tmp);
 }
 
 fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,13 +105,18 @@ static fs_status open_index(fs_source *s, const char *dir, const char *index_pat
     FILE *f = fopen(index_path, "rb");
     if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", index_path, strerror(errno));
     enum { MAX_INDEX = 64 << 20 };
-    char *text = malloc(MAX_INDEX + 1);
-    size_t n = text ? fread(text, 1, MAX_INDEX + 1, f) : 0;
+    /* sized from the file (not MAX_INDEX every time: a typical index is a few KiB), one byte
+     * more than it claims so that a file that grew is still seen to be too large */
+    struct stat sb;
+    const size_t cap = fstat(fileno(f), &sb) == 0 && sb.st_size >= 0 && sb.st_size < MAX_INDEX
+                           ? (size_t)sb.st_size + 1 : (size_t)MAX_INDEX + 1;
+    char *text = malloc(cap);
+    size_t n = text ? fread(text, 1, cap, f) : 0;
     fclose(f);
     if (!text) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", index_path);
-    if (n > MAX_INDEX) {
+    if (n > MAX_INDEX || n == cap) {
         free(text);
-        return fs_errorf(FS_ERR_FORMAT, "%s: too large for an index", index_path);
+        return fs_errorf(FS_ERR_FORMAT, "%s: too large for an index (or it changed while being read)", index_path);
     }
     cJSON *root = cJSON_ParseWithLength(text, n);
     free(text);
@@ -333,7 +339,63 @@ static fs_status write_config(const char *dir, const fs_llama_config *cfg, const
     return FS_OK;
 }
 
-fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes_out) {
+/* fsync a directory, so that removals and renames in it are durable (some filesystems refuse
+ * to open a directory: the operations are then as durable as the filesystem makes them). */
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return;
+    fsync(fd);
+    close(fd);
+}
+
+/* After a complete export into dir: a model.safetensors.index.json there belongs to an older
+ * sharded model, and readers take an index before model.safetensors (fs_source_open, and
+ * Hugging Face's loaders), so it would hide the new weights. The index goes first — from then
+ * on the directory reads as the new model, whatever happens next — then the shard files it
+ * names (plain .safetensors names in dir other than model.safetensors; a missing one is
+ * fine). An unreadable index is still removed; its shards are then left. *removed counts the
+ * files removed. */
+static fs_status remove_stale_index(const char *dir, int *removed) {
+    char index[2048];
+    join(index, sizeof index, dir, "model.safetensors.index.json");
+    struct stat sb;
+    if (lstat(index, &sb) != 0) return FS_OK;
+    cJSON *root = NULL;
+    FILE *f = fopen(index, "rb");
+    enum { MAX_INDEX = 64 << 20 };
+    char *text = f && sb.st_size <= MAX_INDEX ? malloc((size_t)sb.st_size + 1) : NULL;
+    if (text) {
+        size_t n = fread(text, 1, (size_t)sb.st_size, f);
+        root = cJSON_ParseWithLength(text, n);
+        free(text);
+    }
+    if (f) fclose(f);
+    if (unlink(index) != 0) {
+        int e = errno;
+        cJSON_Delete(root);
+        return fs_errorf(FS_ERR_IO, "%s: cannot remove this stale index of an older model (it would hide the new "
+                                    "model.safetensors from readers): %s", index, strerror(e));
+    }
+    fsync_dir(dir);
+    (*removed)++;
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    for (const cJSON *e = cJSON_IsObject(map) ? map->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e) || !plain_name(e->valuestring)) continue;
+        const char *name = e->valuestring, *ext = ".safetensors";
+        size_t n = strlen(name), k = strlen(ext);
+        if (n <= k || strcmp(name + n - k, ext) != 0 || strcmp(name, "model.safetensors") == 0) continue;
+        char path[2048];
+        join(path, sizeof path, dir, name);
+        if (unlink(path) == 0) (*removed)++; /* several tensors name one file: once */
+    }
+    cJSON_Delete(root);
+    fsync_dir(dir);
+    return FS_OK;
+}
+
+fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype, uint64_t *bytes_out,
+                              int *stale_removed) {
+    *stale_removed = 0;
     if (dtype != FS_ST_F32 && dtype != FS_ST_BF16)
         return fs_errorf(FS_ERR_USAGE, "export: dtype %s is not supported (F32 or BF16)", fs_st_dtype_name(dtype));
     const int bf16 = dtype == FS_ST_BF16;
@@ -378,6 +440,7 @@ fs_status fs_source_export_hf(fs_source *src, const char *dir, fs_st_dtype dtype
         else fs_st_writer_abort(w);
     }
     if (st == FS_OK) st = write_config(dir, cfg, bf16 ? "bfloat16" : "float32");
+    if (st == FS_OK) st = remove_stale_index(dir, stale_removed);
     *bytes_out = bytes;
     free(entries);
     free(block);

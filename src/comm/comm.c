@@ -70,13 +70,19 @@ static int env_debug(void) {
 }
 
 /* FLATSHARD_COMM_TIMEOUT=S overrides the configured timeout (for tests and launch scripts
- * that cannot pass options); anything that is not a number >= 0 is ignored. */
-static double env_timeout(double configured) {
+ * that cannot pass options). Anything but a number of seconds in [0, 1e6] is refused: a
+ * typo silently ignored would leave a run with the timeout its user meant to change. */
+static fs_status env_timeout(double *timeout_s) {
     const char *v = getenv("FLATSHARD_COMM_TIMEOUT");
-    if (!v || !*v) return configured;
+    if (!v || !*v) return FS_OK;
     char *end = NULL;
     double t = strtod(v, &end);
-    return end && *end == '\0' && t >= 0 ? t : configured;
+    if (!(end && *end == '\0' && t >= 0 && t <= 1e6))
+        return fs_errorf(FS_ERR_USAGE,
+                         "FLATSHARD_COMM_TIMEOUT=%s: not a number of seconds between 0 (wait "
+                         "forever) and 1e6", v);
+    *timeout_s = t;
+    return FS_OK;
 }
 
 /* The segment size setup_common settles on. */
@@ -98,7 +104,7 @@ fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
                                        "%zu", cfg.segment_bytes, FS_COMM_MAX_SEGMENT_BYTES);
     cfg.segment_bytes = effective_segment_bytes(cfg.segment_bytes);
     cfg.debug = cfg.debug || env_debug();
-    cfg.timeout_s = env_timeout(cfg.timeout_s);
+    FS_TRY(env_timeout(&cfg.timeout_s));
     c->cfg = cfg;
     for (int i = 0; i < 2; i++)
         FS_TRY(fs_mem_alloc(c->mem, FS_MEM_COMM, cfg.segment_bytes, "comm staging",

@@ -401,7 +401,8 @@ fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems
                        .ops = &inproc_ops, .impl = g};
         atomic_fetch_add(&g->refs, 1);
         comms[r] = c;
-        snprintf(c->describe, sizeof c->describe, "inproc: %d threads of one process", world);
+        snprintf(c->describe, sizeof c->describe, "inproc: %d thread%s of one process", world,
+                 world == 1 ? "" : "s");
         if (mems && mems[r]) {
             c->mem = mems[r];
         } else {

@@ -67,8 +67,17 @@ static void add_u64_inplace(uint64_t *restrict dst, const uint64_t *restrict b, 
     for (size_t i = 0; i < n; i++) dst[i] += b[i];
 }
 
+/* Whether [p, p + bytes) and [q, q + bytes) overlap without being the same range: the loops
+ * above declare dst restrict, so a partial overlap would be undefined behaviour. */
+static int overlaps_partly(const void *p, const void *q, size_t bytes) {
+    const char *x = p, *y = q;
+    return x != y && x < y + bytes && y < x + bytes;
+}
+
 void fs_reduce_add(fs_dtype dtype, void *dst, const void *a, const void *b, size_t n) {
     if (n == 0) return;
+    FS_DEBUG_ASSERT(!overlaps_partly(dst, a, n * fs_dtype_size(dtype)) &&
+                    !overlaps_partly(dst, b, n * fs_dtype_size(dtype)));
     if (dst == b) { /* addition commutes (bitwise, for IEEE sums of two values) */
         b = a;
         a = dst;

@@ -107,6 +107,62 @@ static int timed_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *r
     return rc;
 }
 
+/* Which rank a timed-out wait is really stuck on. In a ring, a hung rank stalls its
+ * successor, and the successor stalls the next rank: each of them times out within a few
+ * milliseconds of the others, naming its own predecessor, and whichever calls MPI_Abort
+ * first decides which message the user sees: often a rank that is alive and only waiting.
+ * So a rank that times out tells every rank whom it waits for (a one-int message on its own
+ * tag, sent and forgotten), listens for a grace period to the others' notices, and follows
+ * the chain "r waits for p" to a rank that sent none: that one is dead or hung, and every
+ * rank that times out names the same one. Returns that rank, *via the peer this rank waited
+ * for (== stalled when the chain has one link). The job is aborted right after, so requests
+ * left posted do not matter. */
+#define FS_MPI_STALL_TAG 7402
+#define FS_MPI_STALL_MAX_WORLD 4096 /* beyond this the chain is not followed (a 16 KiB table) */
+
+static int mpi_stalled_root(fs_comm *c, int stalled) {
+    if (c->world > FS_MPI_STALL_MAX_WORLD || stalled < 0) return stalled;
+    MPI_Comm comm = impl_of(c)->comm;
+    static int notice; /* sent and freed: must outlive this call */
+    notice = stalled;
+    for (int r = 0; r < c->world; r++) {
+        if (r == c->rank) continue;
+        MPI_Request req;
+        if (MPI_Isend(&notice, 1, MPI_INT, r, FS_MPI_STALL_TAG, comm, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+    int waits_for[FS_MPI_STALL_MAX_WORLD];
+    for (int r = 0; r < c->world; r++) waits_for[r] = -1;
+    waits_for[c->rank] = stalled;
+    /* The others time out within milliseconds of this rank; a quarter of the timeout, at most
+     * 2 s, leaves them room on a loaded machine without delaying the abort much. */
+    double grace = c->cfg.timeout_s / 4 < 2.0 ? c->cfg.timeout_s / 4 : 2.0;
+    const double end = fs_now() + grace;
+    while (fs_now() < end) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, FS_MPI_STALL_TAG, comm, &flag, &st) != MPI_SUCCESS) break;
+        if (!flag) continue;
+        int who = -1;
+        if (MPI_Recv(&who, 1, MPI_INT, st.MPI_SOURCE, FS_MPI_STALL_TAG, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            break;
+        if (who >= 0 && who < c->world) waits_for[st.MPI_SOURCE] = who;
+    }
+    int root = stalled;
+    for (int hops = 0; hops < c->world && waits_for[root] >= 0 && waits_for[root] != c->rank; hops++)
+        root = waits_for[root];
+    return root;
+}
+
+static fs_status mpi_no_progress(fs_comm *c, int stalled) {
+    int root = mpi_stalled_root(c, stalled);
+    if (root == stalled) return fs_comm_no_progress(c, stalled);
+    return fs_errorf(FS_ERR_IO,
+                     "no progress from rank %d for %g s (dead or hung; this rank waited for rank %d, "
+                     "which was waiting for it directly or through others; --comm-timeout sets this limit)",
+                     root, c->cfg.timeout_s, stalled);
+}
+
 static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
                               size_t rbytes, int src) {
     MPI_Comm comm = impl_of(c)->comm;
@@ -124,7 +180,7 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
                                    rn > 0 ? (char *)rbuf + so : NULL, rn,
                                    i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled),
                     "MPI_Isend/MPI_Irecv");
-            if (timed_out) return fs_comm_no_progress(c, stalled);
+            if (timed_out) return mpi_no_progress(c, stalled);
         } else {
             MPI_TRY(MPI_Sendrecv(sn > 0 ? (const char *)sbuf + so : NULL, sn, MPI_BYTE,
                                  i < ns ? dst : MPI_PROC_NULL, FS_MPI_TAG,

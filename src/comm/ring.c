@@ -59,6 +59,9 @@ fs_status fs_ring_all_gather(fs_comm *c, const void *send, void *recv, fs_layout
         /* Step 0 sends the own chunk straight from send; the copy into recv waits until the
          * end, off the critical path of the peers. */
         const char *sp = s == 0 ? send : rb + fs_layout_off(l, cs) * elem_bytes;
+        /* chunks are contiguous and in rank order: chunk j ends where chunk j + 1 starts */
+        FS_DEBUG_ASSERT(cr == world - 1 ||
+                        fs_layout_off(l, cr) + fs_layout_len(l, cr) == fs_layout_off(l, cr + 1));
         FS_TRY(c->ops->sendrecv(c, sp, fs_layout_len(l, cs) * elem_bytes, right,
                                 rb + fs_layout_off(l, cr) * elem_bytes,
                                 fs_layout_len(l, cr) * elem_bytes, left));
@@ -80,6 +83,8 @@ static fs_status direct_reduce_scatter_bf16(fs_comm *c, const uint16_t *send, vo
     uint16_t *piece = c->staging[1];
     for (size_t k = 0; k < nseg; k++) {
         size_t n = seg_len(l, rank, k, seg);
+        /* the fp32 accumulator and the received bf16 piece fit their staging buffers */
+        FS_DEBUG_ASSERT(n * sizeof(float) <= c->cfg.segment_bytes);
         float *acc = acc_in_out ? (float *)out + k * seg : c->staging[0];
         const uint16_t *own = send + fs_layout_off(l, rank) + k * seg;
         if (world == 1) fs_reduce_bf16_load(acc, own, n);
@@ -122,6 +127,9 @@ fs_status fs_ring_reduce_scatter(fs_comm *c, const void *send, void *out, fs_lay
         for (int s = 0; s < world - 1; s++) {
             int cs = mod_world(rank - 1 - s, world), cr = mod_world(rank - 2 - s, world);
             size_t ns = seg_len(l, cs, k, seg), nr = seg_len(l, cr, k, seg);
+            /* partial and incoming are staging buffers of segment_bytes each; the partial
+             * received for chunk cr is what is sent on for it at the next step */
+            FS_DEBUG_ASSERT(ns * elem <= c->cfg.segment_bytes && nr * elem <= c->cfg.segment_bytes);
             const void *sp = s == 0 ? sb + (fs_layout_off(l, cs) + k * seg) * elem : partial;
             FS_TRY(c->ops->sendrecv(c, sp, ns * elem, right, incoming, nr * elem, left));
             const char *mine = sb + (fs_layout_off(l, cr) + k * seg) * elem;
@@ -162,6 +170,7 @@ fs_status fs_ring_broadcast(fs_comm *c, const void *send, void *recv, size_t byt
         size_t so = sending ? (size_t)ks * seg : 0, ro = receiving ? (size_t)kr * seg : 0;
         size_t sn = sending ? (bytes - so < seg ? bytes - so : seg) : 0;
         size_t rn = receiving ? (bytes - ro < seg ? bytes - ro : seg) : 0;
+        FS_DEBUG_ASSERT(so + sn <= bytes && ro + rn <= bytes);
         FS_TRY(c->ops->sendrecv(c, sending ? src + so : NULL, sn, sending ? next : -1,
                                 receiving ? dst + ro : NULL, rn, receiving ? prev : -1));
     }

@@ -15,7 +15,6 @@
 
 static _Thread_local char error_message[FS_ERROR_MESSAGE_BYTES];
 static _Thread_local int thread_rank = -1;
-static void (*abort_hook)(void);
 
 fs_status fs_errorf(fs_status st, const char *fmt, ...) {
     va_list ap;
@@ -55,8 +54,6 @@ const char *fs_status_name(fs_status st) {
 }
 
 void fs_set_thread_rank(int rank) { thread_rank = rank; }
-int fs_thread_rank(void) { return thread_rank; }
-void fs_set_abort_hook(void (*hook)(void)) { abort_hook = hook; }
 
 _Noreturn void fs_assert_fail(const char *cond, const char *file, int line) {
     if (thread_rank >= 0)
@@ -65,6 +62,5 @@ _Noreturn void fs_assert_fail(const char *cond, const char *file, int line) {
     else
         fprintf(stderr, "flatshard: assertion failed: %s at %s:%d\n", cond, file, line);
     fflush(stderr);
-    if (abort_hook) abort_hook();
     abort();
 }

@@ -38,3 +38,15 @@ int64_t fs_fault_value(const char *name) {
     int has_b = 0;
     return parse(name, &a, &b, &has_b) ? a : 0;
 }
+
+int fs_fault_stage(const char *name, const char *stage, int64_t step) {
+    const char *f = getenv("FLATSHARD_FAULT");
+    size_t n = strlen(name), k = strlen(stage);
+    if (!f || strncmp(f, name, n) != 0 || f[n] != ':' || strncmp(f + n + 1, stage, k) != 0) return 0;
+    const char *rest = f + n + 1 + k;
+    if (*rest == '\0') return 1;
+    if (*rest != ':') return 0; /* another stage whose name starts with this one */
+    char *end = NULL;
+    long long s = strtoll(rest + 1, &end, 10);
+    return end != rest + 1 && *end == '\0' && s == step;
+}

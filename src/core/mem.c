@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -67,18 +68,26 @@ void fs_mem_free(fs_mem *mem) {
     free(mem);
 }
 
+/* "batch tokens (other)", or "activations" alone when the name is the category's. */
+static const char *describe_alloc(char *buf, size_t n, const char *what, fs_mem_category cat) {
+    if (strcmp(what, category_names[cat]) == 0) snprintf(buf, n, "%s", what);
+    else snprintf(buf, n, "%s (%s)", what, category_names[cat]);
+    return buf;
+}
+
 fs_status fs_mem_alloc(fs_mem *mem, fs_mem_category cat, size_t bytes, const char *what,
                        void **out) {
     *out = NULL;
     FS_ASSERT(mem != NULL && (int)cat >= 0 && cat < FS_MEM_N_CATEGORIES);
+    char desc[160]; /* filled only on the error paths: zero3-param allocates per use */
     if (mem->fail_countdown > 0 && --mem->fail_countdown == 0)
-        return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s (%s): injected failure",
-                         bytes, what, category_names[cat]);
+        return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s: injected failure",
+                         bytes, describe_alloc(desc, sizeof desc, what, cat));
     if (mem->limit_bytes > 0 && mem->stats.total_bytes + bytes > mem->limit_bytes)
         return fs_errorf(FS_ERR_NOMEM,
-                         "cannot allocate %zu bytes for %s (%s): the memory limit of %zu bytes "
+                         "cannot allocate %zu bytes for %s: the memory limit of %zu bytes "
                          "would be exceeded (%zu bytes in use)",
-                         bytes, what, category_names[cat], mem->limit_bytes,
+                         bytes, describe_alloc(desc, sizeof desc, what, cat), mem->limit_bytes,
                          mem->stats.total_bytes);
     if (mem->n_blocks == mem->cap_blocks) {
         size_t cap = mem->cap_blocks ? 2 * mem->cap_blocks : 64;
@@ -96,8 +105,8 @@ fs_status fs_mem_alloc(fs_mem *mem, fs_mem_category cat, size_t bytes, const cha
     void *p = NULL;
     int rc = posix_memalign(&p, align, rounded);
     if (rc != 0)
-        return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s (%s): %s", bytes, what,
-                         category_names[cat], strerror(rc));
+        return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s: %s", bytes,
+                         describe_alloc(desc, sizeof desc, what, cat), strerror(rc));
     if (align == FS_MEM_HUGE_BYTES) madvise(p, rounded, MADV_HUGEPAGE); /* advice only */
     memset(p, 0, rounded);
 

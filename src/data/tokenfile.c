@@ -15,8 +15,12 @@
  * new one, never a half-written one. Text is streamed through fixed stack buffers, so neither
  * a corpus nor a token array is ever held whole; this file allocates no heap memory.
  *
- * What it deliberately does not do: protect against another process truncating a file while
- * it is mapped (that raises SIGBUS, as with any mapping); check the reserved header ints
+ * Truncation under a running job: reading a mapping past the file's new end raises SIGBUS,
+ * so the descriptor stays open and fs_token_data_check_unchanged compares its size with the
+ * mapping's before each batch (one fstat: nothing next to a step). Replacement by rename has
+ * no effect: the mapping and the descriptor hold the old inode.
+ *
+ * What it deliberately does not do: check the reserved header ints
  * 4..255 (written as zero; not checked, so that fields can be added); tokenize beyond bytes.
  */
 #define _FILE_OFFSET_BITS 64
@@ -165,11 +169,12 @@ fs_status fs_token_data_open(fs_token_data *out, const char *path) {
         d.map = map;
         d.map_bytes = (size_t)file_bytes;
     }
-    close(fd); /* the mapping keeps the file */
+    d.fd1 = fd + 1; /* kept for fs_token_data_check_unchanged */
 
     fs_status status = parse_mapping(&d, file_bytes);
     if (status != FS_OK) {
         if (d.map) munmap(d.map, d.map_bytes);
+        close(fd);
         return status;
     }
     *out = d;
@@ -179,7 +184,22 @@ fs_status fs_token_data_open(fs_token_data *out, const char *path) {
 void fs_token_data_close(fs_token_data *data) {
     if (!data) return;
     if (data->map) munmap(data->map, data->map_bytes);
+    if (data->fd1 > 0) close(data->fd1 - 1);
     memset(data, 0, sizeof *data);
+}
+
+fs_status fs_token_data_check_unchanged(const fs_token_data *d) {
+    if (d->fd1 <= 0) return FS_OK;
+    struct stat st;
+    if (fstat(d->fd1 - 1, &st) != 0)
+        return fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", d->path, strerror(errno));
+    if ((uint64_t)st.st_size < (uint64_t)d->map_bytes)
+        return fs_errorf(FS_ERR_IO,
+                         "%s: the file was truncated to %lld bytes while in use (it held %lld "
+                         "when opened); to change a running job's data, rename a new file over "
+                         "it instead",
+                         d->path, (long long)st.st_size, (long long)d->map_bytes);
+    return FS_OK;
 }
 
 fs_status fs_token_data_check_vocab(const fs_token_data *d, int32_t vocab_size) {

@@ -73,24 +73,31 @@ fs_status fs_llama_config_preset(const char *name, fs_llama_config *out) {
                      name, known);
 }
 
+/* The limits keep every size of a plan in 64 bits (model.h, fs_layout_check_batch): at
+ * their maxima a block holds C*QKV + C*C + 3*C*FF <= 2^44 weights, 4096 blocks 2^56, the
+ * embedding and head 2^52, so a rank's parameter-sized state (at most ~22 bytes per parameter)
+ * stays below 2^61 bytes. Token ids are int32 in batches and token files, so the vocabulary
+ * is at most INT32_MAX rows (ids 0 .. 2^31 - 2). */
 fs_status fs_llama_config_validate(const fs_llama_config *c) {
     struct {
         const char *name;
         int64_t value, max;
+        const char *why;
     } positive[] = {
-        {"hidden_size", c->hidden_size, (int64_t)1 << 20},
-        {"intermediate_size", c->intermediate_size, (int64_t)1 << 22},
-        {"num_hidden_layers", c->num_hidden_layers, 4096},
-        {"num_attention_heads", c->num_attention_heads, 4096},
-        {"num_key_value_heads", c->num_key_value_heads, 4096},
-        {"vocab_size", c->vocab_size, (int64_t)1 << 31},
-        {"max_position_embeddings", c->max_position_embeddings, (int64_t)1 << 24},
+        {"hidden_size", c->hidden_size, FS_CONFIG_MAX_HIDDEN_SIZE, ""},
+        {"intermediate_size", c->intermediate_size, FS_CONFIG_MAX_INTERMEDIATE_SIZE, ""},
+        {"num_hidden_layers", c->num_hidden_layers, FS_CONFIG_MAX_LAYERS, ""},
+        {"num_attention_heads", c->num_attention_heads, FS_CONFIG_MAX_HEADS, ""},
+        {"num_key_value_heads", c->num_key_value_heads, FS_CONFIG_MAX_HEADS, ""},
+        {"vocab_size", c->vocab_size, FS_CONFIG_MAX_VOCAB_SIZE,
+         " (token ids are 32-bit signed integers in batches and token files)"},
+        {"max_position_embeddings", c->max_position_embeddings, FS_CONFIG_MAX_POSITIONS, ""},
     };
     for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
         if (positive[i].value < 1 || positive[i].value > positive[i].max)
-            return fs_errorf(FS_ERR_USAGE, "field '%s' is %lld; it must be between 1 and %lld",
+            return fs_errorf(FS_ERR_USAGE, "field '%s' is %lld; it must be between 1 and %lld%s",
                              positive[i].name, (long long)positive[i].value,
-                             (long long)positive[i].max);
+                             (long long)positive[i].max, positive[i].why);
     if (c->hidden_size % c->num_attention_heads != 0)
         return fs_errorf(FS_ERR_USAGE,
                          "field 'num_attention_heads' (%lld) must divide 'hidden_size' (%lld)",
@@ -237,11 +244,13 @@ fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out)
         return fs_errorf(FS_ERR_NOMEM, "%s: cannot allocate a read buffer", path);
     }
     size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
-    int read_error = ferror(f);
+    int read_error = ferror(f) ? errno : 0; /* EISDIR: a directory was given */
     fclose(f);
     fs_status st;
     if (read_error)
-        st = fs_errorf(FS_ERR_IO, "%s: read error", path);
+        st = read_error == EISDIR
+                 ? fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a config.json or a preset name", path)
+                 : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(read_error));
     else if (n > MAX_CONFIG_BYTES)
         st = fs_errorf(FS_ERR_FORMAT, "%s: larger than %d bytes; not a config.json", path,
                        MAX_CONFIG_BYTES);

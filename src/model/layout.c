@@ -92,6 +92,14 @@ static fs_status build(layout_builder *b) {
     FS_TRY(add_tensor(b, "model.norm.weight", C, 1, 1, C, 0, 0));
 
     int64_t chunk = l->vocab_chunk_rows > 0 && l->vocab_chunk_rows < V ? l->vocab_chunk_rows : V;
+    /* the chunk count is an int (unit and op indices) and every chunk is a unit with its
+     * tables: a tiny chunk of a huge vocabulary is refused, not wrapped */
+    if ((V + chunk - 1) / chunk > FS_LAYOUT_MAX_VOCAB_CHUNKS)
+        return fs_errorf(FS_ERR_USAGE,
+                         "vocab_size %lld in chunks of %lld rows makes %lld vocabulary chunks; at "
+                         "most %d are supported (give a larger --vocab-chunk)",
+                         (long long)V, (long long)chunk, (long long)((V + chunk - 1) / chunk),
+                         FS_LAYOUT_MAX_VOCAB_CHUNKS);
     int n_chunks = (int)((V + chunk - 1) / chunk);
     int first_embed = l->n_units;
     for (int k = 0; k < n_chunks; k++) {
@@ -215,6 +223,35 @@ double fs_layout_train_flops_per_token(const fs_layout *l, int64_t T) {
     double L = (double)c->num_hidden_layers;
     double matmul_params = L * block + (double)c->vocab_size * C;
     return 6.0 * matmul_params + 6.0 * L * C * ((double)T + 1.0);
+}
+
+fs_status fs_layout_check_batch(const fs_layout *l, int64_t B, int64_t T) {
+    if (B <= 0 || T <= 0) return FS_OK; /* nothing allocated; the callers refuse these */
+    const fs_llama_config *c = &l->cfg;
+    /* An upper bound of llama.c's activation arrays (act_numels), in double so that nothing
+     * here can wrap: every block keeping its activations (S = L + 1 slots), plus the head's
+     * logits of the largest chunk, the backward scratch, RoPE tables and the 64-byte rounding
+     * of 26 arrays. */
+    const double C = (double)c->hidden_size, NH = (double)c->num_attention_heads;
+    const double HS = C / NH, QKV = (NH + 2.0 * (double)c->num_key_value_heads) * HS;
+    const double FF = (double)c->intermediate_size, L = (double)c->num_hidden_layers;
+    double Vc = 0;
+    for (int i = 0; i < l->n_ops; i++)
+        if (l->ops[i].kind == FS_UNIT_HEAD && (double)l->units[l->ops[i].unit].rows > Vc)
+            Vc = (double)l->units[l->ops[i].unit].rows;
+    const double N = (double)B * (double)T;
+    const double per_token = (L + 1.0) * C                                  /* x */
+                             + (L + 1.0) * (4.0 * C + 2.0 + QKV + NH + 3.0 * FF) /* slots */
+                             + C + 4.0 + Vc                                  /* head */
+                             + 4.0 * C + QKV + 3.0 * FF;                     /* scratch */
+    const double bytes = 4.0 * (N * per_token + (double)T * HS + 26.0 * 16.0);
+    if (bytes > FS_LAYOUT_MAX_ACTIVATION_BYTES)
+        return fs_errorf(FS_ERR_USAGE,
+                         "a micro-batch of --batch %lld x --seq %lld tokens needs about %.3g bytes "
+                         "of activations with this model, beyond the %.3g (2^62) flatshard sizes "
+                         "in 64 bits; lower --batch or --seq",
+                         (long long)B, (long long)T, bytes, FS_LAYOUT_MAX_ACTIVATION_BYTES);
+    return FS_OK;
 }
 
 const char *fs_prof_kind_name(fs_prof_kind kind) {

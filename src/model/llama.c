@@ -124,6 +124,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         return fs_errorf(FS_ERR_USAGE,
                          "sequence length %lld exceeds the model's max_position_embeddings (%lld)",
                          (long long)T, (long long)c->max_position_embeddings);
+    FS_TRY(fs_layout_check_batch(layout, B, T)); /* before any int64 product of the sizes */
     dims d = get_dims(layout, B, T);
     size_t act_bytes, other_bytes;
     fs_acts_bytes(layout, B, T, ckpt_layers, &act_bytes, &other_bytes);

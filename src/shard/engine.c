@@ -100,7 +100,7 @@ struct fs_engine {
 typedef struct step_record {
     double sumsq, loss;                     /* of this rank's gradient elements and micro-batches */
     uint64_t schedule_hash, schedule_count; /* fs_comm_worker_schedule before the exchange */
-    int32_t stop;                           /* fs_engine_request_stop was called */
+    int32_t stop;                           /* fs_engine_request_stop's reason, or 0 */
     int32_t pad;
 } step_record;
 
@@ -670,7 +670,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                              (unsigned long long)e->exchange[0].schedule_hash);
         sumsq += x->sumsq;
         loss += x->loss;
-        stop |= x->stop != 0;
+        if (x->stop > stop) stop = x->stop; /* every rank learns the same reason */
     }
     if (e->strategy == FS_STRATEGY_DDP) sumsq = mine.sumsq; /* every rank holds the whole sum */
     /* the reduced gradient is the sum over W ranks of per-micro-batch means: one scaling
@@ -705,7 +705,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     return FS_OK;
 }
 
-void fs_engine_request_stop(fs_engine *e) { e->stop_requested = 1; }
+void fs_engine_request_stop(fs_engine *e, int reason) { e->stop_requested = reason > 0 ? reason : 1; }
 
 fs_status fs_engine_inject_desync(fs_engine *e) {
     static float nothing;

@@ -58,7 +58,6 @@ int fs_strategy_full_weights(fs_strategy s) {
     return s == FS_STRATEGY_DDP || s == FS_STRATEGY_ZERO1 || s == FS_STRATEGY_ZERO2;
 }
 int fs_strategy_full_grads(fs_strategy s) { return s == FS_STRATEGY_DDP || s == FS_STRATEGY_ZERO1; }
-int fs_strategy_full_optim(fs_strategy s) { return s == FS_STRATEGY_DDP; }
 
 /* ddp shards nothing: its "pieces" are split over one rank. */
 static int shard_world(fs_strategy s, int world) { return s == FS_STRATEGY_DDP ? 1 : world; }
@@ -248,6 +247,12 @@ static void predict_bytes(fs_plan *pl) {
     b[FS_MEM_OTHER] = other + (size_t)l->n_ops * 64 + (size_t)pl->n_units * 64;
     pl->total_bytes = 0;
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) pl->total_bytes += b[k];
+    /* the final save stages the slices this rank answers for (ddp: rank 0 writes all) */
+    size_t owned = 0;
+    if (s != FS_STRATEGY_DDP || c->rank == 0)
+        for (int i = 0; i < pl->n_slices; i++)
+            owned += (size_t)(pl->slices[i].end - pl->slices[i].begin) * f4;
+    pl->save_bytes = owned < FS_SAVE_STAGING_BYTES ? owned : FS_SAVE_STAGING_BYTES;
 }
 
 fs_status fs_plan_init(fs_plan *pl, const fs_layout *layout, fs_plan_config cfg) {
@@ -262,6 +267,7 @@ fs_status fs_plan_init(fs_plan *pl, const fs_layout *layout, fs_plan_config cfg)
         return fs_errorf(FS_ERR_USAGE,
                          "--ckpt-layers %lld: the model has %lld blocks to checkpoint",
                          (long long)cfg.ckpt_layers, (long long)layout->cfg.num_hidden_layers);
+    FS_TRY(fs_layout_check_batch(layout, cfg.batch, cfg.seq)); /* activation bytes fit 64 bits */
     int w = shard_world(cfg.strategy, cfg.world);
     /* every piece must give every rank at least one real element */
     for (int u = 0; u < layout->n_units; u++) {

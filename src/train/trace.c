@@ -103,8 +103,13 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
                 (long long)e->bytes, i + 1 < n ? "," : "");
     }
     fprintf(f, "]}\n");
-    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    /* stdio keeps the first error of any fprintf above in ferror */
+    int ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
     ok = fclose(f) == 0 && ok;
+    if (ok && fs_fault_value("trace-write-fail")) { /* tests: a full disk at the last write */
+        ok = 0;
+        errno = ENOSPC;
+    }
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
         return fs_errorf(FS_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));

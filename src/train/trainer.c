@@ -8,11 +8,13 @@
  * Gradients: each micro-batch's loss is a mean over its tokens; the engine sums the W ranks'
  * and K micro-batches' gradients and scales the sum by 1/(W*K) once, with the clipping.
  */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "flatshard/kernels.h"
 #include "flatshard/train.h"
@@ -104,10 +106,10 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
     fs_status st = fs_plan_init(plan, layout, pc);
     if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
         st = fs_errorf(FS_ERR_USAGE,
-                       "the plan needs %.1f MiB per rank (%s, %s, %d ranks), more than --max-mem "
+                       "the plan needs %.1f MiB per rank (%s, %s, %d rank%s), more than --max-mem "
                        "%.1f MiB",
                        (double)plan->total_bytes / 1048576.0, fs_strategy_name(cfg->strategy),
-                       fs_precision_name(cfg->precision), world,
+                       fs_precision_name(cfg->precision), world, world == 1 ? "" : "s",
                        (double)cfg->max_mem_bytes / 1048576.0);
     if (st != FS_OK) {
         fs_plan_free(plan);
@@ -237,6 +239,12 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     const int64_t step = t->step + 1;
     if (fs_fault_at("die-at", step, rank)) return stop_taking_part(t, 1);
     if (fs_fault_at("hang-at", step, rank)) return stop_taking_part(t, 0);
+    if (!inputs) {
+        /* tests: the data file truncated under the running job at step S */
+        if (fs_fault_at("truncate-data-at", step, rank) && truncate(t->data->path, 0) != 0)
+            return fs_errorf(FS_ERR_IO, "%s: truncate-data-at: %s", t->data->path, strerror(errno));
+        FS_TRY(fs_token_data_check_unchanged(t->data)); /* never a SIGBUS in the sampler */
+    }
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     if (fs_fault_at("desync-at", step, rank)) FS_TRY(fs_engine_inject_desync(t->engine));
     double loss_sum = 0;
@@ -251,6 +259,10 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
         }
         fs_engine_begin_micro(t->engine, (int)k);
         FS_TRY(run_micro_batch(t, &loss_sum));
+        /* a signal in the middle of step S, after compute and before the exchange (tests
+         * count the steps a stop takes; signal-twice-at also signals again in the save) */
+        if (k == 0 && (fs_fault_at("signal-at", step, rank) || fs_fault_at("signal-twice-at", step, rank)))
+            raise(SIGINT);
     }
     if (fs_fault_at("nan-at", step, rank)) fs_engine_norm_grads(t->engine)[0] = NAN;
     fs_lr_schedule sched = {.lr = c->lr, .min_lr = c->min_lr, .warmup_steps = c->warmup_steps,
@@ -258,6 +270,8 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     double lr = fs_lr_at(&sched, t->step);
     double t_opt = fs_now();
     fs_engine_step_stats es;
+    if (t->stop_flag && *t->stop_flag) /* this step's exchange carries it to every rank */
+        fs_engine_request_stop(t->engine, (int)*t->stop_flag);
     FS_TRY(fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es));
     t->step++;
     double t1 = fs_now();
@@ -311,7 +325,7 @@ fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck) {
 }
 
 fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep) {
-    return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep);
+    return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep, &t->lineage);
 }
 
 fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step) {

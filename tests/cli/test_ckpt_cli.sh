@@ -18,15 +18,15 @@ expect "five complete checkpoints" [ "$(ls "$WORK/full" | grep -c '^step-0000000
 
 # --- killed (SIGKILL) half way through writing the step-3 checkpoint
 run "a run killed during the step-3 save dies" 137 env FLATSHARD_FAULT=crash-in-save:3 "$FS" train "${common[@]}" --save "$WORK/crash" --save-every 1
-expect "steps 1 and 2 are complete" [ -f "$WORK/crash/step-00000002/COMPLETE" ] && [ -f "$WORK/crash/step-00000001/COMPLETE" ]
-expect "step 3 is an incomplete temporary directory" [ -d "$WORK/crash/step-00000003.tmp" ] && [ ! -e "$WORK/crash/step-00000003" ]
+expect_all "steps 1 and 2 are complete" '[ -f "$WORK/crash/step-00000002/COMPLETE" ]' '[ -f "$WORK/crash/step-00000001/COMPLETE" ]'
+expect_all "step 3 is an incomplete temporary directory" '[ -d "$WORK/crash/step-00000003.tmp" ]' '[ ! -e "$WORK/crash/step-00000003" ]'
 run "inspect sees the interrupted save and verifies step 2" 0 "$FS" inspect "$WORK/crash"
 expect "inspect marks step 3 incomplete" grep -q "step-00000003.tmp.*incomplete" "$WORK/out"
 expect "inspect checks both rank files" [ "$(grep -c 'bin .*checksum ok' "$WORK/out")" -eq 2 ]
 run "resume after the crash" 0 "$FS" train "${common[@]}" --resume "$WORK/crash" --save "$WORK/crash" --save-every 1 --metrics "$WORK/resumed.jsonl"
 expect "it resumed from step 2" grep -q "resumed from $WORK/crash/step-00000002: step 2" "$WORK/out"
 expect "steps 3-5 have bit for bit the losses of the uninterrupted run" [ "$(losses "$WORK/full.jsonl" 3)" = "$(losses "$WORK/resumed.jsonl" 3)" ]
-expect "the next save removed the crashed one's leftovers" [ ! -e "$WORK/crash/step-00000003.tmp" ] && [ -f "$WORK/crash/step-00000005/COMPLETE" ]
+expect_all "the next save removed the crashed one's leftovers" '[ ! -e "$WORK/crash/step-00000003.tmp" ]' '[ -f "$WORK/crash/step-00000005/COMPLETE" ]'
 
 # --- a failed write during the step-4 save
 run "a failed write during a save exits 1" 1 env FLATSHARD_FAULT=write-fail-in-save:4 "$FS" train "${common[@]}" --save "$WORK/wfail" --save-every 1
@@ -45,7 +45,7 @@ assert all(abs(a[s] - b[s]) <= 1e-4 * a[s] for s in b), (a, b)' "$WORK/full.json
 
 # --- export, eval, inspect
 run "export the last checkpoint as bf16 safetensors" 0 "$FS" export --from "$WORK/full" --to safetensors --out "$WORK/hf" --dtype bf16
-expect "model.safetensors and config.json" [ -s "$WORK/hf/model.safetensors" ] && grep -q '"torch_dtype": "bfloat16"' "$WORK/hf/config.json"
+expect_all "model.safetensors and config.json" '[ -s "$WORK/hf/model.safetensors" ]' 'grep -q "\"torch_dtype\": \"bfloat16\"" "$WORK/hf/config.json"'
 run "inspect the export" 0 "$FS" inspect "$WORK/hf"
 expect "inspect lists BF16 tensors with their shapes" grep -qE 'model.embed_tokens.weight +BF16 +\[256, 256\]' "$WORK/out"
 run "eval the export" 0 "$FS" eval --weights "$WORK/hf" --data "$TEXT" --batch 2 --seq 32 --batches 2 --json
@@ -57,7 +57,7 @@ expect "it says where it started from" grep -q "initialised from Hugging Face mo
 refuse "resume from nothing" 1 "no complete checkpoint" "$FS" train "${common[@]}" --resume "$WORK/hf"
 refuse "resume with init-from" 2 "--resume and --init-from exclude each other" "$FS" train "${common[@]}" --resume "$WORK/full" --init-from "$WORK/hf"
 refuse "resume past --steps" 2 "is at step 5: nothing to do with --steps 5" "$FS" train "${common[@]}" --resume "$WORK/full"
-refuse "resume another model" 2 "of another model: hidden_size is 256 there, 768 here" "$FS" train "${common[@]}" --steps 9 --model small --resume "$WORK/full"
+refuse "resume another model" 1 "of another model: hidden_size is 256 there, 768 here" "$FS" train "${common[@]}" --steps 9 --model small --resume "$WORK/full"
 cp -r "$WORK/full/step-00000005" "$WORK/bad"
 printf 'X' | dd of="$WORK/bad/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
 run "inspect a corrupted checkpoint exits 1" 1 "$FS" inspect "$WORK/bad"

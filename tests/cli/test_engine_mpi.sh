@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/test_engine_mpi.sh — the sharding engine with ranks as MPI processes:
-# tests/mpi/test_engine_mpi (every strategy: gathered units, W ranks vs one rank, overlap
-# off) for W = 2 and 3 with OpenMPI and W = 2 with MPICH.
+# tests/mpi/test_engine_mpi (every strategy: gathered units; W ranks in fp32 and in bf16 vs
+# one reference, yafsdp on one rank in fp32; overlap off) for W = 2 and 3 with OpenMPI and
+# W = 2 with MPICH.
 . "$(dirname "$0")/mpi_lib.sh"
 
 bin="$BUILD/mpi_tests/test_engine_mpi"

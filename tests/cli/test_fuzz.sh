@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/test_fuzz.sh — a short libFuzzer run of every file parser: safetensors files,
-# checkpoint manifests, config.json, token files (tests/fuzz/fuzz_*.c, built with clang under
+# checkpoint manifests, config.json, token files, Hugging Face model.safetensors.index.json
+# (read through fs_source_open), trace-svg's timeline JSON (tests/fuzz/fuzz_*.c, built with clang under
 # ASan and UBSan into build-fuzz/). Each runs FLATSHARD_FUZZ_SECONDS (default 15) from the
 # seeds in tests/fuzz/corpus/<name>/ (copied, so new inputs never land in the repository);
 # a crash, a sanitizer report, a timeout or an abort fails the test and leaves the input
@@ -9,7 +10,7 @@
 SECONDS_EACH=${FLATSHARD_FUZZ_SECONDS:-15}
 
 if [ -n "${FLATSHARD_SANITIZER:-}" ]; then
-    echo "skip: this is a $FLATSHARD_SANITIZER run; the plain run fuzzes"
+    skip_by_design "fuzzing" "this is a $FLATSHARD_SANITIZER run; the plain run fuzzes"
     summary; exit
 fi
 if ! command -v clang >/dev/null 2>&1; then

@@ -18,9 +18,14 @@ expect "--help lists the commands" grep -q "train" "$WORK/out"
 for cmd in train eval generate tokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
     # shellcheck disable=SC2086
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
-    opts=$(grep -cE '^  (-., )?    --|^  -., --' "$WORK/out")
+    # -h, --help is not an option with a value (it prints this and exits): every other
+    # option line ends with its default; inspect is the one command with no other option
+    opts=$(grep -E '^  (-., )?    --|^  -., --' "$WORK/out" | grep -vcE '^  -h, --help ')
     defaults=$(grep -cE '\[default: ' "$WORK/out")
-    expect "$cmd --help gives a default for each of its $opts options" [ "$opts" -gt 0 ] && [ "$opts" -eq "$defaults" ]
+    expect_all "$cmd --help lists -h, --help and gives a default for each of its $opts other options" \
+        'grep -qE "^  -h, --help +print this help and exit$" "$WORK/out"' \
+        '[ "$opts" -eq "$defaults" ]' \
+        '[ "$cmd" = inspect ] || [ "$opts" -gt 0 ]'
 done
 
 # --- tokenize the corpus
@@ -59,7 +64,7 @@ r = json.load(open(sys.argv[1]))
 assert 0 < r["loss"] < 3.0 and r["batches"] == 8 and r["tokens"] == 8 * 4 * 64, r
 ' "$WORK/out"
 run "generate" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
-expect "generate prints the prompt and 80 bytes" [ "$(head -c 3 "$WORK/out")" = "Q: " ] && [ "$(wc -c <"$WORK/out")" -eq $((3 + 80 + 1)) ]
+expect_all "generate prints the prompt and 80 bytes" '[ "$(head -c 3 "$WORK/out")" = "Q: " ]' '[ "$(wc -c <"$WORK/out")" -eq $((3 + 80 + 1)) ]'
 cp "$WORK/out" "$WORK/gen1"
 run "generate again with the same seed" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
 expect "generation is reproducible from the seed" cmp -s "$WORK/out" "$WORK/gen1"
@@ -88,6 +93,8 @@ if command -v mpirun >/dev/null 2>&1; then
     # mpirun adds its own report of the failed process: check flatshard's line and the code
     run "--ranks under mpirun exits 2" 2 "${MPI_ENV[@]}" timeout 60 mpirun --allow-run-as-root -np 1 "$FS" train "${common[@]}" --ranks 2
     expect "--ranks under mpirun is named" grep -q "^flatshard train: --ranks 2 under an MPI launcher" "$WORK/err"
+else
+    skip "train under mpirun (5 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
 
 # --- metrics, timeline, planner
@@ -113,7 +120,7 @@ for rank in (0, 1):
 assert {e["args"]["step"] for e in ev} == {2, 3}, "steps 2 and 3 by default"
 ' "$WORK/trace.json"
 run "trace-svg draws a step" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/step.svg" --step 3
-expect "the picture has both ranks and boxes" grep -q "rank 1 comm" "$WORK/step.svg" && [ "$(grep -c '<rect' "$WORK/step.svg")" -gt 40 ]
+expect_all "the picture has both ranks and boxes" 'grep -q "rank 1 comm" "$WORK/step.svg"' '[ "$(grep -c "<rect" "$WORK/step.svg")" -gt 40 ]'
 run "plan the same run" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --strategy yafsdp --precision fp32 --device this-machine --json
 cp "$WORK/out" "$WORK/plan.json"
 expect "the plan equals train's measured peaks for buffers and sharded state, and the total within 5%" /usr/bin/python3 -c '
@@ -159,6 +166,39 @@ head -c 3000 "$WORK/model/tiny.safetensors" >"$WORK/cut.safetensors"
 refuse "eval of truncated weights" 1 "cut.safetensors" "$FS" eval --weights "$WORK/cut.safetensors" --data "$WORK/fortunes.bin"
 refuse "weights for another model" 1 "must have shape" "$FS" eval --model small --weights "$WORK/model/tiny.safetensors" --data "$WORK/fortunes.bin"
 refuse "unwritable output directory" 1 "/proc/flatshard" "$FS" train --data "$WORK/fortunes.bin" --steps 1 --out /proc/flatshard/x.safetensors
+
+# --- permission denied: a file or directory whose mode bits forbid the access. Mode bits do
+# not stop root, so as root (CI runs as root) these run as the unprivileged user nobody
+# (65534), with the work directory opened to it: it may enter $WORK and read what is
+# readable there, nothing else.
+as_user=()
+if [ "$(id -u)" -eq 0 ]; then
+    if command -v setpriv >/dev/null 2>&1; then
+        as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    elif command -v runuser >/dev/null 2>&1; then
+        as_user=(runuser -u nobody --)
+    fi
+fi
+if [ "$(id -u)" -eq 0 ] && [ "${#as_user[@]}" -eq 0 ]; then
+    skip "permission denied (4 checks)" "running as root and neither setpriv nor runuser is installed (Debian: util-linux)"
+else
+    chmod 0711 "$WORK"
+    cp "$CORPUS_DIR/fortunes" "$WORK/noread.txt"
+    chmod 0644 "$WORK/fortunes.bin" "$WORK/model/tiny.safetensors"
+    chmod 0711 "$WORK/model"
+    chmod 0000 "$WORK/noread.txt"
+    mkdir -m 0555 "$WORK/readonly"
+    perm=(--data "$WORK/fortunes.bin" --steps 1 --batch 2 --seq 32 --threads 1)
+    refuse "an unreadable --data file" 1 "$WORK/noread.txt: .*Permission denied" \
+        "${as_user[@]}" "$FS" train --data "$WORK/noread.txt" --steps 1 --no-save
+    refuse "--save in a directory without write permission, before training" 1 "$WORK/readonly/ck: .*Permission denied" \
+        "${as_user[@]}" "$FS" train "${perm[@]}" --no-save --save "$WORK/readonly/ck"
+    refuse "--out in a directory without write permission, before training" 1 "$WORK/readonly/x.safetensors.*Permission denied" \
+        "${as_user[@]}" "$FS" train "${perm[@]}" --out "$WORK/readonly/x.safetensors"
+    refuse "--metrics in a directory without write permission" 1 "$WORK/readonly/m.jsonl.*Permission denied" \
+        "${as_user[@]}" "$FS" train "${perm[@]}" --no-save --metrics "$WORK/readonly/m.jsonl"
+    chmod 0700 "$WORK"
+fi
 refuse "unknown benchmark" 2 "unknown benchmark 'gpu'" "$FS" bench gpu
 
 summary

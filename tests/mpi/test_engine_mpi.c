@@ -6,10 +6,13 @@
  *   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 build/mpi_tests/test_engine_mpi
  *
  * For every strategy: the gathered initial weights equal the unsharded initialisation bit
- * for bit; W ranks train what one rank trains on the same global batch (every MPI rank
- * computes the one-rank reference itself, on an in-process communicator of one); overlap off
- * changes no bit. Verdicts are agreed with an all-reduce so rank 0 prints one line per check
- * and "#summary passed=N failed=M".
+ * for bit; W ranks (2 micro-batches of one row each) train, in fp32 and in bf16, what ONE
+ * reference trains on the same global batch: yafsdp on one rank in fp32 with the whole batch
+ * as one micro-batch (the configuration tests/test_model.c ties to PyTorch; every MPI rank
+ * computes it itself, on an in-process communicator of one), within the tolerances of
+ * tests/engine_checks.h (reduction order for fp32, derived from bf16 rounding for bf16);
+ * overlap off changes no bit. Verdicts are agreed with an all-reduce so rank 0 prints one
+ * line per check and "#summary passed=N failed=M".
  */
 #include <stdio.h>
 #include <string.h>
@@ -36,15 +39,41 @@ static fs_status solo(const fs_llama_config *cfg, const fs_train_config *tc, con
     return fs_comm_inproc_run(1, fs_comm_config_default(), solo_rank, &a);
 }
 
-static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s) {
-    const int W = fs_comm_world(comm), steps = 3;
-    fs_llama_config cfg = ec_model(s == FS_STRATEGY_YAFSDP); /* tied for yafsdp */
-    int32_t in[3 * 2 * 8], tg[3 * 2 * 8];
-    ec_batch(cfg.vocab_size, 2 * W, 8, in, tg);
-    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 2, 8), one = many, off = many;
-    one.batch = 2 * W;
+#define STEPS 3
+#define T 8
+#define MAX_ROWS 16 /* 2 rows per rank: W <= 8 */
+
+/* The global batch and the one reference every strategy is compared with. */
+typedef struct reference {
+    fs_llama_config cfg;
+    int32_t in[MAX_ROWS * T], tg[MAX_ROWS * T];
+    ec_result res;
+} reference;
+
+static fs_status make_reference(int W, reference *ref) {
+    memset(ref, 0, sizeof *ref);
+    if (2 * W > MAX_ROWS) return fs_errorf(FS_ERR_USAGE, "at most %d ranks", MAX_ROWS / 2);
+    ref->cfg = ec_model(1); /* tied: the embedding is used twice, its gradient accumulated */
+    ec_batch(ref->cfg.vocab_size, 2 * W, T, ref->in, ref->tg);
+    fs_train_config tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 2 * W, T);
+    return solo(&ref->cfg, &tc, ref->in, ref->tg, STEPS, &ref->res);
+}
+
+static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s, const reference *ref) {
+    const fs_llama_config cfg = ref->cfg;
+    const int32_t *in = ref->in, *tg = ref->tg;
+    /* rank r's micro-batch k is row k*W + r: each rank sums two one-row micro-batches */
+    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T), off, bf16;
+    many.grad_accum = 2;
+    off = bf16 = many;
     off.overlap = 0;
-    ec_result init, m, o, ref;
+    bf16.precision = FS_PRECISION_BF16;
+    char what[64];
+    snprintf(what, sizeof what, "%s W=%d (MPI)", fs_strategy_name(s), fs_comm_world(comm));
+    ec_result init, m, o, b; /* zeroed: freed below even when a run before them failed */
+    memset(&m, 0, sizeof m);
+    memset(&o, 0, sizeof o);
+    memset(&b, 0, sizeof b);
     fs_status st = ec_train(comm, mem, &cfg, &many, in, tg, 0, &init);
     for (int u = 0; st == FS_OK && u < init.layout.n_units; u++) {
         int64_t n = init.layout.units[u].numel;
@@ -55,16 +84,18 @@ static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s) {
         free(want);
     }
     ec_result_free(&init);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &many, in, tg, steps, &m);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &off, in, tg, steps, &o);
-    if (st == FS_OK) st = solo(&cfg, &one, in, tg, steps, &ref);
-    if (st == FS_OK) st = ec_compare_runs(&m, &ref, many.lr, fs_strategy_name(s));
+    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &many, in, tg, STEPS, &m);
+    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &off, in, tg, STEPS, &o);
+    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &bf16, in, tg, STEPS, &b);
+    if (st == FS_OK) st = ec_compare_runs(&m, &ref->res, many.lr, what);
+    if (st == FS_OK)
+        st = ec_compare_bf16_to_fp32(&b, &ref->res, bf16.lr, (int)cfg.num_hidden_layers, what);
     if (st == FS_OK && (ec_first_difference(&m.weights, &o.weights) ||
                         memcmp(m.losses, o.losses, sizeof m.losses) != 0))
-        st = fs_errorf(FS_ERR_INTERNAL, "overlap off changed the results");
+        st = fs_errorf(FS_ERR_INTERNAL, "%s: overlap off changed the results", what);
     ec_result_free(&m);
     ec_result_free(&o);
-    ec_result_free(&ref);
+    ec_result_free(&b);
     return st;
 }
 
@@ -79,8 +110,10 @@ int main(void) {
     fs_set_thread_rank(rank);
     if (rank == 0) printf("# %s, %d ranks\n", fs_comm_describe(comm), world);
     int passed = 0, failed = 0;
+    static reference ref;
+    fs_status ref_st = make_reference(world, &ref);
     for (int s = 0; s < FS_STRATEGY_N; s++) {
-        fs_status st = check_strategy(comm, mem, (fs_strategy)s);
+        fs_status st = ref_st != FS_OK ? ref_st : check_strategy(comm, mem, (fs_strategy)s, &ref);
         int32_t bad = st != FS_OK, n_bad = 0;
         if (bad) {
             fprintf(stderr, "rank %d: FAIL %s: %s\n", rank, fs_strategy_name((fs_strategy)s),
@@ -92,11 +125,13 @@ int main(void) {
         if (fs_comm_run(comm, &agree) != FS_OK) fs_comm_abort(comm);
         n_bad ? failed++ : passed++;
         if (rank == 0)
-            printf("%s %s: gathered units, W=%d vs one rank, overlap off (MPI)\n",
+            printf("%s %s: gathered units, W=%d fp32 and bf16 vs the yafsdp one-rank fp32 "
+                   "reference, overlap off (MPI)\n",
                    n_bad ? "FAIL" : "ok  ", fs_strategy_name((fs_strategy)s), world);
         fflush(stdout);
     }
     if (rank == 0) printf("#summary passed=%d failed=%d\n", passed, failed);
+    ec_result_free(&ref.res);
     fs_comm_free(comm);
     fs_comm_mpi_finalize();
     fs_mem_free(mem);

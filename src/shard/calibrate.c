@@ -1,0 +1,346 @@
+/*
+ * calibrate.c — "this-machine": the planner's hardware description measured on the machine it
+ * runs on (contract in estimate.h, formulas in docs/planner.md), and its cache file.
+ *
+ * What is measured, on one thread (a rank's compute thread), each the fastest of three timed
+ * runs after one warm-up (the fastest, not the median: the machine may be shared, and the
+ * figure is what a core can do, not what it did while something else ran):
+ *   - flatshard's fp32 GEMM, fs_matmul_forward (OpenBLAS sgemm), on (256, 768) @ (1024, 768)^T:
+ *     a micro-batch of 256 tokens through a block's projection (0.4 GFLOP);
+ *   - the bf16 GEMM, fs_matmul_forward_bf16, on the same shape;
+ *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
+ *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
+ * 0.05-0.3 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
+ * buffers (16 MiB at most at once) are freed before it returns.
+ *
+ * The cache is a text file of "name value" lines. It is trusted only when every line parses
+ * and its key (CPU model, flags, kernel ISA level, OpenBLAS core, threads) equals the running
+ * machine's: the same file on a home directory shared by two kinds of machine, or after
+ * OPENBLAS_CORETYPE or FLATSHARD_KERNELS changed, is measured again and rewritten.
+ *
+ * Not here: what the figures mean for a step (estimate.c), and any timing inside a step.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flatshard/estimate.h"
+#include "flatshard/kernels.h"
+
+/* the calibration's GEMM: N tokens, IC inputs, OC outputs */
+enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 3 };
+
+#define CACHE_MAGIC "flatshard calibration 1"
+
+/* FNV-1a of a string: the flags line is long, the key keeps its hash. */
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* The value of the first /proc/cpuinfo line starting with `field` ("" if none). */
+static void cpuinfo_field(const char *field, char *out, size_t n) {
+    out[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[8192];
+    size_t flen = strlen(field);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, field, flen) != 0) continue;
+        const char *colon = strchr(line, ':');
+        if (!colon) continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t') colon++;
+        snprintf(out, n, "%s", colon);
+        out[strcspn(out, "\n")] = 0;
+        break;
+    }
+    fclose(f);
+}
+
+void fs_calibration_key(char *buf, size_t buf_bytes) {
+    char model[256], flags[8192];
+    cpuinfo_field("model name", model, sizeof model);
+    cpuinfo_field("flags", flags, sizeof flags);
+    if (!model[0]) snprintf(model, sizeof model, "unknown CPU");
+    /* the key is one line of the cache file: no newline may come from cpuinfo */
+    for (char *p = model; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s | openblas %s | threads 1", model,
+             (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
+             fs_kernels_blas_corename());
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double fastest(double t[CAL_REPS]) {
+    qsort(t, CAL_REPS, sizeof t[0], cmp_double);
+    return t[0];
+}
+
+fs_status fs_calibration_measure(fs_calibration *out) {
+    fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
+    const size_t n_in = (size_t)CAL_N * CAL_IC, n_w = (size_t)CAL_OC * CAL_IC;
+    const size_t n_out = (size_t)CAL_N * CAL_OC;
+    float *inp = malloc(n_in * sizeof *inp), *w = malloc(n_w * sizeof *w);
+    float *o = malloc(n_out * sizeof *o);
+    uint16_t *wb = malloc(n_w * sizeof *wb);
+    fs_status st = FS_OK;
+    if (!inp || !w || !o || !wb) st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the GEMM operands");
+    double t[CAL_REPS];
+    const double flops = 2.0 * CAL_N * CAL_IC * CAL_OC;
+    fs_calibration c;
+    memset(&c, 0, sizeof c);
+    if (st == FS_OK) {
+        /* small values of both signs: no denormals, no overflow, nothing a kernel shortcuts */
+        for (size_t i = 0; i < n_in; i++) inp[i] = (float)((int)(i % 17) - 8) * 0.0625f;
+        for (size_t i = 0; i < n_w; i++) w[i] = (float)((int)(i % 13) - 6) * 0.03125f;
+        for (size_t i = 0; i < n_w; i++) {
+            uint32_t bits;
+            memcpy(&bits, &w[i], sizeof bits);
+            wb[i] = (uint16_t)(bits >> 16); /* exact: the values have few mantissa bits */
+        }
+        memset(o, 0, n_out * sizeof *o);
+        for (int r = -1; r < CAL_REPS; r++) {
+            double t0 = fs_now();
+            fs_matmul_forward(NULL, o, inp, w, CAL_N, CAL_IC, CAL_OC, 0);
+            if (r >= 0) t[r] = fs_now() - t0;
+        }
+        c.gemm_fp32_flops = flops / fastest(t);
+        for (int r = -1; r < CAL_REPS; r++) {
+            double t0 = fs_now();
+            fs_matmul_forward_bf16(NULL, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0);
+            if (r >= 0) t[r] = fs_now() - t0;
+        }
+        c.gemm_bf16_flops = flops / fastest(t);
+    }
+    free(inp);
+    free(w);
+    free(o);
+    free(wb);
+    if (st != FS_OK) return st;
+
+    char *src = malloc(CAL_COPY_BYTES), *dst = malloc(CAL_COPY_BYTES);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the copy buffers");
+    }
+    memset(src, 1, CAL_COPY_BYTES);
+    memset(dst, 2, CAL_COPY_BYTES);
+    volatile char sink = 0; /* a read of each copy, so that none is optimised away */
+    for (int r = -1; r < CAL_REPS; r++) {
+        src[r & 1023] = (char)r;
+        double t0 = fs_now();
+        memcpy(dst, src, CAL_COPY_BYTES);
+        if (r >= 0) t[r] = fs_now() - t0;
+        sink = dst[r & 1023];
+    }
+    (void)sink;
+    free(src);
+    free(dst);
+    c.copy_bytes_per_s = (double)CAL_COPY_BYTES / fastest(t);
+
+    fs_calibration_key(c.key, sizeof c.key);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(c.date, sizeof c.date, "%Y-%m-%d %H:%M:%S", &tm);
+    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.copy_bytes_per_s)))
+        return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
+    *out = c;
+    return FS_OK;
+}
+
+fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    /* XDG: a relative XDG_CACHE_HOME is invalid and must be ignored */
+    if (xdg && xdg[0] == '/') n = snprintf(buf, buf_bytes, "%s/flatshard/this-machine.txt", xdg);
+    else if (home && home[0]) n = snprintf(buf, buf_bytes, "%s/.cache/flatshard/this-machine.txt", home);
+    else return fs_errorf(FS_ERR_IO, "no cache directory: neither XDG_CACHE_HOME nor HOME is set");
+    if (n < 0 || (size_t)n >= buf_bytes) return fs_errorf(FS_ERR_IO, "the cache path is too long");
+    return FS_OK;
+}
+
+/* A figure of the cache: finite, positive, and below anything a machine reaches (1e18). */
+static int parse_figure(const char *s, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || !(v > 0) || v > 1e18) return 0;
+    *out = v;
+    return 1;
+}
+
+fs_status fs_calibration_read(const char *path, const char *key, fs_calibration *out) {
+    FILE *f = fopen(path, "r");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    fs_calibration c;
+    memset(&c, 0, sizeof c);
+    char line[1024];
+    int seen = 0, magic = 0, bad = 0;
+    enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_COPY = 16, HAVE_ALL = 31 };
+    while (!bad && fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        if (len == 0 || line[len - 1] != '\n') { /* a line longer than any we write, or cut */
+            bad = 1;
+            break;
+        }
+        line[len - 1] = 0;
+        if (!magic) {
+            magic = strcmp(line, CACHE_MAGIC) == 0;
+            bad = !magic;
+            continue;
+        }
+        char *sp = strchr(line, ' ');
+        if (!sp) {
+            bad = 1;
+            break;
+        }
+        *sp = 0;
+        const char *name = line, *value = sp + 1;
+        if (strcmp(name, "key") == 0 && strlen(value) < sizeof c.key) {
+            snprintf(c.key, sizeof c.key, "%s", value);
+            seen |= HAVE_KEY;
+        } else if (strcmp(name, "date") == 0 && strlen(value) < sizeof c.date) {
+            snprintf(c.date, sizeof c.date, "%s", value);
+            seen |= HAVE_DATE;
+        } else if (strcmp(name, "gemm_fp32_flops") == 0 && parse_figure(value, &c.gemm_fp32_flops)) {
+            seen |= HAVE_FP32;
+        } else if (strcmp(name, "gemm_bf16_flops") == 0 && parse_figure(value, &c.gemm_bf16_flops)) {
+            seen |= HAVE_BF16;
+        } else if (strcmp(name, "copy_bytes_per_s") == 0 && parse_figure(value, &c.copy_bytes_per_s)) {
+            seen |= HAVE_COPY;
+        } else {
+            bad = 1;
+        }
+    }
+    int read_error = ferror(f);
+    fclose(f);
+    if (read_error) return fs_errorf(FS_ERR_IO, "%s: read error", path);
+    if (bad || !magic || seen != HAVE_ALL)
+        return fs_errorf(FS_ERR_FORMAT, "%s: not a valid calibration cache (a line is missing or malformed)", path);
+    if (strcmp(c.key, key) != 0)
+        return fs_errorf(FS_ERR_FORMAT, "%s: measured for another machine or settings (%s)", path, c.key);
+    *out = c;
+    return FS_OK;
+}
+
+/* mkdir -p of the directory part of path. */
+static fs_status make_parent(const char *path) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return FS_OK;
+    *slash = 0;
+    for (char *p = dir + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+                return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
+            *p = c;
+            if (c == 0) break;
+        }
+    }
+    return FS_OK;
+}
+
+fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
+    FS_TRY(make_parent(path));
+    char tmp[1100];
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof tmp) return fs_errorf(FS_ERR_IO, "%s: path too long", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    fprintf(f, "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\ncopy_bytes_per_s %.17g\n",
+            CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops,
+            cal->copy_bytes_per_s);
+    int failed = ferror(f);
+    failed |= fclose(f) != 0;
+    if (failed || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fs_errorf(FS_ERR_IO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return FS_OK;
+}
+
+void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
+                                  int devices_per_node, fs_hardware *out) {
+    memset(out, 0, sizeof *out);
+    out->memory_bytes = memory_bytes;
+    out->peak_flops_fp32 = cal->gemm_fp32_flops;
+    out->peak_flops_bf16 = cal->gemm_bf16_flops;
+    out->utilisation_fp32 = FS_CPU_STEP_EFFICIENCY_FP32;
+    out->utilisation_bf16 = FS_CPU_STEP_EFFICIENCY_BF16;
+    out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
+    out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
+    out->inter_busbw = out->intra_busbw; /* ranks of one machine: no second level */
+    out->devices_per_node = devices_per_node > 0 ? devices_per_node : 1;
+    out->latency_s = 50e-6;      /* one collective through the worker, 35-60 us (BENCHMARKS.md) */
+    out->activation_bytes = 4;   /* flatshard's CPU kernels keep activations in fp32 */
+}
+
+fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out) {
+    static fs_hardware hw;
+    static char description[512], note[1200];
+    static int have; /* measured or read once per process for FS_CALIBRATE_CACHED */
+    if (have && mode == FS_CALIBRATE_CACHED) {
+        *out = &hw;
+        return FS_OK;
+    }
+    char key[512], path[1024];
+    fs_calibration_key(key, sizeof key);
+    fs_status path_st = fs_calibration_cache_path(path, sizeof path);
+    char why_not_cached[600] = "";
+    if (path_st != FS_OK) snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
+    fs_calibration cal;
+    fs_hw_origin origin = FS_HW_MEASURED;
+    if (mode == FS_CALIBRATE_CACHED && path_st == FS_OK && fs_calibration_read(path, key, &cal) == FS_OK) {
+        origin = FS_HW_CACHED;
+    } else {
+        FS_TRY(fs_calibration_measure(&cal));
+        if (path_st == FS_OK && fs_calibration_write(path, &cal) != FS_OK)
+            snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    fs_hardware_from_calibration(&cal, pages > 0 && page > 0 ? (double)pages * (double)page : 0.0,
+                                 cores > 0 ? (int)cores : 1, &hw);
+    char model[256];
+    cpuinfo_field("model name", model, sizeof model);
+    snprintf(description, sizeof description,
+             "this machine, one core per rank (%s, %d cores): fp32 GEMM %.1f GFLOP/s (OpenBLAS core %s), "
+             "bf16 GEMM %.1f GFLOP/s (%s kernels), memcpy %.1f GB/s",
+             model[0] ? model : "unknown CPU", hw.devices_per_node, cal.gemm_fp32_flops / 1e9,
+             fs_kernels_blas_corename(), cal.gemm_bf16_flops / 1e9, fs_kernels_isa_name(fs_kernels_isa()),
+             cal.copy_bytes_per_s / 1e9);
+    if (origin == FS_HW_CACHED)
+        snprintf(note, sizeof note, "cached from %s UTC (%s)", cal.date, path);
+    else if (why_not_cached[0])
+        snprintf(note, sizeof note, "measured now, not cached: %s", why_not_cached);
+    else
+        snprintf(note, sizeof note, "measured now (cached in %s)", path);
+    hw.name = "this-machine";
+    hw.description = description;
+    hw.origin = origin;
+    hw.origin_note = note;
+    have = 1;
+    *out = &hw;
+    return FS_OK;
+}

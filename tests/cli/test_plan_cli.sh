@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# tests/cli/test_plan_cli.sh — `flatshard plan`: this-machine's figures measured and cached
+# (where they came from, a corrupt or stale cache, --recalibrate), the estimate computed from
+# exactly those figures, Llama 2 70B on 256 A100s checked category by category against
+# docs/planner.md's formulas computed here from the parameter count, and the largest accepted
+# sizes planned without wrap-around while one past them is refused naming the field.
+. "$(dirname "$0")/lib.sh"
+
+PY=/usr/bin/python3
+export XDG_CACHE_HOME="$WORK/cache" # never the user's cache
+CACHE="$XDG_CACHE_HOME/flatshard/this-machine.txt"
+SMALL=(--model small --world 2 --batch 4 --seq 256 --device this-machine)
+
+# --- this-machine: measured, then cached
+run "plan this-machine with no cache" 0 "$FS" plan "${SMALL[@]}" --json
+cp "$WORK/out" "$WORK/first.json"
+expect "the figures were measured now" grep -q '"device_figures":"measured"' "$WORK/first.json"
+expect "and cached" test -s "$CACHE"
+expect "the cache is keyed by the CPU, its flags, the kernels and OpenBLAS's core" \
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| threads 1$" "$CACHE"
+run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
+expect "the second plan says the figures are cached, and from when" \
+    grep -qE "^  device figures: cached from 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC \($CACHE\)$" "$WORK/out"
+expect "the device line names this CPU, not a preset's" grep -qF "$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')" "$WORK/out"
+
+# the estimate is the documented formula on the cached figures: compute = FLOPs / (bf16 GEMM
+# rate x 0.80); on shared cores every collective is exposed; busbw = memcpy x 0.4
+run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
+cp "$WORK/out" "$WORK/cached.json"
+expect "the estimate uses the cached figures" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+assert e["device_figures"] == "cached", e["device_figures"]
+cal = dict(l.split(" ", 1) for l in open(sys.argv[2]).read().splitlines()[1:])
+est = e["estimate"]
+want = est["flops"] / (float(cal["gemm_bf16_flops"]) * 0.80)
+assert abs(est["compute_s"] - want) <= 1e-9 * want, (est["compute_s"], want)
+assert abs(est["busbw"] - 0.4 * float(cal["copy_bytes_per_s"])) <= 1e-9 * est["busbw"], est["busbw"]
+assert est["exposed_comm_s"] == est["comm_s"], "shared cores hide nothing"
+assert abs(est["step_s"] - (est["compute_s"] + est["comm_s"])) <= 1e-12 * est["step_s"]
+' "$WORK/cached.json" "$CACHE"
+
+# a corrupt cache is ignored and rewritten
+printf 'flatshard calibration 1\nkey nonsense\n' >"$CACHE"
+run "plan over a corrupt cache" 0 "$FS" plan "${SMALL[@]}" --json
+expect "a corrupt cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+expect "and rewritten whole" grep -q '^copy_bytes_per_s [0-9]' "$CACHE"
+# another OpenBLAS core is another key: the cache is stale
+run "plan with another OpenBLAS core" 0 env OPENBLAS_CORETYPE=Haswell "$FS" plan "${SMALL[@]}" --json
+expect "a cache of another core is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+expect "the new key names the core now in use" grep -q '| openblas Haswell |' "$CACHE"
+run "plan with the first core again" 0 "$FS" plan "${SMALL[@]}" --json
+expect "the key changed back: measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+run "plan --recalibrate" 0 "$FS" plan "${SMALL[@]}" --recalibrate
+expect "--recalibrate measures even over a valid cache" grep -q '^  device figures: measured now (cached in ' "$WORK/out"
+refuse "--recalibrate of a published preset" 2 "only this-machine is measured" \
+    "$FS" plan --device a100-80gb --recalibrate
+run "plan with an unwritable cache directory" 0 env XDG_CACHE_HOME=/proc/flatshard-no-cache "$FS" plan "${SMALL[@]}"
+expect "an unwritable cache is not an error, and says so" grep -q '^  device figures: measured now, not cached: ' "$WORK/out"
+run "plan on a published preset" 0 "$FS" plan --model small --device h100-80gb
+expect "a preset says it is one" grep -q '^  device figures: published preset (docs/planner.md)$' "$WORK/out"
+
+# --- Llama 2 70B on 256 A100 80GB at 4096 tokens: every memory category against
+# docs/planner.md's formulas, from the published config
+run "plan Llama 2 70B on 256 A100s at 4096 tokens" 0 "$FS" plan --model llama2-70b --world 256 --seq 4096 \
+    --device a100-80gb --ckpt-layers auto --json
+cp "$WORK/out" "$WORK/70b.json"
+expect "Llama 2 70B: parameters, memory per category and the fewest checkpointed blocks as documented" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+C, FF, L, NH, NKV, V = 8192, 28672, 80, 64, 8, 32000   # Meta config.json
+HS = C // NH; QKV = (NH + 2 * NKV) * HS
+block = C * QKV + C * C + 3 * C * FF                    # q k v, o, gate up down
+norms = (2 * L + 1) * C
+P = L * block + 2 * V * C + norms                       # untied embedding and head
+assert e["params"] == P == 68976648192, e["params"]
+W, A = 256, 32                                          # ranks, FS_SHARD_ALIGN
+pad = lambda n: -(-n // (W * A)) * (W * A)
+F = L * pad(block) + 2 * pad(V * C) + pad(norms)        # padded model
+S = F // W                                              # one rank s shard
+R = pad(block)                                          # ring: the largest unit (a block)
+Nn = pad(norms)
+want = {
+    "master": 4 * S, "grads": 4 * S, "optimizer": 8 * S, "compute_shard": 2 * S,
+    "weight_buf": 2 * R * 2 + Nn * 2 + Nn * 4,          # bf16 ring, gathered norms, fp32 norms
+    "grad_buf": 2 * R * 4 + Nn * 4,                     # fp32 ring, gathered norm gradients
+}
+def acts(k, B=1, T=4096, act_bytes=2):                  # docs/planner.md, activations
+    N = B * T; Sl = (L - k) + (1 if k else 0); r = lambda n: -(-n // 16) * 16
+    arrays = [T * HS // 2] * 2 + [(L + 1) * N * C] + \
+        [Sl * N * C, Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N * C, Sl * N * C,
+         Sl * N, Sl * N * 2 * FF, Sl * N * FF] + \
+        [N * C, N, N * V, N, N, N] + [N * C, N * C, N * QKV, N * C, N * 2 * FF, N * FF, N * C]
+    return sum(r(a) for a in arrays) * act_bytes
+n_units, n_ops = 1 + 1 + L + 1, 1 + L + 1
+other = 2 * (-(-4096 // 16) * 16) * 4 + n_ops * 64 + n_units * 64  # inputs, targets; bookkeeping
+b = e["bytes"]
+for k, v in want.items():
+    assert b[k] == v, (k, b[k], v)
+assert b["other"] == other, (b["other"], other)
+assert 0 < b["comm"] < 64 << 20, b["comm"]
+assert b["total"] == sum(v for k, v in b.items() if k != "total"), "total is the sum"
+fixed = sum(want.values()) + other + b["comm"]
+fewest = next(k for k in range(L + 1) if fixed + acts(k) <= 80 * 2**30)
+assert e["ckpt_layers"] == fewest, (e["ckpt_layers"], fewest)
+assert b["activations"] == acts(fewest), (b["activations"], acts(fewest))
+assert fixed + acts(fewest - 1) > 80 * 2**30, "one block fewer does not fit"
+# FLOPs: per block 3 x (2 N block + 2 N C (T+1)), again once for each checkpointed block;
+# the head 3 x 2 N C V (one chunk)
+N = 4096; fb = 2 * N * block + 2 * N * C * (4096 + 1); fh = 2 * N * C * V
+flops = L * 3 * fb + fewest * fb + 3 * fh
+assert abs(e["estimate"]["flops"] - flops) <= 1e-12 * flops, (e["estimate"]["flops"], flops)
+assert abs(e["estimate"]["compute_s"] - flops / (312e12 * 0.5)) <= 1e-9 * e["estimate"]["compute_s"]
+' "$WORK/70b.json"
+
+# --- the largest accepted sizes: a config.json at every maximum plans without wrap-around
+cat >"$WORK/max.json" <<'EOF'
+{"hidden_size": 1048576, "intermediate_size": 4194304, "num_hidden_layers": 4096,
+ "num_attention_heads": 4096, "num_key_value_heads": 4096, "vocab_size": 2147483647,
+ "max_position_embeddings": 16777216}
+EOF
+run "plan the largest accepted config at 2^23 tokens" 0 "$FS" plan --model "$WORK/max.json" --world 1 \
+    --strategy yafsdp --precision fp32 --seq 8388608 --device h200 --json
+cp "$WORK/out" "$WORK/max-plan.json"
+expect "its figures are exact, with nothing wrapped" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+C, FF, L, NH, NKV, V, T = 2**20, 2**22, 4096, 4096, 4096, 2**31 - 1, 2**23
+HS = C // NH; QKV = (NH + 2 * NKV) * HS; N = T
+block = C * QKV + C * C + 3 * C * FF
+P = L * block + 2 * V * C + (2 * L + 1) * C
+assert e["params"] == P, (e["params"], P)
+b = e["bytes"]
+assert b["master"] == 4 * P and b["grads"] == 4 * P and b["optimizer"] == 8 * P, b
+Vc = block // C                                         # the auto vocabulary chunk: one block
+acts = 2 * T * (HS // 2) + (L + 1) * N * C + L * N * (4 * C + 2 + QKV + NH + 3 * FF) \
+     + N * C + 4 * N + N * Vc + 4 * N * C + N * QKV + 3 * N * FF
+assert b["activations"] == 2 * acts, (b["activations"], 2 * acts)   # h200: 2 bytes per element
+assert all(v >= 0 for v in b.values()), b
+assert b["total"] == sum(v for k, v in b.items() if k != "total") < 2**63, b["total"]
+' "$WORK/max-plan.json"
+refuse "twice that micro-batch is refused naming --batch and --seq" 2 "batch 2 x --seq 8388608 tokens needs" \
+    "$FS" plan --model "$WORK/max.json" --world 1 --batch 2 --seq 8388608 --device h200
+sed 's/"vocab_size": 2147483647/"vocab_size": 2147483648/' "$WORK/max.json" >"$WORK/vocab31.json"
+refuse "vocab_size 2^31 is refused as the config's field" 1 "vocab31.json.*'vocab_size' is 2147483648; it must be between 1 and 2147483647" \
+    "$FS" plan --model "$WORK/vocab31.json" --device h200
+sed 's/"hidden_size": 1048576/"hidden_size": 2097152/' "$WORK/max.json" >"$WORK/c21.json"
+refuse "hidden_size 2^21 is refused naming the field" 1 "'hidden_size' is 2097152" \
+    "$FS" plan --model "$WORK/c21.json" --device h200
+
+summary
