@@ -407,7 +407,7 @@ static fs_status list_entries(const char *root, entry **out, int *n) {
         memset(&en, 0, sizeof en);
         if (strlen(de->d_name) >= sizeof en.name || !parse_name(de->d_name, &en.step, en.tag, sizeof en.tag))
             continue;
-        snprintf(en.name, sizeof en.name, "%s", de->d_name);
+        memcpy(en.name, de->d_name, strlen(de->d_name) + 1); /* fits: checked above */
         char sub[1300], marker[1400];
         struct stat sb;
         join(sub, sizeof sub, root, en.name);
