@@ -69,6 +69,10 @@ $(error SANITIZER must be address, undefined, thread or fuzz, not '$(SANITIZER)'
 endif
 
 CPPFLAGS := -Iinclude -D_POSIX_C_SOURCE=200809L
+# which build this is, for the this-machine calibration's cache key (src/shard/calibrate.c):
+# a sanitized or -O0 build's figures must never stand for the release build's
+BUILD_FLAVOR := $(if $(filter 1,$(DEBUG)),debug,release)$(if $(SANITIZER),+$(SANITIZER))
+CPPFLAGS += -DFS_BUILD_FLAVOR='"$(BUILD_FLAVOR)"'
 # -ffp-contract=off: no silent a*b+c -> fma fusion, so kernels give the same bits with any
 # compiler or -march (tests compare AdamW bit for bit with PyTorch). Kernels that want FMA
 # call it explicitly.

@@ -127,6 +127,7 @@ typedef struct progress {
     int64_t timed_steps;
     double flops_per_token;  /* model FLOPs of a training token (fs_layout_train_flops_per_token) */
     double peak_flops;       /* all ranks' compute threads at this machine's peak for the precision */
+    double max_mfu;          /* the highest MFU of a timed step: above 1, the peak is wrong */
 } progress;
 
 typedef struct train_run {
@@ -242,6 +243,7 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
     if (s.step > first_step) {
         pg->timed_s += s.seconds;
         pg->timed_steps++;
+        if (mfu > pg->max_mfu) pg->max_mfu = mfu;
     }
     double mean = pg->timed_steps ? pg->timed_s / (double)pg->timed_steps : s.seconds;
     if (pg->tty) {
@@ -425,6 +427,15 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                ", rank 0 waited for communication %.1f%% of that time\n",
                cfg.steps, (double)train_tokens / train_seconds, first_step + 1, cfg.steps,
                100.0 * wait_seconds / train_seconds);
+    /* An MFU is only as good as the peak under it: this machine's peak is measured once and
+     * cached, and a calibration taken while the machine was busy is below what a quiet
+     * step then reaches. Say so instead of leaving a figure above 100% unexplained. */
+    if (st == FS_OK && lead && run->progress.max_mfu > 1.0)
+        fprintf(stderr,
+                "flatshard train: note: steps ran at up to %.0f%% of this machine's calibrated peak, "
+                "so the calibration is low (taken on a busy machine?) and the MFU figures with it; "
+                "measure again with 'flatshard plan --device this-machine --recalibrate'\n",
+                100.0 * run->progress.max_mfu);
     if (st == FS_OK && lead && run->profile) fs_cli_print_profile(stdout, &tr.profile);
 
     /* the weights, before --memory so that it can show what the save took */

@@ -25,6 +25,8 @@ skipped=0
 crashed=()
 log_dir=$(mktemp -d)
 trap 'rm -rf "$log_dir"' EXIT
+# the test programs' this-machine calibration cache: this run's own, never the user's
+export XDG_CACHE_HOME="$log_dir/cache"
 
 run_one() { # name, command...
     local name=$1; shift

@@ -412,6 +412,11 @@ static void write_text(const char *path, const char *text) {
 static void test_calibration_and_cache(void) {
     char dir[] = "/tmp/flatshard-test-calibration-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    /* the caller's cache directory (tests/run.sh sets one per run), restored at the end */
+    const char *prev = getenv("XDG_CACHE_HOME");
+    const int had_prev = prev != NULL;
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", prev ? prev : "");
     setenv("XDG_CACHE_HOME", dir, 1);
     char path[512], want[600], key[512];
     CHECK_OK(fs_calibration_cache_path(path, sizeof path));
@@ -488,7 +493,8 @@ static void test_calibration_and_cache(void) {
     snprintf(want, sizeof want, "%s/flatshard", dir);
     rmdir(want);
     rmdir(dir);
-    unsetenv("XDG_CACHE_HOME");
+    if (had_prev) setenv("XDG_CACHE_HOME", saved, 1);
+    else unsetenv("XDG_CACHE_HOME");
 }
 
 /* Malformed safetensors headers are refused with a message, never read out of bounds. */

@@ -2,7 +2,7 @@
  * calibrate.c — "this-machine": the planner's hardware description measured on the machine it
  * runs on (contract in estimate.h, formulas in docs/planner.md), and its cache file.
  *
- * What is measured, on one thread (a rank's compute thread), each the fastest of three timed
+ * What is measured, on one thread (a rank's compute thread), each the fastest of seven timed
  * runs after one warm-up (the fastest, not the median: the machine may be shared, and the
  * figure is what a core can do, not what it did while something else ran):
  *   - flatshard's fp32 GEMM, fs_matmul_forward (OpenBLAS sgemm), on (256, 768) @ (1024, 768)^T:
@@ -10,11 +10,11 @@
  *   - the bf16 GEMM, fs_matmul_forward_bf16, on the same shape;
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 0.05-0.3 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
+ * 0.1-0.7 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
  * buffers (16 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
- * and its key (CPU model, flags, kernel ISA level, OpenBLAS core, threads) equals the running
+ * and its key (CPU model, flags, kernel ISA level, OpenBLAS core, build flavour, threads) equals the running
  * machine's: the same file on a home directory shared by two kinds of machine, or after
  * OPENBLAS_CORETYPE or FLATSHARD_KERNELS changed, is measured again and rewritten.
  *
@@ -34,7 +34,15 @@
 #include "flatshard/kernels.h"
 
 /* the calibration's GEMM: N tokens, IC inputs, OC outputs */
-enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 3 };
+enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
+
+/* The build that measured: a sanitized or -O0 build runs flatshard's own kernels several
+ * times slower, and its figures must never stand for the release build's (they did: a
+ * sanitizer suite's cache made the plain build print an MFU of 275%). The Makefile says
+ * which build this is. */
+#ifndef FS_BUILD_FLAVOR
+#define FS_BUILD_FLAVOR "unknown"
+#endif
 
 #define CACHE_MAGIC "flatshard calibration 1"
 
@@ -76,9 +84,9 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
     /* the key is one line of the cache file: no newline may come from cpuinfo */
     for (char *p = model; *p; p++)
         if (*p == '\n' || *p == '\r') *p = ' ';
-    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s | openblas %s | threads 1", model,
-             (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
-             fs_kernels_blas_corename());
+    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s | openblas %s | build %s | threads 1",
+             model, (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
+             fs_kernels_blas_corename(), FS_BUILD_FLAVOR);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -7,7 +7,6 @@
 . "$(dirname "$0")/lib.sh"
 
 PY=/usr/bin/python3
-export XDG_CACHE_HOME="$WORK/cache" # never the user's cache
 CACHE="$XDG_CACHE_HOME/flatshard/this-machine.txt"
 SMALL=(--model small --world 2 --batch 4 --seq 256 --device this-machine)
 
@@ -16,8 +15,12 @@ run "plan this-machine with no cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/first.json"
 expect "the figures were measured now" grep -q '"device_figures":"measured"' "$WORK/first.json"
 expect "and cached" test -s "$CACHE"
-expect "the cache is keyed by the CPU, its flags, the kernels and OpenBLAS's core" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| threads 1$" "$CACHE"
+# the build flavour of the binary under test: build-debug is -O0, build-<sanitizer> sanitized
+flavor=release
+[ "$(basename "$BUILD")" = build-debug ] && flavor=debug
+[ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
+expect "the cache is keyed by the CPU, its flags, the kernels, OpenBLAS's core and the build" \
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 expect "the second plan says the figures are cached, and from when" \
     grep -qE "^  device figures: cached from 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC \($CACHE\)$" "$WORK/out"

@@ -103,10 +103,31 @@ expect "metrics carry compute_time, exposed_comm_time, mfu and peak bytes per ca
 import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    assert r["step_time"] >= r["compute_time"] >= 0 and r["exposed_comm_time"] >= 0 and 0 < r["mfu"] < 1, r
+    assert r["step_time"] >= r["compute_time"] >= 0 and r["exposed_comm_time"] >= 0 and r["mfu"] > 0, r
     assert abs(r["compute_time"] + r["exposed_comm_time"] - r["step_time"]) < 1e-5, r
     assert set(r["peak_bytes"]) >= {"master", "grads", "optimizer", "weight_buf", "grad_buf", "activations", "comm", "total"}, r
 ' "$WORK/m2.jsonl"
+# MFU = tokens/s x FLOPs per token / peak: one constant per run times tokens/s (both printed
+# rounded: mfu to 5 decimals, tokens/s to 0.1); its size depends on the calibration, below
+expect "every step's MFU is its tokens/s times one constant (FLOPs per token over the peak)" /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+k = sorted(r["mfu"] / r["tokens_per_s"] for r in rows)[len(rows) // 2]
+for r in rows:
+    assert abs(r["mfu"] - k * r["tokens_per_s"]) <= 1e-5 + k * 0.06, (k, r)
+' "$WORK/m2.jsonl"
+# A calibration below what the steps reach (taken while the machine was busy, say) shows as
+# an MFU above 100%: train must say so. The cache of the run above, its GEMM rates cut to 1e6.
+mkdir -p "$WORK/lowcache/flatshard"
+sed -E 's/^(gemm_fp32_flops|gemm_bf16_flops) .*/\1 1000000/' "$XDG_CACHE_HOME/flatshard/this-machine.txt" \
+    >"$WORK/lowcache/flatshard/this-machine.txt"
+run "train on a calibration far below the machine" 0 env XDG_CACHE_HOME="$WORK/lowcache" "$FS" train "${common[@]}" --metrics "$WORK/m-low.jsonl"
+expect "it reports an MFU above 100%" /usr/bin/python3 -c '
+import json, sys
+assert max(json.loads(l)["mfu"] for l in open(sys.argv[1])) > 1
+' "$WORK/m-low.jsonl"
+expect "and says the calibration is low and how to measure again" \
+    grep -q "calibrated peak, so the calibration is low.*--recalibrate" "$WORK/err"
 expect "the timeline has both ranks, both tracks, every op forward and backward, gathers and reduce-scatters with bytes" /usr/bin/python3 -c '
 import json, sys
 ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
