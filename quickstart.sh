@@ -4,7 +4,7 @@
 #   ./quickstart.sh demo   install what is missing, build, train the tiny model on the
 #                          fortunes corpus for a few minutes, evaluate it and print a sample
 #   ./quickstart.sh test   install what is missing, build with warnings as errors, and run
-#                          the whole test suite (ends with "N passed, M failed")
+#                          the whole test suite (ends with "N passed, M failed, K skipped")
 #
 # Every system package comes from Debian's archive through apt-get; `test` also puts the
 # Python packages the tests need beyond Debian's (Hugging Face's transformers, tokenizers and

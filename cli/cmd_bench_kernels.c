@@ -86,8 +86,7 @@ static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_o
         fs_rmsnorm_forward(pool, b->out, b->r1, b->x, b->y, N, C, 1e-5f);
         *n_out = N * C;
         return b->out;
-    case K_RMSNORM_BWD:
-        fs_rmsnorm_forward(pool, b->out, b->r1, b->x, b->y, N, C, 1e-5f); /* rstd */
+    case K_RMSNORM_BWD: /* after run_forward_state: rstd in r1 */
         memset(b->z, 0, (size_t)(N * C) * sizeof(float));
         fs_rmsnorm_backward(pool, b->z, b->w, b->out, b->x, b->y, b->r1, N, C);
         *n_out = N * C;
@@ -104,8 +103,7 @@ static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_o
         fs_attention_forward(pool, b->att, b->lse, q, kk, vv, QKV, b->B, b->T, b->NH, b->NKV, b->HS);
         *n_out = N * b->NH * b->HS;
         return b->att;
-    case K_ATT_BWD:
-        fs_attention_forward(pool, b->att, b->lse, q, kk, vv, QKV, b->B, b->T, b->NH, b->NKV, b->HS);
+    case K_ATT_BWD: /* after run_forward_state: the output and log-sum-exp */
         fs_attention_backward(pool, b->dqkv, b->dqkv + b->NH * b->HS, b->dqkv + (b->NH + b->NKV) * b->HS, QKV,
                               b->x, q, kk, vv, QKV, b->att, b->lse, b->B, b->T, b->NH, b->NKV, b->HS);
         *n_out = N * QKV;
@@ -164,8 +162,17 @@ static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_o
     return NULL;
 }
 
+/* The state a backward kernel reads that its forward saves (RMSNorm's rstd, attention's
+ * output and log-sum-exp): run before the backward, outside its timing, so that a backward's
+ * time is its own and never a difference of two noisy medians. */
+static void run_forward_state(kernel_id k, bufs *b, fs_pool *pool) {
+    int64_t n_out;
+    if (k == K_RMSNORM_BWD) run_kernel(K_RMSNORM_FWD, b, pool, &n_out);
+    if (k == K_ATT_BWD) run_kernel(K_ATT_FWD, b, pool, &n_out);
+}
+
 /* Bytes moved or model FLOPs of one call (is_flops says which), counting only the kernel
- * itself (not the forward a backward measurement runs first: that is subtracted). */
+ * itself (a backward's forward state is computed outside its timing: run_forward_state). */
 static double kernel_work(kernel_id k, const bufs *b, int *is_flops) {
     const double N = (double)b->N, C = (double)b->C, FF = (double)b->FF, V = (double)b->V, f = 4.0;
     const double pairs = (double)b->B * (double)b->NH * (double)b->T * ((double)b->T + 1.0) / 2.0;
@@ -260,7 +267,6 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
            model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, threads, threads == 1 ? "" : "s",
            fs_kernels_isa_name(isa), fs_kernels_blas_corename(), reps);
     printf("  %-14s %10s %10s %12s %9s  %s\n", "kernel", "time ms", "rate", "peak/core", "of peak", "vs portable path");
-    double fwd_med[K_N] = {0};
     int mismatches = 0;
     for (int ki = 0; ki < K_N; ki++) {
         const kernel_id k = (kernel_id)ki;
@@ -268,10 +274,12 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         /* the check: portable output, then the fast path's, from the same inputs */
         fs_kernels_set_isa(FS_ISA_PORTABLE);
         reset(&b);
+        run_forward_state(k, &b, pool);
         const float *o = run_kernel(k, &b, pool, &n_out);
         memcpy(b.ref, o, (size_t)n_out * fl);
         fs_kernels_set_isa(isa);
         reset(&b);
+        run_forward_state(k, &b, pool);
         o = run_kernel(k, &b, pool, &n_out);
         double maxref = 0, maxdiff = 0;
         int same = memcmp(b.ref, o, (size_t)n_out * fl) == 0;
@@ -292,15 +300,12 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         }
         for (int64_t r = -1; r < reps; r++) {
             reset(&b);
+            run_forward_state(k, &b, pool);
             double t0 = fs_now();
             run_kernel(k, &b, pool, &n_out);
             if (r >= 0) t[r] = fs_now() - t0;
         }
-        double med = fs_cli_median(t, (int)reps);
-        if (k == K_RMSNORM_FWD || k == K_ATT_FWD) fwd_med[k] = med;
-        /* a backward measurement runs its forward first (for its saved state): subtract it */
-        if (k == K_RMSNORM_BWD) med -= fwd_med[K_RMSNORM_FWD];
-        if (k == K_ATT_BWD) med -= fwd_med[K_ATT_FWD];
+        const double med = fs_cli_median(t, (int)reps);
         int is_flops;
         const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
         const double peak = (is_flops ? (k == K_GEMM_BF16 ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_MEM_GBS) *

@@ -119,7 +119,7 @@ if ! command -v mpirun >/dev/null 2>&1; then
 elif ! nm "$FS" 2>/dev/null | grep -qw MPI_Init_thread; then
     skip_by_design "bench comm under mpirun" "$FS is built with MPI=none"
 else
-    mpi=(timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+    mpi=("${MPI_ENV[@]}" timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
     run "mpi W=2: bench comm exits 0" 0 "${mpi[@]}" "$FS" bench comm -b 32 -e 128 -f 4 -n 1 -w 0 --json
     expect "mpi W=2: #wrong is 0 in every row" check_table wrong 2 0 "$OPS" fp32,bf16 32 128 4
     expect "mpi W=2: the backend is mpi" grep -q '"backend":"mpi"' "$WORK/out"

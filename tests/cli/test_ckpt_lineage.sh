@@ -125,7 +125,6 @@ expect_all "the old checkpoint is kept; the new one has its own name" \
 # --- under mpirun: only rank 0 locks (were every process to lock, the second would refuse
 # the first's directory), and every rank writes into the directory rank 0 names
 if command -v mpirun >/dev/null 2>&1; then
-    MPI_ENV=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}" "TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}")
     MPIRUN=("${MPI_ENV[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
     mcommon=(--model tiny --data "$TEXT" --steps 2 --seq 32 --batch 2 --threads 1 --no-save --log-every 100)
     P="$WORK/mpi"

@@ -82,9 +82,6 @@ expect "--memory prints every category for both ranks, plan beside measured" \
     grep -qE '^  master +[0-9.]+ / [0-9.]+ \([0-9.]+\) +[0-9.]+ / [0-9.]+' "$WORK/two.out"
 expect "--memory reports that steps 2-3 allocated nothing" grep -qE 'rank 1: ([0-9]+) allocations after step 1, \1 after step 3' "$WORK/two.out"
 if command -v mpirun >/dev/null 2>&1; then
-    # Sanitized builds under mpirun: the same environment as tests/cli/mpi_lib.sh (leaks in
-    # MPI's start-up memory and lock-order reports inside OpenMPI's transports are not ours)
-    MPI_ENV=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}" "TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}")
     run "train under mpirun -np 2" 0 "${MPI_ENV[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
         "$FS" train "${common[@]}" --batch 2 --strategy zero3-param
     grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//' >"$WORK/mpi.txt"
