@@ -76,7 +76,7 @@ mpi_case() { # NAME BINARY LAUNCHER...
     expect "$name: the last row is step 3" [ "$(last_row "$WORK/mpi-$name.jsonl")" -eq 3 ]
 }
 if command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -q "Open MPI"; then
-    mpi_case openmpi "$FS" timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2
+    mpi_case openmpi "$FS" "${MPI_ENV[@]}" timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2
 else
     skip "openmpi signal" "mpirun (OpenMPI) is not installed"
 fi
