@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,13 +63,17 @@ static const char *const on_nan_choices[] = {"stop", "skip", NULL};
 /* The signal (SIGINT or SIGTERM) that asked the run to stop, or 0. Set by the handler, read
  * by every rank right before the end-of-step exchange of the step in progress (the trainer's
  * stop_flag), so every rank stops after that same step. */
-static volatile sig_atomic_t stop_signal;
+static atomic_int stop_signal;
 
-/* Set by rank 0 once the step in progress has ended and the stop is under way (the save
- * after it, if any), with the line the handler prints if a second signal comes then. */
-static volatile sig_atomic_t stop_acknowledged;
+/* Set once the step in progress has ended and the stop is under way (the save after it, if
+ * any), with the line the handler prints if a second signal comes then (rank 0 writes the
+ * line, then its length with release order; the handler loads the length, then reads). The
+ * handler runs on whichever thread the signal reaches and the ranks are other threads: C11
+ * atomics, lock-free and so async-signal-safe, not volatile sig_atomic_t, which orders
+ * nothing between threads. */
+static atomic_int stop_acknowledged;
 static char abandon_line[1024];
-static volatile sig_atomic_t abandon_len;
+static atomic_int abandon_len;
 
 /* The first signal asks for a stop after the step in progress. A repeat before that step has
  * ended is ignored: a launcher may deliver one signal twice (GNU timeout signals its child
@@ -76,18 +81,20 @@ static volatile sig_atomic_t abandon_len;
  * repeat after it (a second Ctrl-C during the final save) stops at once: the save being
  * written is abandoned in its temporary directory (fs_ckpt_save never touches a complete
  * checkpoint before its replacement is complete), and the program exits 128 + the signal's
- * number. Only async-signal-safe calls here: write and _exit. */
+ * number. Only async-signal-safe calls here: atomics, write and _exit. */
 static void on_stop_signal(int sig) {
-    if (!stop_signal) {
-        stop_signal = sig;
+    const int saved_errno = errno; /* the interrupted code may be about to read it */
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&stop_signal, &expected, sig) || !atomic_load(&stop_acknowledged)) {
+        errno = saved_errno;
         return;
     }
-    if (!stop_acknowledged) return;
     static const char intr[] = "flatshard train: second SIGINT", term[] = "flatshard train: second SIGTERM";
-    if (abandon_len > 0) { /* rank 0 */
+    const int len = atomic_load_explicit(&abandon_len, memory_order_acquire);
+    if (len > 0) { /* rank 0 */
         int ok = sig == SIGINT ? write(STDERR_FILENO, intr, sizeof intr - 1) >= 0
                                : write(STDERR_FILENO, term, sizeof term - 1) >= 0;
-        if (ok && write(STDERR_FILENO, abandon_line, (size_t)abandon_len) < 0) {
+        if (ok && write(STDERR_FILENO, abandon_line, (size_t)len) < 0) {
             /* nothing more can be done in a signal handler */
         }
     }
@@ -115,8 +122,11 @@ static void acknowledge_stop(const char *save_dir, const char *last_saved_name, 
                      ": stopped at once; the save of step %" PRId64
                      " was abandoned (its temporary directory is left for cleanup); this run saved no "
                      "complete checkpoint\n", step);
-    abandon_len = n < 0 ? 0 : n < (int)sizeof abandon_line ? n : (int)sizeof abandon_line - 1;
-    stop_acknowledged = 1;
+    /* in process the ranks share these: only rank 0's line may be published */
+    if (lead)
+        atomic_store_explicit(&abandon_len, n < 0 ? 0 : n < (int)sizeof abandon_line ? n : (int)sizeof abandon_line - 1,
+                              memory_order_release);
+    atomic_store(&stop_acknowledged, 1);
 }
 
 /* Rank 0's view of the run, for the progress line. */

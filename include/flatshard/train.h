@@ -16,7 +16,7 @@
 #ifndef FLATSHARD_TRAIN_H
 #define FLATSHARD_TRAIN_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "flatshard/ckpt.h"
@@ -84,8 +84,10 @@ typedef struct fs_trainer {
     fs_trace trace_compute, trace_comm; /* a timeline's two tracks (fs_trainer_trace) */
     int64_t trace_from, trace_to;       /* the steps recorded; 0, 0: none */
     /* not owned; NULL: none. A flag a signal handler sets (the CLI's): read right before the
-     * end-of-step exchange, so a signal during step k stops every rank after step k. */
-    const volatile sig_atomic_t *stop_flag;
+     * end-of-step exchange, so a signal during step k stops every rank after step k. Atomic,
+     * not volatile sig_atomic_t: the ranks that read it are other threads than the one the
+     * handler runs on (a lock-free atomic is async-signal-safe). */
+    const atomic_int *stop_flag;
 } fs_trainer;
 
 /* The shard plan a trainer with these settings would use on rank `rank` of `world`, for

@@ -270,8 +270,9 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     double lr = fs_lr_at(&sched, t->step);
     double t_opt = fs_now();
     fs_engine_step_stats es;
-    if (t->stop_flag && *t->stop_flag) /* this step's exchange carries it to every rank */
-        fs_engine_request_stop(t->engine, (int)*t->stop_flag);
+    const int stop_sig = t->stop_flag ? atomic_load(t->stop_flag) : 0;
+    if (stop_sig) /* this step's exchange carries it to every rank */
+        fs_engine_request_stop(t->engine, stop_sig);
     FS_TRY(fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es));
     t->step++;
     double t1 = fs_now();
