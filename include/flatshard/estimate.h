@@ -65,15 +65,16 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 0.05-0.3 s): flatshard's own fp32 GEMM (fs_matmul_forward, OpenBLAS
+ * calibration (calibrate.c, 0.1-0.7 s): flatshard's own fp32 GEMM (fs_matmul_forward, OpenBLAS
  * sgemm) and bf16 GEMM (fs_matmul_forward_bf16) on one thread at a block-sized shape, and a
- * one-thread memcpy (each the fastest of three runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * one-thread memcpy (each the fastest of seven runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes the core for up to ~0.3 s). */
+ * one thread, before training starts (never inside a step: it takes the core for up to ~0.7 s). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
-                                OpenBLAS's core, threads: the figures are valid while it holds */
+                                OpenBLAS's core, the build flavour, threads: the figures are
+                                valid while it holds */
     char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
     double gemm_fp32_flops;  /* fs_matmul_forward, one thread, (256, 768) @ (1024, 768)^T */
     double gemm_bf16_flops;  /* fs_matmul_forward_bf16, the same shape */
@@ -87,7 +88,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (0.05-0.3 s of one core); fills key and date too. */
+/* Measures the running machine (0.1-0.7 s of one core); fills key and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
