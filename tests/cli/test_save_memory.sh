@@ -28,6 +28,10 @@ if [ ! -x /usr/bin/time ]; then
     summary; exit
 fi
 run "tokenize" 0 "$FS" tokenize -o "$WORK/data.bin" "$CORPUS"
+# this-machine's figures (train's MFU) are measured by the first run without a cache, and
+# that run's peak RSS would hold the calibration's buffers (16 MiB) and the allocator state
+# they leave: measure them now, so that every run below reads the cache and peaks the same
+run "calibrate this-machine (cached for the runs below)" 0 "$FS" plan --model tiny --device this-machine
 
 # --memory's line LABEL (total or save) summed over the ranks' columns, in MiB: the plan
 # (WHICH 0) or the measured peak (WHICH 2). Cells are "plan / peak", so rank r's plan is
