@@ -81,7 +81,7 @@ static atomic_int abandon_len;
  * repeat after it (a second Ctrl-C during the final save) stops at once: the save being
  * written is abandoned in its temporary directory (fs_ckpt_save never touches a complete
  * checkpoint before its replacement is complete), and the program exits 128 + the signal's
- * number. Only async-signal-safe calls here: atomics, write and _exit. */
+ * number. Only async-signal-safe calls here: atomics, write, pause and _exit. */
 static void on_stop_signal(int sig) {
     const int saved_errno = errno; /* the interrupted code may be about to read it */
     int expected = 0;
@@ -89,6 +89,12 @@ static void on_stop_signal(int sig) {
         errno = saved_errno;
         return;
     }
+    /* Two threads can take a repeat at once (in process, each rank's save may be signalled):
+     * one prints and exits, the other waits for that exit rather than write into its line
+     * or end the process before the line is out. */
+    static atomic_flag exiting = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&exiting))
+        for (;;) pause();
     static const char intr[] = "flatshard train: second SIGINT", term[] = "flatshard train: second SIGTERM";
     const int len = atomic_load_explicit(&abandon_len, memory_order_acquire);
     if (len > 0) { /* rank 0 */
