@@ -20,11 +20,14 @@ trap 'rm -rf "$WORK"' EXIT
 # this-machine's calibration (src/shard/calibrate.c) is cached per script: never the user's
 # ~/.cache, whose figures may come from another build or a busy hour
 export XDG_CACHE_HOME="$WORK/cache"
-# Put before an mpirun command of a sanitized build: LeakSanitizer would fail every rank at
-# exit over OpenMPI's start-up memory, and TSan reports lock orders inside OpenMPI's
-# transports; neither is flatshard's (its leaks are caught by the runs without MPI). The
-# same settings as tests/cli/mpi_lib.sh exports for the scripts that only run MPI.
-MPI_ENV=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}" "TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}")
+# Sanitized builds under mpirun: LeakSanitizer would fail every rank at exit over OpenMPI's
+# start-up memory, and TSan reports lock orders inside OpenMPI's transports
+# (tests/mpi/tsan.supp says which); neither is flatshard's (its leaks are caught by the runs
+# without MPI). MPI_SAN_VARS are those settings (a script that only runs MPI exports them);
+# MPI_ENV puts them before one mpirun command.
+MPI_SAN_VARS=("ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}"
+    "TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$(cd "$(dirname "${BASH_SOURCE[0]}")/../mpi" && pwd)/tsan.supp}")
+MPI_ENV=(env "${MPI_SAN_VARS[@]}")
 
 pass() { PASSED=$((PASSED + 1)); echo "ok   $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL $1"; shift; for line in "$@"; do echo "    $line"; done; }

@@ -17,10 +17,8 @@ TIMEOUT=${FLATSHARD_MPI_TIMEOUT:-180}
 LOG="$WORK/mpi.log"
 OPENMPI_RUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
-# Sanitized MPI programs: leak reports about MPI's own start-up memory are not ours, nor are
-# the lock-order reports inside OpenMPI's transports (tests/mpi/tsan.supp says which).
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}
+# sanitized MPI programs: lib.sh's MPI_SAN_VARS for every launch
+export "${MPI_SAN_VARS[@]}"
 
 # run_mpi LABEL "BINARY [ARGS]" MPIRUN-COMMAND... — one launch; its checks join the totals.
 run_mpi() {

@@ -173,8 +173,7 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
 # killed process; MPICH's hydra passes on other codes): what matters is failed or not, and
 # timeout's 124 (a hang) stays a failure of the check
 nonzero_is_1() { "$@"; local rc=$?; [ "$rc" -eq 124 ] && return 124; [ "$rc" -ne 0 ] && return 1; return 0; }
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$PWD/tests/mpi/tsan.supp}
+export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
     mpi_fault_runs openmpi "$FS" mpirun --allow-run-as-root --oversubscribe --bind-to none
 else
