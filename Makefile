@@ -9,6 +9,7 @@
 #   make SANITIZER=fuzz   clang libFuzzer targets of the file parsers, in build-fuzz/fuzz/
 #   make DEBUG=1          -O0 -g3 with FS_DEBUG: the debug-only FS_DEBUG_ASSERT checks (core.h) on
 #   make WERROR=1         warnings are errors (CI sets this)
+#   make CUDA=0           without the CUDA device (default: built when nvcc is on PATH, see below)
 #   make clean
 #
 # Sources are found by wildcard: a new file under src/<module>/ joins the library, a new
@@ -78,7 +79,7 @@ CPPFLAGS += -DFS_BUILD_FLAVOR='"$(BUILD_FLAVOR)"'
 # call it explicitly.
 CFLAGS   := -std=c11 -ffp-contract=off $(OPT) $(WARN) $(SANFLAGS) -pthread -MMD -MP
 LDFLAGS  := $(SANFLAGS) -pthread
-LDLIBS   := -lopenblas -lcjson -lz -lm
+LDLIBS   := -lopenblas -lcjson -lz -lm -ldl
 
 # ---- MPI, part 2: compile and link flags --------------------------------------------------
 # FS_HAVE_MPI tells src/comm/mpi.c whether to build the backend. The MPI test programs
@@ -105,11 +106,57 @@ endif
 CPPFLAGS += $(MPI_CPPFLAGS)
 LDLIBS   += $(MPI_LDLIBS)
 
-LIB_SRC  := $(sort $(wildcard src/*/*.c src/*/*/*.c))
+# ---- CUDA: the GPU device (src/device/cuda.c, src/kernels/cuda/*.cu) ----------------------
+# CUDA=1 builds the CUDA device with nvcc (sm_90: H100/H200) into its own shared library,
+# $(BUILD)/libflatshard-cuda.so, which links cudart and cuBLASLt and which the program loads
+# (dlopen) only when a GPU is asked for: the program itself never maps the CUDA libraries
+# (src/device/device_internal.h says why), and exports its functions to the library
+# (-rdynamic). CUDA=0 leaves it out, and --device cuda then says that this build has no
+# CUDA. The default is 1 when nvcc is found, except under a sanitizer: the CUDA runtime is
+# not instrumented (compute-sanitizer is the GPU's checker), so sanitized builds are
+# CPU-only. FS_HAVE_CUDA tells the C code which it is.
+# nvcc: on PATH, else where NVIDIA's installer puts it
+NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(SANITIZER),)
+CUDA      ?= $(if $(NVCC),1,0)
+else
+CUDA      ?= 0
+endif
+CUDA_ARCH ?= 90
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc is not on PATH: install the CUDA toolkit or build with CUDA=0)
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CU_SRC    := $(sort $(wildcard src/*/*/*.cu))
+CUDA_C_SRC := src/device/cuda.c
+CPPFLAGS  += -DFS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+# -fmad=false: like -ffp-contract=off for the C code, no silent a*b+c -> fma
+NVCCFLAGS := -std=c++17 -O3 -g -arch=sm_$(CUDA_ARCH) -fmad=false -Iinclude -Xcompiler -fPIC \
+             -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -MMD -MP
+ifeq ($(WERROR),1)
+NVCCFLAGS += -Werror all-warnings -Xcompiler -Werror
+endif
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
+CUDA_SO   := $(BUILD)/libflatshard-cuda.so
+LDFLAGS_EXE := -rdynamic
+else ifeq ($(CUDA),0)
+CU_SRC    :=
+CUDA_C_SRC :=
+CUDA_SO   :=
+LDFLAGS_EXE :=
+CPPFLAGS  += -DFS_HAVE_CUDA=0
+else
+$(error CUDA must be 0 or 1, not '$(CUDA)')
+endif
+
+# the CUDA device's C file goes into its library, not libflatshard.a
+LIB_SRC  := $(filter-out src/device/cuda.c,$(sort $(wildcard src/*/*.c src/*/*/*.c)))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CUDA_OBJ := $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 FUZZ_BIN :=
@@ -123,12 +170,24 @@ BIN      := $(BUILD)/flatshard
 .PHONY: all test check bench clean
 # test objects are intermediate files of the pattern rules; keep them between builds
 .SECONDARY:
-all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN)
+all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN) $(CUDA_SO)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	@$(NVCC) $(NVCCFLAGS) -DFS_HAVE_CUDA=1 -c $< -o $@
+
+# the CUDA device's C file is position-independent: it goes into a shared library
+$(BUILD)/obj/src/device/cuda.o: CFLAGS += -fPIC
+
+$(CUDA_SO): $(CUDA_OBJ)
+	@echo "  LD    $@"
+	@$(CC) -shared $(LDFLAGS) $^ $(CUDA_LIBS) -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -137,12 +196,22 @@ $(LIB): $(LIB_OBJ)
 
 $(BIN): $(CLI_OBJ) $(LIB)
 	@echo "  LD    $@"
-	@$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< $(LIB) $(LDLIBS) -o $@
+
+# the GPU test program calls the CUDA kernels and cudart itself: it links their library, and
+# all of libflatshard.a, whose functions the library resolves against the program
+ifeq ($(CUDA),1)
+$(BUILD)/tests/test_cuda: $(BUILD)/obj/tests/test_cuda.o $(LIB) $(CUDA_SO)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(CUDA_SO) \
+	    -Wl,-rpath,'$$ORIGIN/..' $(LDLIBS) $(CUDA_LIBS) -o $@
+endif
 
 # MPI, part 3: the test program that tests/cli/test_comm_mpi.sh runs under mpirun.
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB)
@@ -153,7 +222,7 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB)
 $(BUILD)/mpi_tests/%: $(BUILD)/obj/tests/mpi/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< $(LIB) $(LDLIBS) -o $@
 
 # The whole suite: every test program, then the end-to-end CLI tests, the long tier
 # (tests/cli/test_soak.sh) too unless FLATSHARD_LONG=0 is set; tests/run.sh prints the totals
@@ -184,5 +253,5 @@ bench: all
 clean:
 	rm -rf build build-* 
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(MPI_TEST_BIN:$(BUILD)/mpi_tests/%=$(BUILD)/obj/tests/mpi/%.d)

@@ -30,11 +30,16 @@ static const fs_command_help step_help = {
         "that drift in the machine's speed hits both alike. Prints per precision the median\n"
         "step time and tokens/s with min/max, the achieved FLOP rate (model FLOPs per token x\n"
         "tokens/s; formula in include/flatshard/model.h), the share of the measured steps\n"
-        "spent in each kernel kind, and the bf16/fp32 speed ratio.",
-    .epilog = "example:\n  flatshard bench step --model small --seq 256 --batch 4 --threads 1 --data corpus.txt",
+        "spent in each kernel kind (CPU only), and the bf16/fp32 speed ratio. With --device\n"
+        "cuda the steps run on the GPU (one rank, the ring and its streams as in train), and\n"
+        "each precision also prints its MFU against the GPU's data-sheet peak and its peak\n"
+        "GPU memory (every byte the run allocated on the GPU, by the accounting allocator).",
+    .epilog = "examples:\n  flatshard bench step --model small --seq 256 --batch 4 --threads 1 --data corpus.txt\n"
+              "  flatshard bench step --device cuda --model small --seq 1024 --batch 16 --precision bf16 --data corpus.bin",
 };
 
 static const char *const bench_precisions[] = {"fp32", "bf16", "both", NULL};
+static const char *const bench_devices[] = {"cpu", "cuda", NULL};
 
 /* One precision's trainer and its measured steps. */
 typedef struct step_run {
@@ -69,7 +74,7 @@ static void step_run_free(step_run *r) {
 }
 
 static int bench_step(int argc, char **argv) {
-    const char *model = "small", *data_path = NULL, *precision = "both";
+    const char *model = "small", *data_path = NULL, *precision = "both", *device = "cpu";
     int64_t batch = 4, seq = 256, steps = 5, warmup = 2, threads = 1, vocab_chunk = 0;
     int json = 0;
     const fs_opt opts[] = {
@@ -81,6 +86,7 @@ static int bench_step(int argc, char **argv) {
         {"warmup", 0, FS_OPT_INT, &warmup, "N", "unmeasured steps first", NULL, 0, 1 << 20},
         {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads", NULL, 1, 1024},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "the precision policy to time", bench_precisions, 0, 0},
+        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the steps run (cuda: one NVIDIA GPU)", bench_devices, 0, 0},
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "vocabulary chunk rows (0: whole)", NULL, 0, INT64_MAX},
         {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line per precision", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
@@ -98,6 +104,19 @@ static int bench_step(int argc, char **argv) {
     st = fs_token_data_open(&data, data_path);
     if (st != FS_OK) return fs_cli_report("bench step", st);
     fs_train_config cfg = fs_train_config_default();
+    st = fs_device_parse(device, &cfg.device);
+    if (st != FS_OK) {
+        fs_token_data_close(&data);
+        return fs_cli_report("bench step", st);
+    }
+    if (cfg.device == FS_DEVICE_CUDA) {
+        const char *why = NULL;
+        if (fs_device_cuda_count(&why) == 0) {
+            fs_token_data_close(&data);
+            fprintf(stderr, "flatshard bench step: --device cuda: no usable GPU: %s\n", why);
+            return FS_EXIT_RUNTIME;
+        }
+    }
     cfg.batch = batch;
     cfg.seq = seq;
     cfg.steps = warmup + steps;
@@ -140,6 +159,7 @@ static int bench_step(int argc, char **argv) {
             char desc[256];
             fs_cli_describe_model(&tr->layout, desc, sizeof desc);
             printf("bench step: %s %s\n", model, desc);
+            if (cfg.device != FS_DEVICE_CPU) printf("  device %s\n", fs_device_name(tr->dev));
             printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " thread%s, %" PRId64
                    " measured step%s after %" PRId64 " warm-up; OpenBLAS core %s, bf16 kernel %s\n",
                    batch, seq, threads, threads == 1 ? "" : "s", steps, steps == 1 ? "" : "s", warmup,
@@ -150,17 +170,26 @@ static int bench_step(int argc, char **argv) {
         printf("  step time  median %.4f s  (min %.4f, max %.4f)\n", step_med, step_min, step_max);
         printf("  tokens/s   median %.1f  (min %.1f, max %.1f)\n", tps, tokens / step_max, tokens / step_min);
         printf("  model FLOPs per token %.4g -> achieved %.1f GFLOP/s\n", fpt, gflops);
-        printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
-        fs_cli_print_profile(stdout, &tr->profile);
+        const double peak = fs_device_peak_flops(tr->dev, r->precision == FS_PRECISION_BF16);
+        const double mfu = peak > 0 ? gflops * 1e9 / peak : 0;
+        const size_t peak_bytes = fs_mem_get_stats(tr->dev_mem).total_peak;
+        if (cfg.device != FS_DEVICE_CPU) {
+            if (peak > 0) printf("  MFU %.1f%% of %.1f TFLOP/s\n", 100.0 * mfu, peak / 1e12);
+            printf("  peak GPU memory %.1f MiB (accounted)\n", (double)peak_bytes / 1048576.0);
+        } else {
+            printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
+            fs_cli_print_profile(stdout, &tr->profile);
+        }
         if (json)
             printf("{\"bench\":\"step\",\"model\":\"%s\",\"precision\":\"%s\",\"params\":%" PRId64
                    ",\"batch\":%" PRId64 ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"steps\":%" PRId64
                    ",\"step_s_median\":%.6f,\"step_s_min\":%.6f,\"step_s_max\":%.6f,"
                    "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"gflops\":%.2f,\"gemm_share\":%.4f,"
-                   "\"blas_core\":\"%s\",\"bf16_kernel\":\"%s\"}\n",
+                   "\"blas_core\":\"%s\",\"bf16_kernel\":\"%s\",\"device\":\"%s\",\"mfu\":%.4f,"
+                   "\"peak_bytes\":%zu}\n",
                    model, fs_precision_name(r->precision), tr->layout.total_numel, batch, seq, threads, steps,
                    step_med, step_min, step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename(),
-                   fs_kernels_isa_name(fs_kernels_isa()));
+                   fs_kernels_isa_name(fs_kernels_isa()), fs_device_kind_name(cfg.device), mfu, peak_bytes);
     }
     if (n_runs == 2) /* a ratio below 1 is not "0.70x faster" */
         printf("bf16 step vs fp32 step: %.2fx %s\n", med[0] >= med[1] ? med[0] / med[1] : med[1] / med[0],

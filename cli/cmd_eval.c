@@ -66,10 +66,12 @@ int fs_cmd_eval(int argc, char **argv) {
                        "of %" PRId64 "; use a smaller --batch or --seq",
                        data_path, windows, seq, batch);
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, cm.mem);
+    fs_device *dev = NULL; /* the CPU: eval reads the weights and logits on the host */
+    if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, NULL, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
-        fs_model m = {.layout = &cm.layout, .pool = pool, .profile = NULL};
+        fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};
         double sum = 0;
         for (int64_t i = 0; i < used && st == FS_OK; i++) {
             st = fs_token_data_check_unchanged(&data); /* never a SIGBUS (data.h) */
@@ -90,6 +92,7 @@ int fs_cmd_eval(int argc, char **argv) {
                    loss, loss / 0.6931471805599453, used, batch, seq);
     }
     fs_acts_free(&acts, cm.mem);
+    fs_device_close(dev);
     fs_pool_free(pool);
     fs_token_data_close(&data);
     fs_cli_model_free(&cm);

@@ -107,7 +107,9 @@ int fs_cmd_generate(int argc, char **argv) {
     fs_acts acts = {0};
     if (!tokens || !scratch) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the generation buffers");
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, cm.mem);
+    fs_device *dev = NULL; /* the CPU: generate reads the weights and logits on the host */
+    if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, NULL, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
         int64_t len = 0;
@@ -116,7 +118,7 @@ int fs_cmd_generate(int argc, char **argv) {
         len += prompt_len;
         fputs(prompt, stdout);
         fflush(stdout);
-        fs_model m = {.layout = &cm.layout, .pool = pool, .profile = NULL};
+        fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};
         for (int64_t i = 0; i < n_tokens; i++) {
             int64_t T = len < context ? len : context;
             /* run the model on the last T tokens: the activations were sized for `context`
@@ -138,6 +140,7 @@ int fs_cmd_generate(int argc, char **argv) {
         fputc('\n', stdout);
     }
     fs_acts_free(&acts, cm.mem);
+    fs_device_close(dev);
     fs_pool_free(pool);
     free(scratch);
     free(tokens);

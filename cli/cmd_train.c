@@ -59,6 +59,7 @@ static const char *const precision_choices[] = {"fp32", "bf16", NULL};
 static const char *const on_off[] = {"on", "off", NULL};
 static const char *const progress_choices[] = {"auto", "live", "lines", NULL};
 static const char *const on_nan_choices[] = {"stop", "skip", NULL};
+static const char *const device_choices[] = {"cpu", "cuda", NULL};
 
 /* The signal (SIGINT or SIGTERM) that asked the run to stop, or 0. Set by the handler, read
  * by every rank right before the end-of-step exchange of the step in progress (the trainer's
@@ -323,6 +324,8 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (run->resume) cfg.seed = run->resume->seed; /* the sampler must continue the same way */
     fs_trainer tr;
     FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
+    /* what the plan predicts and --memory measures: the GPU's allocator on a GPU */
+    fs_mem *const state_mem = tr.dev_mem;
     tr.stop_flag = &stop_signal;
     if (lead && run->save_dir) tr.lineage = run->lineage; /* claimed at start-up: rank 0 writes */
     fs_status st = FS_OK;
@@ -383,7 +386,10 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         else
             run->progress.tty = strcmp(run->progress_mode, "live") == 0;
         run->progress.flops_per_token = fs_layout_train_flops_per_token(&tr.layout, cfg.seq);
-        if (fs_hardware_find("this-machine", &hw) == FS_OK)
+        if (cfg.device != FS_DEVICE_CPU) /* the GPU's data-sheet peak (device.h) */
+            run->progress.peak_flops =
+                fs_device_peak_flops(tr.dev, cfg.precision == FS_PRECISION_BF16) * (double)world;
+        else if (fs_hardware_find("this-machine", &hw) == FS_OK)
             run->progress.peak_flops = fs_hardware_peak(hw, cfg.precision) * (double)world * (double)cfg.threads;
     }
     double train_seconds = 0, wait_seconds = 0;
@@ -397,13 +403,13 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         if (st == FS_ERR_USAGE) st = FS_ERR_INTERNAL;
         if (st != FS_OK) break;
         if (lead && s.skipped) run->skipped_steps++;
-        if (s.step == first_step) allocs_after_step1 = fs_mem_get_stats(mem).n_allocs;
+        if (s.step == first_step) allocs_after_step1 = fs_mem_get_stats(state_mem).n_allocs;
         if (s.step > first_step) { /* the first step pays one-off costs (page faults, BLAS set-up) */
             train_seconds += s.seconds;
             wait_seconds += s.comm_wait_s;
             train_tokens += s.tokens;
         }
-        if (lead) report_step(run, &s, mem, cfg.steps, first_step, &run->progress);
+        if (lead) report_step(run, &s, state_mem, cfg.steps, first_step, &run->progress);
         /* every process arms its own handler; in process the ranks share rank 0's */
         if (s.stop && (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
             acknowledge_stop(run->save_dir, run->last_saved_name, s.step, lead);
@@ -446,7 +452,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     /* An MFU is only as good as the peak under it: this machine's peak is measured once and
      * cached, and a calibration taken while the machine was busy is below what a quiet
      * step then reaches. Say so instead of leaving a figure above 100% unexplained. */
-    if (st == FS_OK && lead && run->progress.max_mfu > 1.0)
+    if (st == FS_OK && lead && run->progress.max_mfu > 1.0 && cfg.device == FS_DEVICE_CPU)
         fprintf(stderr,
                 "flatshard train: note: steps ran at up to %.0f%% of this machine's calibrated peak, "
                 "so the calibration is low (taken on a busy machine?) and the MFU figures with it; "
@@ -469,7 +475,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     }
     if (st == FS_OK && run->memory) {
         rank_memory mine = {0}, *all = calloc((size_t)world, sizeof *all);
-        fs_mem_stats ms = fs_mem_get_stats(mem);
+        fs_mem_stats ms = fs_mem_get_stats(state_mem);
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
             mine.plan[k] = tr.plan.bytes[k];
             mine.bytes[k] = ms.bytes[k];
@@ -488,7 +494,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     }
 #ifdef FS_DEBUG
     if (st == FS_OK && cfg.steps > 1 && tr.plan.allocs_per_step == 0)
-        FS_ASSERT(fs_mem_get_stats(mem).n_allocs == allocs_after_step1);
+        FS_ASSERT(fs_mem_get_stats(state_mem).n_allocs == allocs_after_step1);
 #endif
 
     fs_trainer_free(&tr);
@@ -635,6 +641,7 @@ int fs_cmd_train(int argc, char **argv) {
                      .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto"};
     fs_train_config *c = &run.cfg;
     const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on", *on_nan = "stop";
+    const char *device = "cpu";
     double comm_timeout = FS_COMM_DEFAULT_TIMEOUT_S;
     int debug_collectives = 0;
     int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
@@ -654,6 +661,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
+        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (one NVIDIA GPU, one rank; docs/gpu.md)", device_choices, 0, 0},
         {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
         {"steps", 0, FS_OPT_INT, &steps, "N", "optimizer steps", NULL, 0, INT64_MAX},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per rank", NULL, 1, 1 << 20},
@@ -724,7 +732,19 @@ int fs_cmd_train(int argc, char **argv) {
         return fs_usage_error("train", "--resume and --init-from exclude each other (a checkpoint holds its weights)");
     fs_status st = fs_strategy_parse(strategy, &c->strategy);
     if (st == FS_OK) st = fs_precision_parse(precision, &c->precision);
+    if (st == FS_OK) st = fs_device_parse(device, &c->device);
     if (st != FS_OK) return fs_cli_report("train", st);
+    if (c->device == FS_DEVICE_CUDA) {
+        if (ranks > 1)
+            return fs_usage_error("train", "--device cuda trains on one GPU with one rank, not --ranks %" PRId64
+                                  " (several GPUs need NCCL under the engine)", ranks);
+        /* before anything is locked or read: no GPU is a fact of the machine, exit 1 */
+        const char *why = NULL;
+        if (fs_device_cuda_count(&why) == 0) {
+            fprintf(stderr, "flatshard train: --device cuda: no usable GPU: %s\n", why);
+            return FS_EXIT_RUNTIME;
+        }
+    }
     if (run.new_lineage && !run.save_dir)
         return fs_usage_error("train", "--new-lineage needs --save DIR (it starts a new lineage of checkpoints there)");
     /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed

@@ -248,7 +248,8 @@ static void test_largest_plan_has_no_wrap(void) {
     fs_status st = fs_plan_init(&plan, &l, pc);
     CHECK(st == FS_OK, "the largest config at T = 2^23 plans: %s", fs_error_message());
     if (st == FS_OK) {
-        /* llama.c's activation arrays (every count a multiple of 16: no rounding), fp32 */
+        /* llama.c's activation arrays (every count a multiple of 16 but loss_sum's: no
+         * rounding), fp32 */
         const int64_t act_numel = 2 * T * (HS / 2)         /* rope cos, sin */
                                   + (L + 1) * N * C         /* x */
                                   + 4 * S * N * C           /* ln1, att, xmid, ln2 */
@@ -257,7 +258,8 @@ static void test_largest_plan_has_no_wrap(void) {
                                   + S * 1 * NH * T          /* lse */
                                   + S * N * 3 * FF          /* gu, h */
                                   + N * C + N + N * V + 3 * N /* lnf, rstdf, logits, row stats */
-                                  + 4 * N * C + N * QKV + 3 * N * FF; /* backward scratch */
+                                  + 4 * N * C + N * QKV + 3 * N * FF /* backward scratch */
+                                  + 16;                     /* loss_sum, one double in 16 floats */
         CHECK(plan.bytes[FS_MEM_ACTIVATIONS] == (size_t)act_numel * 4, "activations %zu, expected %lld",
               plan.bytes[FS_MEM_ACTIVATIONS], (long long)act_numel * 4);
         /* one rank, every unit a multiple of 32: the shard is the model */
@@ -279,7 +281,7 @@ static void test_largest_plan_has_no_wrap(void) {
     pc.seq = (int64_t)1 << 24;
     CHECK(fs_plan_init(&plan, &l, pc) == FS_ERR_USAGE, "a micro-batch of 2^64 tokens is refused");
     fs_acts acts;
-    CHECK(fs_acts_init(&acts, &l, 2, T, 0, NULL) == FS_ERR_USAGE &&
+    CHECK(fs_acts_init(&acts, &l, 2, T, 0, NULL, NULL) == FS_ERR_USAGE &&
               strstr(fs_error_message(), "--batch 2"),
           "fs_acts_init refuses it too, before allocating: %s", fs_error_message());
     fs_layout_free(&l);

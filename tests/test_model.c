@@ -317,13 +317,16 @@ static void flatshard_logits(const char *source, const model_case *mc, const int
     CHECK_OK(fs_mem_init(&mem, 0));
     CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "weights"));
     CHECK_OK(fs_weights_load(&w, src));
-    CHECK_OK(fs_acts_init(&a, &l, mc->B, mc->T, 0, mem));
+    CHECK_OK(fs_acts_init(&a, &l, mc->B, mc->T, 0, NULL, mem));
+    fs_device *dev = NULL;
+    CHECK_OK(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
     const int64_t N = mc->B * mc->T;
     memcpy(a.inputs, in, (size_t)N * sizeof *in);
     memcpy(a.targets, tg, (size_t)N * sizeof *tg);
-    fs_model m = {.layout = &l, .pool = NULL, .profile = NULL};
+    fs_model m = {.layout = &l, .dev = dev, .profile = NULL};
     *loss = fs_forward_loss(&m, &a, &w);
     memcpy(logits, a.logits, (size_t)(N * mc->cfg.vocab_size) * sizeof *logits);
+    fs_device_close(dev);
     fs_source_close(src);
     fs_mem_free(mem);
     fs_layout_free(&l);

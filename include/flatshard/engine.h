@@ -46,6 +46,14 @@
  *     - stop requests: a rank that wants to stop (a signal, fs_engine_request_stop) tells
  *       every rank, so all of them stop after the same step.
  *
+ * On a GPU (cfg.device), the same protocol with streams and events in place of the worker:
+ * a gather or reduce-scatter is enqueued on the gather or reduce stream after an event that
+ * marks the compute stream's work so far (so its source is written and its destination's
+ * last reader is done), and records an event the compute stream waits on before it uses the
+ * result. The host never waits inside a step; it waits once in end_step, for the gradient
+ * norm and the loss. A rank alone gathers through the ring all the same (fs_plan_config's
+ * always_ring), so the buffers, events and overlap are those of the multi-GPU engine.
+ *
  * With overlap off every collective is waited for right after it is enqueued: the same
  * collectives in the same order on the same data, so the results are bitwise identical;
  * only the timing changes.
@@ -61,6 +69,7 @@
 
 #include "flatshard/comm.h"
 #include "flatshard/core.h"
+#include "flatshard/device.h"
 #include "flatshard/model.h"
 #include "flatshard/optim.h"
 #include "flatshard/shard.h"
@@ -79,6 +88,13 @@ typedef struct fs_engine_config {
     int worker_capacity;    /* queue slots of the communication worker */
     uint64_t seed;          /* weight initialisation */
     fs_on_nan on_nan;
+    /* Where the training state lives and the optimizer runs. NULL: the CPU, on the pool
+     * given to fs_engine_init. A GPU (one rank alone for now; several need NCCL): mem is
+     * the GPU's allocator (fs_mem_init_device), host_mem the rank's host allocator for the
+     * engine's bookkeeping, and the collectives are device copies on the gather and reduce
+     * streams, ordered by events (the GPU protocol in the DESIGN comment). */
+    fs_device *device;
+    fs_mem *host_mem;       /* NULL: mem (the CPU) */
 } fs_engine_config;
 
 /* The queue capacity fs_engine_init uses when worker_capacity is 0, and the bytes the
@@ -143,8 +159,10 @@ fs_status fs_engine_inject_desync(fs_engine *e);
 fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w);
 
 /* The rank's master shard, for tests: element i of the shard arrays (fs_plan). Full
- * strategies return their full copy. */
+ * strategies return their full copy. Device memory on a GPU. */
 const float *fs_engine_master(const fs_engine *e);
+/* The device the engine computes on (the CPU's, when cfg.device was NULL). */
+fs_device *fs_engine_device(const fs_engine *e);
 
 /* ------------------------------------------------------------------ state, for checkpoints */
 
@@ -154,6 +172,12 @@ typedef struct fs_state_slice {
     int64_t begin, end;        /* elements of the tensor piece */
     float *master, *m, *v;     /* (end - begin) each */
 } fs_state_slice;
+
+/* Before fs_engine_state_slices on a GPU: copies the master weights and moments into a host
+ * mirror (allocated from host_mem at the first call and kept), which the slices then point
+ * into; fs_engine_state_loaded copies the mirror back. A no-op on the CPU, whose slices
+ * point at the state itself. */
+fs_status fs_engine_state_to_host(fs_engine *e);
 
 /* This rank's state slices, in shard order. owned = 1: the slices the rank answers for in a
  * checkpoint (its shard; for ddp, rank 0 everything and the others nothing); owned = 0: all
@@ -175,8 +199,9 @@ fs_status fs_engine_trace(fs_engine *e, struct fs_trace *comm_track);
 /* The plan the engine runs (layout, world, rank, strategy, precision). */
 const fs_plan *fs_engine_plan(const fs_engine *e);
 
-/* After the master weights (and moments) were filled from outside: refresh the bf16 copy and
- * the replicated weights (collective for zero1/zero2). */
+/* After the master weights (and moments) were filled from outside (through the slices; on a
+ * GPU the mirror is uploaded first): refresh the bf16 copy and the replicated weights
+ * (collective for zero1/zero2). */
 fs_status fs_engine_state_loaded(fs_engine *e);
 
 /* Collective, between steps: all[r * bytes .. (r+1) * bytes) = rank r's `mine`, on every

@@ -191,7 +191,8 @@ const char *fs_prof_kind_name(fs_prof_kind kind);
 /* ------------------------------------------------------------------ activations */
 
 /* Everything one micro-batch of (B, T) needs, allocated once (FS_MEM_ACTIVATIONS, inputs and
- * targets FS_MEM_OTHER) and reused every step. */
+ * targets FS_MEM_OTHER) and reused every step, in the device's memory (mem is the device's
+ * allocator, fs_mem_init_device). */
 typedef struct fs_acts {
     int64_t B, T, N;
     int64_t ckpt_layers;  /* blocks 0..ckpt_layers-1 share one activation slot and recompute
@@ -221,7 +222,8 @@ typedef struct fs_acts {
     float *row_max;      /* (N) online log-sum-exp state; row_max becomes the final lse */
     float *row_sum;      /* (N) */
     float *target_logit; /* (N) */
-    double loss;         /* mean cross-entropy of the micro-batch, after the last head op */
+    double *loss_sum;    /* one double: the last head op adds its micro-batch's mean
+                            cross-entropy; read (and zeroed) by fs_acts_take_loss */
     /* backward scratch, shared by all blocks */
     float *dres;         /* (N, C) gradient of the residual stream */
     float *dln;          /* (N, C) */
@@ -235,17 +237,30 @@ typedef struct fs_acts {
 /* Bytes fs_acts_init allocates for (B, T, ckpt_layers), by category (activations, other). */
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
                    size_t *activation_bytes, size_t *other_bytes);
+/* dev NULL: the CPU. On a GPU this also reserves the device's GEMM scratch
+ * (fs_acts_scratch_bytes, from mem) and uploads the rope tables. */
+struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, fs_mem *mem);
+                       int64_t ckpt_layers, struct fs_device *dev, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
+/* The bf16 GEMM operand scratch a GPU needs for this micro-batch (fs_device_reserve_scratch). */
+size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T);
+/* The micro-batch's token ids and targets, from the host, into acts (N each). */
+fs_status fs_acts_upload_batch(struct fs_device *dev, fs_acts *acts, const int32_t *inputs,
+                               const int32_t *targets);
+/* *out = the sum of the mean losses the head ops added since the last call; zeroes it. On a
+ * GPU this waits for the compute stream (once per step). */
+fs_status fs_acts_take_loss(struct fs_device *dev, fs_acts *acts, double *out);
 
 /* ------------------------------------------------------------------ execution */
 
-/* What a forward or backward op needs besides weights: the layout, the pool its kernels split
- * over, and an optional kernel-time profile (NULL: not timed). */
+/* What a forward or backward op needs besides weights: the layout, the device its kernels run
+ * on (device.h: the CPU's pool or a GPU), and an optional kernel-time profile (NULL: not
+ * timed; host clocks around each kernel, so for the CPU only: a GPU's kernels are
+ * asynchronous). */
 typedef struct fs_model {
     const fs_layout *layout;
-    fs_pool *pool;
+    struct fs_device *dev;
     fs_profile *profile;
     /* 0: unit weights are fp32 and the linear layers run fp32 sgemm; 1 (the bf16 policy):
      * unit weights are bf16 (uint16_t) and the linear layers run the bf16 GEMM, rounding
@@ -257,7 +272,7 @@ typedef struct fs_model {
  *   w       the flat weights of the op's unit (layout->units[unit].numel elements: float,
  *           or uint16_t bf16 when m->bf16_weights)
  *   norm_w  the flat weights of the norm group
- * After the last head op, acts->loss holds the mean cross-entropy. */
+ * The last head op adds the mean cross-entropy to acts->loss_sum (fs_acts_take_loss). */
 void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const void *w,
                       const float *norm_w);
 
@@ -265,7 +280,7 @@ void fs_model_forward(const fs_model *m, fs_acts *acts, int op, const void *w,
  *   dw          the unit's flat gradient slots: written when accumulate = 0, added to when 1
  *               (a tied unit is used twice: the second use must accumulate)
  *   norm_dw     the norm group's gradient: always accumulated (zero it before a step)
- * The gradient of the loss is that of acts->loss (the mean over the micro-batch's tokens). */
+ * The gradient of the loss is that of the micro-batch's mean loss over its tokens. */
 void fs_model_backward(const fs_model *m, fs_acts *acts, int op, const void *w, float *dw,
                        int accumulate, const float *norm_w, float *norm_dw);
 

@@ -95,6 +95,9 @@ typedef struct fs_plan_config {
     int64_t ckpt_layers;      /* the first ckpt_layers blocks recompute their activations */
     size_t comm_bytes;        /* what the rank's communicator and worker take from its
                                  allocator (fs_comm_rank_bytes + fs_comm_worker_bytes) */
+    int always_ring;          /* 1: a rank alone still gathers through the ring (a GPU: the
+                                 streams-and-events protocol of the multi-GPU engine) */
+    size_t device_bytes;      /* a GPU's scratch (fs_device_scratch_bytes), in other */
 } fs_plan_config;
 
 typedef struct fs_plan {
@@ -137,7 +140,8 @@ int fs_plan_max_world(const fs_layout *layout, fs_strategy strategy);
 
 /* 1 when the rank is alone and the strategy gathers and reduces per unit (yafsdp, zero2):
  * there is nothing to communicate, so units are read and their gradients written in place,
- * in the shard arrays, without ring buffers or copies. (zero3-param keeps its per-use
+ * in the shard arrays, without ring buffers or copies, unless cfg.always_ring asks for the ring
+ * (the GPU does). (zero3-param keeps its per-use
  * buffers: it is the baseline, measured as it is.) */
 int fs_plan_in_place(const fs_plan *plan);
 

@@ -23,6 +23,7 @@
 #include "flatshard/comm.h"
 #include "flatshard/core.h"
 #include "flatshard/data.h"
+#include "flatshard/device.h"
 #include "flatshard/engine.h"
 #include "flatshard/model.h"
 #include "flatshard/optim.h"
@@ -49,6 +50,7 @@ typedef struct fs_train_config {
     int overlap;              /* 0: wait for every collective at once (same results) */
     int64_t ckpt_layers;      /* activation checkpointing of the first N blocks */
     fs_on_nan on_nan;         /* a step whose loss or gradient norm is not finite: stop or skip */
+    fs_device_kind device;    /* where the model computes (device.h); cuda: one rank per GPU */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */
@@ -73,6 +75,9 @@ typedef struct fs_trainer {
     fs_plan plan;
     fs_mem *mem;               /* not owned: the rank's allocator (its communicator's too) */
     fs_pool *pool;
+    fs_device *dev;            /* cfg.device, opened by fs_trainer_init */
+    fs_mem *dev_mem;           /* a GPU's allocator (the training state, activations); mem on the CPU */
+    int32_t *host_batch;       /* a GPU's host staging of one micro-batch's inputs and targets */
     fs_profile profile;
     fs_model model;
     fs_acts acts;

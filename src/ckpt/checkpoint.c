@@ -214,6 +214,7 @@ static void rank_file_name(char *buf, size_t n, int r, int world) {
 /* Writes this rank's file: the master section, then m, then v, each its slices in order. */
 static fs_status write_rank_file(fs_engine *e, const char *dir, int64_t step, file_record *rec) {
     const fs_plan *p = fs_engine_plan(e);
+    FS_TRY(fs_engine_state_to_host(e)); /* a GPU's state, into its host mirror */
     int n = fs_engine_state_slices(e, 1, NULL, 0);
     fs_state_slice *sl = calloc((size_t)n + 1, sizeof *sl);
     if (!sl) return fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory");
@@ -1139,6 +1140,7 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
     fs_status st = fs_ckpt_check_layout(ck, l);
+    if (st == FS_OK) st = fs_engine_state_to_host(e); /* a GPU loads through its host mirror */
     int n = st == FS_OK ? fs_engine_state_slices(e, 0, NULL, 0) : 0;
     fs_state_slice *sl = st == FS_OK ? calloc((size_t)n + 1, sizeof *sl) : NULL;
     unsigned char *touched = st == FS_OK ? calloc((size_t)ck->world, 1) : NULL;

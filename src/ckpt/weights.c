@@ -157,9 +157,10 @@ fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
     const int rank = p->cfg.rank, world = p->cfg.world, lead = rank == 0;
-    fs_status st = FS_OK;
+    /* a GPU's state, into its host mirror (a failure is agreed on below, like the others) */
+    fs_status st = fs_engine_state_to_host(e);
     char config[4096];
-    if (fs_llama_config_to_json(&l->cfg, "float32", config, sizeof config) < 0)
+    if (st == FS_OK && fs_llama_config_to_json(&l->cfg, "float32", config, sizeof config) < 0)
         st = fs_errorf(FS_ERR_INTERNAL, "%s: config text too long", path);
     const char *metadata[] = {"format", "pt", "flatshard_config", config, NULL};
     fs_st_entry *entries = NULL;

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "flatshard/core.h"
+#include "flatshard/device.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@ struct fs_mem {
     uint64_t fail_countdown; /* 0: off; 1: the next allocation fails */
     fs_mem_block *blocks;
     size_t n_blocks, cap_blocks;
+    fs_device *device; /* NULL: host memory; else the GPU's (fs_mem_init_device) */
 };
 
 static const char *const category_names[FS_MEM_N_CATEGORIES] = {
@@ -61,9 +63,20 @@ fs_status fs_mem_init(fs_mem **out, size_t limit_bytes) {
     return FS_OK;
 }
 
+fs_status fs_mem_init_device(fs_mem **out, size_t limit_bytes, fs_device *dev) {
+    FS_TRY(fs_mem_init(out, limit_bytes));
+    if (fs_device_kind_of(dev) != FS_DEVICE_CPU) (*out)->device = dev;
+    return FS_OK;
+}
+
+static void release_block(fs_mem *mem, void *p) {
+    if (mem->device) fs_device_free(mem->device, p);
+    else free(p);
+}
+
 void fs_mem_free(fs_mem *mem) {
     if (!mem) return;
-    for (size_t i = 0; i < mem->n_blocks; i++) free(mem->blocks[i].ptr);
+    for (size_t i = 0; i < mem->n_blocks; i++) release_block(mem, mem->blocks[i].ptr);
     free(mem->blocks);
     free(mem);
 }
@@ -103,12 +116,23 @@ fs_status fs_mem_alloc(fs_mem *mem, fs_mem_category cat, size_t bytes, const cha
         return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s: size overflows", bytes,
                          what);
     void *p = NULL;
-    int rc = posix_memalign(&p, align, rounded);
-    if (rc != 0)
-        return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s: %s", bytes,
-                         describe_alloc(desc, sizeof desc, what, cat), strerror(rc));
-    if (align == FS_MEM_HUGE_BYTES) madvise(p, rounded, MADV_HUGEPAGE); /* advice only */
-    memset(p, 0, rounded);
+    if (mem->device) { /* zero filled by the device, like the host blocks below */
+        fs_status st = fs_device_alloc(mem->device, rounded, &p);
+        if (st != FS_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", fs_error_message());
+            return fs_errorf(st, "cannot allocate %zu bytes of %s memory for %s: %s", bytes,
+                             fs_device_name(mem->device),
+                             describe_alloc(desc, sizeof desc, what, cat), why);
+        }
+    } else {
+        int rc = posix_memalign(&p, align, rounded);
+        if (rc != 0)
+            return fs_errorf(FS_ERR_NOMEM, "cannot allocate %zu bytes for %s: %s", bytes,
+                             describe_alloc(desc, sizeof desc, what, cat), strerror(rc));
+        if (align == FS_MEM_HUGE_BYTES) madvise(p, rounded, MADV_HUGEPAGE); /* advice only */
+        memset(p, 0, rounded);
+    }
 
     mem->blocks[mem->n_blocks++] = (fs_mem_block){.ptr = p, .bytes = bytes, .cat = cat};
     fs_mem_stats *s = &mem->stats;
@@ -131,7 +155,7 @@ void fs_mem_release(fs_mem *mem, void *p) {
         mem->stats.bytes[b.cat] -= b.bytes;
         mem->stats.total_bytes -= b.bytes;
         mem->stats.n_frees++;
-        free(p);
+        release_block(mem, p);
         return;
     }
     FS_ASSERT(!"fs_mem_release: pointer was not allocated by this allocator");

@@ -13,11 +13,15 @@
  * add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
  * every block in place, picking up the two RMSNorm input gradients on the way.
  *
+ * Every kernel is called through the device's kernel table (device.h), so the same code runs
+ * on the CPU and on a GPU; every pointer here is the device's memory.
+ *
  * Not here: where weights live, optimizer, data, ranks.
  */
+#include <stdlib.h>
 #include <string.h>
 
-#include "flatshard/kernels.h"
+#include "flatshard/device.h"
 #include "flatshard/model.h"
 
 #define PROF(m, kind, call)                                                                 \
@@ -59,7 +63,7 @@ static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
 
 /* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
  * that every array starts on a cache line. */
-#define N_ACT_ARRAYS 26
+#define N_ACT_ARRAYS 27
 /* Per-block activations are stored in slots: one per block that keeps its activations, and
  * one shared by all checkpointed blocks (whose activations are recomputed in backward). */
 static int64_t n_slots(int64_t L, int64_t ckpt_layers) {
@@ -95,6 +99,7 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     numel[i++] = d->N * 2 * d->FF;             /* dgu */
     numel[i++] = d->N * d->FF;                 /* dh */
     numel[i++] = d->N * d->C;                  /* dlnf */
+    numel[i++] = 2;                            /* loss_sum: one double */
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
 
@@ -111,7 +116,7 @@ void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_l
 }
 
 fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, fs_mem *mem) {
+                       int64_t ckpt_layers, fs_device *dev, fs_mem *mem) {
     memset(a, 0, sizeof *a);
     const fs_llama_config *c = &layout->cfg;
     if (ckpt_layers < 0 || ckpt_layers > c->num_hidden_layers)
@@ -143,7 +148,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         &a->att,      &a->lse,      &a->xmid, &a->ln2,    &a->rstd2,   &a->gu,
         &a->h,        &a->lnf,      &a->rstdf, &a->logits, &a->row_max, &a->row_sum,
         &a->target_logit, &a->dres, &a->dln,  &a->dqkv,   &a->datt,    &a->dgu,
-        &a->dh,       &a->dlnf,
+        &a->dh,       &a->dlnf,     (float **)&a->loss_sum,
     };
     float *p = base;
     for (int i = 0; i < N_ACT_ARRAYS; i++) {
@@ -157,8 +162,52 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     a->N = d.N;
     a->ckpt_layers = ckpt_layers;
     a->logits_op = -1;
-    fs_rope_table(a->rope_cos, a->rope_sin, T, d.HS, (float)c->rope_theta);
+    /* the rope tables are computed on the host; a GPU gets a copy */
+    const size_t table_bytes = (size_t)(T * (d.HS / 2)) * sizeof(float);
+    st = FS_OK;
+    if (fs_device_kind_of(dev) == FS_DEVICE_CPU) {
+        fs_rope_table(a->rope_cos, a->rope_sin, T, d.HS, (float)c->rope_theta);
+    } else {
+        float *host = malloc(2 * table_bytes + sizeof(float));
+        if (!host) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the rope tables");
+        if (st == FS_OK) {
+            fs_rope_table(host, host + T * (d.HS / 2), T, d.HS, (float)c->rope_theta);
+            st = fs_device_upload(dev, a->rope_cos, host, table_bytes);
+            if (st == FS_OK) st = fs_device_upload(dev, a->rope_sin, host + T * (d.HS / 2), table_bytes);
+        }
+        free(host);
+        /* the bf16 linear layers' operands, cast on the GPU (device.h) */
+        if (st == FS_OK) st = fs_device_reserve_scratch(dev, mem, fs_acts_scratch_bytes(layout, B, T));
+    }
+    if (st != FS_OK) {
+        fs_acts_free(a, mem);
+        return st;
+    }
     return FS_OK;
+}
+
+size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T) {
+    dims d = get_dims(layout, B, T);
+    /* (IC + OC) of the model's linear layers: qkv (C, QKV), o (C, C), gate/up (C, 2FF),
+     * down (FF, C), head chunks (C, Vc) */
+    int64_t widest = d.C + d.QKV;
+    if (d.C + 2 * d.FF > widest) widest = d.C + 2 * d.FF;
+    if (d.C + d.Vc > widest) widest = d.C + d.Vc;
+    /* + 128: the second operand starts at a 256-byte boundary (src/device/cuda.c) */
+    return (size_t)(d.N * widest + 128) * sizeof(uint16_t);
+}
+
+fs_status fs_acts_take_loss(fs_device *dev, fs_acts *a, double *out) {
+    FS_ASSERT(dev != NULL);
+    FS_TRY(fs_device_download(dev, out, a->loss_sum, sizeof *out));
+    dev->kernels->zero(dev, a->loss_sum, sizeof *a->loss_sum);
+    return fs_device_check(dev);
+}
+
+fs_status fs_acts_upload_batch(fs_device *dev, fs_acts *a, const int32_t *inputs,
+                               const int32_t *targets) {
+    FS_TRY(fs_device_upload(dev, a->inputs, inputs, (size_t)a->N * sizeof *inputs));
+    return fs_device_upload(dev, a->targets, targets, (size_t)a->N * sizeof *targets);
 }
 
 void fs_acts_free(fs_acts *a, fs_mem *mem) {
@@ -202,21 +251,18 @@ static block_grads split_block_grads(const dims *d, float *dw) {
     return g;
 }
 
-/* The linear layers, in the precision of the weights: fp32 sgemm, or the bf16 GEMM (bf16
- * operands, fp32 accumulation, gradients written straight into the fp32 buffers). */
+/* The linear layers, in the precision of the weights: fp32, or bf16 operands with fp32
+ * accumulation, gradients written straight into the fp32 buffers. */
 static void linear_forward(const fs_model *m, float *out, const float *inp, const void *w, int64_t N,
                            int64_t IC, int64_t OC, int accumulate) {
-    if (m->bf16_weights) fs_matmul_forward_bf16(m->pool, out, inp, w, N, IC, OC, accumulate);
-    else fs_matmul_forward(m->pool, out, inp, w, N, IC, OC, accumulate);
+    m->dev->kernels->linear_forward(m->dev, out, inp, w, m->bf16_weights, N, IC, OC, accumulate);
 }
 
 static void linear_backward(const fs_model *m, float *dinp, float *dw, const float *dout,
                             const float *inp, const void *w, int64_t N, int64_t IC, int64_t OC,
                             int accumulate_dinp, int accumulate_dw) {
-    if (m->bf16_weights)
-        fs_matmul_backward_bf16(m->pool, dinp, dw, dout, inp, w, N, IC, OC, accumulate_dinp, accumulate_dw);
-    else
-        fs_matmul_backward(m->pool, dinp, dw, dout, inp, w, N, IC, OC, accumulate_dinp, accumulate_dw);
+    m->dev->kernels->linear_backward(m->dev, dinp, dw, dout, inp, w, m->bf16_weights, N, IC, OC,
+                                     accumulate_dinp, accumulate_dw);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -231,7 +277,8 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * backward without touching x[l+1], which the following blocks have already consumed. */
 static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
                           const float *norm_w, int write_output) {
-    fs_pool *pool = m->pool;
+    fs_device *dev = m->dev;
+    const fs_kernel_table *K = dev->kernels;
     const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
     const float eps = (float)m->layout->cfg.rms_norm_eps;
     block_weights bw = split_block(m, d, w);
@@ -244,43 +291,44 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
 
-    PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln1, rstd1, x, ln1_w, N, C, eps));
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
     PROF(m, FS_PROF_ROPE, {
-        fs_rope_forward(pool, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
-        fs_rope_forward(pool, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
+        K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+        K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
     PROF(m, FS_PROF_ATTENTION,
-         fs_attention_forward(pool, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS));
-    PROF(m, FS_PROF_OTHER, memcpy(xmid, x, (size_t)(N * C) * sizeof *x));
+         K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS));
+    PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
-    PROF(m, FS_PROF_NORM, fs_rmsnorm_forward(pool, ln2, rstd2, xmid, ln2_w, N, C, eps));
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
-    PROF(m, FS_PROF_SWIGLU, fs_swiglu_forward(pool, h, gu, N, FF));
+    PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     if (!write_output) return;
-    PROF(m, FS_PROF_OTHER, memcpy(x_next, xmid, (size_t)(N * C) * sizeof *x));
+    PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
 }
 
 static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
                          const float *norm_w) {
+    const fs_kernel_table *K = m->dev->kernels;
     const fs_op *o = &m->layout->ops[op];
     const fs_unit_info *u = &m->layout->units[o->unit];
     const int64_t N = d->N, C = d->C;
     if (o->first_of_kind) {
         const float *final_w = norm_w + 2 * d->L * C;
         PROF(m, FS_PROF_NORM,
-             fs_rmsnorm_forward(m->pool, a->lnf, a->rstdf, a->x + d->L * N * C, final_w, N, C,
+             K->rmsnorm_forward(m->dev, a->lnf, a->rstdf, a->x + d->L * N * C, final_w, N, C,
                                 (float)m->layout->cfg.rms_norm_eps));
     }
     PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, u->rows, 0));
     a->logits_op = op;
     PROF(m, FS_PROF_XENT,
-         fs_xent_chunk_forward(m->pool, a->row_max, a->row_sum, a->target_logit, a->logits,
+         K->xent_chunk_forward(m->dev, a->row_max, a->row_sum, a->target_logit, a->logits,
                                a->targets, N, u->rows, u->row0, o->first_of_kind));
     if (o->last_of_kind)
         PROF(m, FS_PROF_XENT,
-             a->loss = fs_xent_finish(a->row_max, NULL, a->row_max, a->row_sum, a->target_logit, N));
+             K->xent_finish(m->dev, a->row_max, a->row_max, a->row_sum, a->target_logit, N, a->loss_sum));
 }
 
 void fs_model_forward(const fs_model *m, fs_acts *a, int op, const void *w,
@@ -292,12 +340,9 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const void *w,
     const fs_unit_info *u = &layout->units[o->unit];
     switch (o->kind) {
     case FS_UNIT_EMBED:
-        if (m->bf16_weights)
-            PROF(m, FS_PROF_EMBED,
-                 fs_embedding_forward_bf16(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
-        else
-            PROF(m, FS_PROF_EMBED,
-                 fs_embedding_forward(m->pool, a->x, a->inputs, w, d.N, d.C, u->row0, u->rows));
+        PROF(m, FS_PROF_EMBED,
+             m->dev->kernels->embedding_forward(m->dev, a->x, a->inputs, w, m->bf16_weights, d.N,
+                                                d.C, u->row0, u->rows));
         break;
     case FS_UNIT_BLOCK: block_forward(m, a, &d, u->index, w, norm_w, 1); break;
     case FS_UNIT_HEAD: head_forward(m, a, &d, op, w, norm_w); break;
@@ -309,7 +354,8 @@ void fs_model_forward(const fs_model *m, fs_acts *a, int op, const void *w,
 
 static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
                            float *dw, int accumulate, const float *norm_w, float *norm_dw) {
-    fs_pool *pool = m->pool;
+    fs_device *dev = m->dev;
+    const fs_kernel_table *K = dev->kernels;
     const int64_t N = d->N, C = d->C, QKV = d->QKV, FF = d->FF, sl = slot_of(a, l);
     /* a checkpointed block recomputes its activations here, with its weights already
      * gathered for the backward: no extra gather */
@@ -331,32 +377,33 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     /* dres = dL/dx[l+1] on entry; MLP branch */
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
-    PROF(m, FS_PROF_OTHER, memset(a->dgu, 0, (size_t)(N * 2 * FF) * sizeof(float)));
-    PROF(m, FS_PROF_SWIGLU, fs_swiglu_backward(pool, a->dgu, a->dh, gu, N, FF));
+    PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
+    PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
-         fs_rmsnorm_backward(pool, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
+         K->rmsnorm_backward(dev, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
-    PROF(m, FS_PROF_OTHER, memset(a->dqkv, 0, (size_t)(N * QKV) * sizeof(float)));
+    PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
     PROF(m, FS_PROF_ATTENTION,
-         fs_attention_backward(pool, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
+         K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
                                d->T, d->NH, d->NKV, d->HS));
     PROF(m, FS_PROF_ROPE, {
-        fs_rope_backward(pool, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
-        fs_rope_backward(pool, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
+        K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+        K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
     PROF(m, FS_PROF_NORM,
-         fs_rmsnorm_backward(pool, a->dres, dln1_w, a->dln, x, ln1_w, rstd1, N, C));
+         K->rmsnorm_backward(dev, a->dres, dln1_w, a->dln, x, ln1_w, rstd1, N, C));
     /* dres = dL/dx[l] */
 }
 
 static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
                           float *dw, int accumulate, const float *norm_w, float *norm_dw) {
+    const fs_kernel_table *K = m->dev->kernels;
     const fs_op *o = &m->layout->ops[op];
     const fs_unit_info *u = &m->layout->units[o->unit];
     const int64_t N = d->N, C = d->C, Vc = u->rows;
@@ -365,7 +412,7 @@ static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, 
     if (a->logits_op != op)
         PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, Vc, 0));
     PROF(m, FS_PROF_XENT,
-         fs_xent_chunk_backward(m->pool, a->logits, a->logits, a->row_max, a->targets, N, Vc,
+         K->xent_chunk_backward(m->dev, a->logits, a->logits, a->row_max, a->targets, N, Vc,
                                 u->row0, 1.0f / (float)N));
     a->logits_op = -1; /* the buffer now holds dlogits */
     /* backward visits the last forward chunk first: it writes dlnf, the others add */
@@ -374,9 +421,9 @@ static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, 
                          accumulate));
     if (o->first_of_kind) { /* all chunks done: back through the final norm */
         const float *final_w = norm_w + 2 * d->L * C;
-        PROF(m, FS_PROF_OTHER, memset(a->dres, 0, (size_t)(N * C) * sizeof(float)));
+        PROF(m, FS_PROF_OTHER, K->zero(m->dev, a->dres, (size_t)(N * C) * sizeof(float)));
         PROF(m, FS_PROF_NORM,
-             fs_rmsnorm_backward(m->pool, a->dres, norm_dw + 2 * d->L * C, a->dlnf,
+             K->rmsnorm_backward(m->dev, a->dres, norm_dw + 2 * d->L * C, a->dlnf,
                                  a->x + d->L * N * C, final_w, a->rstdf, N, C));
     }
 }
@@ -390,9 +437,10 @@ void fs_model_backward(const fs_model *m, fs_acts *a, int op, const void *w, flo
     const fs_unit_info *u = &layout->units[o->unit];
     switch (o->kind) {
     case FS_UNIT_EMBED:
-        if (!accumulate) PROF(m, FS_PROF_OTHER, memset(dw, 0, (size_t)u->numel * sizeof(float)));
+        if (!accumulate)
+            PROF(m, FS_PROF_OTHER, m->dev->kernels->zero(m->dev, dw, (size_t)u->numel * sizeof(float)));
         PROF(m, FS_PROF_EMBED,
-             fs_embedding_backward(m->pool, dw, a->dres, a->inputs, d.N, d.C, u->row0, u->rows));
+             m->dev->kernels->embedding_backward(m->dev, dw, a->dres, a->inputs, d.N, d.C, u->row0, u->rows));
         break;
     case FS_UNIT_BLOCK: block_backward(m, a, &d, u->index, w, dw, accumulate, norm_w, norm_dw); break;
     case FS_UNIT_HEAD: head_backward(m, a, &d, op, w, dw, accumulate, norm_w, norm_dw); break;

@@ -23,6 +23,12 @@
  * zero3-param gathers each tensor straight to its place in the unit buffer: a tensor's
  * padding spills zeros into the next tensor's place, which that tensor's gather (next in the
  * FIFO) then overwrites, and past the last tensor into W x FS_SHARD_ALIGN elements of slack.
+ *
+ * Every array above is the device's memory (mem); the bookkeeping (flags, the end-of-step
+ * exchange, zero3's tables) is the host's (host_mem). Every kernel goes through the
+ * device's kernel table. On the CPU the collectives run on the worker thread and a ticket
+ * is the worker's; on a GPU they are device copies on its streams, and a ticket (with
+ * DEVICE_TICKET set) names the event that marks its end.
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +36,6 @@
 #include <string.h>
 
 #include "flatshard/engine.h"
-#include "flatshard/kernels.h"
 #include "flatshard/trace.h"
 
 /* zero3-param: one unit's weights, allocated for one use */
@@ -56,13 +61,30 @@ typedef struct z3_grads {
     uint64_t ticket;    /* the last reduce-scatter */
 } z3_grads;
 
+/* A ticket of a collective on the GPU's streams (device_collective); the others are the
+ * worker's, which count up from 1 and never reach this bit. */
+#define DEVICE_TICKET ((uint64_t)1 << 63)
+
 struct fs_engine {
     const fs_plan *plan;
     const fs_layout *layout;
     fs_comm *comm;
     fs_comm_worker *worker;
-    fs_mem *mem;
+    fs_mem *mem;          /* the device's: every array of the state */
+    fs_mem *host_mem;     /* the host's: bookkeeping (the same as mem on the CPU) */
     fs_pool *pool;
+    fs_device *dev;
+    fs_device *own_dev;   /* the CPU device the engine opened when cfg.device was NULL */
+    const fs_kernel_table *K;
+    int on_gpu;
+    /* GPU collectives: events[t % n_events] marks the end of ticket t; `mark` the compute
+     * stream's work when a collective is enqueued; stream_end the last work of the gather
+     * and reduce streams (flush) */
+    fs_device_event **events;
+    int n_events;
+    uint64_t dev_ticket;
+    fs_device_event *mark, *stream_end[2];
+    float *mirror_master, *mirror_m, *mirror_v; /* GPU: host copies for checkpoints */
     fs_engine_config cfg;
     fs_strategy strategy;
     int world, rank, bf16;
@@ -108,14 +130,55 @@ typedef struct step_record {
 
 static fs_status wait_ticket(fs_engine *e, uint64_t ticket) {
     if (ticket == 0) return FS_OK;
+    if (ticket & DEVICE_TICKET) /* the compute stream waits; the host does not */
+        return fs_device_wait_event(e->dev, FS_STREAM_COMPUTE,
+                                    e->events[(ticket & ~DEVICE_TICKET) % (uint64_t)e->n_events]);
     double t0 = fs_now();
     fs_status st = fs_comm_worker_wait(e->worker, ticket);
     e->wait_s += fs_now() - t0;
     return st;
 }
 
-/* Enqueues a collective; without overlap, waits for it at once. */
+/* A collective of device memory on a GPU rank alone (world 1): a copy or an add on the
+ * gather or reduce stream, after the compute stream's work so far (which wrote the source and
+ * last read the destination), ending with the ticket's event. A reduce-scatter that adds
+ * (accumulate) sums into the shard; an all-reduce of one rank is its input. */
+static fs_status device_collective(fs_engine *e, const fs_comm_op *op, uint64_t *ticket) {
+    const fs_stream s = op->coll == FS_COLL_ALL_GATHER ? FS_STREAM_GATHER : FS_STREAM_REDUCE;
+    const size_t bytes = op->count * fs_dtype_size(op->dtype);
+    const uint64_t t = ++e->dev_ticket;
+    FS_TRY(fs_device_record(e->dev, FS_STREAM_COMPUTE, e->mark));
+    FS_TRY(fs_device_wait_event(e->dev, s, e->mark));
+    switch (op->coll) {
+    case FS_COLL_ALL_GATHER:
+    case FS_COLL_ALL_REDUCE:
+        FS_TRY(fs_device_copy_on(e->dev, s, op->recv, op->send, bytes));
+        break;
+    case FS_COLL_REDUCE_SCATTER:
+        FS_ASSERT(op->dtype == FS_DTYPE_FP32 && op->recv_dtype == FS_DTYPE_FP32);
+        if (op->accumulate)
+            FS_TRY(fs_device_add_on(e->dev, s, op->recv, op->send, (int64_t)op->count));
+        else
+            FS_TRY(fs_device_copy_on(e->dev, s, op->recv, op->send, bytes));
+        break;
+    default:
+        return fs_errorf(FS_ERR_INTERNAL, "the GPU engine has no collective %d", (int)op->coll);
+    }
+    FS_TRY(fs_device_record(e->dev, s, e->events[t % (uint64_t)e->n_events]));
+    FS_TRY(fs_device_record(e->dev, s, e->stream_end[s == FS_STREAM_REDUCE]));
+    *ticket = DEVICE_TICKET | t;
+    return FS_OK;
+}
+
+/* Enqueues a collective of the state (device memory); without overlap, waits for it at once. */
 static fs_status enqueue(fs_engine *e, fs_comm_op op, uint64_t *ticket) {
+    if (e->on_gpu) FS_TRY(device_collective(e, &op, ticket));
+    else FS_TRY(fs_comm_worker_enqueue(e->worker, &op, ticket));
+    return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
+}
+
+/* A collective of host memory (the end-of-step exchange): always the worker's. */
+static fs_status enqueue_host(fs_engine *e, fs_comm_op op, uint64_t *ticket) {
     FS_TRY(fs_comm_worker_enqueue(e->worker, &op, ticket));
     return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
 }
@@ -125,7 +188,11 @@ static fs_status enqueue_fn(fs_engine *e, fs_comm_job_fn fn, void *arg, uint64_t
     return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
 }
 
+/* Everything enqueued is done (the worker's), or ordered before the compute stream's next
+ * work (the GPU's streams). */
 static fs_status flush(fs_engine *e) {
+    if (e->on_gpu)
+        for (int k = 0; k < 2; k++) FS_TRY(fs_device_wait_event(e->dev, FS_STREAM_COMPUTE, e->stream_end[k]));
     double t0 = fs_now();
     fs_status st = fs_comm_worker_flush(e->worker);
     e->wait_s += fs_now() - t0;
@@ -234,9 +301,32 @@ static fs_status alloc(fs_engine *e, fs_mem_category cat, size_t bytes, const ch
 }
 
 /* Fills the master weights with their initial values: every unit for a full master, the
- * rank's interval of every piece otherwise. */
-static void init_master(fs_engine *e) {
+ * rank's interval of every piece otherwise. A GPU's are computed on the host, piece by piece
+ * into one staging buffer of the largest piece, and uploaded. */
+static fs_status init_master(fs_engine *e) {
     const fs_plan *p = e->plan;
+    if (e->on_gpu) {
+        int64_t largest = 0;
+        for (int pi = 0; pi < p->n_pieces; pi++)
+            if (p->pieces[pi].padded > largest) largest = p->pieces[pi].padded;
+        float *host = NULL;
+        FS_TRY(fs_mem_alloc(e->host_mem, FS_MEM_OTHER, (size_t)largest * sizeof(float),
+                            "initial weights staging", (void **)&host));
+        fs_status st = FS_OK;
+        for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) {
+            const fs_shard_piece *pc = &p->pieces[pi];
+            int64_t lo = e->full_master ? pc->unit_offset : pc->unit_offset + (int64_t)e->rank * pc->shard;
+            int64_t hi = e->full_master ? lo + pc->numel : lo + pc->shard, end = pc->unit_offset + pc->numel;
+            if (hi > end) hi = end;
+            if (lo >= hi) continue;
+            fs_layout_init_weights(e->layout, pc->unit, lo, hi, host, e->cfg.seed);
+            st = fs_device_upload(e->dev, e->master + (e->full_master ? pc->full_offset : pc->shard_offset),
+                                  host, (size_t)(hi - lo) * sizeof(float));
+        }
+        /* the upload reads the staging buffer before it returns (device.h) */
+        fs_mem_release(e->host_mem, host);
+        return st;
+    }
     for (int pi = 0; pi < p->n_pieces; pi++) {
         const fs_shard_piece *pc = &p->pieces[pi];
         if (e->full_master) {
@@ -252,6 +342,7 @@ static void init_master(fs_engine *e) {
             fs_layout_init_weights(e->layout, pc->unit, lo, hi, e->master + pc->shard_offset,
                                    e->cfg.seed);
     }
+    return FS_OK;
 }
 
 /* After the master changed: the bf16 copy (unless the optimizer already wrote it, cast = 0),
@@ -260,20 +351,20 @@ static fs_status refresh_weights(fs_engine *e, int cast) {
     const fs_plan *p = e->plan;
     cast = cast && e->bf16;
     if (e->strategy == FS_STRATEGY_DDP) {
-        if (cast) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->full_numel);
-        return FS_OK;
+        if (cast) e->K->cast_fp32_to_bf16(e->dev, e->compute, e->master, p->full_numel);
+        return fs_device_check(e->dev);
     }
     if (!fs_strategy_full_weights(e->strategy)) {
-        if (cast) fs_cast_fp32_to_bf16(e->pool, e->compute, e->master, p->shard_numel);
-        return FS_OK;
+        if (cast) e->K->cast_fp32_to_bf16(e->dev, e->compute, e->master, p->shard_numel);
+        return fs_device_check(e->dev);
     }
     /* zero1, zero2: the rank's slice of each piece to everybody, in place */
     for (int pi = 0; pi < p->n_pieces; pi++) {
         const fs_shard_piece *pc = &p->pieces[pi];
         int64_t mine = pc->full_offset + (int64_t)e->rank * pc->shard;
         if (cast)
-            fs_cast_fp32_to_bf16(e->pool, e->compute + mine, e->master + pc->shard_offset,
-                                 pc->shard);
+            e->K->cast_fp32_to_bf16(e->dev, e->compute + mine, e->master + pc->shard_offset,
+                                    pc->shard);
         char *base = e->bf16 ? (char *)e->compute : (char *)e->master;
         fs_comm_op op = fs_comm_op_all_gather(base + (size_t)mine * e->csize,
                                               base + (size_t)pc->full_offset * e->csize,
@@ -282,7 +373,22 @@ static fs_status refresh_weights(fs_engine *e, int cast) {
         uint64_t t;
         FS_TRY(enqueue(e, op, &t));
     }
-    return flush(e);
+    FS_TRY(flush(e));
+    return fs_device_check(e->dev);
+}
+
+/* The GPU's events (device_collective); the CPU needs none. */
+static fs_status init_events(fs_engine *e) {
+    if (!e->on_gpu) return FS_OK;
+    e->n_events = e->cfg.worker_capacity;
+    e->events = calloc((size_t)e->n_events, sizeof *e->events);
+    if (!e->events) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the engine's events");
+    for (int i = 0; i < e->n_events; i++) FS_TRY(fs_device_event_create(e->dev, &e->events[i]));
+    FS_TRY(fs_device_event_create(e->dev, &e->mark));
+    for (int k = 0; k < 2; k++) FS_TRY(fs_device_event_create(e->dev, &e->stream_end[k]));
+    /* stream_end must have been recorded once before flush waits on it */
+    FS_TRY(fs_device_record(e->dev, FS_STREAM_GATHER, e->stream_end[0]));
+    return fs_device_record(e->dev, FS_STREAM_REDUCE, e->stream_end[1]);
 }
 
 fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs_mem *mem,
@@ -299,8 +405,28 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     e->layout = l;
     e->comm = comm;
     e->mem = mem;
+    e->host_mem = cfg.host_mem ? cfg.host_mem : mem;
     e->pool = pool;
     e->cfg = cfg;
+    e->dev = cfg.device;
+    if (!e->dev) {
+        fs_status dst = fs_device_open(&e->own_dev, FS_DEVICE_CPU, 0, pool);
+        if (dst != FS_OK) {
+            free(e);
+            return dst;
+        }
+        e->dev = e->own_dev;
+    }
+    e->K = fs_device_kernels(e->dev);
+    e->on_gpu = fs_device_kind_of(e->dev) != FS_DEVICE_CPU;
+    if (e->on_gpu && plan->cfg.world != 1) {
+        fs_device_close(e->own_dev);
+        free(e);
+        return fs_errorf(FS_ERR_USAGE,
+                         "--device %s trains on one GPU (one rank) for now, not %d ranks: several "
+                         "GPUs need NCCL under the engine",
+                         fs_device_kind_name(fs_device_kind_of(cfg.device)), plan->cfg.world);
+    }
     e->strategy = s;
     e->world = plan->cfg.world;
     e->rank = plan->cfg.rank;
@@ -340,24 +466,27 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
     if (!fs_strategy_full_grads(s) && !e->in_place)
         ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
-    ALLOC(FS_MEM_OTHER, (size_t)e->world * sizeof(step_record), "end-of-step exchange", &e->exchange);
-    ALLOC(FS_MEM_OTHER, (size_t)l->n_units, "gradient flags", &e->grad_written);
-    ALLOC(FS_MEM_OTHER, (size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
+#undef ALLOC
+    /* the host's bookkeeping */
+#define HOST_ALLOC(bytes, what, ptr) \
+    if (st == FS_OK) st = fs_mem_alloc(e->host_mem, FS_MEM_OTHER, bytes, what, (void **)(ptr))
+    HOST_ALLOC((size_t)e->world * sizeof(step_record), "end-of-step exchange", &e->exchange);
+    HOST_ALLOC((size_t)l->n_units, "gradient flags", &e->grad_written);
+    HOST_ALLOC((size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
     if (s == FS_STRATEGY_ZERO3_PARAM)
         for (int k = 0; k < 2; k++) {
-            ALLOC(FS_MEM_OTHER, (size_t)e->max_pieces * sizeof(float *), "zero3 pads", &e->zg[k].pads);
-            ALLOC(FS_MEM_OTHER, (size_t)e->max_pieces * sizeof(z3_copy_job), "zero3 jobs", &e->zg[k].jobs);
+            HOST_ALLOC((size_t)e->max_pieces * sizeof(float *), "zero3 pads", &e->zg[k].pads);
+            HOST_ALLOC((size_t)e->max_pieces * sizeof(z3_copy_job), "zero3 jobs", &e->zg[k].jobs);
         }
-#undef ALLOC
+#undef HOST_ALLOC
     if (st == FS_OK) {
         int capacity = cfg.worker_capacity > 0 ? cfg.worker_capacity : fs_engine_worker_capacity(l);
         e->cfg.worker_capacity = capacity;
         st = fs_comm_worker_init(comm, capacity, &e->worker);
     }
-    if (st == FS_OK) {
-        init_master(e);
-        st = refresh_weights(e, 1);
-    }
+    if (st == FS_OK) st = init_events(e);
+    if (st == FS_OK) st = init_master(e);
+    if (st == FS_OK) st = refresh_weights(e, 1);
     if (st != FS_OK) {
         fs_engine_free(e);
         return st;
@@ -368,6 +497,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
 
 static void z3_release_grads(fs_engine *e, int k) {
     z3_grads *g = &e->zg[k];
+    if (!g->pads) return;
     fs_mem_release(e->mem, g->unit_grads);
     g->unit_grads = NULL;
     for (int i = 0; i < g->n_pads; i++) fs_mem_release(e->mem, g->pads[i]);
@@ -379,16 +509,25 @@ void fs_engine_free(fs_engine *e) {
     fs_comm_worker_free(e->worker); /* drains: nothing is in flight after this */
     for (int k = 0; k < 2; k++) {
         if (e->zw[k].buf) fs_mem_release(e->mem, e->zw[k].buf);
-        if (e->zg[k].pads) z3_release_grads(e, k);
-        fs_mem_release(e->mem, e->zg[k].pads);
-        fs_mem_release(e->mem, e->zg[k].jobs);
+        z3_release_grads(e, k);
+        fs_mem_release(e->host_mem, e->zg[k].pads);
+        fs_mem_release(e->host_mem, e->zg[k].jobs);
         fs_mem_release(e->mem, e->ring[k]);
         fs_mem_release(e->mem, e->gring[k]);
     }
     void *blocks[] = {e->master, e->grads_full, e->grads_shard, e->adam_m, e->adam_v,
-                      e->compute, e->norm_buf, e->norm32, e->norm_grads,
-                      e->exchange, e->grad_written, e->uses_left};
+                      e->compute, e->norm_buf, e->norm32, e->norm_grads};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) fs_mem_release(e->mem, blocks[i]);
+    void *host_blocks[] = {e->exchange, e->grad_written, e->uses_left, e->mirror_master,
+                           e->mirror_m, e->mirror_v};
+    for (size_t i = 0; i < sizeof host_blocks / sizeof host_blocks[0]; i++)
+        fs_mem_release(e->host_mem, host_blocks[i]);
+    if (e->events)
+        for (int i = 0; i < e->n_events; i++) fs_device_event_destroy(e->dev, e->events[i]);
+    free(e->events);
+    fs_device_event_destroy(e->dev, e->mark);
+    for (int k = 0; k < 2; k++) fs_device_event_destroy(e->dev, e->stream_end[k]);
+    fs_device_close(e->own_dev);
     free(e);
 }
 
@@ -402,7 +541,7 @@ fs_status fs_engine_begin_step(fs_engine *e, int n_micro) {
     e->wait_s = 0;
     memset(e->grad_written, 0, (size_t)l->n_units);
     /* the norm group's gradient is accumulated by every op of the step: start from zero */
-    memset(fs_engine_norm_grads(e), 0, (size_t)nu->full_numel * sizeof(float));
+    e->K->zero(e->dev, fs_engine_norm_grads(e), (size_t)nu->full_numel * sizeof(float));
     e->norm_ready = 0;
     if (!fs_strategy_full_weights(e->strategy) && !e->in_place)
         FS_TRY(gather_unit(e, l->norm_unit, e->norm_buf, &e->norm_ticket));
@@ -426,11 +565,11 @@ fs_status fs_engine_norm_weights(fs_engine *e, const float **out) {
             *out = e->master + at;
             return FS_OK;
         }
-        if (!e->norm_ready) fs_cast_bf16_to_fp32(e->pool, e->norm32, e->compute + at, n);
+        if (!e->norm_ready) e->K->cast_bf16_to_fp32(e->dev, e->norm32, e->compute + at, n);
     } else {
         if (!e->norm_ready) {
             FS_TRY(wait_ticket(e, e->norm_ticket));
-            if (e->bf16) fs_cast_bf16_to_fp32(e->pool, e->norm32, e->norm_buf, n);
+            if (e->bf16) e->K->cast_bf16_to_fp32(e->dev, e->norm32, e->norm_buf, n);
         }
     }
     e->norm_ready = 1;
@@ -450,6 +589,7 @@ fs_status fs_engine_acquire_forward(fs_engine *e, int op, const void **weights) 
 }
 
 fs_status fs_engine_release_forward(fs_engine *e, int op) {
+    FS_TRY(fs_device_check(e->dev)); /* a GPU kernel of the op that failed */
     /* zero3-param frees a unit as soon as it has been used (the baseline's behaviour) */
     if (e->strategy == FS_STRATEGY_ZERO3_PARAM) return z3_drop(e, op % 2);
     return FS_OK;
@@ -505,12 +645,13 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     const int64_t numel = e->layout->units[u].numel;
     const int acc = e->grad_written[u];
     e->grad_written[u] = 1;
+    FS_TRY(fs_device_check(e->dev)); /* a GPU kernel of the op that failed */
     if (e->in_place) return FS_OK; /* nothing to reduce */
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2: {
         /* the padding must reach the reduce-scatter as zeros */
-        memset(e->gring[b] + numel, 0, (size_t)(su->full_numel - numel) * sizeof(float));
+        e->K->zero(e->dev, e->gring[b] + numel, (size_t)(su->full_numel - numel) * sizeof(float));
         fs_comm_op rs = fs_comm_op_reduce_scatter_ex(e->gring[b], e->grads_shard + su->shard_offset,
                                                      (size_t)su->shard_numel, FS_DTYPE_FP32,
                                                      FS_DTYPE_FP32, FS_REDOP_SUM, acc);
@@ -529,8 +670,13 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
             z3_copy_job *j = &g->jobs[g->n_pads++];
             *j = (z3_copy_job){.dst = pad, .src = g->unit_grads + pc->unit_offset,
                                .numel = pc->numel, .padded = pc->padded};
-            uint64_t t;
-            FS_TRY(enqueue_fn(e, z3_copy, j, &t));
+            if (e->on_gpu) { /* on the compute stream, which the reduce-scatter waits for */
+                e->K->copy(e->dev, j->dst, j->src, (size_t)j->numel * sizeof(float));
+                e->K->zero(e->dev, j->dst + j->numel, (size_t)(j->padded - j->numel) * sizeof(float));
+            } else {
+                uint64_t t;
+                FS_TRY(enqueue_fn(e, z3_copy, j, &t));
+            }
             fs_comm_op rs = fs_comm_op_reduce_scatter_ex(pad, e->grads_shard + pc->shard_offset,
                                                          (size_t)pc->shard, FS_DTYPE_FP32,
                                                          FS_DTYPE_FP32, FS_REDOP_SUM, acc);
@@ -632,8 +778,8 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step) {
                               .weight_decay = t->weight_decay ? e->cfg.adamw.weight_decay : 0.0,
                               .step = step};
         uint16_t *param_bf16 = e->bf16 ? e->compute + compute_position(e, sl, pc) : NULL;
-        fs_adamw_update(e->pool, e->master + param_at, param_bf16, e->adam_m + sl->shard_pos,
-                        e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
+        e->K->adamw_update(e->dev, e->master + param_at, param_bf16, e->adam_m + sl->shard_pos,
+                           e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
     }
 }
 
@@ -647,12 +793,14 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     float *grads = reduced_grads(e, &n_grads);
     /* every rank's record: (sum of squares, loss) added in rank order on every rank, and the
      * guards (the DESIGN comment in engine.h) */
-    step_record mine = {.sumsq = fs_sum_squares(e->pool, grads, n_grads), .loss = local_loss,
+    /* on a GPU the one wait of the step: the gradient norm (the loss was read before) */
+    step_record mine = {.sumsq = e->K->sum_squares(e->dev, grads, n_grads), .loss = local_loss,
                         .stop = e->stop_requested};
+    FS_TRY(fs_device_check(e->dev));
     fs_comm_worker_schedule(e->worker, &mine.schedule_hash, &mine.schedule_count);
     e->stop_requested = 0;
     uint64_t t;
-    FS_TRY(enqueue(e, fs_comm_op_all_gather(&mine, e->exchange, sizeof mine, FS_DTYPE_BYTES), &t));
+    FS_TRY(enqueue_host(e, fs_comm_op_all_gather(&mine, e->exchange, sizeof mine, FS_DTYPE_BYTES), &t));
     FS_TRY(wait_ticket(e, t));
     double sumsq = 0, loss = 0;
     int stop = 0;
@@ -697,7 +845,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                          (long long)step, out->loss, norm, (long long)step - 1);
     }
     const double clip = fs_clip_factor(norm, e->cfg.clip);
-    fs_scale(e->pool, grads, n_grads, (float)(mean_scale * clip));
+    e->K->scale(e->dev, grads, n_grads, (float)(mean_scale * clip));
     optimizer_step(e, lr, step);
     FS_TRY(refresh_weights(e, 0)); /* optimizer_step wrote the bf16 copy */
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
@@ -710,7 +858,7 @@ void fs_engine_request_stop(fs_engine *e, int reason) { e->stop_requested = reas
 fs_status fs_engine_inject_desync(fs_engine *e) {
     static float nothing;
     uint64_t t;
-    return enqueue(e, fs_comm_op_all_reduce(&nothing, &nothing, 0, FS_DTYPE_FP32, FS_REDOP_SUM), &t);
+    return enqueue_host(e, fs_comm_op_all_reduce(&nothing, &nothing, 0, FS_DTYPE_FP32, FS_REDOP_SUM), &t);
 }
 
 /* ------------------------------------------------------------------ whole-model views */
@@ -736,16 +884,17 @@ fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w) {
     }
     if (st == FS_OK) st = flush(e);
     const float *src = full ? full : tmp;
-    for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) {
+    for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) { /* a memcpy on the CPU */
         const fs_shard_piece *pc = &p->pieces[pi];
-        memcpy(fs_weights_unit(w, pc->unit) + pc->unit_offset, src + pc->full_offset,
-               (size_t)pc->numel * sizeof(float));
+        st = fs_device_download(e->dev, fs_weights_unit(w, pc->unit) + pc->unit_offset,
+                                src + pc->full_offset, (size_t)pc->numel * sizeof(float));
     }
     fs_mem_release(e->mem, tmp);
     return st;
 }
 
 const float *fs_engine_master(const fs_engine *e) { return e->master; }
+fs_device *fs_engine_device(const fs_engine *e) { return e->dev; }
 
 fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t bytes, void *all) {
     uint64_t t;
@@ -754,8 +903,40 @@ fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t byte
     return wait_ticket(e, t);
 }
 
+/* Elements of the master and of each moment array (the device arrays and their mirrors). */
+static void state_numels(const fs_engine *e, int64_t *master, int64_t *moments) {
+    const fs_plan *p = e->plan;
+    *master = e->full_master ? p->full_numel : p->shard_numel;
+    *moments = e->strategy == FS_STRATEGY_DDP ? p->full_numel : p->shard_numel;
+}
+
+fs_status fs_engine_state_to_host(fs_engine *e) {
+    if (!e->on_gpu) return FS_OK;
+    int64_t nm, nv;
+    state_numels(e, &nm, &nv);
+    if (!e->mirror_master) {
+        fs_status st = fs_mem_alloc(e->host_mem, FS_MEM_OTHER, (size_t)nm * sizeof(float),
+                                    "host copy of the master weights", (void **)&e->mirror_master);
+        if (st == FS_OK)
+            st = fs_mem_alloc(e->host_mem, FS_MEM_OTHER, (size_t)nv * sizeof(float),
+                              "host copy of AdamW m", (void **)&e->mirror_m);
+        if (st == FS_OK)
+            st = fs_mem_alloc(e->host_mem, FS_MEM_OTHER, (size_t)nv * sizeof(float),
+                              "host copy of AdamW v", (void **)&e->mirror_v);
+        FS_TRY(st);
+    }
+    FS_TRY(flush(e));
+    FS_TRY(fs_device_download(e->dev, e->mirror_master, e->master, (size_t)nm * sizeof(float)));
+    FS_TRY(fs_device_download(e->dev, e->mirror_m, e->adam_m, (size_t)nv * sizeof(float)));
+    return fs_device_download(e->dev, e->mirror_v, e->adam_v, (size_t)nv * sizeof(float));
+}
+
 int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max) {
     const fs_plan *p = e->plan;
+    /* a GPU's slices point into the host mirror (fs_engine_state_to_host) */
+    float *master = e->on_gpu ? e->mirror_master : e->master;
+    float *adam_m = e->on_gpu ? e->mirror_m : e->adam_m, *adam_v = e->on_gpu ? e->mirror_v : e->adam_v;
+    FS_ASSERT(master != NULL || !out || max == 0); /* on a GPU: fs_engine_state_to_host first */
     if (owned && e->strategy == FS_STRATEGY_DDP && e->rank != 0) return 0;
     int n = 0;
     for (int i = 0; i < p->n_slices; i++) {
@@ -764,9 +945,9 @@ int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, i
         int64_t param_at = master_position(e, sl, pc);
         if (n < max)
             out[n] = (fs_state_slice){.tensor = sl->tensor, .begin = sl->begin, .end = sl->end,
-                                      .master = e->master + param_at,
-                                      .m = e->adam_m + sl->shard_pos,
-                                      .v = e->adam_v + sl->shard_pos};
+                                      .master = master + param_at,
+                                      .m = adam_m + sl->shard_pos,
+                                      .v = adam_v + sl->shard_pos};
         n++;
     }
     return n;
@@ -774,6 +955,14 @@ int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, i
 
 fs_status fs_engine_state_loaded(fs_engine *e) {
     e->ring_unit[0] = e->ring_unit[1] = -1;
+    if (e->on_gpu) {
+        FS_ASSERT(e->mirror_master != NULL); /* the slices were filled through the mirror */
+        int64_t nm, nv;
+        state_numels(e, &nm, &nv);
+        FS_TRY(fs_device_upload(e->dev, e->master, e->mirror_master, (size_t)nm * sizeof(float)));
+        FS_TRY(fs_device_upload(e->dev, e->adam_m, e->mirror_m, (size_t)nv * sizeof(float)));
+        FS_TRY(fs_device_upload(e->dev, e->adam_v, e->mirror_v, (size_t)nv * sizeof(float)));
+    }
     return refresh_weights(e, 1);
 }
 

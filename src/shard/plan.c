@@ -51,7 +51,8 @@ fs_status fs_precision_parse(const char *name, fs_precision *out) {
 
 int fs_plan_in_place(const fs_plan *plan) {
     const fs_strategy s = plan->cfg.strategy;
-    return plan->cfg.world == 1 && (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
+    return plan->cfg.world == 1 && !plan->cfg.always_ring &&
+           (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
 }
 
 int fs_strategy_full_weights(fs_strategy s) {
@@ -244,7 +245,7 @@ static void predict_bytes(fs_plan *pl) {
     b[FS_MEM_ACTIVATIONS] = act;
     b[FS_MEM_COMM] = c->comm_bytes;
     /* other: the batch tokens, plus the engine's per-op bookkeeping (an estimate) */
-    b[FS_MEM_OTHER] = other + (size_t)l->n_ops * 64 + (size_t)pl->n_units * 64;
+    b[FS_MEM_OTHER] = other + (size_t)l->n_ops * 64 + (size_t)pl->n_units * 64 + c->device_bytes;
     pl->total_bytes = 0;
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) pl->total_bytes += b[k];
     /* the final save stages the slices this rank answers for (ddp: rank 0 writes all) */

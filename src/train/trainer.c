@@ -39,6 +39,7 @@ fs_train_config fs_train_config_default(void) {
         .overlap = 1,
         .ckpt_layers = 0,
         .on_nan = FS_ON_NAN_STOP,
+        .device = FS_DEVICE_CPU,
     };
 }
 
@@ -100,8 +101,13 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         .batch = cfg->batch,
         .seq = cfg->seq,
         .ckpt_layers = cfg->ckpt_layers,
-        .comm_bytes = fs_comm_rank_bytes(world, cc) +
-                      fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
+        /* the communicator's staging and the worker's queue are host memory: on a GPU they
+         * are not the device allocator's */
+        .comm_bytes = cfg->device != FS_DEVICE_CPU ? 0
+                      : fs_comm_rank_bytes(world, cc) + fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
+        /* a GPU gathers through the ring even alone (engine.h), and has a GEMM scratch */
+        .always_ring = cfg->device != FS_DEVICE_CPU,
+        .device_bytes = fs_device_scratch_bytes(cfg->device, fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
     };
     fs_status st = fs_plan_init(plan, layout, pc);
     if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
@@ -133,19 +139,33 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     t->data = data;
     t->comm = comm;
     t->mem = mem;
+    const int on_gpu = cfg->device != FS_DEVICE_CPU;
     fs_status st = fs_pool_init(&t->pool, t->cfg.threads);
-    if (st == FS_OK) st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, cfg->ckpt_layers, mem);
+    if (st == FS_OK) st = fs_device_open(&t->dev, cfg->device, 0, t->pool);
+    /* a GPU's state and activations are counted by its own allocator, the host's by mem */
+    t->dev_mem = mem;
+    if (st == FS_OK && on_gpu) {
+        t->dev_mem = NULL;
+        st = fs_mem_init_device(&t->dev_mem, cfg->max_mem_bytes, t->dev);
+        if (st == FS_OK)
+            st = fs_mem_alloc(mem, FS_MEM_OTHER, 2 * (size_t)(cfg->batch * cfg->seq) * sizeof(int32_t),
+                              "batch staging", (void **)&t->host_batch);
+    }
+    if (st == FS_OK)
+        st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, cfg->ckpt_layers, t->dev, t->dev_mem);
     if (st == FS_OK) {
         fs_kernels_init();
         fs_engine_config ec = {.overlap = cfg->overlap, .adamw = cfg->adamw, .clip = cfg->clip,
-                               .worker_capacity = 0, .seed = cfg->seed, .on_nan = cfg->on_nan};
-        st = fs_engine_init(&t->engine, &t->plan, comm, mem, t->pool, ec);
+                               .worker_capacity = 0, .seed = cfg->seed, .on_nan = cfg->on_nan,
+                               .device = t->dev, .host_mem = mem};
+        st = fs_engine_init(&t->engine, &t->plan, comm, t->dev_mem, t->pool, ec);
     }
     if (st != FS_OK) {
         fs_trainer_free(t);
         return st;
     }
-    t->model = (fs_model){.layout = &t->layout, .pool = t->pool, .profile = &t->profile,
+    /* the kernel-time profile times host calls: a GPU's kernels return before they run */
+    t->model = (fs_model){.layout = &t->layout, .dev = t->dev, .profile = on_gpu ? NULL : &t->profile,
                           .bf16_weights = t->cfg.precision == FS_PRECISION_BF16};
     return FS_OK;
 }
@@ -157,7 +177,11 @@ void fs_trainer_free(fs_trainer *t) {
         fs_trace_free(&t->trace_compute, t->mem);
         fs_trace_free(&t->trace_comm, t->mem);
     }
-    if (t->mem) fs_acts_free(&t->acts, t->mem);
+    if (t->dev_mem) fs_acts_free(&t->acts, t->dev_mem);
+    fs_device_release_scratch(t->dev); /* before its allocator goes */
+    if (t->dev_mem && t->dev_mem != t->mem) fs_mem_free(t->dev_mem);
+    if (t->mem) fs_mem_release(t->mem, t->host_batch);
+    fs_device_close(t->dev);
     fs_pool_free(t->pool);
     fs_plan_free(&t->plan);
     fs_layout_free(&t->layout);
@@ -167,9 +191,12 @@ void fs_trainer_free(fs_trainer *t) {
 double fs_forward_loss(const fs_model *m, fs_acts *acts, const fs_weights *w) {
     const fs_layout *l = m->layout;
     const float *norm_w = fs_weights_unit(w, l->norm_unit);
+    double loss = 0;
+    *acts->loss_sum = 0; /* host memory: w is an fs_weights, so this runs on the CPU */
     for (int op = 0; op < l->n_ops; op++)
         fs_model_forward(m, acts, op, fs_weights_unit(w, l->ops[op].unit), norm_w);
-    return acts->loss;
+    if (fs_acts_take_loss(m->dev, acts, &loss) != FS_OK) return NAN;
+    return loss;
 }
 
 /* Compute-track events of a timeline: the wait for a unit (when it is long enough to see)
@@ -181,8 +208,9 @@ static void trace_op(fs_trainer *t, fs_trace_kind kind, int op, double t0, doubl
     fs_trace_add(&t->trace_compute, kind, unit, op, 0, t1, t2);
 }
 
-/* Forward and backward of one micro-batch through the engine; adds its loss to *loss_sum. */
-static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
+/* Forward and backward of one micro-batch through the engine; its loss is added to the
+ * activations' loss_sum. */
+static fs_status run_micro_batch(fs_trainer *t) {
     fs_engine *e = t->engine;
     const fs_layout *l = &t->layout;
     const float *norm_w = NULL;
@@ -197,7 +225,6 @@ static fs_status run_micro_batch(fs_trainer *t, double *loss_sum) {
         trace_op(t, FS_TRACE_FORWARD, op, t0, t1, fs_now());
         FS_TRY(fs_engine_release_forward(e, op));
     }
-    *loss_sum += t->acts.loss;
     for (int op = l->n_ops - 1; op >= 0; op--) {
         const void *w = NULL;
         float *dw = NULL;
@@ -248,23 +275,31 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     if (fs_fault_at("desync-at", step, rank)) FS_TRY(fs_engine_inject_desync(t->engine));
     double loss_sum = 0;
+    /* the batch is sampled on the host: on a GPU into staging, then uploaded */
+    int32_t *in_host = t->host_batch ? t->host_batch : a->inputs;
+    int32_t *tg_host = t->host_batch ? t->host_batch + micro : a->targets;
     for (int64_t k = 0; k < c->grad_accum; k++) {
         const int64_t row0 = (k * world + rank) * c->batch; /* this rank's rows of micro k */
         if (inputs) {
-            memcpy(a->inputs, inputs + row0 * c->seq, (size_t)micro * sizeof *inputs);
-            memcpy(a->targets, targets + row0 * c->seq, (size_t)micro * sizeof *targets);
+            memcpy(in_host, inputs + row0 * c->seq, (size_t)micro * sizeof *inputs);
+            memcpy(tg_host, targets + row0 * c->seq, (size_t)micro * sizeof *targets);
         } else {
-            fs_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, a->inputs,
-                            a->targets);
+            fs_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, in_host, tg_host);
         }
+        if (t->host_batch) FS_TRY(fs_acts_upload_batch(t->dev, a, in_host, tg_host));
         fs_engine_begin_micro(t->engine, (int)k);
-        FS_TRY(run_micro_batch(t, &loss_sum));
+        FS_TRY(run_micro_batch(t));
         /* a signal in the middle of step S, after compute and before the exchange (tests
          * count the steps a stop takes; signal-twice-at also signals again in the save) */
         if (k == 0 && (fs_fault_at("signal-at", step, rank) || fs_fault_at("signal-twice-at", step, rank)))
             raise(SIGINT);
     }
-    if (fs_fault_at("nan-at", step, rank)) fs_engine_norm_grads(t->engine)[0] = NAN;
+    /* the micro-batches' losses, read once (on a GPU the host's first wait of the step) */
+    FS_TRY(fs_acts_take_loss(t->dev, a, &loss_sum));
+    if (fs_fault_at("nan-at", step, rank)) {
+        const float nan = NAN;
+        FS_TRY(fs_device_upload(t->dev, fs_engine_norm_grads(t->engine), &nan, sizeof nan));
+    }
     fs_lr_schedule sched = {.lr = c->lr, .min_lr = c->min_lr, .warmup_steps = c->warmup_steps,
                             .total_steps = c->steps};
     double lr = fs_lr_at(&sched, t->step);
@@ -305,6 +340,7 @@ fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w) {
 fs_status fs_trainer_init_from(fs_trainer *t, fs_source *src) {
     fs_engine *e = t->engine;
     fs_status st = fs_source_check(src, &t->layout);
+    if (st == FS_OK) st = fs_engine_state_to_host(e); /* a GPU loads through its host mirror */
     int n = st == FS_OK ? fs_engine_state_slices(e, 0, NULL, 0) : 0;
     fs_state_slice *sl = st == FS_OK ? calloc((size_t)n + 1, sizeof *sl) : NULL;
     if (st == FS_OK && !sl) st = fs_errorf(FS_ERR_NOMEM, "out of memory");

@@ -93,7 +93,8 @@ def acts(k, B=1, T=4096, act_bytes=2):                  # docs/planner.md, activ
     arrays = [T * HS // 2] * 2 + [(L + 1) * N * C] + \
         [Sl * N * C, Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N * C, Sl * N * C,
          Sl * N, Sl * N * 2 * FF, Sl * N * FF] + \
-        [N * C, N, N * V, N, N, N] + [N * C, N * C, N * QKV, N * C, N * 2 * FF, N * FF, N * C]
+        [N * C, N, N * V, N, N, N] + [N * C, N * C, N * QKV, N * C, N * 2 * FF, N * FF, N * C] + \
+        [2]                                             # the loss sum, one double
     return sum(r(a) for a in arrays) * act_bytes
 n_units, n_ops = 1 + 1 + L + 1, 1 + L + 1
 other = 2 * (-(-4096 // 16) * 16) * 4 + n_ops * 64 + n_units * 64  # inputs, targets; bookkeeping
@@ -137,7 +138,7 @@ b = e["bytes"]
 assert b["master"] == 4 * P and b["grads"] == 4 * P and b["optimizer"] == 8 * P, b
 Vc = block // C                                         # the auto vocabulary chunk: one block
 acts = 2 * T * (HS // 2) + (L + 1) * N * C + L * N * (4 * C + 2 + QKV + NH + 3 * FF) \
-     + N * C + 4 * N + N * Vc + 4 * N * C + N * QKV + 3 * N * FF
+     + N * C + 4 * N + N * Vc + 4 * N * C + N * QKV + 3 * N * FF + 16   # 16: the loss sum
 assert b["activations"] == 2 * acts, (b["activations"], 2 * acts)   # h200: 2 bytes per element
 assert all(v >= 0 for v in b.values()), b
 assert b["total"] == sum(v for k, v in b.items() if k != "total") < 2**63, b["total"]

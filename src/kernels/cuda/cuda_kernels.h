@@ -1,0 +1,133 @@
+/*
+ * cuda_kernels.h — the CUDA compute kernels (private to the device layer, src/device/).
+ *
+ * Every kernel here is the GPU twin of the CPU kernel of the same name in
+ * include/flatshard/kernels.h, and has that kernel's contract word for word: the same
+ * arguments in the same order (with a stream where the CPU kernel takes a pool), the same
+ * formulas, the same accumulate-or-write rules, the same row strides. The differences:
+ *   - every pointer is device memory (cudaMalloc), except the hyperparameter structs;
+ *   - a kernel is enqueued on `stream` (a cudaStream_t passed as void *, so that this header
+ *     stays plain C) and returns at once: nothing here synchronises the host;
+ *   - every launch is checked: the return is FS_OK, or FS_ERR_INTERNAL with the message
+ *     "cuda kernel <name>: <cudaGetErrorString>" (fs_errorf); an error of an earlier
+ *     asynchronous launch may surface here, which is how CUDA reports them;
+ *   - results are deterministic: no floating-point atomics, so the same inputs give the same
+ *     bits on every run (bit-exact resume depends on it); they are not the CPU's bits (other
+ *     summation orders), except where a kernel says so;
+ *   - the .cu files are compiled with -fmad=false, like the C code's -ffp-contract=off: an
+ *     FMA appears only where the code asks for one (AdamW, as on the CPU).
+ * Nothing here allocates: scratch memory comes from the caller, sized by the functions below.
+ *
+ * What it does not do: choose precisions or streams, own buffers, know about units or ranks.
+ */
+#ifndef FLATSHARD_KERNELS_CUDA_KERNELS_H
+#define FLATSHARD_KERNELS_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* flatshard's headers are C: from the .cu files (C++) their functions keep C linkage */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "flatshard/core.h"
+#include "flatshard/kernels.h"
+
+/* ------------------------------------------------------------------ GEMM (cuBLASLt)
+ * One cuBLASLt handle and its workspace (device memory from the caller, which outlives the
+ * handle; FS_CUDA_GEMM_WORKSPACE_BYTES is what the device layer gives it). */
+#define FS_CUDA_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
+typedef struct fs_cuda_blas fs_cuda_blas;
+fs_status fs_cuda_blas_init(fs_cuda_blas **out, void *workspace, size_t workspace_bytes);
+void fs_cuda_blas_free(fs_cuda_blas *h); /* NULL is a no-op */
+
+/* fs_gemm_bf16's product on the GPU: C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N), row-major,
+ * C fp32 with leading dimension ldc, accumulate 0 writes (beta 0) and 1 adds (beta 1).
+ * A and B are both FS_GEMM_F32 (fp32 compute, no TF32: CUBLAS_COMPUTE_32F) or both
+ * FS_GEMM_BF16 (bf16 inputs, fp32 accumulation); a mixed pair is FS_ERR_USAGE. The matmul
+ * layouts are cached per shape (heuristic queried once). */
+fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
+                       fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
+
+/* ------------------------------------------------------------------ element-wise and small */
+fs_status fs_cuda_cast_fp32_to_bf16(void *stream, uint16_t *out, const float *in, int64_t n);
+fs_status fs_cuda_cast_bf16_to_fp32(void *stream, float *out, const uint16_t *in, int64_t n);
+fs_status fs_cuda_scale(void *stream, float *x, int64_t n, float alpha);
+/* dst[i] += src[i] (a reduce-scatter's accumulation when a rank is alone) */
+fs_status fs_cuda_add(void *stream, float *dst, const float *src, int64_t n);
+
+/* *out = sum of x[i]^2 in double, written (not added). The vector is cut into
+ * FS_CUDA_REDUCE_PARTS fixed pieces whose sums go to partials, which one block then adds in
+ * order: the same bits on every run. */
+#define FS_CUDA_REDUCE_PARTS 1024
+fs_status fs_cuda_sum_squares(void *stream, double *out, double *partials /* (PARTS) */,
+                              const float *x, int64_t n);
+
+fs_status fs_cuda_embedding_forward(void *stream, float *out, const int32_t *tokens,
+                                    const float *wte, int64_t N, int64_t C, int64_t row0,
+                                    int64_t rows);
+fs_status fs_cuda_embedding_forward_bf16(void *stream, float *out, const int32_t *tokens,
+                                         const uint16_t *wte, int64_t N, int64_t C,
+                                         int64_t row0, int64_t rows);
+/* Summed in token order per column: deterministic, no atomics. */
+fs_status fs_cuda_embedding_backward(void *stream, float *dwte, const float *dout,
+                                     const int32_t *tokens, int64_t N, int64_t C, int64_t row0,
+                                     int64_t rows);
+
+fs_status fs_cuda_rmsnorm_forward(void *stream, float *out, float *rstd, const float *inp,
+                                  const float *weight, int64_t N, int64_t C, float eps);
+fs_status fs_cuda_rmsnorm_backward(void *stream, float *dinp, float *dweight, const float *dout,
+                                   const float *inp, const float *weight, const float *rstd,
+                                   int64_t N, int64_t C);
+
+/* cos/sin tables are device arrays (T, HS/2), filled by uploading fs_rope_table's. */
+fs_status fs_cuda_rope_forward(void *stream, float *x, int64_t ld, const float *cos_table,
+                               const float *sin_table, int64_t B, int64_t T, int64_t n_heads,
+                               int64_t HS);
+fs_status fs_cuda_rope_backward(void *stream, float *dx, int64_t ld, const float *cos_table,
+                                const float *sin_table, int64_t B, int64_t T, int64_t n_heads,
+                                int64_t HS);
+
+/* Causal GQA attention, flash style: tiles of queries and keys in shared memory, online
+ * softmax, no T x T matrix in memory. fp32 in and out. Backward recomputes p from lse; dq
+ * and dk/dv are accumulated by separate passes (no atomics), each in a fixed order. */
+fs_status fs_cuda_attention_forward(void *stream, float *out, float *lse, const float *q,
+                                    const float *k, const float *v, int64_t ld_qkv, int64_t B,
+                                    int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+fs_status fs_cuda_attention_backward(void *stream, float *dq, float *dk, float *dv,
+                                     int64_t ld_dqkv, const float *dout, const float *q,
+                                     const float *k, const float *v, int64_t ld_qkv,
+                                     const float *out, const float *lse, int64_t B, int64_t T,
+                                     int64_t NH, int64_t NKV, int64_t HS);
+
+fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int64_t N,
+                                 int64_t FF);
+fs_status fs_cuda_swiglu_backward(void *stream, float *dgu, const float *dout, const float *gu,
+                                  int64_t N, int64_t FF);
+
+fs_status fs_cuda_xent_chunk_forward(void *stream, float *row_max, float *row_sum,
+                                     float *target_logit, const float *logits,
+                                     const int32_t *targets, int64_t N, int64_t Vc, int64_t v0,
+                                     int first);
+/* fs_xent_finish on the GPU: lse[n] = row_max[n] + log(row_sum[n]) (lse may alias row_max),
+ * and *loss_sum += the mean over n of (lse[n] - target_logit[n]), in double, summed by one
+ * block in a fixed order (loss_sum is one device double, which the caller zeroes and reads
+ * back once per step: the loss never synchronises the host inside a step). */
+fs_status fs_cuda_xent_finish(void *stream, float *lse, const float *row_max,
+                              const float *row_sum, const float *target_logit, int64_t N,
+                              double *loss_sum);
+fs_status fs_cuda_xent_chunk_backward(void *stream, float *dlogits, const float *logits,
+                                      const float *lse, const int32_t *targets, int64_t N,
+                                      int64_t Vc, int64_t v0, float dloss);
+
+/* PyTorch's AdamW with the CPU kernel's rounding points (adamw.c: the scalars formed in
+ * double and rounded to float once, fmaf where PyTorch fuses): the same bits as the CPU. */
+fs_status fs_cuda_adamw_update(void *stream, float *param, uint16_t *param_bf16, float *m,
+                               float *v, const float *grad, int64_t n, fs_adamw_params hp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLATSHARD_KERNELS_CUDA_KERNELS_H */

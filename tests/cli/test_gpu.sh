@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# tests/cli/test_gpu.sh — training on a GPU (--device cuda) end to end, against the CPU.
+#
+# Everywhere: the refusals — --device cuda without a GPU (or in a build without CUDA) exits 1
+# with one line saying why, an unknown device and --ranks > 1 on one GPU are usage errors.
+# Where a GPU is found, the runs the device layer promises (docs/gpu.md):
+#   - 50 steps of `small` on cuda and on cpu, fp32 and bf16: the losses agree step by step
+#     within a stated tolerance (the kernels sum in other orders, so the runs drift apart
+#     slowly; a wrong kernel moves the loss by far more in the first steps);
+#   - bit-exact resume on the GPU: 3 steps, save, 3 more from the checkpoint, equal bit for
+#     bit to 6 uninterrupted steps (the saved weights compared with cmp);
+#   - a checkpoint saved on the GPU resumes on the CPU at world size 2, and one saved by the
+#     CPU at world size 2 resumes on the GPU;
+#   - --memory on the GPU: the measured peak per category within the plan.
+# Without a GPU the GPU runs are one skip line (not a failure in CI, which has no GPU).
+. "$(dirname "$0")/lib.sh"
+
+TEXT=/usr/share/games/fortunes/fortunes
+if [ ! -r "$TEXT" ]; then
+    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
+    summary
+    exit
+fi
+
+refuse "an unknown --device" 2 "--device: 'tpu' is not one of: cpu, cuda" "$FS" train --device tpu --data "$TEXT" --steps 1 --no-save
+refuse "--device cuda with --ranks 2" 2 "one GPU with one rank" "$FS" train --device cuda --ranks 2 --data "$TEXT" --steps 1 --no-save
+
+# is there a GPU? the probe is the program itself: without one it must say so in one line
+"$FS" train --device cuda --model tiny --steps 1 --batch 1 --seq 16 --no-save --data "$TEXT" >"$WORK/probe.out" 2>"$WORK/probe.err"
+probe_rc=$?
+if [ "$probe_rc" -ne 0 ]; then
+    refuse "--device cuda without a usable GPU exits 1 with one line" 1 "^flatshard train: --device cuda: no usable GPU: " \
+        "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT"
+    refuse "bench step --device cuda without a usable GPU exits 1 with one line" 1 "^flatshard bench step: --device cuda: no usable GPU: " \
+        "$FS" bench step --device cuda --model tiny --steps 1 --warmup 0 --data "$TEXT"
+    skip_by_design "the GPU runs (cuda against cpu, resume, checkpoints, memory)" \
+        "no CUDA GPU here ($(sed -E 's/^flatshard train: --device cuda: no usable GPU: //' "$WORK/probe.err" | head -n 1))"
+    summary
+    exit
+fi
+expect "the probe run on the GPU trained a step" grep -q 'step 1' "$WORK/probe.out"
+
+# losses of two --metrics files, step by step: the largest relative difference
+max_rel_diff() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) and a, (len(a), len(b))
+print(max(abs(x - y) / abs(y) for x, y in zip(a, b)))
+PY
+}
+
+SMALL=(--model small --batch 4 --seq 128 --steps 50 --warmup 5 --lr 3e-4 --no-save --progress lines --data "$TEXT")
+for precision in fp32 bf16; do
+    run "50 steps of small on cuda ($precision)" 0 "$FS" train --device cuda --precision "$precision" --metrics "$WORK/cuda-$precision.jsonl" "${SMALL[@]}"
+    run "50 steps of small on cpu ($precision)" 0 "$FS" train --device cpu --precision "$precision" --metrics "$WORK/cpu-$precision.jsonl" "${SMALL[@]}"
+    # Tolerances. fp32: the GPU's GEMMs and reductions sum in other orders (relative error
+    # ~1e-6 per step's loss), and training amplifies differences slowly over 50 steps at
+    # lr 3e-4; 2e-3 leaves room for that drift, while a wrong kernel (a transposed operand,
+    # a missing accumulation) changes the loss by > 1e-2 within the first steps. bf16: the
+    # operands are rounded to 8 bits of mantissa (2^-9 relative), and a rounding that
+    # differs flips one bf16 ulp; 2e-2 bounds that over 50 steps.
+    tol=$([ "$precision" = fp32 ] && echo 2e-3 || echo 2e-2)
+    d=$(max_rel_diff "$WORK/cuda-$precision.jsonl" "$WORK/cpu-$precision.jsonl" 2>&1)
+    echo "     ($precision: the largest relative loss difference over 50 steps is $d)"
+    expect "cuda and cpu losses agree within $tol ($precision)" python3 -c "import sys; sys.exit(0 if float('$d') <= $tol else 1)"
+done
+
+TINY=(--model tiny --batch 2 --seq 64 --lr 1e-3 --progress lines --data "$TEXT")
+run "6 steps on the GPU, uninterrupted" 0 "$FS" train --device cuda "${TINY[@]}" --steps 6 --out "$WORK/straight.safetensors"
+run "3 steps on the GPU, saved" 0 "$FS" train --device cuda "${TINY[@]}" --steps 3 --save "$WORK/ck" --out "$WORK/half.safetensors"
+run "resumed on the GPU to step 6" 0 "$FS" train --device cuda "${TINY[@]}" --steps 6 --resume "$WORK/ck" --out "$WORK/resumed.safetensors"
+expect "resume on the GPU is bit-exact" cmp -s "$WORK/straight.safetensors" "$WORK/resumed.safetensors"
+run "the GPU's checkpoint resumed on the CPU with 2 ranks" 0 "$FS" train --device cpu --ranks 2 --batch 1 --model tiny --seq 64 --lr 1e-3 --data "$TEXT" --steps 5 --resume "$WORK/ck" --save "$WORK/ck2" --out "$WORK/cpu2.safetensors"
+run "the CPU's 2-rank checkpoint resumed on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --lr 1e-3 --data "$TEXT" --steps 6 --resume "$WORK/ck2" --out "$WORK/back.safetensors"
+expect "the GPU run went on from the CPU's step 5" grep -q 'step 6' "$WORK/out"
+
+run "--memory on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --steps 2 --no-save --memory --data "$TEXT"
+expect "the memory table is printed" grep -q 'memory per rank, MiB' "$WORK/out"
+summary
