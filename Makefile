@@ -238,8 +238,8 @@ check:
 
 # Every figure of BENCHMARKS.md, script by script (about an hour on the 2-core machine; each
 # prints its table). A peer or facility that is missing — PyTorch, a torch >= 2.4 for FSDP2
-# (TORCH2_PYTHON), root for the network namespaces — is skipped with a line saying so; nothing
-# is downloaded.
+# (TORCH2_PYTHON), root for the network namespaces, a GPU and a CUDA torch for bench/gpu.sh —
+# is skipped with a line saying so; nothing is downloaded.
 bench: all
 	bench/single_process.sh
 	bench/kernels.sh
@@ -249,6 +249,7 @@ bench: all
 	bench/comm_mpi_configs.sh
 	bench/pytorch.sh
 	bench/interconnect.sh
+	-bench/gpu.sh   # one line and exit 1 where there is no GPU; make goes on
 
 clean:
 	rm -rf build build-* 
