@@ -65,7 +65,11 @@ const char *fs_status_name(fs_status st);
         if (!(cond)) fs_assert_fail(#cond, __FILE__, __LINE__);                             \
     } while (0)
 
+#ifdef __cplusplus /* the CUDA kernels (src/kernels/cuda/) include this header as C++ */
+[[noreturn]] void fs_assert_fail(const char *cond, const char *file, int line);
+#else
 _Noreturn void fs_assert_fail(const char *cond, const char *file, int line);
+#endif
 
 /* Invariants too costly to check in every release build (a test per segment or per call of
  * an inner loop): an FS_ASSERT under `make DEBUG=1` (which defines FS_DEBUG), nothing

@@ -55,17 +55,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* core.h spells a C11 _Noreturn, which nvcc's C++ front end does not know: lend it the C++
- * attribute for the includes only. */
-#ifndef _Noreturn
-#define _Noreturn [[noreturn]]
-#define ATT_DEFINED_NORETURN
-#endif
 #include "cuda_kernels.h"
-#ifdef ATT_DEFINED_NORETURN
-#undef _Noreturn
-#undef ATT_DEFINED_NORETURN
-#endif
 
 #define ATT_THREADS 256 /* a 16 x 16 grid of threads */
 #define ATT_MAX_HS 256

@@ -40,17 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* core.h spells C11's _Noreturn, which C++ does not know: lend it the C++ attribute for the
- * includes only (cuda_kernels.h gives flatshard's C headers C linkage). */
-#ifndef _Noreturn
-#define _Noreturn [[noreturn]]
-#define FS_CU_NORETURN_SHIM
-#endif
 #include "cuda_kernels.h"
-#ifdef FS_CU_NORETURN_SHIM
-#undef _Noreturn
-#undef FS_CU_NORETURN_SHIM
-#endif
 
 /* Plans kept per handle: a model's linear layers use a handful of shapes (forward, the two
  * backward products, per distinct layer width), each perhaps in two alignments. */

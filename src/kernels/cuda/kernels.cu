@@ -30,17 +30,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* core.h spells C11's _Noreturn, which C++ does not know: lend it the C++ attribute for the
- * includes only (cuda_kernels.h gives flatshard's C headers C linkage). */
-#ifndef _Noreturn
-#define _Noreturn [[noreturn]]
-#define FS_CU_NORETURN_SHIM
-#endif
 #include "cuda_kernels.h"
-#ifdef FS_CU_NORETURN_SHIM
-#undef _Noreturn
-#undef FS_CU_NORETURN_SHIM
-#endif
 
 /* Threads per block of every kernel but the column-split backward passes: a multiple of 32
  * (block_reduce works on whole warps). */

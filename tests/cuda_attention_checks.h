@@ -1,0 +1,388 @@
+/*
+ * tests/cuda_attention_checks.h — the CUDA attention kernels (src/kernels/cuda/attention.cu)
+ * against the CPU kernels (src/kernels/cpu/attention.c, which tests/test_kernels.c checks
+ * against double references and finite differences), run on the same random inputs.
+ *
+ *   1. forward: out and lse, every element, and nothing written past either;
+ *   2. backward: dq, dk and dv accumulate into a gradient that starts random (a kernel that
+ *      overwrote instead of adding would be off by that start), in a buffer with its own row
+ *      stride whose padding columns must come back bit for bit;
+ *   3. determinism: two runs give the same bits (no atomics, no dependence on the order in
+ *      which blocks run);
+ *   4. a long sequence (T = 2048), and the shapes the kernels refuse.
+ *
+ * Shapes are awkward on purpose: T = 1, 7, 13, 70 (two 64-key tiles), 97, 300 (partial last
+ * tiles of 32 and 64); HS = 6, 8, 64, 128, 200 and 256 (the kernels' three instances, with
+ * columns past HS in each); NH = 1 and 3; GQA (NH = 6, NKV = 2; NH = 3, NKV = 1); B = 1 and 2;
+ * q/k/v inside a wider row with padding, and a gradient stride different from the input's.
+ *
+ * Included by tests/test_cuda.c, which defines before it the harness (harness.h), a check that
+ * a GPU exists before any test runs, and the helpers used here: dev_upload (cudaMalloc + copy;
+ * NULL after a recorded failure), dev_download (synchronous), dev_free and fill_uniform.
+ * Everything here is static and named cuda_att_*, apart from the test functions.
+ *
+ * Tolerances. u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
+ * other orders (the GPU's dot products in column order with fmaf, the CPU's in 8 or 16 lanes;
+ * the GPU's online softmax rescales per 64 keys, the CPU's per 64 or 16), so they differ by
+ * about the sum of two rounding errors, ~sqrt(K) u times the size of the partial sums of a
+ * K-term sum, never by a different formula. The inputs: q and v in [-2, 2], k in [-2, 2] and
+ * x3 past position 64 (|q_c k_c| up to 12, about 4 on average), dout in [-1, 1].
+ *   - A score is scale = 1/sqrt(HS) times an HS-term dot whose partial sums random-walk to
+ *     ~4 sqrt(HS), so it errs by ~sqrt(HS) u 4 sqrt(HS) scale = 4 sqrt(HS) u: 2e-6 at
+ *     HS = 64, 4e-6 at 256. lse carries that as an absolute error (plus u |lse|, |lse| up to
+ *     ~20), each softmax weight as a relative one, and out, their average of |v| <= 2, as up
+ *     to twice that: lse 2e-5 absolute + 1e-6 relative, out 2e-5 absolute + 1e-5 relative.
+ *   - A gradient sums up to T terms p (dp - D) times k, q or dout (dp and D are HS-term dots
+ *     of ~sqrt(HS) in size), reaching ~6 here: each term carries the score's relative error
+ *     and dp - D's absolute one (~HS u): 5e-5 absolute + 2e-5 relative.
+ *   - Longer rows add their own rounding: the T-term sums of out, lse's sum and the gradients
+ *     err by ~sqrt(T) u |sum|, and every online-softmax rescale (each 64 keys here, each 16
+ *     on the CPU's AVX-512 path) by u relative. So every tolerance above, set for T <= 64, is
+ *     multiplied by sqrt(T / 64) past T = 64 (cuda_att_length_factor).
+ * Each sits at least 6x above the largest difference measured against the CPU's AVX-512
+ * and portable paths (at T = 2048, HS = 128: out 9e-6 and lse 1e-5 against 1.1e-4), on a
+ * CPU model of the kernels: this code, an OS thread per GPU thread, the host's expf (within
+ * 2 ulp of the GPU's).
+ */
+#ifndef FLATSHARD_TESTS_CUDA_ATTENTION_CHECKS_H
+#define FLATSHARD_TESTS_CUDA_ATTENTION_CHECKS_H
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/kernels/cuda/cuda_kernels.h"
+#include "flatshard/kernels.h"
+#include "harness.h"
+
+#define CUDA_ATT_GUARD 67 /* floats after each output, which the kernels must leave alone */
+
+/* See the header comment for where each comes from. */
+#define CUDA_ATT_OUT_ATOL 2e-5
+#define CUDA_ATT_OUT_RTOL 1e-5
+#define CUDA_ATT_LSE_ATOL 2e-5
+#define CUDA_ATT_LSE_RTOL 1e-6
+#define CUDA_ATT_GRAD_ATOL 5e-5
+#define CUDA_ATT_GRAD_RTOL 2e-5
+
+typedef struct cuda_att_shape {
+    int64_t B, T, NH, NKV, HS;
+    int64_t pad;  /* floats after v in each input row */
+    int64_t dpad; /* floats after dv in each gradient row (its own stride) */
+} cuda_att_shape;
+
+static const cuda_att_shape cuda_att_shapes[] = {
+    {1, 1, 1, 1, 8, 0, 0},    /* T = 1: a single key, p = 1 */
+    {2, 7, 3, 1, 8, 0, 2},    /* NH = 3 sharing one kv head; one partial tile */
+    {2, 13, 6, 2, 6, 5, 0},   /* GQA 6/2, HS = 6, padded input rows */
+    {1, 70, 1, 1, 8, 3, 1},   /* two 64-key tiles: the online softmax rescales */
+    {2, 300, 6, 2, 64, 7, 3}, /* GQA at HS = 64, five query tiles, partial last tiles */
+    {1, 97, 3, 1, 128, 0, 5}, /* HS = 128 */
+    {1, 45, 2, 2, 200, 1, 0}, /* HS = 200: the widest instance with columns past HS */
+    {1, 33, 2, 1, 256, 0, 0}, /* HS = 256, the largest */
+};
+
+/* One shape's inputs, and the CPU forward, which both backward kernels take as their input
+ * (so that the backward comparison sees only the backward's differences). */
+typedef struct cuda_att_case {
+    cuda_att_shape s;
+    int64_t N, C, ld, ldd; /* N = B T rows, C = NH HS; row strides of qkv and the gradient */
+    float *qkv;            /* (N, ld): q at column 0, k at C, v at (NH + NKV) HS */
+    float *out, *lse;      /* the CPU forward: (N, C) and (B, NH, T) */
+    float *dout;           /* (N, C) */
+    float *g0;             /* (N, ldd) the gradient's starting values, random */
+} cuda_att_case;
+
+static float *cuda_att_alloc(int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void cuda_att_make(cuda_att_case *c, cuda_att_shape s) {
+    c->s = s;
+    c->N = s.B * s.T;
+    c->C = s.NH * s.HS;
+    c->ld = (s.NH + 2 * s.NKV) * s.HS + s.pad;
+    c->ldd = (s.NH + 2 * s.NKV) * s.HS + s.dpad;
+    c->qkv = cuda_att_alloc(c->N * c->ld);
+    fill_uniform(c->qkv, c->N * c->ld, -2.0f, 2.0f);
+    /* keys past the first 64-key tile score higher, so that rows there find a larger max in a
+     * later tile and the online softmax must rescale what it summed before */
+    for (int64_t n = 0; n < c->N; n++)
+        if (n % s.T >= 64)
+            for (int64_t col = c->C; col < (s.NH + s.NKV) * s.HS; col++)
+                c->qkv[n * c->ld + col] *= 3.0f;
+    c->out = cuda_att_alloc(c->N * c->C);
+    c->lse = cuda_att_alloc(s.B * s.NH * s.T);
+    fs_attention_forward(NULL, c->out, c->lse, c->qkv, c->qkv + c->C,
+                         c->qkv + (s.NH + s.NKV) * s.HS, c->ld, s.B, s.T, s.NH, s.NKV, s.HS);
+    c->dout = cuda_att_alloc(c->N * c->C);
+    fill_uniform(c->dout, c->N * c->C, -1.0f, 1.0f);
+    c->g0 = cuda_att_alloc(c->N * c->ldd);
+    fill_uniform(c->g0, c->N * c->ldd, -1.0f, 1.0f);
+}
+
+static void cuda_att_free(cuda_att_case *c) {
+    free(c->qkv), free(c->out), free(c->lse), free(c->dout), free(c->g0);
+}
+
+static void cuda_att_name(char *name, size_t size, const char *what, const cuda_att_shape *s) {
+    snprintf(name, size, "cuda attention %s B=%lld T=%lld NH=%lld NKV=%lld HS=%lld", what,
+             (long long)s->B, (long long)s->T, (long long)s->NH, (long long)s->NKV,
+             (long long)s->HS);
+}
+
+/* got against the CPU's float results want, both n long, with CHECK_CLOSE's rule. */
+static void cuda_att_close(const char *what, const cuda_att_shape *s, const float *got,
+                           const float *want, int64_t n, double atol, double rtol) {
+    double *w = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!w) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    for (int64_t i = 0; i < n; i++) w[i] = (double)want[i];
+    char name[192];
+    cuda_att_name(name, sizeof name, what, s);
+    CHECK_CLOSE(name, got, w, n, atol, rtol);
+    free(w);
+}
+
+/* Columns [col0, col0 + width) of the rows of x (row stride ld) into dense (N, width). */
+static float *cuda_att_columns(const float *x, int64_t N, int64_t ld, int64_t col0,
+                               int64_t width) {
+    float *d = cuda_att_alloc(N * width);
+    for (int64_t n = 0; n < N; n++)
+        memcpy(d + n * width, x + n * ld + col0, (size_t)width * sizeof(float));
+    return d;
+}
+
+/* n + CUDA_ATT_GUARD floats: x's n (random where x is NULL), then random guard floats. */
+static float *cuda_att_guarded(const float *x, int64_t n) {
+    float *g = cuda_att_alloc(n + CUDA_ATT_GUARD);
+    if (x)
+        memcpy(g, x, (size_t)n * sizeof(float));
+    else
+        fill_uniform(g, n, -1.0f, 1.0f);
+    fill_uniform(g + n, CUDA_ATT_GUARD, 10.0f, 20.0f);
+    return g;
+}
+
+/* The tolerances' growth with the row length: sums of up to T terms and up to T / 16 softmax
+ * rescales, whose rounding grows like sqrt(T); the base tolerances hold up to T = 64 (see the
+ * header comment). */
+static double cuda_att_length_factor(int64_t T) {
+    return T > 64 ? sqrt((double)T / 64.0) : 1.0;
+}
+
+static void cuda_att_sync(void) {
+    cudaError_t err = cudaDeviceSynchronize();
+    CHECK(err == cudaSuccess, "cudaDeviceSynchronize: %s", cudaGetErrorString(err));
+}
+
+/* The CUDA forward of c on device copies: out (N C + guard) and lse (B NH T + guard) are
+ * uploaded from the host buffers (their starting values and guards) and downloaded back
+ * into them. Returns 0 if an upload failed (recorded by dev_upload). */
+static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse) {
+    const cuda_att_shape s = c->s;
+    const int64_t nout = c->N * c->C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
+    float *d_qkv = dev_upload(c->qkv, c->N * c->ld);
+    float *d_out = dev_upload(out, nout), *d_lse = dev_upload(lse, nlse);
+    const int ok = d_qkv && d_out && d_lse;
+    if (ok) {
+        CHECK_OK(fs_cuda_attention_forward(NULL, d_out, d_lse, d_qkv, d_qkv + c->C,
+                                           d_qkv + (s.NH + s.NKV) * s.HS, c->ld, s.B, s.T,
+                                           s.NH, s.NKV, s.HS));
+        cuda_att_sync();
+        dev_download(out, d_out, nout);
+        dev_download(lse, d_lse, nlse);
+    }
+    if (d_qkv) dev_free(d_qkv);
+    if (d_out) dev_free(d_out);
+    if (d_lse) dev_free(d_lse);
+    return ok;
+}
+
+/* The CUDA backward of c from the CPU forward's out and lse, into g (N ldd + guard), which is
+ * uploaded (the starting gradient and guard) and downloaded back. Returns 0 if an upload
+ * failed (recorded by dev_upload). */
+static int cuda_att_run_backward(const cuda_att_case *c, float *g) {
+    const cuda_att_shape s = c->s;
+    const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
+    float *d_qkv = dev_upload(c->qkv, c->N * c->ld), *d_out = dev_upload(c->out, c->N * c->C);
+    float *d_lse = dev_upload(c->lse, s.B * s.NH * s.T);
+    float *d_dout = dev_upload(c->dout, c->N * c->C);
+    float *d_g = dev_upload(g, c->N * c->ldd + CUDA_ATT_GUARD);
+    const int ok = d_qkv && d_out && d_lse && d_dout && d_g;
+    if (ok) {
+        CHECK_OK(fs_cuda_attention_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout,
+                                            d_qkv, d_qkv + kcol, d_qkv + vcol, c->ld, d_out,
+                                            d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
+        cuda_att_sync();
+        dev_download(g, d_g, c->N * c->ldd + CUDA_ATT_GUARD);
+    }
+    if (d_qkv) dev_free(d_qkv);
+    if (d_out) dev_free(d_out);
+    if (d_lse) dev_free(d_lse);
+    if (d_dout) dev_free(d_dout);
+    if (d_g) dev_free(d_g);
+    return ok;
+}
+
+/* The forward of one case against the CPU: every element of out and lse, and the guards
+ * after them untouched. */
+static void cuda_att_check_forward(const cuda_att_case *c) {
+    const cuda_att_shape s = c->s;
+    const int64_t nout = c->N * c->C, nlse = s.B * s.NH * s.T;
+    float *out = cuda_att_guarded(NULL, nout), *lse = cuda_att_guarded(NULL, nlse);
+    float *out0 = cuda_att_alloc(nout + CUDA_ATT_GUARD);
+    float *lse0 = cuda_att_alloc(nlse + CUDA_ATT_GUARD);
+    memcpy(out0, out, (size_t)(nout + CUDA_ATT_GUARD) * sizeof(float));
+    memcpy(lse0, lse, (size_t)(nlse + CUDA_ATT_GUARD) * sizeof(float));
+    if (cuda_att_run_forward(c, out, lse)) {
+        const double f = cuda_att_length_factor(s.T);
+        cuda_att_close("out", &s, out, c->out, nout, CUDA_ATT_OUT_ATOL * f, CUDA_ATT_OUT_RTOL * f);
+        cuda_att_close("lse", &s, lse, c->lse, nlse, CUDA_ATT_LSE_ATOL * f, CUDA_ATT_LSE_RTOL * f);
+        char name[192];
+        cuda_att_name(name, sizeof name, "forward", &s);
+        CHECK(memcmp(out + nout, out0 + nout, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of out", name);
+        CHECK(memcmp(lse + nlse, lse0 + nlse, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of lse", name);
+    }
+    free(out), free(lse), free(out0), free(lse0);
+}
+
+/* The backward of one case against the CPU's, both accumulating into the same random start:
+ * dq, dk and dv element by element; the gradient's padding columns and the guard after it
+ * bit for bit. */
+static void cuda_att_check_backward(const cuda_att_case *c) {
+    const cuda_att_shape s = c->s;
+    const int64_t ng = c->N * c->ldd, kv = s.NKV * s.HS;
+    const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS, width = vcol + kv;
+    float *want = cuda_att_alloc(ng);
+    memcpy(want, c->g0, (size_t)ng * sizeof(float));
+    fs_attention_backward(NULL, want, want + kcol, want + vcol, c->ldd, c->dout, c->qkv,
+                          c->qkv + kcol, c->qkv + vcol, c->ld, c->out, c->lse, s.B, s.T, s.NH,
+                          s.NKV, s.HS);
+    float *g = cuda_att_guarded(c->g0, ng), *g0 = cuda_att_alloc(ng + CUDA_ATT_GUARD);
+    memcpy(g0, g, (size_t)(ng + CUDA_ATT_GUARD) * sizeof(float));
+    if (cuda_att_run_backward(c, g)) {
+        const double f = cuda_att_length_factor(s.T);
+        const struct {
+            const char *what;
+            int64_t col, width;
+        } parts[3] = {{"dq", 0, c->C}, {"dk", kcol, kv}, {"dv", vcol, kv}};
+        for (int p = 0; p < 3; p++) {
+            float *got_p = cuda_att_columns(g, c->N, c->ldd, parts[p].col, parts[p].width);
+            float *want_p = cuda_att_columns(want, c->N, c->ldd, parts[p].col, parts[p].width);
+            cuda_att_close(parts[p].what, &s, got_p, want_p, c->N * parts[p].width,
+                           CUDA_ATT_GRAD_ATOL * f, CUDA_ATT_GRAD_RTOL * f);
+            free(got_p), free(want_p);
+        }
+        char name[192];
+        cuda_att_name(name, sizeof name, "backward", &s);
+        int64_t touched = 0;
+        for (int64_t n = 0; n < c->N; n++)
+            if (memcmp(g + n * c->ldd + width, g0 + n * c->ldd + width,
+                       (size_t)s.dpad * sizeof(float)) != 0)
+                touched++;
+        CHECK(touched == 0, "%s: the padding columns of %lld gradient rows changed", name,
+              (long long)touched);
+        CHECK(memcmp(g + ng, g0 + ng, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of the gradient", name);
+    }
+    free(want), free(g), free(g0);
+}
+
+static void test_cuda_attention_forward(void) {
+    for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, cuda_att_shapes[i]);
+        cuda_att_check_forward(&c);
+        cuda_att_free(&c);
+    }
+}
+
+static void test_cuda_attention_backward(void) {
+    for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, cuda_att_shapes[i]);
+        cuda_att_check_backward(&c);
+        cuda_att_free(&c);
+    }
+}
+
+/* A training-length row at each of the models' head sizes: 32 key tiles per row, the
+ * dk/dv blocks walk 64 query tiles. */
+static void test_cuda_attention_long(void) {
+    static const cuda_att_shape shapes[] = {{1, 2048, 2, 1, 64, 0, 0}, {1, 2048, 2, 2, 128, 4, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, shapes[i]);
+        cuda_att_check_forward(&c);
+        cuda_att_check_backward(&c);
+        cuda_att_free(&c);
+    }
+}
+
+/* Two runs of each kernel on the same inputs give the same bits: GQA (three query heads per
+ * kv head summed into dk, dv), several tiles each way, both common head sizes. */
+static void test_cuda_attention_deterministic(void) {
+    static const cuda_att_shape shapes[] = {{2, 300, 6, 2, 64, 3, 1}, {1, 200, 3, 1, 128, 0, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, shapes[i]);
+        const cuda_att_shape s = c.s;
+        const int64_t nout = c.N * c.C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
+        const int64_t ng = c.N * c.ldd + CUDA_ATT_GUARD;
+        float *out[2], *lse[2], *g[2];
+        int ok = 1;
+        for (int r = 0; r < 2; r++) {
+            out[r] = cuda_att_guarded(NULL, c.N * c.C);
+            lse[r] = cuda_att_guarded(NULL, s.B * s.NH * s.T);
+            g[r] = cuda_att_guarded(c.g0, c.N * c.ldd);
+            ok = ok && cuda_att_run_forward(&c, out[r], lse[r]) && cuda_att_run_backward(&c, g[r]);
+        }
+        char name[192];
+        cuda_att_name(name, sizeof name, "run twice", &s);
+        /* the first nout - guard elements: the guards were drawn at random per run */
+        CHECK(!ok || memcmp(out[0], out[1], (size_t)(nout - CUDA_ATT_GUARD) * sizeof(float)) == 0,
+              "%s: out differs", name);
+        CHECK(!ok || memcmp(lse[0], lse[1], (size_t)(nlse - CUDA_ATT_GUARD) * sizeof(float)) == 0,
+              "%s: lse differs", name);
+        CHECK(!ok || memcmp(g[0], g[1], (size_t)(ng - CUDA_ATT_GUARD) * sizeof(float)) == 0,
+              "%s: dq, dk, dv differ", name);
+        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(g[r]);
+        cuda_att_free(&c);
+    }
+}
+
+/* Shapes outside what the kernels handle are refused before anything is launched, and an
+ * empty batch launches nothing (an empty grid would be a CUDA error). */
+static void test_cuda_attention_shapes(void) {
+    /* HS 257 > 256; NH not a multiple of NKV; NKV 0 */
+    CHECK(fs_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, NULL, 771, 1, 4, 1, 1, 257) ==
+              FS_ERR_USAGE,
+          "HS = 257 accepted");
+    CHECK(strstr(fs_error_message(), "attention") != NULL, "message '%s' names no kernel",
+          fs_error_message());
+    CHECK(fs_cuda_attention_backward(NULL, NULL, NULL, NULL, 56, NULL, NULL, NULL, NULL, 56,
+                                     NULL, NULL, 1, 4, 3, 2, 8) == FS_ERR_USAGE,
+          "NH = 3, NKV = 2 accepted");
+    CHECK(fs_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, NULL, 24, 1, 4, 1, 0, 8) ==
+              FS_ERR_USAGE,
+          "NKV = 0 accepted");
+    CHECK_OK(fs_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, NULL, 24, 1, 0, 1, 1, 8));
+    CHECK_OK(fs_cuda_attention_backward(NULL, NULL, NULL, NULL, 24, NULL, NULL, NULL, NULL, 24,
+                                        NULL, NULL, 0, 5, 1, 1, 8));
+    cuda_att_sync();
+}
+
+#endif /* FLATSHARD_TESTS_CUDA_ATTENTION_CHECKS_H */
