@@ -33,6 +33,15 @@ if [ "$probe_rc" -ne 0 ]; then
         "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT"
     refuse "bench step --device cuda without a usable GPU exits 1 with one line" 1 "^flatshard bench step: --device cuda: no usable GPU: " \
         "$FS" bench step --device cuda --model tiny --steps 1 --warmup 0 --data "$TEXT"
+    # the CUDA device is a library the program loads (src/device/device_internal.h): one
+    # that cannot be loaded is named, in the same one line
+    if [ -e "$BUILD/libflatshard-cuda.so" ]; then
+        refuse "a CUDA library that cannot be loaded is named" 1 "no usable GPU: cannot load $WORK/missing.so: " \
+            env FLATSHARD_CUDA_LIB="$WORK/missing.so" "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT"
+    else
+        refuse "a build without CUDA says so" 1 "no usable GPU: this build has no CUDA" \
+            "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT"
+    fi
     skip_by_design "the GPU runs (cuda against cpu, resume, checkpoints, memory)" \
         "no CUDA GPU here ($(sed -E 's/^flatshard train: --device cuda: no usable GPU: //' "$WORK/probe.err" | head -n 1))"
     summary
