@@ -10,6 +10,7 @@
 #   make DEBUG=1          -O0 -g3 with FS_DEBUG: the debug-only FS_DEBUG_ASSERT checks (core.h) on
 #   make WERROR=1         warnings are errors (CI sets this)
 #   make CUDA=0           without the CUDA device (default: built when nvcc is on PATH, see below)
+#   make ONEDNN=0         without oneDNN's bf16 GEMM path (default: built when libdnnl-dev is in)
 #   make clean
 #
 # Sources are found by wildcard: a new file under src/<module>/ joins the library, a new
@@ -105,6 +106,21 @@ MPI_TEST_BIN := $(patsubst tests/mpi/%.c,$(BUILD)/mpi_tests/%,$(wildcard tests/m
 endif
 CPPFLAGS += $(MPI_CPPFLAGS)
 LDLIBS   += $(MPI_LDLIBS)
+
+# ---- oneDNN: the bf16 GEMM on AMX (src/kernels/cpu/gemm_onednn.c) -----------------------
+# ONEDNN=1 links Debian's oneDNN (libdnnl-dev: the matmul primitive, brgemm on AMX tiles)
+# for the bf16 GEMM's oneDNN path, and libgomp, whose omp_set_num_threads caps the OpenMP
+# threads Debian's libdnnl uses at one per caller (kernels.h, "bf16 GEMM paths"). The default
+# is 1 when its header is installed; ONEDNN=0 builds the flatshard GEMM path only.
+ONEDNN   ?= $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),1,0)
+ifeq ($(ONEDNN),1)
+CPPFLAGS += -DFS_HAVE_ONEDNN=1
+LDLIBS   += -ldnnl -lgomp
+else ifeq ($(ONEDNN),0)
+CPPFLAGS += -DFS_HAVE_ONEDNN=0
+else
+$(error ONEDNN must be 0 or 1, not '$(ONEDNN)')
+endif
 
 # ---- CUDA: the GPU device (src/device/cuda.c, src/kernels/cuda/*.cu) ----------------------
 # CUDA=1 builds the CUDA device with nvcc (sm_90: H100/H200) into its own shared library,

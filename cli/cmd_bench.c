@@ -10,6 +10,7 @@
  * FLOPs; a training token is fs_layout_train_flops_per_token (model.h) FLOPs.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,10 +162,9 @@ static int bench_step(int argc, char **argv) {
             printf("bench step: %s %s\n", model, desc);
             if (cfg.device != FS_DEVICE_CPU) printf("  device %s\n", fs_device_name(tr->dev));
             printf("  batch %" PRId64 " x seq %" PRId64 ", %" PRId64 " thread%s, %" PRId64
-                   " measured step%s after %" PRId64 " warm-up; OpenBLAS core %s, bf16 kernel %s\n",
+                   " measured step%s after %" PRId64 " warm-up; OpenBLAS core %s, bf16 GEMM %s\n",
                    batch, seq, threads, threads == 1 ? "" : "s", steps, steps == 1 ? "" : "s", warmup,
-                   fs_kernels_blas_corename(),
-                   fs_kernels_isa_name(fs_kernels_isa()));
+                   fs_kernels_blas_corename(), fs_gemm_path_detail());
         }
         printf("%s:\n", fs_precision_name(r->precision));
         printf("  step time  median %.4f s  (min %.4f, max %.4f)\n", step_med, step_min, step_max);
@@ -189,7 +189,7 @@ static int bench_step(int argc, char **argv) {
                    "\"peak_bytes\":%zu}\n",
                    model, fs_precision_name(r->precision), tr->layout.total_numel, batch, seq, threads, steps,
                    step_med, step_min, step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename(),
-                   fs_kernels_isa_name(fs_kernels_isa()), fs_device_kind_name(cfg.device), mfu, peak_bytes);
+                   fs_gemm_path_detail(), fs_device_kind_name(cfg.device), mfu, peak_bytes);
     }
     if (n_runs == 2) /* a ratio below 1 is not "0.70x faster" */
         printf("bf16 step vs fp32 step: %.2fx %s\n", med[0] >= med[1] ? med[0] / med[1] : med[1] / med[0],
@@ -209,32 +209,38 @@ typedef struct gemm_shape {
 
 typedef enum { PASS_FWD, PASS_DINP, PASS_DW } gemm_pass;
 
+static double flops_of(const gemm_shape *g) { return 2.0 * (double)g->n * (double)g->ic * (double)g->oc; }
+
 static const fs_command_help gemm_help = {
     .usage = "flatshard bench gemm [options]",
     .description =
         "Times every GEMM a training step of the model runs — each linear layer's forward\n"
         "(out = in W^T), input gradient (dout W) and weight gradient (dout^T in) — through\n"
         "flatshard's threaded matmul: OpenBLAS sgemm (fp32) and the bf16 GEMM (bf16 operands,\n"
-        "fp32 accumulation; AVX512-BF16 where the CPU has it), side by side in one run, each\n"
-        "repetition alternating between them. Prints the median GFLOP/s per GEMM, the rate\n"
-        "over a whole step's GEMMs (their FLOPs over their median times, each weighted by how\n"
-        "often a step runs it), the bf16/fp32 ratio, and a square 1024^3 GEMM for reference.\n"
-        "Before timing, the bf16 output is checked bit for bit against the portable path.\n"
-        "2MNK FLOPs.",
+        "fp32 accumulation) on each of its paths — flatshard's kernel (AVX512-BF16 where the\n"
+        "CPU has it) and oneDNN's matmul (AMX where the CPU has it; when the build has\n"
+        "oneDNN) — side by side in one run, each repetition alternating between them. Prints\n"
+        "the median GFLOP/s per GEMM, the rate over a whole step's GEMMs (their FLOPs over\n"
+        "their median times, each weighted by how often a step runs it), the ratio of the\n"
+        "bf16 path in use (FLATSHARD_GEMM, kernels.h) to fp32, and a square 1024^3 GEMM for\n"
+        "reference. Before timing, flatshard's bf16 output is checked bit for bit against the\n"
+        "portable path, and oneDNN's against flatshard's (largest difference relative to the\n"
+        "largest |value|: both round the same bf16 products, in different orders). 2MNK FLOPs.",
     .epilog = "example:\n  flatshard bench gemm --model small --seq 256 --batch 4 --threads 1",
 };
 
-/* One GEMM pass of one shape in one precision. */
+/* One GEMM pass of one shape: fp32 (bf16 < 0), or bf16 on the given path. */
 static void gemm_pass_run(fs_pool *pool, int bf16, gemm_pass p, const gemm_shape *g, float *out, const float *in,
                           const float *w, const uint16_t *w16, float *din, float *dw) {
-    if (!bf16) {
+    if (bf16 >= 0) fs_gemm_set_path((fs_gemm_path)bf16);
+    if (bf16 < 0) {
         if (p == PASS_FWD) fs_matmul_forward(pool, out, in, w, g->n, g->ic, g->oc, 0);
         else if (p == PASS_DINP) fs_matmul_backward(pool, din, NULL, out, in, w, g->n, g->ic, g->oc, 0, 0);
         else fs_matmul_backward(pool, NULL, dw, out, in, w, g->n, g->ic, g->oc, 0, 0);
     } else {
-        if (p == PASS_FWD) fs_matmul_forward_bf16(pool, out, in, w16, g->n, g->ic, g->oc, 0);
-        else if (p == PASS_DINP) fs_matmul_backward_bf16(pool, din, NULL, out, in, w16, g->n, g->ic, g->oc, 0, 0);
-        else fs_matmul_backward_bf16(pool, NULL, dw, out, in, w16, g->n, g->ic, g->oc, 0, 0);
+        if (p == PASS_FWD) fs_matmul_forward_bf16(pool, NULL, out, in, w16, g->n, g->ic, g->oc, 0);
+        else if (p == PASS_DINP) fs_matmul_backward_bf16(pool, NULL, din, NULL, out, in, w16, g->n, g->ic, g->oc, 0, 0);
+        else fs_matmul_backward_bf16(pool, NULL, NULL, dw, out, in, w16, g->n, g->ic, g->oc, 0, 0);
     }
 }
 
@@ -283,7 +289,8 @@ static int bench_gemm(int argc, char **argv) {
     float *dw = malloc((size_t)max_w * sizeof(float)), *check = malloc((size_t)max_all * sizeof(float));
     uint16_t *w16 = malloc((size_t)max_w * sizeof(uint16_t));
     double *t32 = malloc((size_t)reps * sizeof(double)), *t16 = malloc((size_t)reps * sizeof(double));
-    if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16) {
+    double *tdn = malloc((size_t)reps * sizeof(double));
+    if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16 || !tdn) {
         fprintf(stderr, "flatshard bench gemm: out of memory\n");
         return FS_EXIT_RUNTIME;
     }
@@ -293,12 +300,25 @@ static int bench_gemm(int argc, char **argv) {
     for (int64_t i = 0; i < max_out; i++) out[i] = fs_rand_uniform(1, 3, (uint64_t)i) - 0.5f;
     fs_kernels_init();
     const fs_kernel_isa isa = fs_kernels_isa();
+    const fs_gemm_path in_use = fs_gemm_path_in_use();
+    const int dnn = fs_gemm_path_available(FS_GEMM_PATH_ONEDNN);
+    char in_use_detail[160];
+    snprintf(in_use_detail, sizeof in_use_detail, "%s", fs_gemm_path_detail());
+    char dnn_detail[160] = "not in this build";
+    if (dnn) {
+        fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+        snprintf(dnn_detail, sizeof dnn_detail, "%s", fs_gemm_path_detail());
+    }
     printf("bench gemm: %s, N = batch %" PRId64 " x seq %" PRId64 " = %" PRId64 ", %" PRId64
-           " threads, median of %" PRId64 "; fp32: OpenBLAS core %s; bf16: %s kernel\n",
-           model, batch, seq, N, threads, reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa));
-    printf("  %-14s %-5s %6s %6s %6s %12s %12s %7s  %s\n", "gemm", "pass", "M", "N", "K", "fp32 GFLOP/s",
-           "bf16 GFLOP/s", "ratio", "bf16 vs portable");
-    double flops_step = 0, sec32 = 0, sec16 = 0, sq32 = 0, sq16 = 0;
+           " threads, median of %" PRId64 "\n  fp32: OpenBLAS core %s; bf16: flatshard (%s kernel), %s;"
+           " in use: %s\n",
+           model, batch, seq, N, threads, reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa),
+           dnn_detail, in_use_detail);
+    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %7s  %-10s %s\n", "gemm", "pass", "M", "N", "K", "fp32 GFLOP/s",
+           "flatshard", "onednn", "ratio", "flatshard", "onednn vs");
+    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %7s  %-10s %s\n", "", "", "", "", "", "", "bf16 GFLOP/s",
+           "bf16 GFLOP/s", "in use", "vs portbl", "flatshard");
+    double flops_step = 0, sec32 = 0, sec16 = 0, secdn = 0, sq32 = 0, sq16 = 0, sqdn = 0, worst_dn = 0;
     int mismatches = 0;
     static const char *pass_names[] = {"fwd", "dinp", "dw"};
     for (int i = 0; i < n_shapes; i++) {
@@ -309,52 +329,82 @@ static int bench_gemm(int argc, char **argv) {
             float *result = p == PASS_FWD ? out : p == PASS_DINP ? din : dw;
             const int64_t rn = p == PASS_FWD ? g->n * g->oc : p == PASS_DINP ? g->n * g->ic : g->oc * g->ic;
             /* the check: the portable path's bits against the fast path's */
+            const int FL = FS_GEMM_PATH_FLATSHARD, DN = FS_GEMM_PATH_ONEDNN;
             fs_kernels_set_isa(FS_ISA_PORTABLE);
-            gemm_pass_run(pool, 1, p, g, out, in, w, w16, din, dw);
+            gemm_pass_run(pool, FL, p, g, out, in, w, w16, din, dw);
             memcpy(check, result, (size_t)rn * sizeof(float));
             fs_kernels_set_isa(isa);
-            gemm_pass_run(pool, 1, p, g, out, in, w, w16, din, dw);
+            gemm_pass_run(pool, FL, p, g, out, in, w, w16, din, dw);
             const int same = memcmp(check, result, (size_t)rn * sizeof(float)) == 0;
             mismatches += !same;
+            double dn_diff = 0;
+            if (dnn) { /* oneDNN against the flatshard path, relative to the largest |value| */
+                memcpy(check, result, (size_t)rn * sizeof(float));
+                gemm_pass_run(pool, DN, p, g, out, in, w, w16, din, dw);
+                double big = 0, diff = 0;
+                for (int64_t k = 0; k < rn; k++) {
+                    const double d = fabs((double)check[k] - (double)result[k]), a = fabs((double)check[k]);
+                    if (d > diff) diff = d;
+                    if (a > big) big = a;
+                }
+                dn_diff = big > 0 ? diff / big : diff;
+                if (dn_diff > worst_dn) worst_dn = dn_diff;
+            }
             if (p == PASS_FWD) /* the backward passes read `out` as dout */
                 for (int64_t k = 0; k < g->n * g->oc; k++) out[k] = fs_rand_uniform(1, 3, (uint64_t)k) - 0.5f;
             for (int64_t r = -1; r < reps; r++) {
                 float *o = p == PASS_FWD ? check : out; /* the forward must not overwrite dout */
                 double t0 = fs_now();
-                gemm_pass_run(pool, 0, p, g, o, in, w, w16, din, dw);
+                gemm_pass_run(pool, -1, p, g, o, in, w, w16, din, dw);
                 double t1 = fs_now();
-                gemm_pass_run(pool, 1, p, g, o, in, w, w16, din, dw);
+                gemm_pass_run(pool, FL, p, g, o, in, w, w16, din, dw);
                 double t2 = fs_now();
-                if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1;
+                if (dnn) gemm_pass_run(pool, DN, p, g, o, in, w, w16, din, dw);
+                double t3 = fs_now();
+                if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1, tdn[r] = t3 - t2;
             }
             const double s32 = fs_cli_median(t32, (int)reps), s16 = fs_cli_median(t16, (int)reps);
-            const double flops = 2.0 * (double)g->n * (double)g->ic * (double)g->oc;
+            const double sdn = dnn ? fs_cli_median(tdn, (int)reps) : 0;
+            const double s_use = in_use == FS_GEMM_PATH_ONEDNN ? sdn : s16;
+            char dn_rate[32] = "-", dn_check[32] = "-";
+            if (dnn) {
+                snprintf(dn_rate, sizeof dn_rate, "%.1f", flops_of(g) / sdn / 1e9);
+                snprintf(dn_check, sizeof dn_check, "%.1e", dn_diff);
+            }
+            const double flops = flops_of(g);
             int64_t M = p == PASS_DW ? g->oc : g->n, Nn = p == PASS_DINP ? g->ic : (p == PASS_DW ? g->ic : g->oc);
             int64_t K = p == PASS_FWD ? g->ic : (p == PASS_DINP ? g->oc : g->n);
-            printf("  %-14s %-5s %6" PRId64 " %6" PRId64 " %6" PRId64 " %12.1f %12.1f %6.2fx  %s\n", g->name,
-                   pass_names[p], M, Nn, K, flops / s32 / 1e9, flops / s16 / 1e9, s32 / s16,
-                   same ? "same bits" : "DIFFERENT");
+            printf("  %-14s %-5s %6" PRId64 " %6" PRId64 " %6" PRId64 " %12.1f %12.1f %12s %6.2fx  %-10s %s\n",
+                   g->name, pass_names[p], M, Nn, K, flops / s32 / 1e9, flops / s16 / 1e9, dn_rate, s32 / s_use,
+                   same ? "same bits" : "DIFFERENT", dn_check);
             if (g->per_step > 0) {
                 flops_step += flops * (double)g->per_step;
                 sec32 += s32 * (double)g->per_step;
                 sec16 += s16 * (double)g->per_step;
+                secdn += sdn * (double)g->per_step;
             } else {
                 sq32 = flops / s32 / 1e9;
                 sq16 = flops / s16 / 1e9;
+                sqdn = dnn ? flops / sdn / 1e9 : 0;
             }
         }
     }
+    fs_gemm_set_path(in_use);
     const double g32 = flops_step / sec32 / 1e9, g16 = flops_step / sec16 / 1e9;
-    printf("  all GEMMs of one training step: %.3g FLOP; fp32 %.4f s -> %.1f GFLOP/s; bf16 %.4f s -> %.1f GFLOP/s"
-           " (%.2fx)\n", flops_step, sec32, g32, sec16, g16, g16 / g32);
+    const double gdn = dnn ? flops_step / secdn / 1e9 : 0;
+    printf("  all GEMMs of one training step: %.3g FLOP; fp32 %.4f s -> %.1f GFLOP/s; bf16 flatshard %.4f s -> %.1f"
+           " GFLOP/s (%.2fx fp32)", flops_step, sec32, g32, sec16, g16, g16 / g32);
+    if (dnn) printf("; bf16 onednn %.4f s -> %.1f GFLOP/s (%.2fx fp32)", secdn, gdn, gdn / g32);
+    printf("\n");
     if (json)
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"step_gemm_gflops_bf16\":%.2f,"
                "\"square_1024_gflops\":%.2f,\"square_1024_gflops_bf16\":%.2f,\"blas_core\":\"%s\","
-               "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d}\n",
+               "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d,\"step_gemm_gflops_onednn\":%.2f,"
+               "\"square_1024_gflops_onednn\":%.2f,\"onednn_max_rel_diff\":%.3g,\"bf16_path\":\"%s\"}\n",
                model, batch, seq, threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
-               fs_kernels_isa_name(isa), mismatches);
-    free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16);
+               fs_kernels_isa_name(isa), mismatches, gdn, sqdn, worst_dn, fs_gemm_path_name(in_use));
+    free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16), free(tdn);
     fs_pool_free(pool);
     if (mismatches) {
         fprintf(stderr, "flatshard bench gemm: %d bf16 GEMMs differ from the portable path\n", mismatches);

@@ -153,7 +153,7 @@ static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_o
         *n_out = N * 2 * FF;
         return b->out;
     case K_GEMM_BF16:
-        fs_matmul_forward_bf16(pool, b->out, b->x, b->w16, N, C, 2 * FF, 0);
+        fs_matmul_forward_bf16(pool, NULL, b->out, b->x, b->w16, N, C, 2 * FF, 0);
         *n_out = N * 2 * FF;
         return b->out;
     case K_N: break;

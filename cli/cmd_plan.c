@@ -51,6 +51,9 @@ static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
         uint64_t b = p->plan.bytes[k];
         if (k == FS_MEM_ACTIVATIONS) b = b / 4 * (uint64_t)hw->activation_bytes;
+        /* the plan is this machine's CPU: a preset's GPU has not its GEMM staging (oneDNN's,
+         * kernels.h), and docs/planner.md's formulas leave the GPU's GEMM scratch out */
+        if (k == FS_MEM_OTHER && hw->origin == FS_HW_PUBLISHED) b -= p->plan.cfg.device_bytes;
         p->bytes[k] = b;
         p->total += b;
     }

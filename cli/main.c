@@ -65,6 +65,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "flatshard: %s, not '%s'\n", kernels_error, getenv("FLATSHARD_KERNELS"));
         return FS_EXIT_USAGE;
     }
+    const char *gemm_error = fs_gemm_env_error();
+    if (gemm_error) {
+        if (strncmp(gemm_error, "FLATSHARD_GEMM must", 19) == 0)
+            fprintf(stderr, "flatshard: %s, not '%s'\n", gemm_error, getenv("FLATSHARD_GEMM"));
+        else
+            fprintf(stderr, "flatshard: %s\n", gemm_error);
+        return FS_EXIT_USAGE;
+    }
     for (const fs_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
     fprintf(stderr, "flatshard: unknown command '%s'; run 'flatshard --help' for the list\n",

@@ -1003,7 +1003,7 @@ static void run_gemm_case(fs_cuda_blas *h, const gemm_case *gc) {
             memcpy(cpu, start, (size_t)(M * ldc) * sizeof(float));
             const fs_gemm_operand ha = {a16, FS_GEMM_BF16, gc->ta, lda},
                                   hb = {b16, FS_GEMM_BF16, gc->tb, ldb};
-            fs_gemm_bf16(NULL, cpu, ldc, acc, ha, hb, M, N, K);
+            fs_gemm_bf16(NULL, NULL, cpu, ldc, acc, ha, hb, M, N, K);
         }
         const double per_side = (double)(K + 2) * U, factor = gc->bf16 ? 4.0 : 2.0;
         for (int64_t m = 0; m < M; m++)

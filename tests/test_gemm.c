@@ -9,13 +9,19 @@
  *      latter for a whole run; here fs_kernels_set_isa switches in one process); on a CPU
  *      without AVX512-BF16 the tests of that path print a skip line;
  *   3. bits independent of the pool size and of how the output is split;
- *   4. the linear-layer wrappers against the fp32 matmul on bf16-representable inputs.
+ *   4. the linear-layer wrappers against the fp32 matmul on bf16-representable inputs;
+ *   5. the oneDNN path (AMX where the CPU has it) against the same reference, independent of
+ *      the pool size (fixed row tiles), with and without a caller's staging, its primitives
+ *      created by fs_gemm_prepare_linear and never again by the products; where this build
+ *      or CPU has no oneDNN those tests print a skip line. Tests 1-4 pin the flatshard path
+ *      (fs_gemm_set_path), whatever FLATSHARD_GEMM's rule would pick here.
  *
  * Tolerance. The operands are rounded to bf16 first, so the double reference sees exactly
  * the values the kernel multiplies; each product is exact in fp32, and a float sum of K
  * terms of size up to s errs by at most K u s (u = 2^-24). The check is
  * |got - ref| <= 2 K u sum|a b| + tiny: a wrong product, a missed or doubled k, a wrong
- * transpose or a mispacked pair is off by a whole term, far above it.
+ * transpose or a mispacked pair is off by a whole term, far above it. The bound holds for
+ * any order of summation, so it is the oneDNN path's tolerance too.
  */
 #include "flatshard/kernels.h"
 #include "harness.h"
@@ -65,7 +71,7 @@ static float *run_case(const gemm_case *g, fs_pool *pool, int check) {
     const void *bp = g->b16 ? (const void *)b16 : (const void *)b32;
     fs_gemm_operand A = {ap, g->a16 ? FS_GEMM_BF16 : FS_GEMM_F32, g->ta, lda};
     fs_gemm_operand B = {bp, g->b16 ? FS_GEMM_BF16 : FS_GEMM_F32, g->tb, ldb};
-    fs_gemm_bf16(pool, c, ldc, g->accumulate, A, B, M, N, K);
+    fs_gemm_bf16(pool, NULL, c, ldc, g->accumulate, A, B, M, N, K);
     if (check) {
         int bad = 0;
         for (int64_t m = 0; m < M && bad < 3; m++)
@@ -101,6 +107,8 @@ static float *run_case(const gemm_case *g, fs_pool *pool, int check) {
 static const int64_t shapes[][3] = {
     {1, 1, 1},   {1, 70, 33},  {7, 1, 300}, {13, 65, 2},  {6, 64, 256}, {12, 128, 512},
     {37, 200, 257}, {97, 129, 513}, {5, 1100, 31}, {130, 1030, 70},
+    /* more rows than the oneDNN path's tile: a full tile and a short one, and three tiles */
+    {300, 40, 65}, {517, 33, 200},
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 
@@ -195,14 +203,104 @@ static void test_linear_layers_match_fp32_on_exact_inputs(void) {
         for (int64_t i = 0; i < N * IC; i++) di1[i] = di2[i] = (float)(i % 3);
         for (int64_t i = 0; i < OC * IC; i++) dw1[i] = dw2[i] = (float)(i % 7);
         fs_matmul_forward(pool3, o1, inp, w32, N, IC, OC, acc);
-        fs_matmul_forward_bf16(pool3, o2, inp, w16, N, IC, OC, acc);
+        fs_matmul_forward_bf16(pool3, NULL, o2, inp, w16, N, IC, OC, acc);
         fs_matmul_backward(pool3, di1, dw1, dout, inp, w32, N, IC, OC, acc, acc);
-        fs_matmul_backward_bf16(pool3, di2, dw2, dout, inp, w16, N, IC, OC, acc, acc);
+        fs_matmul_backward_bf16(pool3, NULL, di2, dw2, dout, inp, w16, N, IC, OC, acc, acc);
         CHECK(memcmp(o1, o2, N * OC * sizeof(float)) == 0, "forward (accumulate %d) differs from fp32", acc);
         CHECK(memcmp(di1, di2, N * IC * sizeof(float)) == 0, "input gradient (accumulate %d) differs from fp32", acc);
         CHECK(memcmp(dw1, dw2, OC * IC * sizeof(float)) == 0, "weight gradient (accumulate %d) differs from fp32", acc);
     }
     free(inp), free(w32), free(dout), free(w16), free(o1), free(o2), free(di1), free(di2), free(dw1), free(dw2);
+}
+
+#define SKIP_WITHOUT_ONEDNN()                                                               \
+    do {                                                                                    \
+        if (!fs_gemm_path_available(FS_GEMM_PATH_ONEDNN))                                   \
+            SKIP(FS_SKIP_NOT_APPLICABLE, "the oneDNN GEMM path is not available (%s)",      \
+                 FS_HAVE_ONEDNN ? "oneDNN cannot run a bf16 matmul on this CPU"             \
+                                : "built with ONEDNN=0");                                   \
+    } while (0)
+
+static void test_onednn_vs_reference(void) {
+    SKIP_WITHOUT_ONEDNN();
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+    for_all_cases(check_one);
+    fs_test_note("%s", fs_gemm_path_detail());
+    fs_gemm_set_path(before);
+}
+
+static void test_onednn_pool_size_independent(void) {
+    SKIP_WITHOUT_ONEDNN();
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+    for_all_cases(compare_pools);
+    fs_gemm_set_path(before);
+}
+
+/* A caller's staging gives the same bits as the thread's own buffer (the same rounding into
+ * the same layout), and a product reads nothing of the staging's old contents. */
+static void test_onednn_caller_staging(void) {
+    SKIP_WITHOUT_ONEDNN();
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+    const int64_t N = 300, IC = 70, OC = 130;
+    float *inp = rand_f32(N * IC), *dout = rand_f32(N * OC), *w32 = rand_f32(OC * IC);
+    uint16_t *w16 = to_bf16(w32, OC * IC);
+    fs_gemm_stage stage = {.bytes = (size_t)(N * (IC + OC)) * 2 + 64};
+    stage.data = aligned_alloc(64, (stage.bytes + 63) / 64 * 64);
+    memset(stage.data, 0xff, stage.bytes); /* NaNs, should anything read them */
+    float *o1 = malloc(N * OC * sizeof(float)), *o2 = malloc(N * OC * sizeof(float));
+    float *d1 = malloc(OC * IC * sizeof(float)), *d2 = malloc(OC * IC * sizeof(float));
+    fs_matmul_forward_bf16(pool3, NULL, o1, inp, w16, N, IC, OC, 0);
+    fs_matmul_forward_bf16(pool3, &stage, o2, inp, w16, N, IC, OC, 0);
+    CHECK(memcmp(o1, o2, N * OC * sizeof(float)) == 0, "forward: the caller's staging changed the bits");
+    fs_matmul_backward_bf16(pool3, NULL, NULL, d1, dout, inp, w16, N, IC, OC, 0, 0);
+    fs_matmul_backward_bf16(pool3, &stage, NULL, d2, dout, inp, w16, N, IC, OC, 0, 0);
+    CHECK(memcmp(d1, d2, OC * IC * sizeof(float)) == 0, "weight gradient: the caller's staging changed the bits");
+    free(inp), free(dout), free(w32), free(w16), free(stage.data), free(o1), free(o2), free(d1), free(d2);
+    fs_gemm_set_path(before);
+}
+
+/* fs_gemm_prepare_linear creates what the three products use, writing and accumulating, so
+ * that running them creates nothing; a shape it did not see is still computed (created on
+ * first use, counted). */
+static void test_onednn_prepare_linear(void) {
+    SKIP_WITHOUT_ONEDNN();
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+    const int64_t N = 291, IC = 45, OC = 77; /* shapes no other test uses */
+    const uint64_t c0 = fs_gemm_primitives_created();
+    CHECK_OK(fs_gemm_prepare_linear(N, IC, OC));
+    const uint64_t c1 = fs_gemm_primitives_created();
+    /* 3 products x 2 betas, each with a full tile and a short one where M > the tile */
+    CHECK(c1 - c0 == 10, "prepare created %llu primitives, want 10 (fwd and dinp: M = 291 is 256 + 35 "
+          "rows; dw: M = 77, one tile)", (unsigned long long)(c1 - c0));
+    CHECK_OK(fs_gemm_prepare_linear(N, IC, OC));
+    CHECK(fs_gemm_primitives_created() == c1, "preparing the same shape twice created more");
+    float *inp = rand_f32(N * IC), *dout = rand_f32(N * OC), *w32 = rand_f32(OC * IC);
+    uint16_t *w16 = to_bf16(w32, OC * IC);
+    float *o = malloc(N * OC * sizeof(float)), *di = malloc(N * IC * sizeof(float));
+    float *dw = malloc(OC * IC * sizeof(float));
+    for (int acc = 0; acc < 2; acc++) {
+        fs_matmul_forward_bf16(pool3, NULL, o, inp, w16, N, IC, OC, acc);
+        fs_matmul_backward_bf16(pool3, NULL, di, dw, dout, inp, w16, N, IC, OC, acc, acc);
+    }
+    CHECK(fs_gemm_primitives_created() == c1, "the products created %llu primitives after prepare",
+          (unsigned long long)(fs_gemm_primitives_created() - c1));
+    fs_matmul_forward_bf16(pool3, NULL, o, inp, w16, N - 1, IC, OC, 0);
+    CHECK(fs_gemm_primitives_created() > c1, "an unprepared shape was not counted");
+    free(inp), free(dout), free(w32), free(w16), free(o), free(di), free(dw);
+    fs_gemm_set_path(before);
+}
+
+static void test_gemm_path_choice(void) {
+    CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_FLATSHARD), "flatshard") == 0, "name of the flatshard path");
+    CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_ONEDNN), "onednn") == 0, "name of the oneDNN path");
+    CHECK(fs_gemm_path_available(FS_GEMM_PATH_FLATSHARD), "the flatshard path is always there");
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_FLATSHARD);
+    CHECK(strncmp(fs_gemm_path_detail(), "flatshard (", 11) == 0, "detail: %s", fs_gemm_path_detail());
+    if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) {
+        CHECK(fs_gemm_set_path(FS_GEMM_PATH_ONEDNN) == FS_GEMM_PATH_FLATSHARD, "set_path returns the path before");
+        CHECK(strncmp(fs_gemm_path_detail(), "onednn (", 8) == 0, "detail: %s", fs_gemm_path_detail());
+    }
+    fs_gemm_set_path(before);
 }
 
 static void test_isa_names_and_cap(void) {
@@ -220,12 +318,25 @@ int main(void) {
     CHECK_OK(fs_pool_init(&pool3, 3));
     printf("     CPU kernels: %s (best on this CPU: %s)\n", fs_kernels_isa_name(fs_kernels_isa()),
            fs_kernels_isa_name(fs_kernels_cpu_isa()));
+    /* tests 1-4 are the flatshard path's */
+    const fs_gemm_path rule = fs_gemm_set_path(FS_GEMM_PATH_FLATSHARD);
+    printf("     bf16 GEMM path by the rule here: %s\n", fs_gemm_path_name(rule));
     RUN(test_isa_names_and_cap);
+    RUN(test_gemm_path_choice);
     RUN(test_gemm_vs_reference_fast_path);
     RUN(test_gemm_vs_reference_portable);
     RUN(test_gemm_paths_agree_bitwise);
     RUN(test_gemm_pool_size_independent);
     RUN(test_linear_layers_match_fp32_on_exact_inputs);
+    RUN(test_onednn_vs_reference);
+    RUN(test_onednn_pool_size_independent);
+    RUN(test_onednn_caller_staging);
+    RUN(test_onednn_prepare_linear);
+    if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) { /* test 4 again on the oneDNN path */
+        fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+        RUN(test_linear_layers_match_fp32_on_exact_inputs);
+    }
+    fs_gemm_set_path(rule);
     fs_pool_free(pool3);
     return fs_test_summary();
 }

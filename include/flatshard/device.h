@@ -184,16 +184,18 @@ typedef struct fs_kernel_table {
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);
 
-/* The GPU's scratch for the bf16 linear layers' activation operands: at least `bytes`
- * (N x (the widest IC + OC of the model's linear layers) x 2), allocated once from `mem`
- * before the first step (fs_acts_init calls it). The CPU needs none (FS_OK). */
-fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, size_t bytes);
+/* The scratch for the bf16 linear layers' activation operands: at least `bytes` (N x (the
+ * widest IC + OC of the model's linear layers) x 2), allocated once from `mem` before the
+ * first step (fs_acts_init calls it). The GPU always has one (cuBLASLt takes one input type
+ * for both operands); the CPU only under bf16 (`bf16`) on the oneDNN GEMM path, as the bf16
+ * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). */
+fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
 /* Returns the scratch to its allocator: call before that allocator is freed (closing the
  * device does it too, if it has not been done). */
 void fs_device_release_scratch(fs_device *dev);
-/* What fs_device_reserve_scratch(bytes = operand_bytes) takes from the allocator in all
- * (the cuBLASLt workspace and reduction partials included; 0 on the CPU), for the plan. */
-size_t fs_device_scratch_bytes(fs_device_kind kind, size_t operand_bytes);
+/* What fs_device_reserve_scratch(bf16, bytes = operand_bytes) takes from the allocator in
+ * all (the cuBLASLt workspace and reduction partials included), for the plan. */
+size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_bytes);
 
 /* ------------------------------------------------------------------ internal
  * Between device.c and the implementation of each kind (src/device/; the CUDA device is a
@@ -203,6 +205,8 @@ struct fs_device {
     fs_device_kind kind;
     const fs_kernel_table *kernels;
     fs_pool *pool;           /* cpu */
+    fs_gemm_stage stage;     /* cpu: the bf16 GEMM's staging (fs_device_reserve_scratch) */
+    fs_mem *stage_mem;       /* its allocator */
     fs_device_impl *impl;    /* cuda: streams, events, cuBLASLt, scratch */
     fs_status failed;        /* the first recorded failure (see Errors) */
     char failure[1024];        /* its message */

@@ -65,15 +65,21 @@ void fs_matmul_backward(fs_pool *pool,
  * neither on the pool size nor on how the output is split. Gradients are written straight
  * into the fp32 buffers: accumulate 0 writes (beta 0), 1 adds (beta 1).
  *
- * Where the CPU has AVX512-BF16 (fs_kernels_isa() == FS_ISA_AVX512_BF16) the inner kernel is
- * vdpbf16ps; elsewhere a portable loop computes the same products and sums. */
-void fs_matmul_forward_bf16(fs_pool *pool,
+ * Two paths compute it (fs_gemm_path below): flatshard's own blocked kernel, whose inner
+ * kernel is vdpbf16ps where the CPU has AVX512-BF16 (fs_kernels_isa() == FS_ISA_AVX512_BF16)
+ * and a portable loop with the same products and sums elsewhere; or oneDNN's matmul (AMX
+ * tiles on Intel), which sums in an order of its own that depends only on the shape (fixed
+ * row tiles, one oneDNN thread per tile), so the bits still depend neither on the pool size
+ * nor on the split. `stage` is where the oneDNN path rounds the fp32 operands to bf16
+ * (fs_gemm_stage_bytes); NULL: a grow-only buffer of the calling thread (tests, benchmarks). */
+typedef struct fs_gemm_stage fs_gemm_stage;
+void fs_matmul_forward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                             float *out,             /* (N, OC) */
                             const float *inp,       /* (N, IC), rounded to bf16 */
                             const uint16_t *weight, /* (OC, IC) bf16 */
                             int64_t N, int64_t IC, int64_t OC, int accumulate);
 
-void fs_matmul_backward_bf16(fs_pool *pool,
+void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                              float *dinp,            /* (N, IC) or NULL */
                              float *dweight,         /* (OC, IC) or NULL, fp32 */
                              const float *dout,      /* (N, OC), rounded to bf16 */
@@ -91,8 +97,56 @@ typedef struct fs_gemm_operand {
     int trans;  /* 0: stored (rows, cols) as op() sees it; 1: stored transposed */
     int64_t ld; /* elements between consecutive stored rows */
 } fs_gemm_operand;
-void fs_gemm_bf16(fs_pool *pool, float *C, int64_t ldc, int accumulate, fs_gemm_operand A,
-                  fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
+void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+                  int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N,
+                  int64_t K);
+
+/* ------------------------------------------------------------------ bf16 GEMM paths
+ * Which implementation fs_gemm_bf16 runs, chosen once per process by a documented rule:
+ *   flatshard  the blocked kernel of gemm_bf16.c (AVX512-BF16 or portable);
+ *   onednn     oneDNN's matmul (Debian's libdnnl, src/kernels/cpu/gemm_onednn.c): bf16 x bf16
+ *              with fp32 accumulation, brgemm on AMX tiles. The fp32 operands are rounded to
+ *              bf16 into a staging buffer first (the same rounding as the flatshard path), and
+ *              each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
+ *              single-threaded oneDNN call per tile, spread over the pool.
+ * auto (the default) is onednn where oneDNN runs AMX on this CPU (amx_bf16 and amx_tile, as
+ * oneDNN sees them) and flatshard elsewhere: on an Intel Xeon with AMX oneDNN ran the GEMMs
+ * of a `small` step at 4-7x the flatshard kernel (BENCHMARKS.md); without AMX its AVX512-BF16
+ * brgemm ran about as fast as ours (1.1x on that Xeon with AMX masked off), so there the
+ * path whose bits the tests pin down stays. The environment variable FLATSHARD_GEMM
+ * (auto | onednn | flatshard) overrides the rule; fs_gemm_set_path does for tests. A build
+ * without oneDNN (make ONEDNN=0) has the flatshard path only. */
+typedef enum fs_gemm_path { FS_GEMM_PATH_FLATSHARD, FS_GEMM_PATH_ONEDNN, FS_GEMM_PATH_N } fs_gemm_path;
+#define FS_GEMM_ONEDNN_TILE 256
+fs_gemm_path fs_gemm_path_in_use(void);
+int fs_gemm_path_available(fs_gemm_path path); /* onednn: built with it, and oneDNN works here */
+/* Selects `path` (which must be available); returns the path in use before. */
+fs_gemm_path fs_gemm_set_path(fs_gemm_path path);
+const char *fs_gemm_path_name(fs_gemm_path path); /* "flatshard", "onednn" */
+/* What the path in use runs on this CPU: "onednn (brg:avx512_core_amx_bf16)", "flatshard
+ * (avx512bf16)", for benchmark tables and logs. */
+const char *fs_gemm_path_detail(void);
+/* NULL, or a message if FLATSHARD_GEMM holds a value that is not a path's name, or names
+ * one this build or CPU cannot run. */
+const char *fs_gemm_env_error(void);
+
+/* The oneDNN path's staging: where fs_gemm_bf16 writes the bf16 copies of its fp32 operands
+ * (the flatshard path needs none). A linear layer of shape (N, IC, OC) needs N x (IC + OC)
+ * x 2 bytes + 64 (its weight gradient stages both activations, the second 64-aligned); a
+ * model reserves it once from its accounting allocator for its widest layer
+ * (fs_acts_scratch_bytes, fs_device_reserve_scratch). */
+struct fs_gemm_stage {
+    void *data; /* 64-byte aligned */
+    size_t bytes;
+};
+/* Creates, before the first step, every oneDNN primitive the three products of a linear
+ * layer of shape (N, IC, OC) use (forward, input and weight gradient, writing and
+ * accumulating), so that no primitive is ever created inside a step. FS_OK at once on the
+ * flatshard path; an error names the shape and oneDNN's status. A product whose primitive
+ * was not prepared still runs (it is created on first use, and counted). */
+fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC);
+/* How many oneDNN primitives this process has created (tests: none inside a step). */
+uint64_t fs_gemm_primitives_created(void);
 
 /* ------------------------------------------------------------------ instruction sets
  * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,

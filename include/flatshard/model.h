@@ -237,14 +237,19 @@ typedef struct fs_acts {
 /* Bytes fs_acts_init allocates for (B, T, ckpt_layers), by category (activations, other). */
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
                    size_t *activation_bytes, size_t *other_bytes);
-/* dev NULL: the CPU. On a GPU this also reserves the device's GEMM scratch
- * (fs_acts_scratch_bytes, from mem) and uploads the rope tables. */
+/* dev NULL: the CPU. On a GPU this also uploads the rope tables. */
 struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
                        int64_t ckpt_layers, struct fs_device *dev, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
-/* The bf16 GEMM operand scratch a GPU needs for this micro-batch (fs_device_reserve_scratch). */
+/* The bf16 GEMM operand scratch this micro-batch needs (fs_device_reserve_scratch): on a GPU
+ * always, on the CPU on the oneDNN GEMM path under bf16 (its staging). */
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T);
+/* Before the first step: reserves that scratch from mem (fs_device_reserve_scratch) and, on
+ * the CPU under bf16, creates the oneDNN primitives of every linear layer
+ * (fs_gemm_prepare_linear), so that no step creates one. */
+fs_status fs_acts_prepare_gemms(const fs_layout *layout, int64_t B, int64_t T, int bf16,
+                                struct fs_device *dev, fs_mem *mem);
 /* The micro-batch's token ids and targets, from the host, into acts (N each). */
 fs_status fs_acts_upload_batch(struct fs_device *dev, fs_acts *acts, const int32_t *inputs,
                                const int32_t *targets);

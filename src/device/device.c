@@ -192,16 +192,31 @@ fs_status fs_device_download(fs_device *dev, void *dst, const void *src, size_t 
 }
 
 void fs_device_release_scratch(fs_device *dev) {
-    if (dev && dev->kind == FS_DEVICE_CUDA) CU()->release_scratch(dev);
+    if (!dev) return;
+    if (dev->kind == FS_DEVICE_CUDA) {
+        CU()->release_scratch(dev);
+    } else if (dev->stage.data) {
+        fs_mem_release(dev->stage_mem, dev->stage.data);
+        dev->stage = (fs_gemm_stage){0};
+        dev->stage_mem = NULL;
+    }
 }
 
-size_t fs_device_scratch_bytes(fs_device_kind kind, size_t operand_bytes) {
-    const fs_cuda_api *api = kind == FS_DEVICE_CUDA ? cuda_api(NULL) : NULL;
+size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_bytes) {
+    if (kind != FS_DEVICE_CUDA) /* the CPU's kernels: oneDNN's staging, under bf16 only */
+        return bf16 && operand_bytes && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN ? operand_bytes : 0;
+    const fs_cuda_api *api = cuda_api(NULL);
     return api ? api->scratch_bytes(operand_bytes) : 0;
 }
 
-fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, size_t bytes) {
-    return dev->kind == FS_DEVICE_CUDA ? CU()->reserve_scratch(dev, mem, bytes) : FS_OK;
+fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
+    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bytes);
+    const size_t need = fs_device_scratch_bytes(dev->kind, bf16, bytes);
+    if (need == 0 || dev->stage.data) return FS_OK;
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_OTHER, need, "bf16 GEMM staging", &dev->stage.data));
+    dev->stage.bytes = need;
+    dev->stage_mem = mem;
+    return FS_OK;
 }
 
 /* ------------------------------------------------------------------ streams and events
@@ -283,14 +298,14 @@ fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const f
 
 static void cpu_linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
                                int64_t N, int64_t IC, int64_t OC, int accumulate) {
-    if (bf16) fs_matmul_forward_bf16(d->pool, out, inp, w, N, IC, OC, accumulate);
+    if (bf16) fs_matmul_forward_bf16(d->pool, &d->stage, out, inp, w, N, IC, OC, accumulate);
     else fs_matmul_forward(d->pool, out, inp, w, N, IC, OC, accumulate);
 }
 
 static void cpu_linear_backward(fs_device *d, float *dinp, float *dw, const float *dout,
                                 const float *inp, const void *w, int bf16, int64_t N, int64_t IC,
                                 int64_t OC, int acc_dinp, int acc_dw) {
-    if (bf16) fs_matmul_backward_bf16(d->pool, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+    if (bf16) fs_matmul_backward_bf16(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
     else fs_matmul_backward(d->pool, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
 }
 

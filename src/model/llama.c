@@ -176,8 +176,6 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
             if (st == FS_OK) st = fs_device_upload(dev, a->rope_sin, host + T * (d.HS / 2), table_bytes);
         }
         free(host);
-        /* the bf16 linear layers' operands, cast on the GPU (device.h) */
-        if (st == FS_OK) st = fs_device_reserve_scratch(dev, mem, fs_acts_scratch_bytes(layout, B, T));
     }
     if (st != FS_OK) {
         fs_acts_free(a, mem);
@@ -195,6 +193,22 @@ size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T) {
     if (d.C + d.Vc > widest) widest = d.C + d.Vc;
     /* + 128: the second operand starts at a 256-byte boundary (src/device/cuda.c) */
     return (size_t)(d.N * widest + 128) * sizeof(uint16_t);
+}
+
+fs_status fs_acts_prepare_gemms(const fs_layout *layout, int64_t B, int64_t T, int bf16,
+                                fs_device *dev, fs_mem *mem) {
+    FS_TRY(fs_device_reserve_scratch(dev, mem, bf16, fs_acts_scratch_bytes(layout, B, T)));
+    if (!bf16 || fs_device_kind_of(dev) == FS_DEVICE_CUDA) return FS_OK;
+    /* the CPU's oneDNN primitives, one set per linear shape (a no-op on the flatshard path) */
+    dims d = get_dims(layout, B, T);
+    FS_TRY(fs_gemm_prepare_linear(d.N, d.C, d.QKV));
+    FS_TRY(fs_gemm_prepare_linear(d.N, d.C, d.C));
+    FS_TRY(fs_gemm_prepare_linear(d.N, d.C, 2 * d.FF));
+    FS_TRY(fs_gemm_prepare_linear(d.N, d.FF, d.C));
+    for (int64_t i = 0; i < layout->n_ops; i++)
+        if (layout->ops[i].kind == FS_UNIT_HEAD)
+            FS_TRY(fs_gemm_prepare_linear(d.N, d.C, layout->units[layout->ops[i].unit].rows));
+    return FS_OK;
 }
 
 fs_status fs_acts_take_loss(fs_device *dev, fs_acts *a, double *out) {

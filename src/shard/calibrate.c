@@ -7,16 +7,18 @@
  * figure is what a core can do, not what it did while something else ran):
  *   - flatshard's fp32 GEMM, fs_matmul_forward (OpenBLAS sgemm), on (256, 768) @ (1024, 768)^T:
  *     a micro-batch of 256 tokens through a block's projection (0.4 GFLOP);
- *   - the bf16 GEMM, fs_matmul_forward_bf16, on the same shape;
+ *   - the bf16 GEMM, fs_matmul_forward_bf16, on the same shape, on the path in use (oneDNN's
+ *     on AMX, kernels.h), its staging and primitive created by the warm-up run;
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
  * 0.1-0.7 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
  * buffers (16 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
- * and its key (CPU model, flags, kernel ISA level, OpenBLAS core, build flavour, threads) equals the running
- * machine's: the same file on a home directory shared by two kinds of machine, or after
- * OPENBLAS_CORETYPE or FLATSHARD_KERNELS changed, is measured again and rewritten.
+ * and its key (CPU model, flags, kernel ISA level and bf16 GEMM path, OpenBLAS core, build
+ * flavour, threads) equals the running machine's: the same file on a home directory shared by
+ * two kinds of machine, or after OPENBLAS_CORETYPE, FLATSHARD_KERNELS or FLATSHARD_GEMM
+ * changed, is measured again and rewritten.
  *
  * Not here: what the figures mean for a step (estimate.c), and any timing inside a step.
  */
@@ -84,9 +86,10 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
     /* the key is one line of the cache file: no newline may come from cpuinfo */
     for (char *p = model; *p; p++)
         if (*p == '\n' || *p == '\r') *p = ' ';
-    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s | openblas %s | build %s | threads 1",
+    /* "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path (kernels.h) */
+    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s+%s | openblas %s | build %s | threads 1",
              model, (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
-             fs_kernels_blas_corename(), FS_BUILD_FLAVOR);
+             fs_gemm_path_name(fs_gemm_path_in_use()), fs_kernels_blas_corename(), FS_BUILD_FLAVOR);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -130,7 +133,7 @@ fs_status fs_calibration_measure(fs_calibration *out) {
         c.gemm_fp32_flops = flops / fastest(t);
         for (int r = -1; r < CAL_REPS; r++) {
             double t0 = fs_now();
-            fs_matmul_forward_bf16(NULL, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0);
+            fs_matmul_forward_bf16(NULL, NULL, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0);
             if (r >= 0) t[r] = fs_now() - t0;
         }
         c.gemm_bf16_flops = flops / fastest(t);

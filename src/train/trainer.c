@@ -105,9 +105,11 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
          * are not the device allocator's */
         .comm_bytes = cfg->device != FS_DEVICE_CPU ? 0
                       : fs_comm_rank_bytes(world, cc) + fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
-        /* a GPU gathers through the ring even alone (engine.h), and has a GEMM scratch */
+        /* a GPU gathers through the ring even alone (engine.h); a GPU, and the CPU's oneDNN
+         * GEMM under bf16, have a GEMM scratch */
         .always_ring = cfg->device != FS_DEVICE_CPU,
-        .device_bytes = fs_device_scratch_bytes(cfg->device, fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
+        .device_bytes = fs_device_scratch_bytes(cfg->device, cfg->precision == FS_PRECISION_BF16,
+                                                fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
     };
     fs_status st = fs_plan_init(plan, layout, pc);
     if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
@@ -153,6 +155,9 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     }
     if (st == FS_OK)
         st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, cfg->ckpt_layers, t->dev, t->dev_mem);
+    if (st == FS_OK)
+        st = fs_acts_prepare_gemms(&t->layout, cfg->batch, cfg->seq, cfg->precision == FS_PRECISION_BF16,
+                                   t->dev, t->dev_mem);
     if (st == FS_OK) {
         fs_kernels_init();
         fs_engine_config ec = {.overlap = cfg->overlap, .adamw = cfg->adamw, .clip = cfg->clip,

@@ -19,8 +19,8 @@ expect "and cached" test -s "$CACHE"
 flavor=release
 [ "$(basename "$BUILD")" = build-debug ] && flavor=debug
 [ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
-expect "the cache is keyed by the CPU, its flags, the kernels, OpenBLAS's core and the build" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
+expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 expect "the second plan says the figures are cached, and from when" \
     grep -qE "^  device figures: cached from 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC \($CACHE\)$" "$WORK/out"

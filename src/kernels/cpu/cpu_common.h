@@ -40,6 +40,22 @@ static inline int64_t fs_cpu_row_grain(int64_t row_numel) {
 
 /* This thread's scratch buffer, at least `bytes` long, 64-byte aligned (scratch.c). */
 void *fs_cpu_scratch(size_t bytes);
+/* A second one, for the oneDNN GEMM's staging when the caller gave none: the GEMM's tiles
+ * use fs_cpu_scratch on the same thread while the staging is alive. */
+void *fs_cpu_scratch_stage(size_t bytes);
+
+/* The three products of a linear layer (gemm_bf16.c), as fs_gemm_bf16 operands. */
+enum { FS_CPU_LINEAR_FWD, FS_CPU_LINEAR_DINP, FS_CPU_LINEAR_DW };
+typedef struct fs_cpu_linear_gemm {
+    fs_gemm_operand A, B;
+    int64_t M, N, K, ldc;
+} fs_cpu_linear_gemm;
+fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const float *inp, const uint16_t *weight,
+                                         const float *dout, int64_t N, int64_t IC, int64_t OC);
+/* fs_gemm_bf16 on the oneDNN path (gemm_onednn.c); M, N, K > 0. */
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+                        int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
+                        int64_t N, int64_t K);
 
 /* expf for 16 floats: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor polynomial to
  * r^7 (truncation below 1e-8 relative), 2^n applied by vscalefps, which saturates to 0 and

@@ -352,10 +352,15 @@ static view view_of(fs_gemm_operand o) {
     return v;
 }
 
-void fs_gemm_bf16(fs_pool *pool, float *C, int64_t ldc, int accumulate, fs_gemm_operand A,
-                  fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
+void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+                  int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N,
+                  int64_t K) {
     FS_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return;
+    if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN) {
+        fs_cpu_onednn_gemm(pool, stage, C, ldc, accumulate, A, B, M, N, K);
+        return;
+    }
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
     gemm_job j = {.a = view_of(A), .b = view_of(B), .C = C, .ldc = ldc, .M = M, .N = N, .K = K,
                   .accumulate = accumulate,
@@ -374,26 +379,43 @@ void fs_gemm_bf16(fs_pool *pool, float *C, int64_t ldc, int accumulate, fs_gemm_
     else fs_pool_parallel_for(pool, M, GB_MR, gemm_range, &j);
 }
 
-/* ------------------------------------------------------------------ linear layers */
+/* ------------------------------------------------------------------ linear layers
+ * The operands of the three products, built in one place for the products themselves and
+ * for fs_gemm_prepare_linear (gemm_onednn.c), which must see exactly the same shapes. */
 
 static int64_t ld_of(int64_t n) { return n < 1 ? 1 : n; }
 
-void fs_matmul_forward_bf16(fs_pool *pool, float *out, const float *inp, const uint16_t *weight,
-                            int64_t N, int64_t IC, int64_t OC, int accumulate) {
-    /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
-    fs_gemm_operand a = {inp, FS_GEMM_F32, 0, ld_of(IC)}, b = {weight, FS_GEMM_BF16, 1, ld_of(IC)};
-    fs_gemm_bf16(pool, out, ld_of(OC), accumulate, a, b, N, OC, IC);
+fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const float *inp, const uint16_t *weight,
+                                         const float *dout, int64_t N, int64_t IC, int64_t OC) {
+    fs_cpu_linear_gemm g;
+    if (pass == FS_CPU_LINEAR_FWD) { /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
+        g = (fs_cpu_linear_gemm){.A = {inp, FS_GEMM_F32, 0, ld_of(IC)}, .B = {weight, FS_GEMM_BF16, 1, ld_of(IC)},
+                                 .M = N, .N = OC, .K = IC, .ldc = ld_of(OC)};
+    } else if (pass == FS_CPU_LINEAR_DINP) { /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
+        g = (fs_cpu_linear_gemm){.A = {dout, FS_GEMM_F32, 0, ld_of(OC)}, .B = {weight, FS_GEMM_BF16, 0, ld_of(IC)},
+                                 .M = N, .N = IC, .K = OC, .ldc = ld_of(IC)};
+    } else { /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout stored (N, OC) */
+        g = (fs_cpu_linear_gemm){.A = {dout, FS_GEMM_F32, 1, ld_of(OC)}, .B = {inp, FS_GEMM_F32, 0, ld_of(IC)},
+                                 .M = OC, .N = IC, .K = N, .ldc = ld_of(IC)};
+    }
+    return g;
 }
 
-void fs_matmul_backward_bf16(fs_pool *pool, float *dinp, float *dweight, const float *dout,
-                             const float *inp, const uint16_t *weight, int64_t N, int64_t IC,
-                             int64_t OC, int accumulate_dinp, int accumulate_dweight) {
-    if (dinp) { /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-        fs_gemm_operand a = {dout, FS_GEMM_F32, 0, ld_of(OC)}, b = {weight, FS_GEMM_BF16, 0, ld_of(IC)};
-        fs_gemm_bf16(pool, dinp, ld_of(IC), accumulate_dinp, a, b, N, IC, OC);
+void fs_matmul_forward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *out, const float *inp,
+                            const uint16_t *weight, int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, weight, NULL, N, IC, OC);
+    fs_gemm_bf16(pool, stage, out, g.ldc, accumulate, g.A, g.B, g.M, g.N, g.K);
+}
+
+void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
+                             const float *dout, const float *inp, const uint16_t *weight, int64_t N,
+                             int64_t IC, int64_t OC, int accumulate_dinp, int accumulate_dweight) {
+    if (dinp) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DINP, inp, weight, dout, N, IC, OC);
+        fs_gemm_bf16(pool, stage, dinp, g.ldc, accumulate_dinp, g.A, g.B, g.M, g.N, g.K);
     }
-    if (dweight) { /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout stored (N, OC) */
-        fs_gemm_operand a = {dout, FS_GEMM_F32, 1, ld_of(OC)}, b = {inp, FS_GEMM_F32, 0, ld_of(IC)};
-        fs_gemm_bf16(pool, dweight, ld_of(IC), accumulate_dweight, a, b, OC, IC, N);
+    if (dweight) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DW, inp, weight, dout, N, IC, OC);
+        fs_gemm_bf16(pool, stage, dweight, g.ldc, accumulate_dweight, g.A, g.B, g.M, g.N, g.K);
     }
 }

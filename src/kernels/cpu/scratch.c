@@ -6,7 +6,12 @@
  * grown if needed; two kernels never nest on one thread, so one buffer serves all. It is
  * freed when the thread exits (a pthread key's destructor). Like OpenBLAS's own packing
  * buffers, it lives outside the accounting allocator: a few MiB per compute thread at most
- * (the GEMM's 1.1 MiB, or 2 x HS x T floats for attention).
+ * (the GEMM's 1.1 MiB, oneDNN's scratchpad of under 1 MiB, or 2 x HS x T floats for
+ * attention).
+ *
+ * A second buffer per thread holds the oneDNN GEMM's bf16 staging when its caller passed
+ * none (tests, benchmarks, eval and generate); a training run reserves its staging from the
+ * accounting allocator instead (fs_gemm_stage, the plan's "other" bytes).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,7 +23,7 @@ typedef struct scratch {
     size_t n;
 } scratch;
 
-static pthread_key_t key;
+static pthread_key_t key, stage_key;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void scratch_free(void *p) {
@@ -27,15 +32,18 @@ static void scratch_free(void *p) {
     free(s);
 }
 
-static void key_init(void) { FS_ASSERT(pthread_key_create(&key, scratch_free) == 0); }
+static void key_init(void) {
+    FS_ASSERT(pthread_key_create(&key, scratch_free) == 0);
+    FS_ASSERT(pthread_key_create(&stage_key, scratch_free) == 0);
+}
 
-void *fs_cpu_scratch(size_t bytes) {
+static void *scratch_of(pthread_key_t *k, size_t bytes) {
     pthread_once(&once, key_init);
-    scratch *s = pthread_getspecific(key);
+    scratch *s = pthread_getspecific(*k);
     if (!s) {
         s = calloc(1, sizeof *s);
         FS_ASSERT(s);
-        FS_ASSERT(pthread_setspecific(key, s) == 0);
+        FS_ASSERT(pthread_setspecific(*k, s) == 0);
     }
     if (s->n < bytes) {
         free(s->p);
@@ -45,3 +53,6 @@ void *fs_cpu_scratch(size_t bytes) {
     }
     return s->p;
 }
+
+void *fs_cpu_scratch(size_t bytes) { return scratch_of(&key, bytes); }
+void *fs_cpu_scratch_stage(size_t bytes) { return scratch_of(&stage_key, bytes); }

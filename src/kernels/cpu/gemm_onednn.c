@@ -1,0 +1,452 @@
+/*
+ * gemm_onednn.c — the bf16 GEMM's oneDNN path, and the choice between paths (contract in
+ * kernels.h, "bf16 GEMM paths").
+ *
+ * Why oneDNN: on a CPU with AMX, a bf16 product runs on 16 x 32 tile registers
+ * (tdpbf16ps), several times the rate vdpbf16ps reaches; oneDNN's brgemm kernels are the
+ * maintained way to drive them, and Debian ships the library (libdnnl-dev, 2.6). It is used
+ * through its C API as a matmul primitive: bf16 source and weights, fp32 destination, a sum
+ * post-op for "accumulate" (C = C + A B, in fp32).
+ *
+ * How a product runs:
+ *   1. Every fp32 operand is rounded to bf16 (fs_fp32_to_bf16, the flatshard path's rounding)
+ *      into the staging buffer, in its stored layout, rows spread over the pool. bf16 operands
+ *      (the weights) are read in place.
+ *   2. C is cut into tiles of FS_GEMM_ONEDNN_TILE rows (the last one shorter); each tile is
+ *      one oneDNN call on one thread, the tiles spread over the pool. oneDNN is told to use
+ *      one thread (omp_set_num_threads(1) on each thread that calls it: Debian's build
+ *      threads with OpenMP, whose workers would otherwise compete with the pool's), so the
+ *      order in which it sums a tile depends only on the tile's shape: the bits depend
+ *      neither on the pool size nor on which thread ran which tile.
+ *   3. Each call has its own scratchpad (the thread's fs_cpu_scratch: user scratchpad mode, so
+ *      that one primitive runs on several threads at once) and its own stream per thread.
+ *
+ * Primitives are created once per (tile shape, strides, accumulate) and cached for the life
+ * of the process; fs_gemm_prepare_linear creates a model's before its first step, so a step
+ * never JIT-compiles anything. The cache is a fixed open-addressing table under a mutex
+ * (a lookup costs a lock and a few compares; a product runs for tens of microseconds at
+ * least).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_common.h"
+
+#if FS_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+/* ------------------------------------------------------------------ the choice of path */
+
+static const char *const path_names[FS_GEMM_PATH_N] = {
+    [FS_GEMM_PATH_FLATSHARD] = "flatshard",
+    [FS_GEMM_PATH_ONEDNN] = "onednn",
+};
+
+static atomic_int path_in_use = -1; /* -1: not chosen yet */
+
+const char *fs_gemm_path_name(fs_gemm_path path) {
+    return (int)path >= 0 && path < FS_GEMM_PATH_N ? path_names[path] : "?";
+}
+
+#if FS_HAVE_ONEDNN
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t engine;
+static int onednn_works, onednn_amx;
+static char onednn_impl[96]; /* the implementation of a probe product: "brg:avx512_core_amx_bf16" */
+
+static fs_status make_primitive(dnnl_primitive_t *out, dnnl_primitive_desc_t *pd_out, int64_t M,
+                                int64_t N, int64_t K, int a_trans, int64_t lda, int b_trans,
+                                int64_t ldb, int64_t ldc, int accumulate);
+
+static void probe(void) {
+    if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return;
+    dnnl_primitive_t p;
+    dnnl_primitive_desc_t pd;
+    if (make_primitive(&p, &pd, 64, 64, 64, 0, 64, 1, 64, 64, 0) != FS_OK) return;
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+        snprintf(onednn_impl, sizeof onednn_impl, "%s", impl);
+    dnnl_primitive_destroy(p);
+    dnnl_primitive_desc_destroy(pd);
+    onednn_works = 1;
+    onednn_amx = strstr(onednn_impl, "amx") != NULL;
+}
+
+int fs_gemm_path_available(fs_gemm_path path) {
+    if (path == FS_GEMM_PATH_FLATSHARD) return 1;
+    if (path != FS_GEMM_PATH_ONEDNN) return 0;
+    pthread_once(&probe_once, probe);
+    return onednn_works;
+}
+
+#else
+
+int fs_gemm_path_available(fs_gemm_path path) { return path == FS_GEMM_PATH_FLATSHARD; }
+
+#endif
+
+static int path_from_env(void) {
+    const char *s = getenv("FLATSHARD_GEMM");
+    if (s && strcmp(s, "flatshard") == 0) return FS_GEMM_PATH_FLATSHARD;
+    if (s && strcmp(s, "onednn") == 0 && fs_gemm_path_available(FS_GEMM_PATH_ONEDNN))
+        return FS_GEMM_PATH_ONEDNN;
+    /* auto, unset, or a value fs_gemm_env_error names */
+#if FS_HAVE_ONEDNN
+    if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN) && onednn_amx) return FS_GEMM_PATH_ONEDNN;
+#endif
+    return FS_GEMM_PATH_FLATSHARD;
+}
+
+const char *fs_gemm_env_error(void) {
+    const char *s = getenv("FLATSHARD_GEMM");
+    if (!s || !*s || strcmp(s, "auto") == 0 || strcmp(s, "flatshard") == 0) return NULL;
+    if (strcmp(s, "onednn") == 0)
+        return fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)
+                   ? NULL
+                   : (FS_HAVE_ONEDNN ? "FLATSHARD_GEMM=onednn: oneDNN cannot run a bf16 matmul on this CPU"
+                                     : "FLATSHARD_GEMM=onednn: this build has no oneDNN (make ONEDNN=0, or "
+                                       "libdnnl-dev was missing)");
+    return "FLATSHARD_GEMM must be auto, onednn or flatshard";
+}
+
+fs_gemm_path fs_gemm_path_in_use(void) {
+    int p = atomic_load_explicit(&path_in_use, memory_order_relaxed);
+    if (p >= 0) return (fs_gemm_path)p;
+    p = path_from_env();
+    atomic_store_explicit(&path_in_use, p, memory_order_relaxed);
+    return (fs_gemm_path)p;
+}
+
+fs_gemm_path fs_gemm_set_path(fs_gemm_path path) {
+    fs_gemm_path before = fs_gemm_path_in_use();
+    FS_ASSERT(fs_gemm_path_available(path));
+    atomic_store_explicit(&path_in_use, (int)path, memory_order_relaxed);
+    return before;
+}
+
+const char *fs_gemm_path_detail(void) {
+    static char detail[160];
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+#if FS_HAVE_ONEDNN
+    if (fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN)
+        snprintf(detail, sizeof detail, "onednn (%s)", onednn_impl);
+    else
+#endif
+        snprintf(detail, sizeof detail, "flatshard (%s)",
+                 fs_kernels_isa() == FS_ISA_AVX512_BF16 ? "avx512bf16" : "portable");
+    pthread_mutex_unlock(&mu);
+    return detail;
+}
+
+#if !FS_HAVE_ONEDNN
+
+fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) { return FS_OK; }
+uint64_t fs_gemm_primitives_created(void) { return 0; }
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+                        int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
+                        int64_t N, int64_t K) {
+    FS_ASSERT(!"the oneDNN GEMM path in a build without oneDNN");
+}
+
+#else
+
+/* ------------------------------------------------------------------ primitives */
+
+static fs_status dnnl_failed(dnnl_status_t s, const char *what, int64_t M, int64_t N, int64_t K) {
+    return fs_errorf(FS_ERR_INTERNAL, "oneDNN %s for the bf16 matmul %lld x %lld x %lld failed (status %d)",
+                     what, (long long)M, (long long)N, (long long)K, (int)s);
+}
+
+/* C (M, N) f32 = A (M, K) bf16 @ B (K, N) bf16 (+ C when accumulating); an operand stored
+ * transposed has strides (1, ld), else (ld, 1). */
+static fs_status make_primitive(dnnl_primitive_t *out, dnnl_primitive_desc_t *pd_out, int64_t M,
+                                int64_t N, int64_t K, int a_trans, int64_t lda, int b_trans,
+                                int64_t ldb, int64_t ldc, int accumulate) {
+    dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
+    dnnl_dims_t a_str = {a_trans ? 1 : lda, a_trans ? lda : 1};
+    dnnl_dims_t b_str = {b_trans ? 1 : ldb, b_trans ? ldb : 1};
+    dnnl_dims_t c_str = {ldc, 1};
+    dnnl_memory_desc_t a, b, c;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_desc_init_by_strides(&a, 2, a_dims, dnnl_bf16, a_str)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_strides(&b, 2, b_dims, dnnl_bf16, b_str)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_strides(&c, 2, c_dims, dnnl_f32, c_str)) != dnnl_success ||
+        (s = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c)) != dnnl_success)
+        return dnnl_failed(s, "descriptor", M, N, K);
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && accumulate) {
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, 1.0f);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    dnnl_primitive_desc_t pd = NULL;
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) return dnnl_failed(s, "primitive descriptor", M, N, K);
+    s = dnnl_primitive_create(out, pd);
+    if (s != dnnl_success) {
+        dnnl_primitive_desc_destroy(pd);
+        return dnnl_failed(s, "primitive", M, N, K);
+    }
+    *pd_out = pd;
+    return FS_OK;
+}
+
+typedef struct prim_key {
+    int64_t M, N, K, lda, ldb, ldc;
+    int a_trans, b_trans, accumulate;
+} prim_key;
+
+typedef struct prim_entry {
+    prim_key key;
+    int used;
+    dnnl_primitive_t prim;
+    dnnl_primitive_desc_t pd;
+    size_t scratchpad_bytes;
+} prim_entry;
+
+/* A model has a handful of linear shapes, each with 3 products x 2 betas x 2 tile heights;
+ * 4096 entries hold dozens of models' worth (tests build many). */
+#define PRIM_CACHE 4096
+static prim_entry cache[PRIM_CACHE];
+static int cache_used;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint_fast64_t primitives_created;
+
+uint64_t fs_gemm_primitives_created(void) { return atomic_load(&primitives_created); }
+
+static uint64_t key_hash(const prim_key *k) {
+    const int64_t f[9] = {k->M, k->N, k->K, k->lda, k->ldb, k->ldc, k->a_trans, k->b_trans, k->accumulate};
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < 9; i++) h = (h ^ (uint64_t)f[i]) * 1099511628211ull;
+    return h;
+}
+
+static int key_eq(const prim_key *a, const prim_key *b) {
+    return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
+           a->ldc == b->ldc && a->a_trans == b->a_trans && a->b_trans == b->b_trans &&
+           a->accumulate == b->accumulate;
+}
+
+/* The cached primitive for `k`, created if it is not there yet. */
+static fs_status lookup(const prim_key *k, const prim_entry **out) {
+    pthread_mutex_lock(&cache_mu);
+    size_t i = (size_t)(key_hash(k) % PRIM_CACHE);
+    fs_status st = FS_OK;
+    while (cache[i].used && !key_eq(&cache[i].key, k)) i = (i + 1) % PRIM_CACHE;
+    if (!cache[i].used) {
+        if (cache_used >= PRIM_CACHE * 3 / 4) {
+            st = fs_errorf(FS_ERR_INTERNAL, "the oneDNN primitive cache is full (%d shapes)", cache_used);
+        } else {
+            prim_entry *e = &cache[i];
+            st = make_primitive(&e->prim, &e->pd, k->M, k->N, k->K, k->a_trans, k->lda, k->b_trans,
+                                k->ldb, k->ldc, k->accumulate);
+            if (st == FS_OK) {
+                const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+                e->scratchpad_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+                e->key = *k;
+                e->used = 1;
+                cache_used++;
+                atomic_fetch_add(&primitives_created, 1);
+            }
+        }
+    }
+    *out = st == FS_OK ? &cache[i] : NULL;
+    pthread_mutex_unlock(&cache_mu);
+    return st;
+}
+
+/* ------------------------------------------------------------------ one product */
+
+/* An operand as oneDNN reads it: bf16, with the layout it is stored in. */
+typedef struct bf16_operand {
+    const uint16_t *data;
+    int trans;
+    int64_t ld;
+} bf16_operand;
+
+/* Stored rows and columns of an operand whose op() is (rows, cols). */
+static void stored_dims(fs_gemm_operand o, int64_t rows, int64_t cols, int64_t *sr, int64_t *sc) {
+    *sr = o.trans ? cols : rows;
+    *sc = o.trans ? rows : cols;
+}
+
+/* The operand as the tiles read it: staged (compact, ld = stored columns) when fp32. */
+static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at) {
+    int64_t sr, sc;
+    stored_dims(o, rows, cols, &sr, &sc);
+    if (o.dtype == FS_GEMM_BF16) return (bf16_operand){o.data, o.trans, o.ld};
+    return (bf16_operand){at, o.trans, sc < 1 ? 1 : sc};
+}
+
+static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols) {
+    return o.dtype == FS_GEMM_F32 ? (size_t)(rows * cols) * sizeof(uint16_t) : 0;
+}
+
+typedef struct cast_job {
+    const float *in;
+    uint16_t *out;
+    int64_t ld, cols;
+} cast_job;
+
+static void cast_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const cast_job *j = arg;
+    for (int64_t r = begin; r < end; r++) {
+        const float *restrict in = j->in + r * j->ld;
+        uint16_t *restrict out = j->out + r * j->cols;
+        for (int64_t c = 0; c < j->cols; c++) out[c] = fs_fp32_to_bf16(in[c]);
+    }
+}
+
+static void stage_operand(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at) {
+    if (o.dtype != FS_GEMM_F32) return;
+    int64_t sr, sc;
+    stored_dims(o, rows, cols, &sr, &sc);
+    cast_job j = {.in = o.data, .out = at, .ld = o.ld, .cols = sc};
+    fs_pool_parallel_for(pool, sr, fs_cpu_row_grain(sc), cast_rows, &j);
+}
+
+/* The key of tile rows [m0, m0 + mt) of the product. */
+static prim_key tile_key(const bf16_operand *a, const bf16_operand *b, int64_t mt, int64_t N,
+                         int64_t K, int64_t ldc, int accumulate) {
+    return (prim_key){.M = mt, .N = N, .K = K, .lda = a->ld, .ldb = b->ld, .ldc = ldc,
+                      .a_trans = a->trans, .b_trans = b->trans, .accumulate = accumulate != 0};
+}
+
+typedef struct tile_job {
+    bf16_operand a, b;
+    float *C;
+    int64_t ldc, M, N, K;
+    int accumulate;
+} tile_job;
+
+extern void omp_set_num_threads(int n); /* libgomp, which Debian's libdnnl threads with */
+
+typedef struct thread_ctx {
+    dnnl_stream_t stream;
+} thread_ctx;
+
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+
+static void ctx_free(void *p) {
+    thread_ctx *c = p;
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    free(c);
+}
+static void ctx_key_init(void) { FS_ASSERT(pthread_key_create(&ctx_key, ctx_free) == 0); }
+
+/* This thread's oneDNN stream; the first call on a thread also caps OpenMP at one thread. */
+static dnnl_stream_t thread_stream(void) {
+    pthread_once(&ctx_once, ctx_key_init);
+    thread_ctx *c = pthread_getspecific(ctx_key);
+    if (!c) {
+        omp_set_num_threads(1);
+        c = calloc(1, sizeof *c);
+        FS_ASSERT(c);
+        FS_ASSERT(dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags) == dnnl_success);
+        FS_ASSERT(pthread_setspecific(ctx_key, c) == 0);
+    }
+    return c->stream;
+}
+
+static void run_tile(const tile_job *j, int64_t m0) {
+    const int64_t mt = j->M - m0 < FS_GEMM_ONEDNN_TILE ? j->M - m0 : FS_GEMM_ONEDNN_TILE;
+    prim_key k = tile_key(&j->a, &j->b, mt, j->N, j->K, j->ldc, j->accumulate);
+    const prim_entry *e;
+    fs_status st = lookup(&k, &e);
+    if (st != FS_OK) fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
+    dnnl_stream_t stream = thread_stream();
+    /* tile rows m0.. of op(A): rows of A stored (M, K), columns of A stored transposed */
+    const uint16_t *a = j->a.data + (j->a.trans ? m0 : m0 * j->a.ld);
+    void *handles[4] = {(void *)a, (void *)j->b.data, j->C + m0 * j->ldc,
+                        e->scratchpad_bytes ? fs_cpu_scratch(e->scratchpad_bytes) : NULL};
+    const dnnl_query_t q[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                               dnnl_query_scratchpad_md};
+    const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+    dnnl_exec_arg_t args[4];
+    dnnl_memory_t mem[4] = {0};
+    int n = 0;
+    dnnl_status_t s = dnnl_success;
+    for (int i = 0; i < 4 && s == dnnl_success; i++) {
+        if (!handles[i]) continue;
+        s = dnnl_memory_create(&mem[n], dnnl_primitive_desc_query_md(e->pd, q[i], 0), engine, handles[i]);
+        if (s == dnnl_success) args[n] = (dnnl_exec_arg_t){arg[i], mem[n]}, n++;
+    }
+    if (s == dnnl_success) s = dnnl_primitive_execute(e->prim, stream, n, args);
+    if (s == dnnl_success) s = dnnl_stream_wait(stream);
+    for (int i = 0; i < n; i++) dnnl_memory_destroy(mem[i]);
+    if (s != dnnl_success) {
+        dnnl_failed(s, "execution", mt, j->N, j->K);
+        fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
+    }
+}
+
+static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const tile_job *j = arg;
+    for (int64_t t = begin; t < end; t++) run_tile(j, t * FS_GEMM_ONEDNN_TILE);
+}
+
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+                        int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
+                        int64_t N, int64_t K) {
+    const size_t a_bytes = (staged_bytes(A, M, K) + 63) / 64 * 64, need = a_bytes + staged_bytes(B, K, N);
+    uint16_t *base = NULL;
+    if (need) {
+        if (stage && stage->data) {
+            if (stage->bytes < need) {
+                fs_errorf(FS_ERR_INTERNAL, "the bf16 GEMM %lld x %lld x %lld needs %zu bytes of staging, the "
+                          "caller reserved %zu", (long long)M, (long long)N, (long long)K, need, stage->bytes);
+                fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
+            }
+            base = stage->data;
+        } else {
+            base = fs_cpu_scratch_stage(need);
+        }
+    }
+    tile_job j = {.a = staged_layout(A, M, K, base), .b = staged_layout(B, K, N, (char *)base + a_bytes),
+                  .C = C, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
+    stage_operand(pool, A, M, K, base);
+    stage_operand(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes));
+    const int64_t tiles = (M + FS_GEMM_ONEDNN_TILE - 1) / FS_GEMM_ONEDNN_TILE;
+    fs_pool_parallel_for(pool, tiles, 1, tile_range, &j);
+}
+
+/* ------------------------------------------------------------------ preparing a model's */
+
+fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) {
+    if (fs_gemm_path_in_use() != FS_GEMM_PATH_ONEDNN || N < 1 || IC < 1 || OC < 1) return FS_OK;
+    /* the same operands the products build (data pointers do not enter the keys; a
+     * non-NULL staging address stands in for the staged ones) */
+    static const uint16_t dummy[1];
+    for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, (const float *)dummy, dummy,
+                                                     (const float *)dummy, N, IC, OC);
+        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy), b = staged_layout(g.B, g.K, g.N, dummy);
+        for (int acc = 0; acc <= 1; acc++) {
+            const int64_t full = g.M < FS_GEMM_ONEDNN_TILE ? g.M : FS_GEMM_ONEDNN_TILE;
+            const int64_t rest = g.M % FS_GEMM_ONEDNN_TILE;
+            const int64_t heights[2] = {full, g.M > FS_GEMM_ONEDNN_TILE ? rest : 0};
+            for (int h = 0; h < 2; h++) {
+                if (heights[h] == 0) continue;
+                prim_key k = tile_key(&a, &b, heights[h], g.N, g.K, g.ldc, acc);
+                const prim_entry *e;
+                FS_TRY(lookup(&k, &e));
+            }
+        }
+    }
+    return FS_OK;
+}
+
+#endif /* FS_HAVE_ONEDNN */
