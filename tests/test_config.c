@@ -337,11 +337,12 @@ static void test_step_time_by_hand(void) {
     (void)cf0;
     (void)cb0;
     /* collectives at 240 GB/s (4 ranks: one node), 50 us each, (W-1)/W = 3/4 on the wire;
-     * weights bf16 (2 bytes), gradients fp32; units padded to multiples of 4 x 32 */
+     * weights bf16 (2 bytes), unit gradients bf16 on the wire (fs_plan_bf16_grad_wire), the
+     * norm group's fp32; units padded to multiples of 4 x 32 */
     const double bw = 240e9, lat = 50e-6;
 #define AG(bytes) (lat + 0.75 * (bytes) / bw) /* a reduce-scatter costs the same formula */
     const double E = 6400 * 2, Bk = 36864 * 2, H = 6400 * 2;     /* embed, block, head weights */
-    const double Eg = 6400 * 4, Bg = 36864 * 4, Hg = 6400 * 4;   /* their gradients */
+    const double Eg = 6400 * 2, Bg = 36864 * 2, Hg = 6400 * 2;   /* their gradients */
     const double Nw = 384 * 2, Ng = 384 * 4, X = 16 * 4;         /* norms (320 -> 384), exchange */
     /* micro-batch 0: gather every op; op i+1's gather beside op i's forward */
     double exposed = AG(E) + fmax(0, AG(Bk) - cf0) + fmax(0, AG(Bk) - cf1) + fmax(0, AG(H) - cf2);

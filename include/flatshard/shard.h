@@ -144,6 +144,14 @@ int fs_plan_max_world(const fs_layout *layout, fs_strategy strategy);
  * (the GPU does). (zero3-param keeps its per-use
  * buffers: it is the baseline, measured as it is.) */
 int fs_plan_in_place(const fs_plan *plan);
+/* Whether the unit gradients cross the wire as bf16: under --precision bf16, for the
+ * strategies that reduce-scatter every unit out of the gradient ring (yafsdp, zero2), when
+ * there is more than one rank. The rank rounds a unit's fp32 gradient to bf16 once and the
+ * reduce-scatter sums the W bf16 pieces in fp32 into the fp32 shard (fs_comm_reduce_scatter_ex
+ * bf16 -> fp32): half the bytes of an fp32 reduce-scatter, at one bf16 rounding (2^-8
+ * relative) of each rank's contribution. The norm group's gradients stay fp32 (they are
+ * small and feed the norm weights directly). */
+int fs_plan_bf16_grad_wire(const fs_plan *plan);
 
 /* Which arrays a strategy keeps in full (1) or sharded (0). */
 int fs_strategy_full_weights(fs_strategy s); /* ddp, zero1, zero2 */

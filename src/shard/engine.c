@@ -11,6 +11,9 @@
  *   compute     bf16 copy of the weights: (F) for ddp/zero1/zero2, (S) otherwise
  *   ring[2]     yafsdp: the two weight buffers (R, compute dtype)
  *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32)
+ *   gwire[2]    yafsdp, zero2 under bf16 with W > 1: each gradient buffer rounded to bf16
+ *               (R, bf16), which the reduce-scatter sends and sums in fp32
+ *               (fs_plan_bf16_grad_wire): half the bytes on the wire
  *   norm_buf    sharded weights: the gathered norm group (Nn, compute dtype)
  *   norm_grads  sharded gradients: the norm group's gradient (Nn, fp32)
  *   norm32      bf16: the norm group in fp32 (Nn), which the kernels read
@@ -99,6 +102,7 @@ struct fs_engine {
     int ring_unit[2];     /* the unit a ring buffer holds (or is being gathered into), -1 */
     uint64_t ring_ticket[2];
     float *gring[2];
+    uint16_t *gwire[2];
     uint64_t gring_ticket[2];
     void *norm_buf;
     float *norm32, *norm_grads;
@@ -482,6 +486,8 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     }
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !e->in_place)
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
+    if (fs_plan_bf16_grad_wire(plan))
+        for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * 2, "bf16 gradient wire buffer", &e->gwire[b]);
     if (!fs_strategy_full_grads(s) && !e->in_place)
         ALLOC(FS_MEM_GRAD_BUF, Nn * f4, "norm group gradients", &e->norm_grads);
 #undef ALLOC
@@ -532,6 +538,7 @@ void fs_engine_free(fs_engine *e) {
         fs_mem_release(e->host_mem, e->zg[k].jobs);
         fs_mem_release(e->mem, e->ring[k]);
         fs_mem_release(e->mem, e->gring[k]);
+        fs_mem_release(e->mem, e->gwire[k]);
     }
     void *blocks[] = {e->master, e->grads_full, e->grads_shard, e->adam_m, e->adam_v,
                       e->compute, e->norm_buf, e->norm32, e->norm_grads};
@@ -670,8 +677,17 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     case FS_STRATEGY_ZERO2: {
         /* the padding must reach the reduce-scatter as zeros */
         e->K->zero(e->dev, e->gring[b] + numel, (size_t)(su->full_numel - numel) * sizeof(float));
-        fs_comm_op rs = fs_comm_op_reduce_scatter_ex(e->gring[b], e->grads_shard + su->shard_offset,
-                                                     (size_t)su->shard_numel, FS_DTYPE_FP32,
+        /* bf16 on the wire: the unit's fp32 gradient rounded once (on the compute thread,
+         * before the collective is queued), the sum over ranks in fp32 into the fp32 shard */
+        const void *send = e->gring[b];
+        fs_dtype send_dtype = FS_DTYPE_FP32;
+        if (e->gwire[b]) {
+            e->K->cast_fp32_to_bf16(e->dev, e->gwire[b], e->gring[b], su->full_numel);
+            send = e->gwire[b];
+            send_dtype = FS_DTYPE_BF16;
+        }
+        fs_comm_op rs = fs_comm_op_reduce_scatter_ex(send, e->grads_shard + su->shard_offset,
+                                                     (size_t)su->shard_numel, send_dtype,
                                                      FS_DTYPE_FP32, FS_REDOP_SUM, acc);
         rs.tag = u + 1;
         return enqueue(e, rs, &e->gring_ticket[b]);

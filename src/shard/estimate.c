@@ -178,7 +178,7 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
                 if (!resident_fwd) g[i] = coll(&m, FS_EST_ALL_GATHER, unit_bytes(p, u, csize), pieces);
             }
             if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2 || s == FS_STRATEGY_ZERO3_PARAM)
-                rs[i] = coll(&m, FS_EST_REDUCE_SCATTER, unit_bytes(p, u, 4.0), pieces);
+                rs[i] = coll(&m, FS_EST_REDUCE_SCATTER, unit_bytes(p, u, fs_plan_bf16_grad_wire(p) ? 2.0 : 4.0), pieces);
             else if (s == FS_STRATEGY_DDP && last)
                 rs[i] = coll(&m, FS_EST_ALL_REDUCE, unit_bytes(p, u, 4.0), 1);
         }

@@ -55,6 +55,12 @@ int fs_plan_in_place(const fs_plan *plan) {
            (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
 }
 
+int fs_plan_bf16_grad_wire(const fs_plan *plan) {
+    const fs_strategy s = plan->cfg.strategy;
+    return plan->cfg.precision == FS_PRECISION_BF16 && plan->cfg.world > 1 &&
+           (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
+}
+
 int fs_strategy_full_weights(fs_strategy s) {
     return s == FS_STRATEGY_DDP || s == FS_STRATEGY_ZERO1 || s == FS_STRATEGY_ZERO2;
 }
@@ -215,6 +221,7 @@ static void predict_bytes(fs_plan *pl) {
     /* gradient buffers: zero2 and yafsdp reduce-scatter each unit through two of them; the
      * sharded strategies gather norm gradients in a full buffer */
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !in_place) gb += 2 * R * f4;
+    if (fs_plan_bf16_grad_wire(pl)) gb += 2 * R * 2; /* their bf16 copies for the wire */
     if (!fs_strategy_full_grads(s) && !in_place) gb += Nn * f4;
     pl->allocs_per_step = 0;
     if (s == FS_STRATEGY_ZERO3_PARAM) {

@@ -138,6 +138,21 @@ for rank in (0, 1):
 assert {e["args"]["step"] for e in ev} == {2, 3}, "steps 2 and 3 by default"
 ' "$WORK/trace.json"
 run "trace-svg draws a step" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/step.svg" --step 3
+# bf16 gradients on the wire (fs_plan_bf16_grad_wire): every unit's reduce-scatter moves half
+# the bytes of the fp32 run's; the norm group's (unit 0 of tiny) stays fp32
+run "train bf16 on 2 ranks with a timeline" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --precision bf16 --trace "$WORK/trace-bf16.json"
+run "train fp32 on 2 ranks with a timeline" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --precision fp32 --trace "$WORK/trace-fp32.json"
+expect "bf16 reduce-scatters half the bytes of fp32 for every unit but the norm group" /usr/bin/python3 -c '
+import json, sys
+def rs(path):
+    ev = json.load(open(path))["traceEvents"]
+    return {e["args"]["unit"]: e["args"]["bytes"] for e in ev if e["ph"] == "X" and e["pid"] == 0
+            and e["args"]["kind"] == "reduce_scatter" and e["args"]["step"] == 2}
+b, f = rs(sys.argv[1]), rs(sys.argv[2])
+assert set(b) == set(f) and len(f) == 7, (b, f)
+for u in f:
+    assert b[u] * (1 if u == 0 else 2) == f[u], (u, b[u], f[u])
+' "$WORK/trace-bf16.json" "$WORK/trace-fp32.json"
 expect_all "the picture has both ranks and boxes" 'grep -q "rank 1 comm" "$WORK/step.svg"' '[ "$(grep -c "<rect" "$WORK/step.svg")" -gt 40 ]'
 run "plan the same run" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --strategy yafsdp --precision fp32 --device this-machine --json
 cp "$WORK/out" "$WORK/plan.json"
