@@ -7,6 +7,7 @@
 # rank 0's peak memory, and the timeline of one step drawn as an SVG.
 #
 #   sudo bench/interconnect.sh [DATA]       MODEL=small BATCH=4 SEQ=256 STEPS=4 RUNS=3 RATES="1gbit 10gbit"
+#                                           STRATEGIES="ddp zero3-param yafsdp" PRECISION=fp32
 #
 # Each run's figure is the median over its steps after the first; the table reports the
 # median over RUNS runs (the timeline is the last run's).
@@ -25,6 +26,8 @@ SEQ=${SEQ:-256}
 STEPS=${STEPS:-4}
 RUNS=${RUNS:-3}
 RATES=${RATES:-1gbit 10gbit}
+STRATEGIES=${STRATEGIES:-ddp zero3-param yafsdp}
+PRECISION=${PRECISION:-fp32}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-interconnect}")
 NS0=fsbench0 NS1=fsbench1 NET=10.77.0
@@ -88,6 +91,7 @@ mpi() {
     return 1
 }
 common=(--model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --no-save
+        --precision "$PRECISION"
         --progress lines --log-every 1000)
 
 bench_machine
@@ -100,14 +104,14 @@ for rate in $RATES; do
         tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
     done
     mpi "$OUT/link-$rate.log" --stdout "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json
-    for s in ddp zero3-param yafsdp; do
+    for s in $STRATEGIES; do
         name="$s-$rate"
         for run in $(seq "$RUNS"); do
             mpi "$OUT/$name.$run.jsonl" "$FS" train "${common[@]}" --strategy "$s" --metrics @RESULT@ \
                 --trace "$OUT/$name.json" --trace-steps 1 >>"$OUT/$name.log" 2>&1
         done
         "$FS" trace-svg "$OUT/$name.json" -o "$OUT/$name.svg" >/dev/null
-        "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy "$s" --precision fp32 \
+        "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy "$s" --precision "$PRECISION" \
             --device this-machine --json >"$OUT/$name.plan.json"
         rows+=("$name")
     done
