@@ -86,7 +86,7 @@ Nn = pad(norms)
 want = {
     "master": 4 * S, "grads": 4 * S, "optimizer": 8 * S, "compute_shard": 2 * S,
     "weight_buf": 2 * R * 2 + Nn * 2 + Nn * 4,          # bf16 ring, gathered norms, fp32 norms
-    "grad_buf": 2 * R * 4 + Nn * 4,                     # fp32 ring, gathered norm gradients
+    "grad_buf": 2 * R * 4 + Nn * 4 + 2 * R * 2,         # fp32 ring, gathered norm gradients, bf16 wire ring
 }
 def acts(k, B=1, T=4096, act_bytes=2):                  # docs/planner.md, activations
     N = B * T; Sl = (L - k) + (1 if k else 0); r = lambda n: -(-n // 16) * 16
