@@ -4,52 +4,143 @@
 # (tests/test_cuda.c), the GPU end-to-end tests (tests/cli/test_gpu.sh) and the GPU
 # benchmark (bench/gpu.sh), and prints every figure.
 #
-#   tools/gpu_check.sh --prepare   here, before: copies what the GPU host may lack (cJSON's
-#                                  headers and library, which the build links) into
-#                                  .device-deps/ (git-ignored), to carry along
-#   tools/gpu_check.sh [STAGE...]  there: STAGE is build, test, e2e, bench (default: build
-#                                  test e2e; bench separately, it takes ~7 minutes)
+#   tools/gpu_check.sh --prepare   here, before: copies into .device-deps/ (git-ignored), to
+#                                  carry along, what a bare GPU host may lack: the headers and
+#                                  libraries the build links (cJSON, OpenBLAS with its Fortran
+#                                  runtime, zlib), the test corpus (Debian's fortunes file),
+#                                  and a build made here (MPI=none ONEDNN=0 CUDA=1, stripped)
+#                                  that is used only if the build there fails
+#   tools/gpu_check.sh [STAGE...]  there: STAGE is env, build, test, e2e, bench (default: env
+#                                  build test e2e, then bench if all passed and time is left)
 # Each stage prints "== stage: ok" or "== stage: FAILED (exit N)"; the script exits non-zero
-# if any failed. Outputs go to $OUT (default out/gpu-check), so a device tool can fetch them.
+# if any failed. A stage that fails does not stop the next (one run must say everything it
+# can). Outputs go to $OUT (default out/gpu-check), so a device tool can fetch them.
+# BENCH_OUT (default $OUT/bench) holds the bench's files. DEADLINE (seconds from the start,
+# default 400) bounds the whole: each stage runs under
+# timeout with what is left, and the bench after the default stages starts only with at
+# least 150 s left, under BUDGET = what is left (bench/gpu.sh keeps inside it).
 set -u
 cd "$(dirname "$0")/.." || exit 2
+DEPS=.device-deps
 if [ "${1:-}" = --prepare ]; then
-    mkdir -p .device-deps/include .device-deps/lib
-    cp -r /usr/include/cjson .device-deps/include/
-    cp -P /usr/lib/x86_64-linux-gnu/libcjson.so* .device-deps/lib/
-    echo "tools/gpu_check.sh: .device-deps/ holds cJSON $(ls .device-deps/lib | tr '\n' ' ')"
+    set -e
+    rm -rf "$DEPS"
+    mkdir -p "$DEPS/include" "$DEPS/lib"
+    cp -r /usr/include/cjson "$DEPS/include/"
+    cp -P /usr/lib/x86_64-linux-gnu/libcjson.so* "$DEPS/lib/"
+    cp /usr/include/x86_64-linux-gnu/openblas-pthread/{cblas.h,f77blas.h,openblas_config.h} "$DEPS/include/"
+    cp -L /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/x86_64-linux-gnu/libgfortran.so.5 \
+        /usr/lib/x86_64-linux-gnu/libquadmath.so.0 "$DEPS/lib/"
+    ln -s libopenblas.so.0 "$DEPS/lib/libopenblas.so"
+    cp /usr/include/zlib.h /usr/include/zconf.h "$DEPS/include/"
+    cp -L /usr/lib/x86_64-linux-gnu/libz.so.1 "$DEPS/lib/"
+    ln -s libz.so.1 "$DEPS/lib/libz.so"
+    cp /usr/share/games/fortunes/fortunes "$DEPS/fortunes"
+    make -j"$(nproc)" WERROR=1 BUILD="$DEPS/build" MPI=none ONEDNN=0 CUDA=1 \
+        "$DEPS/build/flatshard" "$DEPS/build/tests/test_cuda" "$DEPS/build/libflatshard-cuda.so" >/dev/null
+    mkdir -p "$DEPS/prebuilt/tests"
+    strip -o "$DEPS/prebuilt/flatshard" "$DEPS/build/flatshard"
+    strip -o "$DEPS/prebuilt/tests/test_cuda" "$DEPS/build/tests/test_cuda"
+    strip -o "$DEPS/prebuilt/libflatshard-cuda.so" "$DEPS/build/libflatshard-cuda.so"
+    rm -rf "$DEPS/build"
+    echo "tools/gpu_check.sh: $DEPS/ holds $(du -sh "$DEPS" | cut -f1): $(ls "$DEPS/lib" | tr '\n' ' ')"
     exit 0
 fi
 OUT=${OUT:-out/gpu-check}
+DEADLINE=${DEADLINE:-400}
 mkdir -p "$OUT"
-if [ -d .device-deps ]; then # the GPU host's compiler and loader find the carried cJSON
-    export C_INCLUDE_PATH="$PWD/.device-deps/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
-    export LIBRARY_PATH="$PWD/.device-deps/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-    export LD_LIBRARY_PATH="$PWD/.device-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -d "$DEPS" ]; then # the GPU host's compiler and loader find what was carried (after its own)
+    export C_INCLUDE_PATH="${C_INCLUDE_PATH:+$C_INCLUDE_PATH:}$PWD/$DEPS/include"
+    export LIBRARY_PATH="${LIBRARY_PATH:+$LIBRARY_PATH:}$PWD/$DEPS/lib"
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$DEPS/lib"
+    if [ ! -r /usr/share/games/fortunes/fortunes ] && [ -r "$DEPS/fortunes" ]; then
+        mkdir -p /usr/share/games/fortunes && cp "$DEPS/fortunes" /usr/share/games/fortunes/fortunes
+    fi
 fi
+# cuBLASLt and cudart: the toolkit's lib64, else a Python wheel's copy (nvidia/cu*/lib)
+nvcc_path=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+[ -n "$nvcc_path" ] && export PATH="$(dirname "$nvcc_path"):$PATH"
+cuda_home=${nvcc_path:+$(dirname "$(dirname "$(realpath "$nvcc_path")")")}
+if [ -z "$cuda_home" ] || ! ls "$cuda_home"/lib64/libcublasLt.so* >/dev/null 2>&1; then
+    lt=$(find / -xdev -name 'libcublasLt.so.1[0-9]*' 2>/dev/null | head -n 1)
+    if [ -n "$lt" ]; then
+        mkdir -p "$DEPS/cudalib"
+        ln -sf "$lt" "$DEPS/cudalib/libcublasLt.so"
+        rt=$(find / -xdev -name 'libcudart.so.1[0-9]*' 2>/dev/null | head -n 1)
+        [ -n "$rt" ] && ln -sf "$rt" "$DEPS/cudalib/libcudart.so"
+        export LIBRARY_PATH="${LIBRARY_PATH:+$LIBRARY_PATH:}$PWD/$DEPS/cudalib:$(dirname "$lt")${rt:+:$(dirname "$rt")}"
+        export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$lt")${rt:+:$(dirname "$rt")}"
+    fi
+fi
+[ -n "$cuda_home" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cuda_home/lib64"
+
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test e2e)
+auto_bench=0
+if [ ${#stages[@]} -eq 0 ]; then stages=(env build test e2e); auto_bench=1; fi
 failed=0
-stage() {
-    local name=$1 rc start=$SECONDS
+T_END=$(($(date +%s) + DEADLINE))
+left() { echo $((T_END - $(date +%s))); }
+stage() { # NAME CMD... — under timeout with the time left, logged to $OUT/NAME.log
+    local name=$1 rc start=$SECONDS limit
     shift
-    echo "== $name: $*"
-    "$@" 2>&1 | tee "$OUT/$name.log"
+    limit=$(left)
+    if [ "$limit" -lt 10 ]; then echo "== $name: NOT RUN (deadline)"; failed=1; return 1; fi
+    echo "== $name: $* (at ${SECONDS} s, ${limit} s left)"
+    # a stage may be a function of this script: a fresh bash runs it (exported below)
+    timeout -k 5 "$limit" bash -c '"$@"' "$name" "$@" 2>&1 | tee "$OUT/$name.log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ]; then echo "== $name: ok ($((SECONDS - start)) s)"
     else echo "== $name: FAILED (exit $rc, $((SECONDS - start)) s)"; failed=1; fi
+    return "$rc"
 }
-nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+show_env() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,compute_mode --format=csv,noheader
+    echo "nvcc: ${nvcc_path:-none} ($({ [ -n "$nvcc_path" ] && nvcc --version | tail -n 1; } || true)); CUDA_HOME ${cuda_home:-none}"
+    echo "gcc: $(gcc --version 2>&1 | head -n 1); make: $(make --version 2>&1 | head -n 1); cores $(nproc)"
+    echo "CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+    for h in cblas.h zlib.h cjson/cJSON.h cublasLt.h cuda_runtime.h; do
+        printf '%s: ' "$h"; echo '#include <'"$h"'>' | gcc ${cuda_home:+-I$cuda_home/include} -E -x c - 2>/dev/null |
+            grep -m 1 -o '"/[^"]*'"$(basename "$h")"'"' || echo missing
+    done
+    echo "LIBRARY_PATH=${LIBRARY_PATH:-}"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 | tail -n 1
+}
+build() {
+    make -j"$(nproc)" WERROR=1 BUILD=build MPI=none ONEDNN=0 CUDA=1 ${cuda_home:+CUDA_HOME=$cuda_home} \
+        build/flatshard build/tests/test_cuda build/libflatshard-cuda.so && return 0
+    echo "tools/gpu_check.sh: the build here failed; using the build carried in $DEPS/prebuilt"
+    [ -x "$DEPS/prebuilt/flatshard" ] || return 1
+    mkdir -p build/tests
+    cp "$DEPS/prebuilt/flatshard" "$DEPS/prebuilt/libflatshard-cuda.so" build/
+    cp "$DEPS/prebuilt/tests/test_cuda" build/tests/
+    return 2 # still a failure to report: the GPU host could not build
+}
+cuda_tests() {
+    build/tests/test_cuda && return 0
+    local rc=$?
+    if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 120 ]; then
+        echo "-- test_cuda failed (exit $rc): once more under compute-sanitizer memcheck (60 s at most)"
+        timeout -k 5 60 compute-sanitizer --tool memcheck --print-limit 15 build/tests/test_cuda 2>&1 | tail -n 80
+    fi
+    return "$rc"
+}
+export -f left show_env build cuda_tests
+export T_END DEPS nvcc_path cuda_home
 for s in "${stages[@]}"; do
     case $s in
-    build) # without OpenMPI's wrapper the GPU host builds without MPI (one GPU needs none)
-        mpi=(); command -v mpicc >/dev/null || mpi=(MPI=none)
-        stage build make -j"$(nproc)" WERROR=1 BUILD=build "${mpi[@]}" build/flatshard build/tests/test_cuda \
-            build/tests/test_device build/libflatshard-cuda.so ;;
-    test) stage test build/tests/test_cuda ;;
+    env) stage env show_env ;;
+    build) stage build build ;;
+    test) stage test cuda_tests ;;
     e2e) stage e2e env FLATSHARD_BUILD=build bash tests/cli/test_gpu.sh ;;
-    bench) stage bench env OUT="$OUT/bench" bench/gpu.sh ;;
-    *) echo "tools/gpu_check.sh: unknown stage '$s' (build, test, e2e, bench)"; exit 2 ;;
+    bench) stage bench env OUT="${BENCH_OUT:-$OUT/bench}" BUDGET="$(($(left) - 15))" bench/gpu.sh ;;
+    *) echo "tools/gpu_check.sh: unknown stage '$s' (env, build, test, e2e, bench)"; exit 2 ;;
     esac
 done
+if [ "$auto_bench" = 1 ]; then
+    if [ "$failed" = 0 ] && [ "$(left)" -ge 150 ]; then
+        stage bench env OUT="${BENCH_OUT:-$OUT/bench}" BUDGET="$(($(left) - 15))" bench/gpu.sh
+    else
+        echo "== bench: not run ($([ "$failed" = 0 ] && echo "$(left) s left, under 150" || echo "a stage failed"))"
+    fi
+fi
 exit "$failed"

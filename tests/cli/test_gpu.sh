@@ -47,7 +47,7 @@ if [ "$probe_rc" -ne 0 ]; then
     summary
     exit
 fi
-expect "the probe run on the GPU trained a step" grep -q 'step 1' "$WORK/probe.out"
+expect "the probe run on the GPU trained a step" grep -qE '^step +1/1 ' "$WORK/probe.out"
 
 # losses of two --metrics files, step by step: the largest relative difference
 max_rel_diff() {
@@ -83,7 +83,7 @@ run "resumed on the GPU to step 6" 0 "$FS" train --device cuda "${TINY[@]}" --st
 expect "resume on the GPU is bit-exact" cmp -s "$WORK/straight.safetensors" "$WORK/resumed.safetensors"
 run "the GPU's checkpoint resumed on the CPU with 2 ranks" 0 "$FS" train --device cpu --ranks 2 --batch 1 --model tiny --seq 64 --lr 1e-3 --data "$TEXT" --steps 5 --resume "$WORK/ck" --save "$WORK/ck2" --out "$WORK/cpu2.safetensors"
 run "the CPU's 2-rank checkpoint resumed on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --lr 1e-3 --data "$TEXT" --steps 6 --resume "$WORK/ck2" --out "$WORK/back.safetensors"
-expect "the GPU run went on from the CPU's step 5" grep -q 'step 6' "$WORK/out"
+expect "the GPU run went on from the CPU's step 5 (step 6 of 6, and no step before it)" bash -c "grep -qE '^step +6/6 ' '$WORK/out' && ! grep -qE '^step +[1-5]/' '$WORK/out'"
 
 run "--memory on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --steps 2 --no-save --memory --data "$TEXT"
 expect "the memory table is printed" grep -q 'memory per rank, MiB' "$WORK/out"
