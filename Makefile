@@ -253,9 +253,9 @@ check:
 	@WERROR=$(WERROR) tests/check.sh
 
 # Every figure of BENCHMARKS.md, script by script (about an hour on the 2-core machine; each
-# prints its table). A peer or facility that is missing — PyTorch, a torch >= 2.4 for FSDP2
-# (TORCH2_PYTHON), root for the network namespaces, a GPU and a CUDA torch for bench/gpu.sh —
-# is skipped with a line saying so; nothing is downloaded.
+# prints its table). bench/pytorch.sh installs its peer, a current torch, into .venv-bench
+# from PyPI the first time (~5 GB); a facility that is missing — root for the network
+# namespaces, a GPU and a CUDA torch for bench/gpu.sh — is skipped with a line saying so.
 bench: all
 	bench/single_process.sh
 	bench/kernels.sh
