@@ -112,11 +112,15 @@ asked() { case " $PEER_ROWS " in *" $1 "*) return 0 ;; esac; return 1; }
 for run in $(seq "$RUNS"); do
     echo "run $run of $RUNS" >&2
     for p in fp32 bf16; do
-        for r in "single-$p" "single-$p-compile"; do if asked "$r"; then peer "$r"; fi; done
-        flatshard "fs-single-$p" 1 yafsdp "$p"
-        for s in ddp zero1 fsdp2; do
-            for r in "$s-$p" "$s-$p-compile"; do if asked "$r"; then peer "$r"; fi; done
-            flatshard "fs-$([ "$s" = fsdp2 ] && echo yafsdp || echo "$s")-$p" 2 "$([ "$s" = fsdp2 ] && echo yafsdp || echo "$s")" "$p"
+        for s in single ddp zero1 fsdp2; do
+            any=0
+            for r in "$s-$p" "$s-$p-compile"; do if asked "$r"; then peer "$r"; any=1; fi; done
+            [ "$any" = 1 ] || continue # no peer row to compare with
+            case $s in
+            single) flatshard "fs-single-$p" 1 yafsdp "$p" ;;
+            fsdp2) flatshard "fs-yafsdp-$p" 2 yafsdp "$p" ;;
+            *) flatshard "fs-$s-$p" 2 "$s" "$p" ;;
+            esac
         done
     done
 done
