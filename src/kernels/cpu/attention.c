@@ -14,10 +14,12 @@
  *
  * Where the CPU has AVX-512 and HS is a multiple of 16 (up to 128), a third copy works on
  * 16 keys at a time from transposed keys and values (below): no horizontal sums, vectorised
- * exponentials, the output row in registers.
+ * exponentials, the output rows in registers; for HS <= 64 it takes tiles of 4 query rows,
+ * which share every load of a key block and of a key and value row (and, backward, every
+ * load and store of dk[u] and dv[u]) and give each row the bits it has alone.
  *
  * What it does not do: masks other than causal, dropout, attention sinks, or sliding windows;
- * or GEMM-sized tiles of queries (one query row at a time against 16 keys).
+ * or GEMM-sized tiles on matrix units (AMX, bf16): 4 query rows against 16 keys at most.
  */
 #include <math.h>
 #include <string.h>
@@ -99,6 +101,10 @@ static void att_forward_baseline(const att_job *j, int64_t begin, int64_t end) {
  * portable body's, so the bits differ from it (within the tolerances of tests/test_kernels.c)
  * but still do not depend on the pool size. */
 #define ATT_VMAX 8 /* HS <= 128 */
+/* Query rows per tile, and the largest head size (in vectors) whose tile's outputs (forward)
+ * or dq (backward), ATT_QT x HS/16 vectors, stay in the 32 zmm registers beside the rest. */
+#define ATT_QT 4
+#define ATT_VMAX_TILED 4 /* HS <= 64 */
 
 static int att_avx512_fits(const att_job *j) {
     return fs_kernels_isa() >= FS_ISA_AVX512 && j->HS % 16 == 0 && j->HS <= 16 * ATT_VMAX;
@@ -126,8 +132,137 @@ FS_TARGET_AVX512 static inline __m512 att_scores16(const float *x, const float *
     return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
 }
 
-FS_TARGET_AVX512 static void att_forward_avx512(const att_job *j, int64_t begin, int64_t end) {
+/* Keys u0 .. u0 + 15 that query row t may see (u <= t), as a mask; none when u0 > t. */
+static inline __mmask16 att_causal_mask(int64_t t, int64_t u0) {
+    const int64_t nu = t + 1 - u0;
+    return (__mmask16)(nu >= 16 ? 0xFFFF : nu <= 0 ? 0 : (1u << nu) - 1);
+}
+
+/* One query row t of head bh against every key it sees (head sizes past a tile's registers). */
+FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, const float *vb, int64_t bh,
+                                             int64_t t, int64_t Tp) {
     const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS, NV = HS / 16;
+    const int64_t b = bh / j->NH, h = bh % j->NH;
+    const float *qt = j->q + (b * T + t) * ld + h * HS;
+    __m512 o[ATT_VMAX];
+    for (int64_t v = 0; v < NV; v++) o[v] = _mm512_setzero_ps();
+    float row_max = -INFINITY, row_sum = 0.0f;
+    for (int64_t u0 = 0; u0 <= t; u0 += 16) {
+        const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
+        const __mmask16 valid = att_causal_mask(t, u0);
+        __m512 s = att_scores16(qt, kt + u0, Tp, HS);
+        s = _mm512_mul_ps(s, _mm512_set1_ps(j->scale));
+        const float block_max = _mm512_mask_reduce_max_ps(valid, s);
+        if (block_max > row_max) {
+            if (row_sum > 0.0f) { /* rescale what was summed against the old max */
+                const float corr = expf(row_max - block_max);
+                row_sum *= corr;
+                for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
+            }
+            row_max = block_max;
+        }
+        const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(row_max))));
+        row_sum += _mm512_reduce_add_ps(p);
+        float pv[16];
+        _mm512_storeu_ps(pv, p);
+        for (int64_t i = 0; i < nu; i++) {
+            const __m512 pi = _mm512_set1_ps(pv[i]);
+            const float *vr = vb + (u0 + i) * ld;
+            for (int64_t v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vr + 16 * v), o[v]);
+        }
+    }
+    float *out = j->out + (b * T + t) * C + h * HS;
+    const __m512 inv = _mm512_set1_ps(row_sum);
+    for (int64_t v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(o[v], inv));
+    j->lse[bh * T + t] = row_max + logf(row_sum);
+}
+
+/* The same 16 dot products for QT query rows x[i * ldx] at once: each transposed key row is
+ * loaded once for all of them (QT + 1 loads for QT FMAs instead of 2 loads per FMA), and each
+ * row's four chains run exactly as in att_scores16, so each row's scores have its bits. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) void
+att_scores16_rows(__m512 *out, int qt, const float *x, int64_t ldx, const float *yt, int64_t Tp, int64_t HS) {
+    __m512 a[ATT_QT][4];
+    for (int i = 0; i < qt; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < HS; c += 4) {
+        const __m512 y0 = _mm512_loadu_ps(yt + c * Tp), y1 = _mm512_loadu_ps(yt + (c + 1) * Tp);
+        const __m512 y2 = _mm512_loadu_ps(yt + (c + 2) * Tp), y3 = _mm512_loadu_ps(yt + (c + 3) * Tp);
+        for (int i = 0; i < qt; i++) {
+            const float *xi = x + i * ldx;
+            a[i][0] = _mm512_fmadd_ps(_mm512_set1_ps(xi[c]), y0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(_mm512_set1_ps(xi[c + 1]), y1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(_mm512_set1_ps(xi[c + 2]), y2, a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(_mm512_set1_ps(xi[c + 3]), y3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < qt; i++)
+        out[i] = _mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]), _mm512_add_ps(a[i][2], a[i][3]));
+}
+
+/* Forward over a tile of ATT_QT consecutive query rows t0 .. t0 + ATT_QT - 1 of one head: each key
+ * block's transposed keys and each value row are loaded once for the whole tile. Per row
+ * the operations are those of one row alone, in the same order (a key a row may not see
+ * gets p = 0, and o + 0 * v = o exactly), so the output has the bits of a tile of one. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) void
+att_forward_tile(const att_job *j, const float *kt, const float *vb, int64_t bh, int64_t t0, int64_t Tp) {
+    enum { qt = ATT_QT }; /* a constant: the tile's arrays unroll into registers */
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS, NV = HS / 16;
+    const int64_t b = bh / j->NH, h = bh % j->NH;
+    const float *q0 = j->q + (b * T + t0) * ld + h * HS;
+    __m512 o[ATT_QT][ATT_VMAX_TILED];
+    float row_max[ATT_QT], row_sum[ATT_QT];
+    for (int i = 0; i < qt; i++) {
+        for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_setzero_ps();
+        row_max[i] = -INFINITY;
+        row_sum[i] = 0.0f;
+    }
+    const int64_t t_last = t0 + qt - 1;
+    for (int64_t u0 = 0; u0 <= t_last; u0 += 16) {
+        __m512 s[ATT_QT];
+        att_scores16_rows(s, qt, q0, ld, kt + u0, Tp, HS);
+        float pv[ATT_QT][16];
+        for (int i = 0; i < qt; i++) {
+            const __mmask16 valid = att_causal_mask(t0 + i, u0);
+            if (!valid) { /* a block past this row: it adds nothing */
+                memset(pv[i], 0, sizeof pv[i]);
+                continue;
+            }
+            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
+            const float block_max = _mm512_mask_reduce_max_ps(valid, s[i]);
+            if (block_max > row_max[i]) {
+                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
+                    const float corr = expf(row_max[i] - block_max);
+                    row_sum[i] *= corr;
+                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
+                }
+                row_max[i] = block_max;
+            }
+            const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
+            row_sum[i] += _mm512_reduce_add_ps(p);
+            _mm512_storeu_ps(pv[i], p);
+        }
+        const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
+        for (int64_t k = 0; k < nu; k++) {
+            const float *vr = vb + (u0 + k) * ld;
+            __m512 vrow[ATT_VMAX_TILED];
+            for (int64_t v = 0; v < NV; v++) vrow[v] = _mm512_loadu_ps(vr + 16 * v);
+            for (int i = 0; i < qt; i++) {
+                if (u0 + k > t0 + i) continue; /* as the one-row loop, which stops at its row */
+                const __m512 pi = _mm512_set1_ps(pv[i][k]);
+                for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_fmadd_ps(pi, vrow[v], o[i][v]);
+            }
+        }
+    }
+    for (int i = 0; i < qt; i++) {
+        float *out = j->out + (b * T + t0 + i) * C + h * HS;
+        const __m512 inv = _mm512_set1_ps(row_sum[i]);
+        for (int64_t v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(o[i][v], inv));
+        j->lse[bh * T + t0 + i] = row_max[i] + logf(row_sum[i]);
+    }
+}
+
+FS_TARGET_AVX512 static void att_forward_avx512(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
     const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16;
     float *kt = fs_cpu_scratch((size_t)(HS * Tp) * sizeof(float));
     int64_t have = -1; /* the (b, g) in kt */
@@ -138,40 +273,10 @@ FS_TARGET_AVX512 static void att_forward_avx512(const att_job *j, int64_t begin,
             att_transpose(kt, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
             have = b * j->NKV + g;
         }
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = j->q + (b * T + t) * ld + h * HS;
-            __m512 o[ATT_VMAX];
-            for (int64_t v = 0; v < NV; v++) o[v] = _mm512_setzero_ps();
-            float row_max = -INFINITY, row_sum = 0.0f;
-            for (int64_t u0 = 0; u0 <= t; u0 += 16) {
-                const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
-                const __mmask16 valid = (__mmask16)(nu == 16 ? 0xFFFF : (1u << nu) - 1);
-                __m512 s = att_scores16(qt, kt + u0, Tp, HS);
-                s = _mm512_mul_ps(s, _mm512_set1_ps(j->scale));
-                const float block_max = _mm512_mask_reduce_max_ps(valid, s);
-                if (block_max > row_max) {
-                    if (row_sum > 0.0f) { /* rescale what was summed against the old max */
-                        const float corr = expf(row_max - block_max);
-                        row_sum *= corr;
-                        for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
-                    }
-                    row_max = block_max;
-                }
-                const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(row_max))));
-                row_sum += _mm512_reduce_add_ps(p);
-                float pv[16];
-                _mm512_storeu_ps(pv, p);
-                for (int64_t i = 0; i < nu; i++) {
-                    const __m512 pi = _mm512_set1_ps(pv[i]);
-                    const float *vr = vb + (u0 + i) * ld;
-                    for (int64_t v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vr + 16 * v), o[v]);
-                }
-            }
-            float *out = j->out + (b * T + t) * C + h * HS;
-            const __m512 inv = _mm512_set1_ps(row_sum);
-            for (int64_t v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(o[v], inv));
-            j->lse[bh * T + t] = row_max + logf(row_sum);
-        }
+        int64_t t = 0;
+        if (HS <= 16 * ATT_VMAX_TILED) /* whole tiles, then the rows left one by one */
+            for (; t + ATT_QT <= T; t += ATT_QT) att_forward_tile(j, kt, vb, bh, t, Tp);
+        for (; t < T; t++) att_forward_row(j, kt, vb, bh, t, Tp);
     }
 }
 
@@ -239,58 +344,127 @@ ATT_AVX2 static void att_backward_avx2(const att_job *j, int64_t begin, int64_t 
 static void att_backward_baseline(const att_job *j, int64_t begin, int64_t end) {
     att_backward_body(j, begin, end);
 }
-FS_TARGET_AVX512 static void att_backward_avx512(const att_job *j, int64_t begin, int64_t end) {
+/* Backward over a tile of ATT_QT consecutive query rows t0 .. of head h: the scores and dp of
+ * the tile's rows share each block's transposed keys and values, and each key row u is
+ * loaded once for the tile's dq, and its dk[u] and dv[u] are loaded and stored once for the
+ * whole tile (a fourth of the one-row loop's stores, which bound it). For every value the
+ * FMAs are those of the one-row loop in the same order (dk[u] and dv[u] take the rows' terms
+ * in t order, a row that may not see u adds nothing), so the bits are the same. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) void
+att_backward_tile(const att_job *j, const float *kt, const float *vt, int64_t b, int64_t g, int64_t h,
+                  int64_t t0, int64_t Tp) {
+    enum { qt = ATT_QT };
     const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, C = j->NH * HS, NV = HS / 16;
+    const float *kb = j->k + b * T * ld + g * HS;
+    float *dkb = j->dk + b * T * ldd + g * HS;
+    float *dvb = j->dv + b * T * ldd + g * HS;
+    const float *q0 = j->q + (b * T + t0) * ld + h * HS;
+    const float *dy0 = j->dout + (b * T + t0) * C + h * HS;
+    const __m512 scale = _mm512_set1_ps(j->scale);
+    __m512 lse[ATT_QT], D[ATT_QT], dq[ATT_QT][ATT_VMAX_TILED];
+    for (int i = 0; i < qt; i++) {
+        lse[i] = _mm512_set1_ps(j->lse_in[(b * j->NH + h) * T + t0 + i]);
+        D[i] = _mm512_set1_ps(fs_cpu_dot(dy0 + i * C, j->out_in + (b * T + t0 + i) * C + h * HS, HS));
+        for (int64_t v = 0; v < NV; v++) dq[i][v] = _mm512_setzero_ps();
+    }
+    const int64_t t_last = t0 + qt - 1;
+    for (int64_t u0 = 0; u0 <= t_last; u0 += 16) {
+        __m512 s[ATT_QT], dp[ATT_QT];
+        att_scores16_rows(s, qt, q0, ld, kt + u0, Tp, HS);
+        att_scores16_rows(dp, qt, dy0, C, vt + u0, Tp, HS);
+        float pv[ATT_QT][16], dsv[ATT_QT][16];
+        for (int i = 0; i < qt; i++) {
+            const __m512 p = _mm512_maskz_mov_ps(att_causal_mask(t0 + i, u0),
+                                                 fs_cpu_exp16(_mm512_fmsub_ps(scale, s[i], lse[i])));
+            _mm512_storeu_ps(pv[i], p);
+            _mm512_storeu_ps(dsv[i], _mm512_mul_ps(scale, _mm512_mul_ps(p, _mm512_sub_ps(dp[i], D[i]))));
+        }
+        const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
+        for (int64_t k = 0; k < nu; k++) {
+            const int64_t u = u0 + k;
+            const float *kr = kb + u * ld;
+            float *dkr = dkb + u * ldd, *dvr = dvb + u * ldd;
+            for (int64_t v = 0; v < NV; v++) {
+                const __m512 kv = _mm512_loadu_ps(kr + 16 * v);
+                __m512 dk = _mm512_loadu_ps(dkr + 16 * v), dv = _mm512_loadu_ps(dvr + 16 * v);
+                for (int i = 0; i < qt; i++) {
+                    if (u > t0 + i) continue; /* as the one-row loop, which stops at its row */
+                    const __m512 dsi = _mm512_set1_ps(dsv[i][k]);
+                    dq[i][v] = _mm512_fmadd_ps(dsi, kv, dq[i][v]);
+                    dk = _mm512_fmadd_ps(dsi, _mm512_loadu_ps(q0 + i * ld + 16 * v), dk);
+                    dv = _mm512_fmadd_ps(_mm512_set1_ps(pv[i][k]), _mm512_loadu_ps(dy0 + i * C + 16 * v), dv);
+                }
+                _mm512_storeu_ps(dkr + 16 * v, dk);
+                _mm512_storeu_ps(dvr + 16 * v, dv);
+            }
+        }
+    }
+    for (int i = 0; i < qt; i++) {
+        float *dqt = j->dq + (b * T + t0 + i) * ldd + h * HS;
+        for (int64_t v = 0; v < NV; v++)
+            _mm512_storeu_ps(dqt + 16 * v, _mm512_add_ps(_mm512_loadu_ps(dqt + 16 * v), dq[i][v]));
+    }
+}
+
+/* One query row t of head h against every key it sees (head sizes past a tile's registers,
+ * and the rows after the last whole tile). */
+FS_TARGET_AVX512 static void att_backward_row(const att_job *j, const float *kt, const float *vt, int64_t b,
+                                              int64_t g, int64_t h, int64_t t, int64_t Tp) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, C = j->NH * HS, NV = HS / 16;
+    const float *kb = j->k + b * T * ld + g * HS;
+    float *dkb = j->dk + b * T * ldd + g * HS;
+    float *dvb = j->dv + b * T * ldd + g * HS;
+    const __m512 scale = _mm512_set1_ps(j->scale);
+    const float *qt = j->q + (b * T + t) * ld + h * HS;
+    const float *dy = j->dout + (b * T + t) * C + h * HS;
+    const float *ot = j->out_in + (b * T + t) * C + h * HS;
+    float *dqt = j->dq + (b * T + t) * ldd + h * HS;
+    const __m512 lse = _mm512_set1_ps(j->lse_in[(b * j->NH + h) * T + t]);
+    const __m512 D = _mm512_set1_ps(fs_cpu_dot(dy, ot, HS));
+    __m512 qv[ATT_VMAX], dyv[ATT_VMAX], dq[ATT_VMAX];
+    for (int64_t v = 0; v < NV; v++) {
+        qv[v] = _mm512_loadu_ps(qt + 16 * v);
+        dyv[v] = _mm512_loadu_ps(dy + 16 * v);
+        dq[v] = _mm512_setzero_ps();
+    }
+    for (int64_t u0 = 0; u0 <= t; u0 += 16) {
+        const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
+        const __m512 s = att_scores16(qt, kt + u0, Tp, HS);
+        const __m512 dp = att_scores16(dy, vt + u0, Tp, HS);
+        const __m512 p = _mm512_maskz_mov_ps(att_causal_mask(t, u0), fs_cpu_exp16(_mm512_fmsub_ps(scale, s, lse)));
+        const __m512 ds = _mm512_mul_ps(scale, _mm512_mul_ps(p, _mm512_sub_ps(dp, D)));
+        float pv[16], dsv[16];
+        _mm512_storeu_ps(pv, p);
+        _mm512_storeu_ps(dsv, ds);
+        for (int64_t i = 0; i < nu; i++) {
+            const int64_t u = u0 + i;
+            const __m512 pi = _mm512_set1_ps(pv[i]), dsi = _mm512_set1_ps(dsv[i]);
+            const float *kr = kb + u * ld;
+            float *dkr = dkb + u * ldd, *dvr = dvb + u * ldd;
+            for (int64_t v = 0; v < NV; v++) {
+                dq[v] = _mm512_fmadd_ps(dsi, _mm512_loadu_ps(kr + 16 * v), dq[v]);
+                _mm512_storeu_ps(dkr + 16 * v, _mm512_fmadd_ps(dsi, qv[v], _mm512_loadu_ps(dkr + 16 * v)));
+                _mm512_storeu_ps(dvr + 16 * v, _mm512_fmadd_ps(pi, dyv[v], _mm512_loadu_ps(dvr + 16 * v)));
+            }
+        }
+    }
+    for (int64_t v = 0; v < NV; v++)
+        _mm512_storeu_ps(dqt + 16 * v, _mm512_add_ps(_mm512_loadu_ps(dqt + 16 * v), dq[v]));
+}
+
+FS_TARGET_AVX512 static void att_backward_avx512(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
     const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16;
     float *kt = fs_cpu_scratch((size_t)(2 * HS * Tp) * sizeof(float)), *vt = kt + HS * Tp;
-    const __m512 scale = _mm512_set1_ps(j->scale);
     for (int64_t bg = begin; bg < end; bg++) {
         const int64_t b = bg / j->NKV, g = bg % j->NKV;
-        const float *kb = j->k + b * T * ld + g * HS;
-        const float *vb = j->v + b * T * ld + g * HS;
-        float *dkb = j->dk + b * T * ldd + g * HS;
-        float *dvb = j->dv + b * T * ldd + g * HS;
-        att_transpose(kt, kb, ld, T, Tp, HS);
-        att_transpose(vt, vb, ld, T, Tp, HS);
+        att_transpose(kt, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+        att_transpose(vt, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
         for (int64_t h = g * group; h < (g + 1) * group; h++) {
-            for (int64_t t = 0; t < T; t++) {
-                const float *qt = j->q + (b * T + t) * ld + h * HS;
-                const float *dy = j->dout + (b * T + t) * C + h * HS;
-                const float *ot = j->out_in + (b * T + t) * C + h * HS;
-                float *dqt = j->dq + (b * T + t) * ldd + h * HS;
-                const __m512 lse = _mm512_set1_ps(j->lse_in[(b * j->NH + h) * T + t]);
-                const __m512 D = _mm512_set1_ps(fs_cpu_dot(dy, ot, HS));
-                __m512 qv[ATT_VMAX], dyv[ATT_VMAX], dq[ATT_VMAX];
-                for (int64_t v = 0; v < NV; v++) {
-                    qv[v] = _mm512_loadu_ps(qt + 16 * v);
-                    dyv[v] = _mm512_loadu_ps(dy + 16 * v);
-                    dq[v] = _mm512_setzero_ps();
-                }
-                for (int64_t u0 = 0; u0 <= t; u0 += 16) {
-                    const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
-                    const __mmask16 valid = (__mmask16)(nu == 16 ? 0xFFFF : (1u << nu) - 1);
-                    const __m512 s = att_scores16(qt, kt + u0, Tp, HS);
-                    const __m512 dp = att_scores16(dy, vt + u0, Tp, HS);
-                    const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_fmsub_ps(scale, s, lse)));
-                    const __m512 ds = _mm512_mul_ps(scale, _mm512_mul_ps(p, _mm512_sub_ps(dp, D)));
-                    float pv[16], dsv[16];
-                    _mm512_storeu_ps(pv, p);
-                    _mm512_storeu_ps(dsv, ds);
-                    for (int64_t i = 0; i < nu; i++) {
-                        const int64_t u = u0 + i;
-                        const __m512 pi = _mm512_set1_ps(pv[i]), dsi = _mm512_set1_ps(dsv[i]);
-                        const float *kr = kb + u * ld;
-                        float *dkr = dkb + u * ldd, *dvr = dvb + u * ldd;
-                        for (int64_t v = 0; v < NV; v++) {
-                            dq[v] = _mm512_fmadd_ps(dsi, _mm512_loadu_ps(kr + 16 * v), dq[v]);
-                            _mm512_storeu_ps(dkr + 16 * v, _mm512_fmadd_ps(dsi, qv[v], _mm512_loadu_ps(dkr + 16 * v)));
-                            _mm512_storeu_ps(dvr + 16 * v, _mm512_fmadd_ps(pi, dyv[v], _mm512_loadu_ps(dvr + 16 * v)));
-                        }
-                    }
-                }
-                for (int64_t v = 0; v < NV; v++)
-                    _mm512_storeu_ps(dqt + 16 * v, _mm512_add_ps(_mm512_loadu_ps(dqt + 16 * v), dq[v]));
-            }
+            int64_t t = 0;
+            if (HS <= 16 * ATT_VMAX_TILED) /* whole tiles, then the rows left one by one */
+                for (; t + ATT_QT <= T; t += ATT_QT) att_backward_tile(j, kt, vt, b, g, h, t, Tp);
+            for (; t < T; t++) att_backward_row(j, kt, vt, b, g, h, t, Tp);
         }
     }
 }
