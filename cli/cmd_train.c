@@ -154,7 +154,7 @@ typedef struct train_run {
     const char *save_dir, *resume_path, *init_from, *trace_path;
     int64_t trace_steps;
     const char *progress_mode; /* auto, live or lines */
-    const fs_token_data *data;
+    const fs_token_stream *data;
     const fs_ckpt *resume;     /* opened once, read by every rank (reads are positioned) */
     fs_source *source;         /* likewise */
     FILE *metrics;
@@ -354,9 +354,11 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                fs_precision_name(cfg.precision), cfg.overlap ? "on" : "off", cfg.threads,
                cfg.threads == 1 ? "" : "s",
                cfg.ckpt_layers > 0 ? ", activation checkpointing" : "");
-        printf("  data %s: %" PRId64 " tokens; global batch %d ranks x %" PRId64 " x %" PRId64
+        char shards[48] = "";
+        if (run->data->n_shards > 1) snprintf(shards, sizeof shards, " in %d shards", run->data->n_shards);
+        printf("  data %s: %" PRId64 " tokens%s; global batch %d ranks x %" PRId64 " x %" PRId64
                " micro-batches of %" PRId64 " tokens; %" PRId64 " step%s\n",
-               run->data_path, run->data->n_tokens, world, cfg.batch, cfg.grad_accum, cfg.seq,
+               run->data_path, run->data->n_tokens, shards, world, cfg.batch, cfg.grad_accum, cfg.seq,
                cfg.steps, cfg.steps == 1 ? "" : "s");
         if (run->resume)
             printf("  resumed from %s: step %" PRId64 " of a run on %d rank%s (%s, %s), seed %" PRIu64
@@ -796,8 +798,8 @@ int fs_cmd_train(int argc, char **argv) {
         fs_plan_free(&plan);
         fs_layout_free(&layout);
     }
-    fs_token_data data = {0};
-    if (st == FS_OK) st = fs_token_data_open(&data, run.data_path);
+    fs_token_stream data = {0};
+    if (st == FS_OK) st = fs_token_stream_open(&data, run.data_path);
     if (st != FS_OK) {
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
@@ -809,7 +811,7 @@ int fs_cmd_train(int argc, char **argv) {
     if (writer) st = check_outputs(&run);
     if (st == FS_OK && run.save_dir) st = check_save_dir(run.save_dir);
     if (st != FS_OK) {
-        fs_token_data_close(&data);
+        fs_token_stream_close(&data);
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
         return fs_cli_report("train", st);
@@ -876,7 +878,7 @@ int fs_cmd_train(int argc, char **argv) {
         fprintf(stderr, "flatshard train: %s%s\n", run.output_error, saved);
         if (exit_code == FS_EXIT_OK) exit_code = FS_EXIT_RUNTIME;
     }
-    fs_token_data_close(&data);
+    fs_token_stream_close(&data);
     fs_ckpt_close(&resume);
     fs_source_close(run.source);
     fs_ckpt_unlock(run.lock_fd);

@@ -83,7 +83,7 @@ typedef struct fs_trainer {
     fs_acts acts;
     fs_engine *engine;
     fs_comm *comm;             /* not owned */
-    const fs_token_data *data; /* not owned; NULL: only explicit batches */
+    const fs_token_stream *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
     fs_ckpt_lineage lineage;   /* rank 0's: the lineage its saves continue (fs_trainer_save) */
     fs_trace trace_compute, trace_comm; /* a timeline's two tracks (fs_trainer_trace) */
@@ -105,7 +105,7 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
  * mem is the rank's allocator, which comm was created with. On error nothing stays
  * allocated. */
 fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          const fs_train_config *cfg, const fs_token_stream *data, fs_comm *comm,
                           fs_mem *mem);
 void fs_trainer_free(fs_trainer *t); /* idempotent */
 
@@ -120,8 +120,8 @@ void fs_trainer_free(fs_trainer *t); /* idempotent */
  *   signal-at:S[:R]  the rank raises SIGINT after its first micro-batch's backward (the
  *                  middle of step S); signal-twice-at:S[:R] also raises it again half way
  *                  through the save of step S (checkpoint.c);
- *   truncate-data-at:S[:R]  the rank truncates the data file to 0 bytes before its batch
- *                  (fs_token_data_check_unchanged must then fail the step, not SIGBUS). */
+ *   truncate-data-at:S[:R]  the rank truncates the data's first shard to 0 bytes before its
+ *                  batch (fs_token_stream_check_unchanged must then fail the step, not SIGBUS). */
 fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
 
 /* One optimizer step on an explicit global batch (the same on every rank): inputs and

@@ -127,13 +127,13 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
 }
 
 fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          const fs_train_config *cfg, const fs_token_stream *data, fs_comm *comm,
                           fs_mem *mem) {
     memset(t, 0, sizeof *t);
     const int world = fs_comm_world(comm), rank = fs_comm_rank(comm);
     if (data) {
-        FS_TRY(fs_token_data_check_vocab(data, (int32_t)model_cfg->vocab_size));
-        FS_TRY(fs_token_data_check_length(data, cfg->seq));
+        FS_TRY(fs_token_stream_check_vocab(data, (int32_t)model_cfg->vocab_size));
+        FS_TRY(fs_token_stream_check_length(data, cfg->seq));
     }
     FS_TRY(fs_trainer_plan(&t->plan, &t->layout, model_cfg, cfg, world, rank));
     t->cfg = *cfg;
@@ -272,10 +272,11 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     if (fs_fault_at("die-at", step, rank)) return stop_taking_part(t, 1);
     if (fs_fault_at("hang-at", step, rank)) return stop_taking_part(t, 0);
     if (!inputs) {
-        /* tests: the data file truncated under the running job at step S */
-        if (fs_fault_at("truncate-data-at", step, rank) && truncate(t->data->path, 0) != 0)
-            return fs_errorf(FS_ERR_IO, "%s: truncate-data-at: %s", t->data->path, strerror(errno));
-        FS_TRY(fs_token_data_check_unchanged(t->data)); /* never a SIGBUS in the sampler */
+        /* tests: the (first) data file truncated under the running job at step S */
+        const char *first = t->data->shards[0].path;
+        if (fs_fault_at("truncate-data-at", step, rank) && truncate(first, 0) != 0)
+            return fs_errorf(FS_ERR_IO, "%s: truncate-data-at: %s", first, strerror(errno));
+        FS_TRY(fs_token_stream_check_unchanged(t->data)); /* never a SIGBUS in the sampler */
     }
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     if (fs_fault_at("desync-at", step, rank)) FS_TRY(fs_engine_inject_desync(t->engine));
@@ -289,7 +290,7 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
             memcpy(in_host, inputs + row0 * c->seq, (size_t)micro * sizeof *inputs);
             memcpy(tg_host, targets + row0 * c->seq, (size_t)micro * sizeof *targets);
         } else {
-            fs_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, in_host, tg_host);
+            fs_stream_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, in_host, tg_host);
         }
         if (t->host_batch) FS_TRY(fs_acts_upload_batch(t->dev, a, in_host, tg_host));
         fs_engine_begin_micro(t->engine, (int)k);
