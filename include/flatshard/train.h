@@ -155,6 +155,21 @@ fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step);
  * JSON. Returns the number of events dropped for lack of room (0 normally) in *dropped. */
 fs_status fs_trainer_trace_write(fs_trainer *t, const char *path, int64_t *dropped);
 
+/* The evaluation batches data holds for this trainer, at most n_batches: a batch is W x B
+ * sequential windows of T + 1 tokens (fs_stream_n_windows). 0: not even one. */
+int64_t fs_trainer_eval_batches(const fs_trainer *t, const fs_token_stream *data, int64_t n_batches);
+
+/* Collective, between steps: the mean cross-entropy of the current weights over the first
+ * n_batches x W x B sequential windows of data (fs_stream_fill_sequential; rank r computes
+ * windows [(k*W + r)*B, (k*W + r + 1)*B) of batch k, the rows a training micro-batch gives
+ * it), forward only, through the engine (every strategy, any W) and in the training
+ * activations: nothing is allocated (zero3-param excepted, as in a step) and nothing of the
+ * training state changes, so the steps after it compute what they would have without it.
+ * The ranks' sums are added in rank order: the same bits on every rank. Requires
+ * 1 <= n_batches <= fs_trainer_eval_batches(t, data, n_batches) and data checked against the
+ * model's vocabulary (fs_token_stream_check_vocab). */
+fs_status fs_trainer_eval(fs_trainer *t, const fs_token_stream *data, int64_t n_batches, double *loss);
+
 /* Collective: the full fp32 weights on every rank, in w (laid out for t->layout). */
 fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w);
 
