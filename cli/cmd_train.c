@@ -37,20 +37,22 @@
 #include "flatshard/train.h"
 
 static const fs_command_help train_help = {
-    .usage = "flatshard train --data FILE [options]\n"
-             "       mpirun -np W flatshard train --data FILE [options]",
+    .usage = "flatshard train --data PATH [options]\n"
+             "       mpirun -np W flatshard train --data PATH [options]",
     .description =
-        "Trains a Llama-family model from scratch on a text or token file with fully sharded\n"
+        "Trains a Llama-family model from scratch on text or token files with fully sharded\n"
         "data parallelism: --ranks W runs W ranks as threads of this process; under mpirun (or\n"
         "srun) every process is a rank and the ranks talk over MPI. Each rank trains on its\n"
         "own --batch rows of every micro-batch (the global batch is ranks x batch x\n"
         "grad-accum sequences), and W ranks train exactly the model one rank would train on\n"
-        "the same global batch. Rank 0 prints step, loss and tokens/s, writes one JSON object\n"
-        "per step with --metrics, and saves the weights as a safetensors file (Hugging Face\n"
-        "Llama names, F32, the config in the metadata) at the end.",
+        "the same global batch. Rank 0 prints step, loss and tokens/s (and, with --eval-data,\n"
+        "the held-out loss), writes one JSON object per step with --metrics, and saves the\n"
+        "weights as a safetensors file (Hugging Face Llama names, F32, the config in the\n"
+        "metadata) at the end.",
     .epilog = "examples:\n"
               "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
               "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
+              "  flatshard train --data 'fineweb/fineweb_train_*.bin' --eval-data fineweb/fineweb_val_000000.bin --eval-every 250\n"
               "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
@@ -713,7 +715,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
         {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
         {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &run.data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
+        {"data", 'd', FS_OPT_STRING, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
         {"eval-data", 0, FS_OPT_STRING, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
         {"eval-every", 0, FS_OPT_INT, &run.eval_every, "N", "with --eval-data: evaluate after every N steps (0: only after the last)", NULL, 0, INT64_MAX},
         {"eval-batches", 0, FS_OPT_INT, &run.eval_batches, "K", "with --eval-data: the loss over its first K x ranks x batch sequential windows (fewer if it holds fewer)", NULL, 1, INT64_MAX},
@@ -757,7 +759,7 @@ int fs_cmd_train(int argc, char **argv) {
     int rc = fs_args_parse("train", &train_help, opts, argc, argv, NULL, 0, &npos);
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
-    if (!run.data_path) return fs_usage_error("train", "--data FILE is required; see 'flatshard train --help'");
+    if (!run.data_path) return fs_usage_error("train", "--data PATH is required; see 'flatshard train --help'");
     if (run.no_save && run.out_path != default_out)
         return fs_usage_error("train", "--no-save and --out %s exclude each other (--no-save writes no weights)", run.out_path);
     if (!(clip >= 0)) /* negative was once read as off: 0 is off */
