@@ -52,7 +52,7 @@ static const fs_command_help train_help = {
     .epilog = "examples:\n"
               "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
               "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
-              "  flatshard train --data 'fineweb/fineweb_train_*.bin' --eval-data fineweb/fineweb_val_000000.bin --eval-every 250\n"
+              "  flatshard train --model config.json --data 'fineweb/fineweb_train_*.bin' --eval-data fineweb/fineweb_val_000000.bin --eval-every 250\n"
               "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
