@@ -77,6 +77,10 @@ run "1 rank with batch 4 evaluates the same windows" 0 "$FS" train --model tiny 
     --data "$WORK/shards" --steps 5 --no-save --eval-data "$WORK/val.bin" --eval-every 2 --eval-batches 3
 expect "eval at 2 ranks equals eval at 1 rank (to the printed precision)" \
     [ "$(grep 'eval loss' "$WORK/out")" = "$(grep 'eval loss' "$WORK/eval-yafsdp.out")" ]
+run "eval after every step, with --memory" 0 "$FS" train "${common[@]}" --data "$WORK/shards" --steps 3 --no-save \
+    --eval-data "$WORK/val.bin" --eval-every 1 --eval-batches 2 --memory
+expect "evaluation allocates nothing: the allocations after step 1 are those after step 3" \
+    [ "$(grep -cE 'rank [01]: ([0-9]+) allocations after step 1, \1 after step 3$' "$WORK/out")" -eq 2 ]
 run "eval over a directory, at the end only" 0 "$FS" train "${common[@]}" --data "$WORK/shards" --steps 2 --no-save \
     --eval-data "$WORK/shards" --eval-batches 1
 expect "one eval loss, after the last step" [ "$(grep -c 'eval loss' "$WORK/out")" -eq 1 ]
