@@ -128,7 +128,8 @@ void fs_sampler_fill_sequential(const fs_token_data *data, int64_t window0, int6
 
 /* One or more shards read as one stream (the header comment). */
 typedef struct fs_token_stream {
-    char spec[512];        /* what was opened: a file, a directory, a pattern or a list */
+    char spec[512];        /* what was opened: a file, a directory, a pattern or a list (its
+                            * first 511 bytes, for messages: a list of many files may be longer) */
     int n_shards;
     fs_token_data *shards; /* (n_shards) in stream order */
     int64_t n_tokens;      /* sum over the shards */

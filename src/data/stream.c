@@ -200,9 +200,6 @@ static fs_status check_distinct(const fs_token_stream *s) {
 fs_status fs_token_stream_open(fs_token_stream *out, const char *spec) {
     memset(out, 0, sizeof *out);
     if (!spec || !spec[0]) return fs_errorf(FS_ERR_USAGE, "token data: no file name given");
-    if (strlen(spec) >= sizeof out->spec)
-        return fs_errorf(FS_ERR_USAGE, "%.64s...: the data's name is longer than %zu bytes", spec,
-                         sizeof out->spec - 1);
     name_list names = {0};
     fs_status st = expand_spec(&names, spec);
     fs_token_stream s;
