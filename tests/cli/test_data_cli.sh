@@ -77,6 +77,14 @@ run "1 rank with batch 4 evaluates the same windows" 0 "$FS" train --model tiny 
     --data "$WORK/shards" --steps 5 --no-save --eval-data "$WORK/val.bin" --eval-every 2 --eval-batches 3
 expect "eval at 2 ranks equals eval at 1 rank (to the printed precision)" \
     [ "$(grep 'eval loss' "$WORK/out")" = "$(grep 'eval loss' "$WORK/eval-yafsdp.out")" ]
+# the last evaluation is `flatshard eval` of the saved weights over the same windows
+run "train 4 steps on 2 ranks, evaluating at the end, saving the weights" 0 "$FS" train "${common[@]}" --data "$WORK/shards" \
+    --steps 4 --eval-data "$WORK/val.bin" --eval-batches 3 --out "$WORK/evaluated.safetensors"
+cp "$WORK/out" "$WORK/evaluated.out"
+run "flatshard eval of those weights over the first 3 batches of 4 windows" 0 "$FS" eval --weights "$WORK/evaluated.safetensors" \
+    --data "$WORK/val.bin" --batch 4 --seq 32 --batches 3 --threads 1
+expect "the training run's last eval loss is flatshard eval's (to the printed precision)" \
+    [ "$(grep -oE 'eval loss [0-9.]+' "$WORK/evaluated.out" | awk '{print $3}')" = "$(awk '{print $2}' "$WORK/out")" ]
 run "eval after every step, with --memory" 0 "$FS" train "${common[@]}" --data "$WORK/shards" --steps 3 --no-save \
     --eval-data "$WORK/val.bin" --eval-every 1 --eval-batches 2 --memory
 expect "evaluation allocates nothing: the allocations after step 1 are those after step 3" \
