@@ -53,7 +53,7 @@ typedef struct step_run {
 } step_run;
 
 static fs_status step_run_init(step_run *r, fs_precision precision, const fs_llama_config *mcfg,
-                               const fs_train_config *base, const fs_token_data *data, int64_t steps) {
+                               const fs_train_config *base, const fs_token_stream *data, int64_t steps) {
     memset(r, 0, sizeof *r);
     r->precision = precision;
     fs_train_config cfg = *base;
@@ -101,19 +101,19 @@ static int bench_step(int argc, char **argv) {
     fs_llama_config mcfg;
     fs_status st = fs_llama_config_load(model, &mcfg);
     if (st != FS_OK) return fs_cli_report("bench step", st);
-    fs_token_data data;
-    st = fs_token_data_open(&data, data_path);
+    fs_token_stream data;
+    st = fs_token_stream_open(&data, data_path);
     if (st != FS_OK) return fs_cli_report("bench step", st);
     fs_train_config cfg = fs_train_config_default();
     st = fs_device_parse(device, &cfg.device);
     if (st != FS_OK) {
-        fs_token_data_close(&data);
+        fs_token_stream_close(&data);
         return fs_cli_report("bench step", st);
     }
     if (cfg.device == FS_DEVICE_CUDA) {
         const char *why = NULL;
         if (fs_device_cuda_count(&why) == 0) {
-            fs_token_data_close(&data);
+            fs_token_stream_close(&data);
             fprintf(stderr, "flatshard bench step: --device cuda: no usable GPU: %s\n", why);
             return FS_EXIT_RUNTIME;
         }
@@ -142,7 +142,7 @@ static int bench_step(int argc, char **argv) {
         }
     if (st != FS_OK) {
         for (int k = 0; k < n_runs; k++) step_run_free(&runs[k]);
-        fs_token_data_close(&data);
+        fs_token_stream_close(&data);
         return fs_cli_report("bench step", st);
     }
     const double tokens = (double)(batch * seq);
@@ -195,7 +195,7 @@ static int bench_step(int argc, char **argv) {
         printf("bf16 step vs fp32 step: %.2fx %s\n", med[0] >= med[1] ? med[0] / med[1] : med[1] / med[0],
                med[0] >= med[1] ? "faster" : "slower");
     for (int k = 0; k < n_runs; k++) step_run_free(&runs[k]);
-    fs_token_data_close(&data);
+    fs_token_stream_close(&data);
     return FS_EXIT_OK;
 }
 

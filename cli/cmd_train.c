@@ -37,20 +37,22 @@
 #include "flatshard/train.h"
 
 static const fs_command_help train_help = {
-    .usage = "flatshard train --data FILE [options]\n"
-             "       mpirun -np W flatshard train --data FILE [options]",
+    .usage = "flatshard train --data PATH [options]\n"
+             "       mpirun -np W flatshard train --data PATH [options]",
     .description =
-        "Trains a Llama-family model from scratch on a text or token file with fully sharded\n"
+        "Trains a Llama-family model from scratch on text or token files with fully sharded\n"
         "data parallelism: --ranks W runs W ranks as threads of this process; under mpirun (or\n"
         "srun) every process is a rank and the ranks talk over MPI. Each rank trains on its\n"
         "own --batch rows of every micro-batch (the global batch is ranks x batch x\n"
         "grad-accum sequences), and W ranks train exactly the model one rank would train on\n"
-        "the same global batch. Rank 0 prints step, loss and tokens/s, writes one JSON object\n"
-        "per step with --metrics, and saves the weights as a safetensors file (Hugging Face\n"
-        "Llama names, F32, the config in the metadata) at the end.",
+        "the same global batch. Rank 0 prints step, loss and tokens/s (and, with --eval-data,\n"
+        "the held-out loss), writes one JSON object per step with --metrics, and saves the\n"
+        "weights as a safetensors file (Hugging Face Llama names, F32, the config in the\n"
+        "metadata) at the end.",
     .epilog = "examples:\n"
               "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
               "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
+              "  flatshard train --model config.json --data 'fineweb/fineweb_train_*.bin' --eval-data fineweb/fineweb_val_000000.bin --eval-every 250\n"
               "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
@@ -145,6 +147,8 @@ typedef struct progress {
     double flops_per_token;  /* model FLOPs of a training token (fs_layout_train_flops_per_token) */
     double peak_flops;       /* all ranks' compute threads at this machine's peak for the precision */
     double max_mfu;          /* the highest MFU of a timed step: above 1, the peak is wrong */
+    int has_eval;            /* eval_loss holds the last held-out loss (--eval-data), for the live line */
+    double eval_loss;
 } progress;
 
 typedef struct train_run {
@@ -154,7 +158,10 @@ typedef struct train_run {
     const char *save_dir, *resume_path, *init_from, *trace_path;
     int64_t trace_steps;
     const char *progress_mode; /* auto, live or lines */
-    const fs_token_data *data;
+    const fs_token_stream *data;
+    const char *eval_path;     /* --eval-data, or NULL */
+    const fs_token_stream *eval_data;
+    int64_t eval_every, eval_batches; /* --eval-every (0: only at the end), --eval-batches (asked) */
     const fs_ckpt *resume;     /* opened once, read by every rank (reads are positioned) */
     fs_source *source;         /* likewise */
     FILE *metrics;
@@ -252,11 +259,15 @@ static void print_memory(const rank_memory *all, int world, int64_t steps, const
 /* Rank 0's progress and metrics record for one step: on a terminal a live line (step/total,
  * loss, tokens/s, MFU, ETA, peak memory); otherwise a plain line every --log-every steps. */
 static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, int64_t steps,
-                        int64_t first_step, progress *pg) {
+                        int64_t first_step, progress *pg, const double *eval_loss) {
     const fs_step_stats s = *sp;
     const double tps = (double)s.tokens / s.seconds;
     const double mfu = pg->peak_flops > 0 ? tps * pg->flops_per_token / pg->peak_flops : 0;
     const fs_mem_stats ms = fs_mem_get_stats(mem);
+    if (eval_loss) {
+        pg->has_eval = 1;
+        pg->eval_loss = *eval_loss;
+    }
     if (s.step > first_step) {
         pg->timed_s += s.seconds;
         pg->timed_steps++;
@@ -270,8 +281,10 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
         char bar[21];
         for (int i = 0; i < 20; i++) bar[i] = i < done ? '#' : '.';
         bar[20] = '\0';
-        printf("\r\033[Kstep %" PRId64 "/%" PRId64 " [%s] | loss %.4f | %.0f tok/s | MFU %.1f%% | ETA %s | peak %.0f MiB",
-               s.step, steps, bar, s.loss, tps, 100.0 * mfu, eta, (double)ms.total_peak / 1048576.0);
+        char eval[48] = "";
+        if (pg->has_eval) snprintf(eval, sizeof eval, " | eval loss %.4f", pg->eval_loss);
+        printf("\r\033[Kstep %" PRId64 "/%" PRId64 " [%s] | loss %.4f%s | %.0f tok/s | MFU %.1f%% | ETA %s | peak %.0f MiB",
+               s.step, steps, bar, s.loss, eval, tps, 100.0 * mfu, eta, (double)ms.total_peak / 1048576.0);
         pg->open = 1;
         if (s.step == steps) progress_break(pg);
         fflush(stdout);
@@ -279,6 +292,10 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
         printf("step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | MFU %.1f%%"
                " | %.3f s (comm wait %.3f s)\n",
                s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu, s.seconds, s.comm_wait_s);
+        fflush(stdout);
+    }
+    if (eval_loss && !pg->tty) {
+        printf("step %5" PRId64 "/%" PRId64 " | eval loss %.4f\n", s.step, steps, *eval_loss);
         fflush(stdout);
     }
     if (s.skipped) {
@@ -296,9 +313,13 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
         fprintf(run->metrics,
                 "{\"step\":%" PRId64 ",\"loss\":%s,\"lr\":%.6e,\"grad_norm\":%s,"
                 "\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"step_time\":%.6f,\"compute_time\":%.6f,"
-                "\"exposed_comm_time\":%.6f,\"tokens\":%" PRId64 ",\"skipped\":%d,\"peak_bytes\":{",
+                "\"exposed_comm_time\":%.6f,\"tokens\":%" PRId64 ",\"skipped\":%d,",
                 s.step, loss, s.lr, norm, tps, mfu, s.seconds, s.seconds - s.comm_wait_s,
                 s.comm_wait_s, s.tokens, s.skipped);
+        /* eval_loss only in the rows of the steps after which the held-out loss was taken */
+        if (eval_loss && isfinite(*eval_loss)) fprintf(run->metrics, "\"eval_loss\":%.17g,", *eval_loss);
+        else if (eval_loss) fprintf(run->metrics, "\"eval_loss\":null,");
+        fprintf(run->metrics, "\"peak_bytes\":{");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             fprintf(run->metrics, "\"%s\":%zu,", fs_mem_category_name((fs_mem_category)k), ms.peak[k]);
         fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
@@ -337,6 +358,19 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         return st;
     }
     t_load = fs_now() - t_load;
+    /* --eval-data: as many of the asked batches as it holds; not one is refused before step 1 */
+    int64_t eval_batches = 0;
+    if (run->eval_data) {
+        eval_batches = fs_trainer_eval_batches(&tr, run->eval_data, run->eval_batches);
+        if (eval_batches < 1) {
+            fs_trainer_free(&tr);
+            return fs_errorf(FS_ERR_FORMAT,
+                             "--eval-data %s holds %" PRId64 " windows of %" PRId64 "+1 tokens, fewer than one "
+                             "evaluation batch of %d ranks x %" PRId64 "; use a smaller --batch or --seq",
+                             run->eval_path, fs_stream_n_windows(run->eval_data, cfg.seq), cfg.seq, world,
+                             cfg.batch);
+        }
+    }
     /* the timeline skips the first step (one-off costs) unless that is all there is */
     int64_t trace_from = tr.step + 2 <= cfg.steps ? tr.step + 2 : tr.step + 1;
     if (st == FS_OK && run->trace_path)
@@ -354,9 +388,11 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                fs_precision_name(cfg.precision), cfg.overlap ? "on" : "off", cfg.threads,
                cfg.threads == 1 ? "" : "s",
                cfg.ckpt_layers > 0 ? ", activation checkpointing" : "");
-        printf("  data %s: %" PRId64 " tokens; global batch %d ranks x %" PRId64 " x %" PRId64
+        char shards[48] = "";
+        if (run->data->n_shards > 1) snprintf(shards, sizeof shards, " in %d shards", run->data->n_shards);
+        printf("  data %s: %" PRId64 " tokens%s; global batch %d ranks x %" PRId64 " x %" PRId64
                " micro-batches of %" PRId64 " tokens; %" PRId64 " step%s\n",
-               run->data_path, run->data->n_tokens, world, cfg.batch, cfg.grad_accum, cfg.seq,
+               run->data_path, run->data->n_tokens, shards, world, cfg.batch, cfg.grad_accum, cfg.seq,
                cfg.steps, cfg.steps == 1 ? "" : "s");
         if (run->resume)
             printf("  resumed from %s: step %" PRId64 " of a run on %d rank%s (%s, %s), seed %" PRIu64
@@ -366,6 +402,16 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                    fs_precision_name(run->resume->precision), run->resume->seed, t_load);
         if (run->source)
             printf("  initialised from %s in %.2f s\n", fs_source_describe(run->source), t_load);
+        if (run->eval_data) {
+            char every[64] = "at the end";
+            if (run->eval_every > 0)
+                snprintf(every, sizeof every, "every %" PRId64 " step%s and at the end", run->eval_every,
+                         run->eval_every == 1 ? "" : "s");
+            printf("  eval %s: %" PRId64 " batch%s of %d ranks x %" PRId64 " x %" PRId64 " tokens (%" PRId64
+                   " sequential windows), %s\n",
+                   run->eval_path, eval_batches, eval_batches == 1 ? "" : "es", world, cfg.batch, cfg.seq,
+                   eval_batches * world * cfg.batch, every);
+        }
         if (run->save_dir) {
             const fs_ckpt_lineage *lin = &tr.lineage;
             char from[96] = "";
@@ -409,7 +455,17 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             wait_seconds += s.comm_wait_s;
             train_tokens += s.tokens;
         }
-        if (lead) report_step(run, &s, state_mem, cfg.steps, first_step, &run->progress);
+        /* the held-out loss after this step: between steps, so it changes nothing of the
+         * training (fs_trainer_eval); not on the way out after a signal */
+        double eval_loss = 0;
+        const int eval_now = run->eval_data && !s.stop &&
+                             (s.step == cfg.steps || (run->eval_every > 0 && s.step % run->eval_every == 0));
+        if (eval_now) {
+            st = fs_trainer_eval(&tr, run->eval_data, eval_batches, &eval_loss);
+            if (st == FS_ERR_USAGE) st = FS_ERR_INTERNAL;
+            if (st != FS_OK) break;
+        }
+        if (lead) report_step(run, &s, state_mem, cfg.steps, first_step, &run->progress, eval_now ? &eval_loss : NULL);
         /* every process arms its own handler; in process the ranks share rank 0's */
         if (s.stop && (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
             acknowledge_stop(run->save_dir, run->last_saved_name, s.step, lead);
@@ -589,6 +645,7 @@ static fs_status check_outputs(train_run *run) {
     const char *in[8];
     int n = 0;
     in[n++] = run->data_path;
+    if (run->eval_path) in[n++] = run->eval_path;
     if (run->resume_path) in[n++] = run->resume_path;
     if (run->init_from) in[n++] = run->init_from;
     if (run->model_name) in[n++] = run->model_name; /* a config.json */
@@ -638,7 +695,8 @@ static int local_ranks(int world) {
 int fs_cmd_train(int argc, char **argv) {
     static const char default_out[] = "out/model.safetensors"; /* compared by address: --out given? */
     train_run run = {.cfg = fs_train_config_default(), .out_path = default_out,
-                     .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto"};
+                     .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto",
+                     .eval_batches = 16};
     fs_train_config *c = &run.cfg;
     const char *strategy = "yafsdp", *precision = "fp32", *overlap = "on", *on_nan = "stop";
     const char *device = "cpu";
@@ -657,7 +715,10 @@ int fs_cmd_train(int argc, char **argv) {
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
         {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
         {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &run.data_path, "FILE", "training data: a token file (llm.c .bin layout) or any text file (byte level)", NULL, 0, 0},
+        {"data", 'd', FS_OPT_STRING, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
+        {"eval-data", 0, FS_OPT_STRING, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
+        {"eval-every", 0, FS_OPT_INT, &run.eval_every, "N", "with --eval-data: evaluate after every N steps (0: only after the last)", NULL, 0, INT64_MAX},
+        {"eval-batches", 0, FS_OPT_INT, &run.eval_batches, "K", "with --eval-data: the loss over its first K x ranks x batch sequential windows (fewer if it holds fewer)", NULL, 1, INT64_MAX},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
@@ -698,7 +759,7 @@ int fs_cmd_train(int argc, char **argv) {
     int rc = fs_args_parse("train", &train_help, opts, argc, argv, NULL, 0, &npos);
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
-    if (!run.data_path) return fs_usage_error("train", "--data FILE is required; see 'flatshard train --help'");
+    if (!run.data_path) return fs_usage_error("train", "--data PATH is required; see 'flatshard train --help'");
     if (run.no_save && run.out_path != default_out)
         return fs_usage_error("train", "--no-save and --out %s exclude each other (--no-save writes no weights)", run.out_path);
     if (!(clip >= 0)) /* negative was once read as off: 0 is off */
@@ -745,6 +806,8 @@ int fs_cmd_train(int argc, char **argv) {
             return FS_EXIT_RUNTIME;
         }
     }
+    if (!run.eval_path && (run.eval_every > 0 || run.eval_batches != 16))
+        return fs_usage_error("train", "--eval-every and --eval-batches need --eval-data PATH (the held-out data)");
     if (run.new_lineage && !run.save_dir)
         return fs_usage_error("train", "--new-lineage needs --save DIR (it starts a new lineage of checkpoints there)");
     /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed
@@ -796,20 +859,32 @@ int fs_cmd_train(int argc, char **argv) {
         fs_plan_free(&plan);
         fs_layout_free(&layout);
     }
-    fs_token_data data = {0};
-    if (st == FS_OK) st = fs_token_data_open(&data, run.data_path);
+    fs_token_stream data = {0};
+    if (st == FS_OK) st = fs_token_stream_open(&data, run.data_path);
     if (st != FS_OK) {
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
         return fs_cli_report("train", st);
     }
     run.data = &data;
+    fs_token_stream eval_data = {0};
+    if (st == FS_OK && run.eval_path) {
+        st = fs_token_stream_open(&eval_data, run.eval_path);
+        if (st == FS_OK) st = fs_token_stream_check_vocab(&eval_data, (int32_t)run.mcfg.vocab_size);
+        if (st == FS_OK) run.eval_data = &eval_data;
+    }
+    /* the data a resumed run reads must be the data its checkpoint was trained on (ckpt.h) */
+    if (st == FS_OK && run.resume) st = fs_ckpt_check_data(&resume, &data);
+    if (st == FS_OK && run.resume && !resume.data_recorded && writer)
+        fprintf(stderr, "flatshard train: note: %s does not name the data it was trained on (an older "
+                        "checkpoint): --data %s is not checked against it\n", resume.dir, run.data_path);
     /* Every output is checked now, by the process that will write it, so that a path the run
      * cannot write fails before step 1 rather than after hours of training. */
-    if (writer) st = check_outputs(&run);
+    if (st == FS_OK && writer) st = check_outputs(&run);
     if (st == FS_OK && run.save_dir) st = check_save_dir(run.save_dir);
     if (st != FS_OK) {
-        fs_token_data_close(&data);
+        fs_token_stream_close(&data);
+        fs_token_stream_close(&eval_data);
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
         return fs_cli_report("train", st);
@@ -876,7 +951,8 @@ int fs_cmd_train(int argc, char **argv) {
         fprintf(stderr, "flatshard train: %s%s\n", run.output_error, saved);
         if (exit_code == FS_EXIT_OK) exit_code = FS_EXIT_RUNTIME;
     }
-    fs_token_data_close(&data);
+    fs_token_stream_close(&data);
+    fs_token_stream_close(&eval_data);
     fs_ckpt_close(&resume);
     fs_source_close(run.source);
     fs_ckpt_unlock(run.lock_fd);

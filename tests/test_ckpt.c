@@ -12,6 +12,7 @@
  *     checkpoints without run ids still load; the lock refuses a second writer;
  *   - a save over a checkpoint of the same name, crashed (fork, SIGKILL) at every stage of
  *     its commit, leaves a complete copy, and recovery and resume then work;
+ *   - the manifest names the data (shards and token counts) and a different stream is refused;
  *   - corrupted, truncated, wrong-version and wrong-model checkpoints, and hostile manifests,
  *     each give a clear error naming the file and the problem;
  *   - initialisation from safetensors (F32, BF16, F16) and from a Hugging Face directory
@@ -372,6 +373,85 @@ static void test_hostile_manifests(void) {
         fs_ckpt_close(&ck);
     }
 #undef HEAD
+}
+
+
+/* ------------------------------------------------------------------ the data a checkpoint names */
+
+/* A manifest naming its data: the shards' names and token counts, checked against a stream. */
+static void test_manifest_names_its_data(void) {
+#define MANIFEST_WITH(data)                                                                                 \
+    "{\"format\":\"flatshard-checkpoint\",\"version\":1,\"step\":3,\"seed\":\"7\",\"world_size\":1,"        \
+    "\"strategy\":\"yafsdp\",\"precision\":\"fp32\"," data ",\"arrays\":[\"master\",\"adam_m\",\"adam_v\"],"  \
+    "\"config\":{\"hidden_size\":8,\"intermediate_size\":8,\"num_hidden_layers\":1,"                        \
+    "\"num_attention_heads\":2,\"vocab_size\":4},\"tensors\":[{\"name\":\"a\",\"shape\":[4,2]}],"          \
+    "\"files\":[{\"name\":\"rank-00000-of-00001.bin\",\"bytes\":96,\"crc32\":1,\"numel\":8,\"ranges\":[[0,0,8]]}]}"
+    static const char good[] = MANIFEST_WITH("\"data\":{\"shards\":[{\"name\":\"s1.bin\",\"tokens\":30},"
+                                             "{\"name\":\"s2.bin\",\"tokens\":20}]}");
+    fs_ckpt ck;
+    CHECK_OK(fs_ckpt_parse_manifest(&ck, good, strlen(good), "m.json"));
+    CHECK(ck.data_recorded && ck.n_data_shards == 2 && strcmp(ck.data_shards[1].name, "s2.bin") == 0 &&
+              ck.data_shards[0].n_tokens == 30,
+          "the data parsed: %d shards", ck.n_data_shards);
+    snprintf(ck.dir, sizeof ck.dir, "ckpt-dir");
+    /* streams to compare: the same shards in another directory, one changed, one fewer, reordered */
+    char dir[600], path[700], spec[1500];
+    snprintf(dir, sizeof dir, "%s/data-identity", tmpdir);
+    mkdir(dir, 0755);
+    int32_t toks[30] = {0};
+    snprintf(path, sizeof path, "%s/s1.bin", dir);
+    CHECK_OK(fs_tokenfile_write(path, toks, 30, 4));
+    snprintf(path, sizeof path, "%s/s2.bin", dir);
+    CHECK_OK(fs_tokenfile_write(path, toks, 20, 4));
+    fs_token_stream data;
+    CHECK_OK(fs_token_stream_open(&data, dir));
+    CHECK_OK(fs_ckpt_check_data(&ck, &data));
+    fs_token_stream_close(&data);
+    snprintf(spec, sizeof spec, "%s/s2.bin,%s/s1.bin", dir, dir);
+    CHECK_OK(fs_token_stream_open(&data, spec));
+    fs_status st = fs_ckpt_check_data(&ck, &data);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "shard 1 is") && strstr(fs_error_message(), "s2.bin (20 tokens)") &&
+              strstr(fs_error_message(), "ckpt-dir was trained on s1.bin (30 tokens)"),
+          "reordered shards: %s", fs_error_message());
+    fs_token_stream_close(&data);
+    snprintf(spec, sizeof spec, "%s/s1.bin", dir);
+    CHECK_OK(fs_token_stream_open(&data, spec));
+    st = fs_ckpt_check_data(&ck, &data);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "1 shard where the checkpoint ckpt-dir was trained on 2"),
+          "a shard missing: %s", fs_error_message());
+    fs_token_stream_close(&data);
+    snprintf(path, sizeof path, "%s/s2.bin", dir);
+    CHECK_OK(fs_tokenfile_write(path, toks, 21, 4)); /* grown by a token */
+    CHECK_OK(fs_token_stream_open(&data, dir));
+    st = fs_ckpt_check_data(&ck, &data);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "shard 2 is") && strstr(fs_error_message(), "(21 tokens)"),
+          "a shard changed: %s", fs_error_message());
+    fs_ckpt_close(&ck);
+    /* a checkpoint that names no data is not checked (data_recorded says so) */
+    static const char none[] = MANIFEST_WITH("\"data\":null");
+    CHECK_OK(fs_ckpt_parse_manifest(&ck, none, strlen(none), "m.json"));
+    CHECK(!ck.data_recorded && fs_ckpt_check_data(&ck, &data) == FS_OK, "no data recorded");
+    fs_ckpt_close(&ck);
+    fs_token_stream_close(&data);
+    /* malformed data records are refused, naming the field */
+    static const char *const bad[] = {
+        MANIFEST_WITH("\"data\":{\"shards\":[]}"),
+        MANIFEST_WITH("\"data\":{\"shards\":[{\"name\":\"\",\"tokens\":3}]}"),
+        MANIFEST_WITH("\"data\":{\"shards\":[{\"name\":\"a.bin\",\"tokens\":-3}]}"),
+        MANIFEST_WITH("\"data\":[1]"),
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st = fs_ckpt_parse_manifest(&ck, bad[i], strlen(bad[i]), "m.json");
+        CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "m.json") && strstr(fs_error_message(), "data"),
+              "bad data record %zu: %s", i, fs_error_message());
+        fs_ckpt_close(&ck);
+    }
+    snprintf(path, sizeof path, "%s/s1.bin", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/s2.bin", dir);
+    unlink(path);
+    rmdir(dir);
+#undef MANIFEST_WITH
 }
 
 /* ------------------------------------------------------------------ lineages, the lock, crashes */
@@ -850,6 +930,7 @@ int main(void) {
     RUN(test_keep_and_crashed_saves);
     RUN(test_damaged_checkpoints_are_refused);
     RUN(test_hostile_manifests);
+    RUN(test_manifest_names_its_data);
     RUN(test_lineages_branches_and_keep);
     RUN(test_checkpoints_without_run_ids);
     RUN(test_lock);

@@ -2,7 +2,8 @@
  * tests/test_data.c — the byte-level tokenizer, token files (llm.c layout, byte by byte),
  * hostile and broken files, vocabulary and length checks, the sampler (reproducibility,
  * ranges, the shift by one, slices of a batch equal to the whole batch), sequential windows,
- * and tokenizing several text files into one token file.
+ * tokenizing several text files into one token file, and streams of many shards (order,
+ * boundaries, patterns and lists, refusals naming the file, more than 2^31 tokens in all).
  *
  * Every file lives in a mkdtemp directory that is removed at the end. Files over 2 GiB are
  * sparse (ftruncate plus a few pwrites), so they cost no disk space and no time.
@@ -14,6 +15,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -753,6 +755,275 @@ static void test_tokenize_files(void) {
     unlink(huge);
 }
 
+/* ------------------------------------------------------------------ streams of shards */
+
+/* Removes the files in the test subdirectory `name` and the directory itself. */
+static void remove_subdir(const char *name) {
+    const char *dir = tpath(name);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[1024];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) rmdir(path);
+        else unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* A uint16 token file whose token j is base + j: a window shows its shard and position. */
+static void make_shard(const char *path, int64_t n, int32_t base, int32_t vocab) {
+    static int32_t toks[20000];
+    if (n > 20000) abort();
+    for (int64_t j = 0; j < n; j++) toks[j] = base + (int32_t)j;
+    if (fs_tokenfile_write(path, toks, n, vocab) != FS_OK) abort();
+}
+
+/* Opening spec as a stream must fail with `want` and a one-line message holding `words`. */
+#define CHECK_STREAM_FAILS(spec, want, words)                                                \
+    do {                                                                                    \
+        fs_token_stream s_;                                                                 \
+        fs_status st_ = fs_token_stream_open(&s_, (spec));                                  \
+        const char *m_ = fs_error_message();                                                \
+        CHECK(st_ == (want) && strstr(m_, (words)) != NULL && strchr(m_, '\n') == NULL,     \
+              "%s: got %s (%s), want %s naming \"%s\"", (spec), fs_status_name(st_), m_,    \
+              fs_status_name(want), (words));                                               \
+        CHECK(s_.n_shards == 0 && s_.shards == NULL, "%s: stream not left closed", (spec)); \
+        fs_token_stream_close(&s_);                                                         \
+    } while (0)
+
+static void test_stream_directory_order_and_boundaries(void) {
+    enum { T = 8, B = 16 };
+    const int64_t sizes[3] = {1000, 37, 3001}; /* a.bin, b.bin, c.bin */
+    CHECK(mkdir(tpath("shards"), 0755) == 0, "mkdir");
+    /* created out of order, with a hidden file and a subdirectory that are not shards */
+    make_shard(tpath("shards/c.bin"), sizes[2], 20000, 30000);
+    make_shard(tpath("shards/a.bin"), sizes[0], 0, 30000);
+    make_shard(tpath("shards/b.bin"), sizes[1], 10000, 30000);
+    write_file(tpath("shards/.partial"), "junk", 4);
+    CHECK(mkdir(tpath("shards/sub"), 0755) == 0, "mkdir sub");
+    fs_token_stream s;
+    CHECK_OK(fs_token_stream_open(&s, tpath("shards")));
+    CHECK(s.n_shards == 3 && s.n_tokens == sizes[0] + sizes[1] + sizes[2] && s.token_bytes == 2 &&
+              !s.is_text && s.vocab_size == 30000,
+          "3 shards, %lld tokens", (long long)s.n_tokens);
+    const char *names[3] = {"a.bin", "b.bin", "c.bin"};
+    for (int i = 0; i < s.n_shards && i < 3; i++)
+        CHECK(strcmp(strrchr(s.shards[i].path, '/') + 1, names[i]) == 0, "shard %d is %s", i,
+              s.shards[i].path);
+
+    /* sequential windows: a's, then b's, then c's, none across a boundary */
+    const int64_t per[3] = {(sizes[0] - 1) / T, (sizes[1] - 1) / T, (sizes[2] - 1) / T};
+    CHECK(fs_stream_n_windows(&s, T) == per[0] + per[1] + per[2], "windows %lld",
+          (long long)fs_stream_n_windows(&s, T));
+    static int32_t in[4096 * T], tg[4096 * T];
+    const int64_t nw = fs_stream_n_windows(&s, T);
+    fs_stream_fill_sequential(&s, 0, nw, T, in, tg);
+    int in_order = 1;
+    for (int64_t w = 0, shard = 0, k = 0; w < nw; w++, k++) {
+        while (k >= per[shard]) k -= per[shard++];
+        for (int t = 0; t < T; t++)
+            in_order &= in[w * T + t] == (int32_t)(shard * 10000 + k * T + t) &&
+                        tg[w * T + t] == (int32_t)(shard * 10000 + k * T + t + 1);
+    }
+    CHECK(in_order, "sequential windows go through the shards in order");
+    /* a slice equals the same rows of the whole */
+    static int32_t in2[8 * T], tg2[8 * T];
+    fs_stream_fill_sequential(&s, per[0] - 2, 8, T, in2, tg2);
+    CHECK(memcmp(in2, in + (per[0] - 2) * T, sizeof in2) == 0 && memcmp(tg2, tg + (per[0] - 2) * T, sizeof tg2) == 0,
+          "windows across the first boundary, filled from the middle");
+
+    /* random windows: inside one shard each, every shard drawn, in proportion to its starts */
+    int64_t hits[3] = {0, 0, 0};
+    int inside = 1, shifted = 1;
+    for (int64_t step = 0; step < 400; step++) {
+        fs_stream_sampler_fill(&s, 99, step, 0, B, T, in, tg);
+        for (int r = 0; r < B; r++) {
+            const int32_t first = in[r * T];
+            const int shard = first / 10000;
+            const int64_t pos = first % 10000;
+            if (shard < 0 || shard > 2) {
+                inside = 0;
+                continue;
+            }
+            hits[shard]++;
+            inside &= pos + T + 1 <= sizes[shard];
+            for (int t = 0; t < T; t++)
+                shifted &= in[r * T + t] == first + t && tg[r * T + t] == first + t + 1;
+        }
+    }
+    CHECK(inside && shifted, "every random window lies inside one shard, targets shifted by one");
+    const double total = (double)(hits[0] + hits[1] + hits[2]);
+    const double starts = (double)(sizes[0] - T + sizes[1] - T + sizes[2] - T);
+    /* 6400 draws: a share within 0.03 of its expectation is > 5 standard deviations */
+    for (int i = 0; i < 3; i++)
+        CHECK(hits[i] > 0 && fabs((double)hits[i] / total - (double)(sizes[i] - T) / starts) < 0.03,
+              "shard %d drawn %lld of %.0f times", i, (long long)hits[i], total);
+    /* rows of a batch filled in two slices equal the whole batch (what ranks rely on) */
+    fs_stream_sampler_fill(&s, 5, 17, 0, B, T, in, tg);
+    fs_stream_sampler_fill(&s, 5, 17, 5, 3, T, in2, tg2);
+    CHECK(memcmp(in2, in + 5 * T, 3 * T * sizeof *in) == 0 && memcmp(tg2, tg + 5 * T, 3 * T * sizeof *tg) == 0,
+          "a slice of the batch equals the same rows of the whole");
+    CHECK_OK(fs_token_stream_check_length(&s, T));
+    CHECK_OK(fs_token_stream_check_unchanged(&s));
+    CHECK_OK(fs_token_stream_check_vocab(&s, 30000));
+    fs_token_stream_close(&s);
+    fs_token_stream_close(&s);
+
+    /* a stream of one file samples exactly as the single-file sampler */
+    fs_token_data d;
+    CHECK_OK(fs_token_data_open(&d, tpath("shards/c.bin")));
+    CHECK_OK(fs_token_stream_open(&s, tpath("shards/c.bin")));
+    fs_stream_sampler_fill(&s, 1234, 3, 0, B, T, in, tg);
+    fs_sampler_fill(&d, 1234, 3, 0, 8, T, in2, tg2);
+    CHECK(s.n_shards == 1 && memcmp(in, in2, 8 * T * sizeof *in) == 0 && memcmp(tg, tg2, 8 * T * sizeof *tg) == 0,
+          "one shard: the single-file sampler's windows");
+    fs_token_stream_close(&s);
+    fs_token_data_close(&d);
+    remove_subdir("shards");
+}
+
+static void test_stream_patterns_and_lists(void) {
+    CHECK(mkdir(tpath("glob"), 0755) == 0, "mkdir");
+    make_shard(tpath("glob/train_000002.bin"), 50, 2000, 4000);
+    make_shard(tpath("glob/train_000001.bin"), 50, 1000, 4000);
+    make_shard(tpath("glob/val_000000.bin"), 50, 0, 4000);
+    char spec[1024];
+    fs_token_stream s;
+    snprintf(spec, sizeof spec, "%s/train_*.bin", tpath("glob"));
+    CHECK_OK(fs_token_stream_open(&s, spec));
+    CHECK(s.n_shards == 2 && strstr(s.shards[0].path, "train_000001") && strstr(s.shards[1].path, "train_000002"),
+          "the pattern's matches, sorted: %d shards", s.n_shards);
+    fs_token_stream_close(&s);
+    /* a list keeps its order; each part may be a file, a pattern or a directory */
+    snprintf(spec, sizeof spec, "%s,%s/train_*1.bin", tpath("glob/val_000000.bin"), tpath("glob"));
+    CHECK_OK(fs_token_stream_open(&s, spec));
+    CHECK(s.n_shards == 2 && strstr(s.shards[0].path, "val_000000") && strstr(s.shards[1].path, "train_000001") &&
+              s.n_tokens == 100,
+          "a list in its order: %d shards", s.n_shards);
+    fs_token_stream_close(&s);
+    /* a file whose name holds a comma is that file, not a list */
+    make_shard(tpath("glob/a,b.bin"), 20, 0, 4000);
+    CHECK_OK(fs_token_stream_open(&s, tpath("glob/a,b.bin")));
+    CHECK(s.n_shards == 1 && s.n_tokens == 20, "a name with a comma: %d shards", s.n_shards);
+    fs_token_stream_close(&s);
+    unlink(tpath("glob/a,b.bin"));
+
+    snprintf(spec, sizeof spec, "%s/test_*.bin", tpath("glob"));
+    CHECK_STREAM_FAILS(spec, FS_ERR_IO, "no file matches");
+    CHECK(mkdir(tpath("empty"), 0755) == 0, "mkdir");
+    write_file(tpath("empty/.hidden"), "x", 1);
+    CHECK_STREAM_FAILS(tpath("empty"), FS_ERR_IO, "holds no data files");
+    snprintf(spec, sizeof spec, "%s,", tpath("glob/val_000000.bin"));
+    CHECK_STREAM_FAILS(spec, FS_ERR_USAGE, "an empty name");
+    snprintf(spec, sizeof spec, "%s,%s", tpath("glob/val_000000.bin"), tpath("glob/missing.bin"));
+    CHECK_STREAM_FAILS(spec, FS_ERR_IO, "missing.bin: cannot open");
+    /* the same file twice, under two names */
+    snprintf(spec, sizeof spec, "%s,%s/./val_000000.bin", tpath("glob/val_000000.bin"), tpath("glob"));
+    CHECK_STREAM_FAILS(spec, FS_ERR_USAGE, "each shard may appear once");
+    remove_subdir("glob");
+    remove_subdir("empty");
+}
+
+static void test_stream_refusals_name_the_file(void) {
+    CHECK(mkdir(tpath("mixed"), 0755) == 0, "mkdir");
+    make_shard(tpath("mixed/a.bin"), 40, 0, 300);
+    write_file(tpath("mixed/b.txt"), "plain text, not tokens", 22);
+    CHECK_STREAM_FAILS(tpath("mixed"), FS_ERR_FORMAT, "b.txt: text (byte level), but");
+    unlink(tpath("mixed/b.txt"));
+    /* uint32 tokens beside uint16 ones */
+    make_counting_file(tpath("mixed/c.bin"), 40, 100000);
+    CHECK_STREAM_FAILS(tpath("mixed"), FS_ERR_FORMAT, "c.bin: uint32 tokens, but");
+    unlink(tpath("mixed/c.bin"));
+    /* two tokenizers' shards */
+    make_shard(tpath("mixed/d.bin"), 40, 0, 512);
+    CHECK_STREAM_FAILS(tpath("mixed"), FS_ERR_FORMAT, "d.bin: made for a vocabulary of 512, but");
+    unlink(tpath("mixed/d.bin"));
+    /* a truncated shard: the header says more tokens than the file holds */
+    uint8_t payload[40] = {0};
+    write_token_file(tpath("mixed/e.bin"), 1, 30, 300, payload, sizeof payload);
+    CHECK_STREAM_FAILS(tpath("mixed"), FS_ERR_FORMAT, "e.bin: token file header says 30");
+    unlink(tpath("mixed/e.bin"));
+    /* an id outside the model's vocabulary: the shard and the position (llm.c's headers
+     * state no vocabulary, so only the tokens can tell) */
+    remove_subdir("mixed");
+    CHECK(mkdir(tpath("mixed"), 0755) == 0, "mkdir");
+    uint8_t ids[80] = {0};
+    write_token_file(tpath("mixed/g.bin"), 1, 40, 0, ids, sizeof ids);
+    ids[2 * 33] = 290 & 0xff;
+    ids[2 * 33 + 1] = 290 >> 8;
+    write_token_file(tpath("mixed/h.bin"), 1, 40, 0, ids, sizeof ids);
+    fs_token_stream s;
+    CHECK_OK(fs_token_stream_open(&s, tpath("mixed")));
+    fs_status st = fs_token_stream_check_vocab(&s, 256);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "h.bin: token 290 at position 33"),
+          "an id >= the vocabulary names the shard and the position: %s", fs_error_message());
+    CHECK_OK(fs_token_stream_check_vocab(&s, 300));
+    /* no shard long enough for one window: windows do not cross shards */
+    st = fs_token_stream_check_length(&s, 40);
+    CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "no shard of the 2"), "length: %s", fs_error_message());
+    CHECK_OK(fs_token_stream_check_length(&s, 39));
+    /* a shard truncated under a running job is caught before a batch reads it */
+    CHECK(truncate(tpath("mixed/h.bin"), 100) == 0, "truncate");
+    st = fs_token_stream_check_unchanged(&s);
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "h.bin") != NULL, "truncated in use: %s", fs_error_message());
+    fs_token_stream_close(&s);
+    remove_subdir("mixed");
+}
+
+/* Two sparse shards of 2^31 - 1 uint16 tokens each: 2^32 - 2 in all, past any int32. A token
+ * is planted where the sampler will look in the second shard, so the test shows that the
+ * 64-bit arithmetic reaches it. */
+static void test_stream_over_2g_tokens(void) {
+    enum { T = 16 };
+    const int64_t n = INT32_MAX;
+    const uint64_t seed = 42;
+    const uint64_t starts0 = (uint64_t)(n - T), all = 2 * starts0;
+    /* the first row of step 0 whose start falls in the second shard */
+    int64_t row = 0;
+    while (row < 63 && fs_rand_below(seed, 0, (uint64_t)row, all) < starts0) row++;
+    const int64_t pos = (int64_t)(fs_rand_below(seed, 0, (uint64_t)row, all) - starts0);
+    CHECK(mkdir(tpath("big"), 0755) == 0, "mkdir");
+    const char *files[2] = {tpath("big/part_0.bin"), tpath("big/part_1.bin")};
+    int ok = 1;
+    for (int f = 0; f < 2; f++) {
+        int fd = open(files[f], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        uint8_t h[1024], t[2] = {0x39, 0x30}; /* 12345 */
+        make_header(h, FS_TOKENFILE_MAGIC, 1, (uint32_t)n, 50000);
+        ok = ok && fd >= 0 && pwrite(fd, h, 1024, 0) == 1024 && ftruncate(fd, (off_t)(1024 + 2 * n)) == 0;
+        if (f == 1) {
+            ok = ok && pwrite(fd, t, 2, (off_t)(1024 + 2 * pos)) == 2;
+            t[0] = 0x31; /* 12337 = the last target of the window */
+            ok = ok && pwrite(fd, t, 2, (off_t)(1024 + 2 * (pos + T))) == 2;
+            t[0] = 0x07; t[1] = 0x00; /* the last token of the stream */
+            ok = ok && pwrite(fd, t, 2, (off_t)(1024 + 2 * (n - 1))) == 2;
+        }
+        if (fd >= 0) close(fd);
+    }
+    CHECK(ok, "sparse shards set up");
+    fs_token_stream s;
+    CHECK_OK(fs_token_stream_open(&s, tpath("big")));
+    CHECK(s.n_shards == 2 && s.n_tokens == 2 * n, "2^32 - 2 tokens: %lld", (long long)s.n_tokens);
+    if (s.n_shards == 2) {
+        static int32_t in[64 * T], tg[64 * T];
+        fs_stream_sampler_fill(&s, seed, 0, 0, row + 1, T, in, tg);
+        CHECK(in[row * T] == 12345 && tg[row * T + T - 1] == 12337,
+              "row %lld starts at %lld of the second shard: got %d .. %d", (long long)row, (long long)pos,
+              in[row * T], tg[row * T + T - 1]);
+        const int64_t nw = fs_stream_n_windows(&s, T);
+        CHECK(nw == 2 * ((n - 1) / T), "windows: %lld", (long long)nw);
+        fs_stream_fill_sequential(&s, nw - 1, 1, T, in, tg);
+        /* the last window of shard 1 ends at token ((n-1)/T) * T, before the stream's last */
+        CHECK(in[0] == 0 && tg[T - 1] == ((n - 1) % T == 0 ? 7 : 0), "the last sequential window");
+    }
+    fs_token_stream_close(&s);
+    remove_subdir("big");
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void remove_test_dir(void) {
@@ -793,6 +1064,10 @@ int main(void) {
     RUN(test_sampler_all_widths);
     RUN(test_sequential_windows);
     RUN(test_tokenize_files);
+    RUN(test_stream_directory_order_and_boundaries);
+    RUN(test_stream_patterns_and_lists);
+    RUN(test_stream_refusals_name_the_file);
+    RUN(test_stream_over_2g_tokens);
     remove_test_dir();
     return fs_test_summary();
 }

@@ -87,7 +87,7 @@ typedef struct solo {
 } solo;
 
 static fs_status solo_init(solo *s, const fs_llama_config *cfg, const fs_train_config *tc,
-                           const fs_token_data *data) {
+                           const fs_token_stream *data) {
     memset(s, 0, sizeof *s);
     FS_TRY(fs_mem_init(&s->mem, 0));
     FS_TRY(fs_mem_init(&s->views_mem, 0));
@@ -562,8 +562,8 @@ static void test_step_allocates_nothing_and_loss_falls(void) {
     FILE *f = fopen(path, "w");
     for (int i = 0; i < 400; i++) fputs("the quick brown fox jumps over the lazy dog. ", f);
     fclose(f);
-    fs_token_data data;
-    CHECK_OK(fs_token_data_open(&data, path));
+    fs_token_stream data;
+    CHECK_OK(fs_token_stream_open(&data, path));
     fs_llama_config cfg = make_cfg(64, 128, 2, 4, 2, 256, 0);
     fs_train_config tc = fs_train_config_default();
     tc.batch = 8;
@@ -586,7 +586,7 @@ static void test_step_allocates_nothing_and_loss_falls(void) {
     /* ln(256) = 5.55 at the start; a 27-character cycle is learnable to well below 1.5 */
     CHECK(first > 5.0 && s.loss < 1.5, "loss %.3f -> %.3f", first, s.loss);
     solo_free(&so);
-    fs_token_data_close(&data);
+    fs_token_stream_close(&data);
     unlink(path);
 }
 
@@ -617,14 +617,14 @@ static void test_trainer_rejects_bad_configs(void) {
     FILE *f = fopen(path, "w");
     fputs("bytes above 60 are outside a vocabulary of 61", f);
     fclose(f);
-    fs_token_data data;
-    CHECK_OK(fs_token_data_open(&data, path));
+    fs_token_stream data;
+    CHECK_OK(fs_token_stream_open(&data, path));
     tc = fs_train_config_default();
     tc.seq = 8;
     CHECK(solo_init(&t, &cfg, &tc, &data) != FS_OK && strstr(fs_error_message(), path),
           "vocab: %s", fs_error_message());
     solo_free(&t);
-    fs_token_data_close(&data);
+    fs_token_stream_close(&data);
     unlink(path);
 }
 

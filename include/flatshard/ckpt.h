@@ -38,9 +38,15 @@
  * highest save sequence number; --keep prunes only the saving lineage. Checkpoints written
  * before run ids existed load as an anonymous lineage that nothing prunes.
  *
+ * The data. The sampler is a function of (seed, step) and of the stream it reads, so the
+ * manifest also names the stream: each shard's file name (without its directory, so the data
+ * may move) and token count, in stream order. A resumed run checks its --data against that
+ * list (fs_ckpt_check_data) and is refused when they differ, so that "a resumed run reads
+ * exactly what the uninterrupted one would" is checked, not assumed.
+ *
  * What it does not do: share files between machines (ranks on several machines need a shared
- * filesystem under <root>), or save the data file itself (a resumed run must be given the
- * same --data).
+ * filesystem under <root>), or save the data itself (a resumed run must be given the same
+ * --data; only names and token counts are compared, not contents).
  */
 #ifndef FLATSHARD_CKPT_H
 #define FLATSHARD_CKPT_H
@@ -48,6 +54,7 @@
 #include <stdint.h>
 
 #include "flatshard/core.h"
+#include "flatshard/data.h"
 #include "flatshard/engine.h"
 #include "flatshard/model.h"
 #include "flatshard/shard.h"
@@ -81,6 +88,12 @@ typedef struct fs_ckpt_file {
     int64_t numel;        /* elements per array section */
 } fs_ckpt_file;
 
+/* One shard of the stream a checkpoint's run trained on. */
+typedef struct fs_ckpt_shard {
+    char name[256];       /* the file's name, without its directory */
+    int64_t n_tokens;
+} fs_ckpt_shard;
+
 /* A parsed, validated manifest. */
 typedef struct fs_ckpt {
     char dir[1024];       /* the checkpoint directory */
@@ -100,6 +113,10 @@ typedef struct fs_ckpt {
     int n_ranges;
     fs_ckpt_range *ranges;  /* grouped by tensor, sorted by begin */
     fs_ckpt_file *files;    /* (world) */
+    int data_recorded;      /* 0: the manifest names no data (saved without a stream, or before
+                             * checkpoints named their data) */
+    int n_data_shards;
+    fs_ckpt_shard *data_shards; /* (n_data_shards) in stream order */
 } fs_ckpt;
 
 /* A run's place in one --save root, kept by the writing rank (rank 0) between saves (its tag
@@ -140,7 +157,8 @@ void fs_ckpt_unlock(int fd); /* fd < 0: no-op */
 fs_status fs_ckpt_recover(const char *root, int *repaired);
 
 /* Saves the engine's state at optimizer step `step` under root as lineage lin (rank 0's;
- * ignored on the other ranks, which may pass NULL). Collective over the engine's ranks;
+ * ignored on the other ranks, which may pass NULL); data (may be NULL: none recorded) is the
+ * stream the run samples, named in the manifest. Collective over the engine's ranks;
  * every rank returns the same status (the message names the rank and file that failed). An
  * unclaimed lin (run_id "") claims a new lineage (fs_ckpt_claim with new_lineage). keep > 0:
  * afterwards only this lineage's newest keep complete checkpoints remain. No complete
@@ -149,7 +167,16 @@ fs_status fs_ckpt_recover(const char *root, int *repaired);
  * stage NAME of the commit: manifest, complete, swapped, pruning, or, forcing the path of
  * filesystems without RENAME_EXCHANGE, fallback-aside and fallback-swapped. */
 fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,
-                       fs_ckpt_lineage *lin);
+                       const fs_token_stream *data, fs_ckpt_lineage *lin);
+
+/* The file name of a shard as a manifest records it: path without its directory. */
+const char *fs_ckpt_shard_name(const char *path);
+
+/* Checks that data is the stream the checkpoint's run trained on: the same number of shards,
+ * and shard by shard the same file name and token count. FS_ERR_USAGE naming the first
+ * difference (the shard's position, both names and counts). FS_OK when the checkpoint
+ * records no data (ck->data_recorded == 0; the caller may warn). */
+fs_status fs_ckpt_check_data(const fs_ckpt *ck, const fs_token_stream *data);
 
 /* Finds the newest complete checkpoint: `path` is a checkpoint directory itself or a root
  * holding step-N directories, of which it opens the one with the highest save sequence

@@ -22,6 +22,18 @@
  * every row of every step is reproducible from the seed alone, without any state, so a
  * resumed run or another rank computes the same rows.
  *
+ * Token streams (fs_token_stream): what `train --data` reads: one file, or many shard files
+ * read as one stream, in order: a directory (its regular files sorted by name), a glob(3)
+ * pattern (its matches sorted by name) or a comma-separated list of those. Every shard is
+ * opened and memory-mapped on its own (an fs_token_data), so each may be up to 2^31 - 1
+ * tokens and several GiB, and the stream's total and positions are 64-bit. A window never
+ * crosses a shard boundary: shards are separate corpora or separately tokenized pieces of
+ * one (llm.c's fineweb shards each begin with a document), so a window joining two would
+ * train on a junction no document has; that costs T start positions per shard, nothing at
+ * the sizes shards have. The random sampler draws one start position among all shards'
+ * start positions (so a shard is chosen in proportion to its windows, and a stream of one
+ * shard samples exactly as the single-file sampler), from the same stateless RNG call.
+ *
  * What it does not do: shuffle epochs, pack documents or pad; every window is T+1 tokens of
  * the stream.
  */
@@ -111,5 +123,51 @@ void fs_sampler_fill(const fs_token_data *data, uint64_t seed, int64_t step, int
 int64_t fs_sampler_n_windows(const fs_token_data *data, int64_t T);
 void fs_sampler_fill_sequential(const fs_token_data *data, int64_t window0, int64_t rows,
                                 int64_t T, int32_t *inputs, int32_t *targets);
+
+/* ------------------------------------------------------------------ token streams */
+
+/* One or more shards read as one stream (the header comment). */
+typedef struct fs_token_stream {
+    char spec[512];        /* what was opened: a file, a directory, a pattern or a list (its
+                            * first 511 bytes, for messages: a list of many files may be longer) */
+    int n_shards;
+    fs_token_data *shards; /* (n_shards) in stream order */
+    int64_t n_tokens;      /* sum over the shards */
+    int token_bytes;       /* every shard's: 1 (text), 2 or 4 */
+    int is_text;           /* every shard is text (no shard is a token file) */
+    int32_t vocab_size;    /* the vocabulary the token files' headers state (0: none states one) */
+} fs_token_stream;
+
+/* Opens spec: a file, a directory (every regular file directly in it whose name does not
+ * begin with '.', sorted by name), a glob(3) pattern (its matches, sorted by name; used only
+ * when no file has that very name), or a comma-separated list of these, expanded in order
+ * (a name holding a comma is taken whole when such a file exists). Every shard is opened
+ * with fs_token_data_open. Refused with one line naming the file: an empty directory, a
+ * pattern nothing matches, a shard fs_token_data_open refuses (missing, truncated, ...),
+ * text shards mixed with token files, token files of different widths or of different
+ * stated vocabularies (shards of different tokenizers), the same file twice. On error *out
+ * is left closed. */
+fs_status fs_token_stream_open(fs_token_stream *out, const char *spec);
+void fs_token_stream_close(fs_token_stream *s); /* idempotent */
+
+/* fs_token_data_check_vocab on every shard (the error names the shard and the position). */
+fs_status fs_token_stream_check_vocab(const fs_token_stream *s, int32_t vocab_size);
+/* Some shard holds T + 1 tokens (a window never crosses shards); the error names spec. */
+fs_status fs_token_stream_check_length(const fs_token_stream *s, int64_t T);
+/* fs_token_data_check_unchanged on every shard: one fstat each. */
+fs_status fs_token_stream_check_unchanged(const fs_token_stream *s);
+
+/* Random windows, as fs_sampler_fill, over all shards: the start of row r of `step` is
+ * u = fs_rand_below(seed, step, row, S), S = the sum over shards of max(0, n_i - T), and u
+ * falls in shard i at position u - (the starts of the shards before i). One shard: exactly
+ * fs_sampler_fill. Requires fs_token_stream_check_length(s, T). */
+void fs_stream_sampler_fill(const fs_token_stream *s, uint64_t seed, int64_t step, int64_t row0,
+                            int64_t rows, int64_t T, int32_t *inputs, int32_t *targets);
+
+/* Sequential windows, as fs_sampler_fill_sequential: the windows of shard 0 in order, then
+ * those of shard 1, ...; a shard of n tokens holds (n - 1) / T of them. */
+int64_t fs_stream_n_windows(const fs_token_stream *s, int64_t T);
+void fs_stream_fill_sequential(const fs_token_stream *s, int64_t window0, int64_t rows,
+                               int64_t T, int32_t *inputs, int32_t *targets);
 
 #endif /* FLATSHARD_DATA_H */

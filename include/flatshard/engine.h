@@ -130,6 +130,13 @@ void fs_engine_begin_micro(fs_engine *e, int k);
 fs_status fs_engine_norm_weights(fs_engine *e, const float **out);
 float *fs_engine_norm_grads(fs_engine *e);
 
+/* Between steps, before a forward-only pass (evaluation): makes the norm group's current
+ * weights available (sharded strategies gather it, as begin_step does). The pass then calls
+ * acquire_forward and release_forward for every op, exactly as a step's forward does, and
+ * nothing else: no gradient, moment or master weight is touched, and the next begin_step
+ * starts as usual, so a step after an evaluation computes what it would have without it. */
+fs_status fs_engine_begin_eval(fs_engine *e);
+
 fs_status fs_engine_acquire_forward(fs_engine *e, int op, const void **weights);
 fs_status fs_engine_release_forward(fs_engine *e, int op);
 /* *grads: where the op writes its unit's weight gradient; *accumulate: whether it must add
@@ -203,6 +210,11 @@ const fs_plan *fs_engine_plan(const fs_engine *e);
  * GPU the mirror is uploaded first): refresh the bf16 copy and the replicated weights
  * (collective for zero1/zero2). */
 fs_status fs_engine_state_loaded(fs_engine *e);
+
+/* Collective, between steps: the sum over ranks of every rank's `mine`, added in rank order
+ * (the same bits on every rank, as the step's loss), through the end-of-step exchange's
+ * buffer: nothing is allocated. */
+fs_status fs_engine_sum_ranks(fs_engine *e, double mine, double *sum);
 
 /* Collective, between steps: all[r * bytes .. (r+1) * bytes) = rank r's `mine`, on every
  * rank (reports, such as every rank's memory, that rank 0 prints). */

@@ -83,7 +83,7 @@ typedef struct fs_trainer {
     fs_acts acts;
     fs_engine *engine;
     fs_comm *comm;             /* not owned */
-    const fs_token_data *data; /* not owned; NULL: only explicit batches */
+    const fs_token_stream *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
     fs_ckpt_lineage lineage;   /* rank 0's: the lineage its saves continue (fs_trainer_save) */
     fs_trace trace_compute, trace_comm; /* a timeline's two tracks (fs_trainer_trace) */
@@ -105,7 +105,7 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
  * mem is the rank's allocator, which comm was created with. On error nothing stays
  * allocated. */
 fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          const fs_train_config *cfg, const fs_token_stream *data, fs_comm *comm,
                           fs_mem *mem);
 void fs_trainer_free(fs_trainer *t); /* idempotent */
 
@@ -120,8 +120,8 @@ void fs_trainer_free(fs_trainer *t); /* idempotent */
  *   signal-at:S[:R]  the rank raises SIGINT after its first micro-batch's backward (the
  *                  middle of step S); signal-twice-at:S[:R] also raises it again half way
  *                  through the save of step S (checkpoint.c);
- *   truncate-data-at:S[:R]  the rank truncates the data file to 0 bytes before its batch
- *                  (fs_token_data_check_unchanged must then fail the step, not SIGBUS). */
+ *   truncate-data-at:S[:R]  the rank truncates the data's first shard to 0 bytes before its
+ *                  batch (fs_token_stream_check_unchanged must then fail the step, not SIGBUS). */
 fs_status fs_trainer_step(fs_trainer *t, fs_step_stats *out);
 
 /* One optimizer step on an explicit global batch (the same on every rank): inputs and
@@ -154,6 +154,21 @@ fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step);
 /* Collective: gathers every rank's timeline; rank 0 writes it to path as Chrome Trace Event
  * JSON. Returns the number of events dropped for lack of room (0 normally) in *dropped. */
 fs_status fs_trainer_trace_write(fs_trainer *t, const char *path, int64_t *dropped);
+
+/* The evaluation batches data holds for this trainer, at most n_batches: a batch is W x B
+ * sequential windows of T + 1 tokens (fs_stream_n_windows). 0: not even one. */
+int64_t fs_trainer_eval_batches(const fs_trainer *t, const fs_token_stream *data, int64_t n_batches);
+
+/* Collective, between steps: the mean cross-entropy of the current weights over the first
+ * n_batches x W x B sequential windows of data (fs_stream_fill_sequential; rank r computes
+ * windows [(k*W + r)*B, (k*W + r + 1)*B) of batch k, the rows a training micro-batch gives
+ * it), forward only, through the engine (every strategy, any W) and in the training
+ * activations: nothing is allocated (zero3-param excepted, as in a step) and nothing of the
+ * training state changes, so the steps after it compute what they would have without it.
+ * The ranks' sums are added in rank order: the same bits on every rank. Requires
+ * 1 <= n_batches <= fs_trainer_eval_batches(t, data, n_batches) and data checked against the
+ * model's vocabulary (fs_token_stream_check_vocab). */
+fs_status fs_trainer_eval(fs_trainer *t, const fs_token_stream *data, int64_t n_batches, double *loss);
 
 /* Collective: the full fp32 weights on every rank, in w (laid out for t->layout). */
 fs_status fs_trainer_gather_weights(fs_trainer *t, fs_weights *w);

@@ -277,8 +277,23 @@ __attribute__((format(printf, 2, 3))) static void tprintf(text *t, const char *f
 }
 
 /* Builds manifest.json; every rank's ranges come from its plan. */
-static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const file_record *recs,
-                                const fs_ckpt_lineage *lin, int64_t seq, text *t) {
+/* s as the body of a JSON string: quotes, backslashes and control characters escaped. */
+static void tprint_json_string(text *t, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') tprintf(t, "\\%c", c);
+        else if (c < 0x20) tprintf(t, "\\u%04x", c);
+        else tprintf(t, "%c", c);
+    }
+}
+
+const char *fs_ckpt_shard_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const fs_token_stream *data,
+                                const file_record *recs, const fs_ckpt_lineage *lin, int64_t seq, text *t) {
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
     char config[4096];
@@ -295,6 +310,17 @@ static fs_status build_manifest(fs_engine *e, int64_t step, uint64_t seed, const
     tprintf(t, "  \"save_seq\": %" PRId64 ",\n", seq);
     tprintf(t, "  \"world_size\": %d,\n  \"strategy\": \"%s\",\n  \"precision\": \"%s\",\n",
             p->cfg.world, fs_strategy_name(p->cfg.strategy), fs_precision_name(p->cfg.precision));
+    if (data) {
+        tprintf(t, "  \"data\": {\"shards\": [");
+        for (int i = 0; i < data->n_shards; i++) {
+            tprintf(t, "%s\n    {\"name\": \"", i ? "," : "");
+            tprint_json_string(t, fs_ckpt_shard_name(data->shards[i].path));
+            tprintf(t, "\", \"tokens\": %" PRId64 "}", data->shards[i].n_tokens);
+        }
+        tprintf(t, "\n  ]},\n");
+    } else {
+        tprintf(t, "  \"data\": null,\n");
+    }
     tprintf(t, "  \"arrays\": [\"%s\", \"%s\", \"%s\"],\n", array_names[0], array_names[1], array_names[2]);
     tprintf(t, "  \"config\": %s,\n  \"tensors\": [", config);
     int first = 1;
@@ -676,11 +702,12 @@ static void prune(const char *root, const fs_ckpt_lineage *lin, int keep, int64_
 /* Rank 0's part of step 3: manifest and marker into the temporary directory, the swap, the
  * old copy's removal, pruning. */
 static fs_status commit(fs_engine *e, const char *root, const char *name, const char *tmp, int64_t step,
-                        uint64_t seed, const file_record *recs, int keep, fs_ckpt_lineage *lin) {
+                        uint64_t seed, const fs_token_stream *data, const file_record *recs, int keep,
+                        fs_ckpt_lineage *lin) {
     char final[1300], path[2048], body[128], old[1400] = "";
     join(final, sizeof final, root, name);
     text t = {0};
-    fs_status st = build_manifest(e, step, seed, recs, lin, lin->seq + 1, &t);
+    fs_status st = build_manifest(e, step, seed, data, recs, lin, lin->seq + 1, &t);
     join(path, sizeof path, tmp, MANIFEST);
     if (st == FS_OK) st = write_text_file(path, t.p);
     uint32_t crc = st == FS_OK ? fs_crc32(0, t.p, t.len) : 0;
@@ -734,7 +761,7 @@ typedef struct save_target {
 } save_target;
 
 fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,
-                       fs_ckpt_lineage *lin) {
+                       const fs_token_stream *data, fs_ckpt_lineage *lin) {
     const fs_plan *p = fs_engine_plan(e);
     const int rank = p->cfg.rank, world = p->cfg.world;
     if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
@@ -770,7 +797,7 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
     }
     /* 3. rank 0 commits */
     if (st == FS_OK) {
-        fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, recs, keep, lin) : FS_OK;
+        fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, data, recs, keep, lin) : FS_OK;
         st = fs_engine_agree(e, c);
     }
     free(targets);
@@ -785,6 +812,7 @@ void fs_ckpt_close(fs_ckpt *ck) {
     free(ck->tensors);
     free(ck->ranges);
     free(ck->files);
+    free(ck->data_shards);
     memset(ck, 0, sizeof *ck);
 }
 
@@ -852,6 +880,26 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "precision");
     if (!cJSON_IsString(p) || fs_precision_parse(p->valuestring, &ck->precision) != FS_OK)
         BAD("%s: field 'precision' is missing or unknown", origin);
+    /* the data: absent in checkpoints written before they named it, null without a stream */
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
+    if (data && !cJSON_IsNull(data)) {
+        const cJSON *shards = cJSON_GetObjectItemCaseSensitive(data, "shards");
+        if (!cJSON_IsObject(data) || !cJSON_IsArray(shards) || cJSON_GetArraySize(shards) < 1)
+            BAD("%s: field 'data' must be null or {\"shards\": [{\"name\", \"tokens\"}, ...]}", origin);
+        ck->n_data_shards = cJSON_GetArraySize(shards);
+        ck->data_shards = calloc((size_t)ck->n_data_shards, sizeof *ck->data_shards);
+        if (!ck->data_shards) BAD("%s: out of memory", origin);
+        for (int i = 0; i < ck->n_data_shards; i++) {
+            const cJSON *sh = cJSON_GetArrayItem(shards, i);
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(sh, "name");
+            fs_ckpt_shard *cs = &ck->data_shards[i];
+            if (!cJSON_IsString(name) || !name->valuestring[0] || strlen(name->valuestring) >= sizeof cs->name ||
+                !json_int(cJSON_GetObjectItemCaseSensitive(sh, "tokens"), 0, (int64_t)1 << 53, &cs->n_tokens))
+                BAD("%s: data shard %d must be {\"name\": a file name, \"tokens\": integer}", origin, i);
+            snprintf(cs->name, sizeof cs->name, "%s", name->valuestring);
+        }
+        ck->data_recorded = 1;
+    }
     const cJSON *arrays = cJSON_GetObjectItemCaseSensitive(root, "arrays");
     int arrays_ok = cJSON_IsArray(arrays) && cJSON_GetArraySize(arrays) == FS_CKPT_ARRAYS;
     for (int a = 0; arrays_ok && a < FS_CKPT_ARRAYS; a++) {
@@ -974,6 +1022,29 @@ fs_status fs_ckpt_parse_manifest(fs_ckpt *ck, const char *json, size_t len, cons
     cJSON_Delete(root);
     if (st != FS_OK) fs_ckpt_close(ck);
     return st;
+}
+
+fs_status fs_ckpt_check_data(const fs_ckpt *ck, const fs_token_stream *data) {
+    if (!ck->data_recorded) return FS_OK;
+    const int n = data->n_shards < ck->n_data_shards ? data->n_shards : ck->n_data_shards;
+    for (int i = 0; i < n; i++) {
+        const fs_ckpt_shard *want = &ck->data_shards[i];
+        const fs_token_data *have = &data->shards[i];
+        const char *name = fs_ckpt_shard_name(have->path);
+        if (strcmp(name, want->name) != 0 || have->n_tokens != want->n_tokens)
+            return fs_errorf(FS_ERR_USAGE,
+                             "--data %s: shard %d is %s (%lld tokens) where the checkpoint %s was trained on %s "
+                             "(%lld tokens): a resumed run must read the data it was trained on",
+                             data->spec, i + 1, have->path, (long long)have->n_tokens, ck->dir, want->name,
+                             (long long)want->n_tokens);
+    }
+    if (data->n_shards != ck->n_data_shards)
+        return fs_errorf(FS_ERR_USAGE,
+                         "--data %s: %d shard%s where the checkpoint %s was trained on %d (the first %d agree): "
+                         "a resumed run must read the data it was trained on",
+                         data->spec, data->n_shards, data->n_shards == 1 ? "" : "s", ck->dir, ck->n_data_shards,
+                         n);
+    return FS_OK;
 }
 
 /* Opens the checkpoint in dir: its COMPLETE marker must carry the manifest's CRC-32. */

@@ -7,6 +7,9 @@
  * each rank fill only its own slice of a global batch. Sequential windows (for evaluation) are
  * the non-overlapping windows w*T .. w*T + T in order.
  *
+ * Streams of shards (fs_token_stream) sample the same way over all shards' start positions
+ * at once, and never cut a window across two shards (data.h says why).
+ *
  * Preconditions are asserted, not returned as errors: fs_token_data_check_length is where a
  * too-short stream is reported to the user; a sampler call that breaks them is a program bug.
  *
@@ -66,5 +69,50 @@ void fs_sampler_fill_sequential(const fs_token_data *data, int64_t window0, int6
         int64_t pos = (window0 + i) * T;
         copy_tokens(data, pos, T, inputs + i * T);
         copy_tokens(data, pos + 1, T, targets + i * T);
+    }
+}
+
+/* ------------------------------------------------------------------ streams of shards */
+
+/* Start positions of a shard for windows of T: a window of T + 1 tokens starts at
+ * 0 .. n - T - 1. Shards too short for one window have none. */
+static int64_t shard_starts(const fs_token_data *d, int64_t T) {
+    return d->n_tokens > T ? d->n_tokens - T : 0;
+}
+
+void fs_stream_sampler_fill(const fs_token_stream *s, uint64_t seed, int64_t step, int64_t row0,
+                            int64_t rows, int64_t T, int32_t *inputs, int32_t *targets) {
+    FS_ASSERT(s != NULL && s->n_shards > 0 && T > 0 && row0 >= 0 && rows >= 0);
+    /* A linear walk over the shards per row: thousands of shards cost microseconds per row,
+     * nothing beside a step, and the sampler keeps no table that could go stale. */
+    uint64_t n_starts = 0;
+    for (int i = 0; i < s->n_shards; i++) n_starts += (uint64_t)shard_starts(&s->shards[i], T);
+    FS_ASSERT(n_starts > 0);
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t u = fs_rand_below(seed, (uint64_t)step, (uint64_t)(row0 + r), n_starts);
+        int i = 0;
+        while (u >= (uint64_t)shard_starts(&s->shards[i], T)) u -= (uint64_t)shard_starts(&s->shards[i++], T);
+        copy_tokens(&s->shards[i], (int64_t)u, T, inputs + r * T);
+        copy_tokens(&s->shards[i], (int64_t)u + 1, T, targets + r * T);
+    }
+}
+
+int64_t fs_stream_n_windows(const fs_token_stream *s, int64_t T) {
+    FS_ASSERT(s != NULL && T > 0);
+    int64_t n = 0;
+    for (int i = 0; i < s->n_shards; i++) n += fs_sampler_n_windows(&s->shards[i], T);
+    return n;
+}
+
+void fs_stream_fill_sequential(const fs_token_stream *s, int64_t window0, int64_t rows,
+                               int64_t T, int32_t *inputs, int32_t *targets) {
+    FS_ASSERT(s != NULL && T > 0 && window0 >= 0 && rows >= 0);
+    FS_ASSERT(window0 + rows <= fs_stream_n_windows(s, T));
+    int i = 0;
+    int64_t w = window0; /* the window's index inside shard i */
+    for (int64_t r = 0; r < rows; r++, w++) {
+        while (w >= fs_sampler_n_windows(&s->shards[i], T)) w -= fs_sampler_n_windows(&s->shards[i++], T);
+        copy_tokens(&s->shards[i], w * T, T, inputs + r * T);
+        copy_tokens(&s->shards[i], w * T + 1, T, targets + r * T);
     }
 }

@@ -573,6 +573,15 @@ fs_status fs_engine_begin_step(fs_engine *e, int n_micro) {
     return FS_OK;
 }
 
+fs_status fs_engine_begin_eval(fs_engine *e) {
+    const fs_layout *l = e->layout;
+    FS_TRY(flush(e)); /* the last step's collectives are over: the shards hold the update */
+    e->norm_ready = 0;
+    if (!fs_strategy_full_weights(e->strategy) && !e->in_place)
+        FS_TRY(gather_unit(e, l->norm_unit, e->norm_buf, &e->norm_ticket));
+    return FS_OK;
+}
+
 void fs_engine_begin_micro(fs_engine *e, int k) {
     const fs_layout *l = e->layout;
     e->micro = k;
@@ -935,6 +944,17 @@ fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t byte
     fs_comm_op op = fs_comm_op_all_gather(mine, all, bytes, FS_DTYPE_BYTES);
     FS_TRY(fs_comm_worker_enqueue(e->worker, &op, &t));
     return wait_ticket(e, t);
+}
+
+fs_status fs_engine_sum_ranks(fs_engine *e, double mine, double *sum) {
+    step_record rec = {.loss = mine};
+    uint64_t t;
+    FS_TRY(enqueue_host(e, fs_comm_op_all_gather(&rec, e->exchange, sizeof rec, FS_DTYPE_BYTES), &t));
+    FS_TRY(wait_ticket(e, t));
+    double total = 0;
+    for (int r = 0; r < e->world; r++) total += e->exchange[r].loss;
+    *sum = total;
+    return FS_OK;
 }
 
 /* Elements of the master and of each moment array (the device arrays and their mirrors). */

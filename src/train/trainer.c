@@ -127,13 +127,13 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
 }
 
 fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
-                          const fs_train_config *cfg, const fs_token_data *data, fs_comm *comm,
+                          const fs_train_config *cfg, const fs_token_stream *data, fs_comm *comm,
                           fs_mem *mem) {
     memset(t, 0, sizeof *t);
     const int world = fs_comm_world(comm), rank = fs_comm_rank(comm);
     if (data) {
-        FS_TRY(fs_token_data_check_vocab(data, (int32_t)model_cfg->vocab_size));
-        FS_TRY(fs_token_data_check_length(data, cfg->seq));
+        FS_TRY(fs_token_stream_check_vocab(data, (int32_t)model_cfg->vocab_size));
+        FS_TRY(fs_token_stream_check_length(data, cfg->seq));
     }
     FS_TRY(fs_trainer_plan(&t->plan, &t->layout, model_cfg, cfg, world, rank));
     t->cfg = *cfg;
@@ -244,6 +244,62 @@ static fs_status run_micro_batch(fs_trainer *t) {
     return FS_OK;
 }
 
+/* The forward of one micro-batch through the engine, nothing else (fs_trainer_eval). */
+static fs_status run_forward_only(fs_trainer *t) {
+    fs_engine *e = t->engine;
+    const float *norm_w = NULL;
+    FS_TRY(fs_engine_norm_weights(e, &norm_w));
+    for (int op = 0; op < t->layout.n_ops; op++) {
+        const void *w = NULL;
+        FS_TRY(fs_engine_acquire_forward(e, op, &w));
+        fs_model_forward(&t->model, &t->acts, op, w, norm_w);
+        FS_TRY(fs_engine_release_forward(e, op));
+    }
+    return FS_OK;
+}
+
+int64_t fs_trainer_eval_batches(const fs_trainer *t, const fs_token_stream *data, int64_t n_batches) {
+    const int64_t per_batch = (int64_t)fs_comm_world(t->comm) * t->cfg.batch;
+    const int64_t fit = fs_stream_n_windows(data, t->cfg.seq) / per_batch;
+    return fit < n_batches ? fit : n_batches;
+}
+
+static fs_status eval_batches(fs_trainer *t, const fs_token_stream *data, int64_t n_batches, double *loss) {
+    const fs_train_config *c = &t->cfg;
+    const int world = fs_comm_world(t->comm), rank = fs_comm_rank(t->comm);
+    FS_ASSERT(n_batches >= 1 && n_batches <= fs_trainer_eval_batches(t, data, n_batches));
+    fs_acts *a = &t->acts;
+    const int64_t micro = c->batch * c->seq;
+    int32_t *in_host = t->host_batch ? t->host_batch : a->inputs;
+    int32_t *tg_host = t->host_batch ? t->host_batch + micro : a->targets;
+    double mine = 0; /* the sum of this rank's micro-batch means; loss_sum is zero between
+                      * steps (fs_acts_take_loss zeroes it) */
+    FS_TRY(fs_engine_begin_eval(t->engine));
+    for (int64_t k = 0; k < n_batches; k++) {
+        FS_TRY(fs_token_stream_check_unchanged(data)); /* never a SIGBUS in the sampler */
+        /* the windows of batch k, in the rows a training micro-batch would give each rank */
+        fs_stream_fill_sequential(data, (k * world + rank) * c->batch, c->batch, c->seq, in_host, tg_host);
+        if (t->host_batch) FS_TRY(fs_acts_upload_batch(t->dev, a, in_host, tg_host));
+        FS_TRY(run_forward_only(t));
+        double batch_loss = 0;
+        FS_TRY(fs_acts_take_loss(t->dev, a, &batch_loss));
+        mine += batch_loss;
+    }
+    double sum = 0;
+    FS_TRY(fs_engine_sum_ranks(t->engine, mine, &sum));
+    *loss = sum / ((double)world * (double)n_batches);
+    return FS_OK;
+}
+
+fs_status fs_trainer_eval(fs_trainer *t, const fs_token_stream *data, int64_t n_batches, double *loss) {
+    /* the kernel-time profile (--profile) is the training step's: evaluation stays out of it */
+    fs_profile *profile = t->model.profile;
+    t->model.profile = NULL;
+    fs_status st = eval_batches(t, data, n_batches, loss);
+    t->model.profile = profile;
+    return st;
+}
+
 /* die-at and hang-at (fs_trainer_step's comment): this rank stops taking part. */
 static fs_status stop_taking_part(fs_trainer *t, int die) {
     if (die && fs_comm_backend_kind(t->comm) == FS_COMM_BACKEND_MPI) raise(SIGKILL);
@@ -272,10 +328,11 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     if (fs_fault_at("die-at", step, rank)) return stop_taking_part(t, 1);
     if (fs_fault_at("hang-at", step, rank)) return stop_taking_part(t, 0);
     if (!inputs) {
-        /* tests: the data file truncated under the running job at step S */
-        if (fs_fault_at("truncate-data-at", step, rank) && truncate(t->data->path, 0) != 0)
-            return fs_errorf(FS_ERR_IO, "%s: truncate-data-at: %s", t->data->path, strerror(errno));
-        FS_TRY(fs_token_data_check_unchanged(t->data)); /* never a SIGBUS in the sampler */
+        /* tests: the (first) data file truncated under the running job at step S */
+        const char *first = t->data->shards[0].path;
+        if (fs_fault_at("truncate-data-at", step, rank) && truncate(first, 0) != 0)
+            return fs_errorf(FS_ERR_IO, "%s: truncate-data-at: %s", first, strerror(errno));
+        FS_TRY(fs_token_stream_check_unchanged(t->data)); /* never a SIGBUS in the sampler */
     }
     FS_TRY(fs_engine_begin_step(t->engine, (int)c->grad_accum));
     if (fs_fault_at("desync-at", step, rank)) FS_TRY(fs_engine_inject_desync(t->engine));
@@ -289,7 +346,7 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
             memcpy(in_host, inputs + row0 * c->seq, (size_t)micro * sizeof *inputs);
             memcpy(tg_host, targets + row0 * c->seq, (size_t)micro * sizeof *targets);
         } else {
-            fs_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, in_host, tg_host);
+            fs_stream_sampler_fill(t->data, c->seed, t->step, row0, c->batch, c->seq, in_host, tg_host);
         }
         if (t->host_batch) FS_TRY(fs_acts_upload_batch(t->dev, a, in_host, tg_host));
         fs_engine_begin_micro(t->engine, (int)k);
@@ -367,7 +424,7 @@ fs_status fs_trainer_resume(fs_trainer *t, const fs_ckpt *ck) {
 }
 
 fs_status fs_trainer_save(fs_trainer *t, const char *root, int keep) {
-    return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep, &t->lineage);
+    return fs_ckpt_save(t->engine, root, t->step, t->cfg.seed, keep, t->data, &t->lineage);
 }
 
 fs_status fs_trainer_trace(fs_trainer *t, int64_t from_step, int64_t to_step) {

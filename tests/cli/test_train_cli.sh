@@ -181,7 +181,7 @@ refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten
 refuse "out-of-range integer" 2 "--batch: 0 is out of range" "$FS" train --data x --batch 0
-refuse "missing --data" 2 "--data FILE is required" "$FS" train
+refuse "missing --data" 2 "--data PATH is required" "$FS" train
 refuse "unknown preset" 2 "unknown model preset 'huge'" "$FS" train --model huge --data "$WORK/fortunes.bin"
 refuse "sequence longer than the model allows" 2 "max_position_embeddings" "$FS" train --data "$WORK/fortunes.bin" --seq 4096 --no-save
 refuse "missing data file" 1 "/nonexistent/data.bin" "$FS" train --data /nonexistent/data.bin

@@ -1,0 +1,263 @@
+/*
+ * stream.c — token streams of one or more shard files: expanding --data's spec (a file, a
+ * directory, a glob pattern, a comma-separated list of these) into shards, opening each
+ * (tokenfile.c), and checking that they make one stream.
+ *
+ * Shard order is the order of the spec's parts, and inside a directory or a pattern the
+ * names sorted byte by byte (strcmp, not the locale's collation), so every rank and every
+ * resumed run, whatever its locale, sees the same stream. A directory contributes its
+ * regular files (symbolic links to them included), not its subdirectories, and not names
+ * beginning with '.' (editors' and copy tools' leftovers).
+ *
+ * What it deliberately does not do: recurse into subdirectories; copy or index tokens (each
+ * shard stays a mapping of its file); decide anything about sampling (sampler.c).
+ */
+#define _FILE_OFFSET_BITS 64
+#include <dirent.h>
+#include <errno.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "flatshard/data.h"
+
+/* The names a spec expands to, in stream order. */
+typedef struct name_list {
+    char **names;
+    int n, cap;
+} name_list;
+
+static void names_free(name_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->names[i]);
+    free(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+static fs_status names_add(name_list *l, const char *name) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        char **p = realloc(l->names, (size_t)cap * sizeof *p);
+        if (!p) return fs_errorf(FS_ERR_NOMEM, "token data: out of memory listing %s", name);
+        l->names = p;
+        l->cap = cap;
+    }
+    l->names[l->n] = strdup(name);
+    if (!l->names[l->n]) return fs_errorf(FS_ERR_NOMEM, "token data: out of memory listing %s", name);
+    l->n++;
+    return FS_OK;
+}
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorts names [from, l->n) by strcmp. */
+static void names_sort_tail(name_list *l, int from) {
+    qsort(l->names + from, (size_t)(l->n - from), sizeof *l->names, cmp_names);
+}
+
+/* The regular files directly in dir, sorted by name. */
+static fs_status expand_dir(name_list *l, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return fs_errorf(FS_ERR_IO, "%s: cannot read the directory: %s", dir, strerror(errno));
+    const int from = l->n;
+    const size_t dir_len = strlen(dir);
+    const int slash = dir_len > 0 && dir[dir_len - 1] == '/';
+    fs_status st = FS_OK;
+    struct dirent *ent;
+    char path[4096];
+    while (st == FS_OK && (ent = readdir(d)) != NULL) {
+        if (ent->d_name[0] == '.') continue;
+        if (snprintf(path, sizeof path, "%s%s%s", dir, slash ? "" : "/", ent->d_name) >= (int)sizeof path) {
+            st = fs_errorf(FS_ERR_USAGE, "%s: the path of %s is too long", dir, ent->d_name);
+            break;
+        }
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            st = fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+            break;
+        }
+        if (S_ISREG(sb.st_mode)) st = names_add(l, path);
+    }
+    closedir(d);
+    if (st != FS_OK) return st;
+    if (l->n == from)
+        return fs_errorf(FS_ERR_IO, "%s: the directory holds no data files (regular files whose "
+                                    "names do not begin with '.')", dir);
+    names_sort_tail(l, from);
+    return FS_OK;
+}
+
+/* A glob(3) pattern's matches, sorted by name. */
+static fs_status expand_glob(name_list *l, const char *pattern) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int rc = glob(pattern, GLOB_NOSORT | GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) {
+        globfree(&g);
+        return fs_errorf(FS_ERR_IO, "%s: no file matches the pattern", pattern);
+    }
+    if (rc != 0) {
+        globfree(&g);
+        return fs_errorf(FS_ERR_IO, "%s: cannot expand the pattern: %s", pattern,
+                         rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
+    }
+    const int from = l->n;
+    fs_status st = FS_OK;
+    for (size_t i = 0; st == FS_OK && i < g.gl_pathc; i++) st = names_add(l, g.gl_pathv[i]);
+    globfree(&g);
+    if (st == FS_OK) names_sort_tail(l, from);
+    return st;
+}
+
+/* One part of a spec: a directory, a file, or (when nothing has that name and it holds a
+ * wildcard) a pattern. A missing plain name goes through as a file, for open's error. */
+static fs_status expand_part(name_list *l, const char *part) {
+    struct stat sb;
+    if (stat(part, &sb) == 0) return S_ISDIR(sb.st_mode) ? expand_dir(l, part) : names_add(l, part);
+    if (strpbrk(part, "*?[")) return expand_glob(l, part);
+    return names_add(l, part);
+}
+
+static fs_status expand_spec(name_list *l, const char *spec) {
+    struct stat sb;
+    if (!strchr(spec, ',') || stat(spec, &sb) == 0) return expand_part(l, spec);
+    char part[4096];
+    for (const char *p = spec;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0) return fs_errorf(FS_ERR_USAGE, "%s: an empty name in the comma-separated list", spec);
+        if (len >= sizeof part) return fs_errorf(FS_ERR_USAGE, "%s: a name in the list is too long", spec);
+        memcpy(part, p, len);
+        part[len] = '\0';
+        FS_TRY(expand_part(l, part));
+        if (!comma) return FS_OK;
+        p = comma + 1;
+    }
+}
+
+static const char *width_name(int token_bytes) {
+    return token_bytes == 1 ? "text (byte level)" : token_bytes == 2 ? "uint16 tokens" : "uint32 tokens";
+}
+
+/* The shards make one stream: one kind (text or tokens), one width, one stated vocabulary. */
+static fs_status check_shards(const fs_token_stream *s) {
+    const fs_token_data *first = &s->shards[0];
+    const fs_token_data *stated = NULL; /* the first token file that states a vocabulary */
+    for (int i = 0; i < s->n_shards; i++) {
+        const fs_token_data *d = &s->shards[i];
+        if (d->is_text != first->is_text || d->token_bytes != first->token_bytes)
+            return fs_errorf(FS_ERR_FORMAT, "%s: %s, but %s is %s: the shards of one stream must be all text "
+                                            "or all token files of one width",
+                             d->path, width_name(d->token_bytes), first->path, width_name(first->token_bytes));
+        if (!d->is_text && d->vocab_size > 0) {
+            if (stated && d->vocab_size != stated->vocab_size)
+                return fs_errorf(FS_ERR_FORMAT, "%s: made for a vocabulary of %d, but %s for one of %d: "
+                                                "shards of different tokenizers",
+                                 d->path, d->vocab_size, stated->path, stated->vocab_size);
+            if (!stated) stated = d;
+        }
+    }
+    return FS_OK;
+}
+
+/* A shard's file, for finding one file named twice (two names, or a link, for one inode). */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    int shard;
+} file_id;
+
+static int cmp_file_ids(const void *a, const void *b) {
+    const file_id *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return (x->shard > y->shard) - (x->shard < y->shard);
+}
+
+static fs_status check_distinct(const fs_token_stream *s) {
+    file_id *ids = calloc((size_t)s->n_shards, sizeof *ids);
+    if (!ids) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", s->spec);
+    fs_status st = FS_OK;
+    for (int i = 0; st == FS_OK && i < s->n_shards; i++) {
+        struct stat sb;
+        if (fstat(s->shards[i].fd1 - 1, &sb) != 0)
+            st = fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", s->shards[i].path, strerror(errno));
+        else
+            ids[i] = (file_id){.dev = sb.st_dev, .ino = sb.st_ino, .shard = i};
+    }
+    if (st == FS_OK) qsort(ids, (size_t)s->n_shards, sizeof *ids, cmp_file_ids);
+    for (int i = 1; st == FS_OK && i < s->n_shards; i++)
+        if (ids[i].dev == ids[i - 1].dev && ids[i].ino == ids[i - 1].ino)
+            st = fs_errorf(FS_ERR_USAGE, "%s: the same file as %s: each shard may appear once",
+                           s->shards[ids[i].shard].path, s->shards[ids[i - 1].shard].path);
+    free(ids);
+    return st;
+}
+
+fs_status fs_token_stream_open(fs_token_stream *out, const char *spec) {
+    memset(out, 0, sizeof *out);
+    if (!spec || !spec[0]) return fs_errorf(FS_ERR_USAGE, "token data: no file name given");
+    name_list names = {0};
+    fs_status st = expand_spec(&names, spec);
+    fs_token_stream s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.spec, sizeof s.spec, "%s", spec);
+    if (st == FS_OK) {
+        s.shards = calloc((size_t)names.n, sizeof *s.shards);
+        if (!s.shards) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %d shards", spec, names.n);
+    }
+    for (int i = 0; st == FS_OK && i < names.n; i++) {
+        st = fs_token_data_open(&s.shards[i], names.names[i]);
+        if (st == FS_OK) {
+            s.n_shards++;
+            s.n_tokens += s.shards[i].n_tokens;
+        }
+    }
+    names_free(&names);
+    if (st == FS_OK) st = check_shards(&s);
+    /* no file twice: it would be sampled twice as often, which nobody means */
+    if (st == FS_OK) st = check_distinct(&s);
+    if (st != FS_OK) {
+        fs_token_stream_close(&s);
+        return st;
+    }
+    s.token_bytes = s.shards[0].token_bytes;
+    s.is_text = s.shards[0].is_text;
+    for (int i = 0; i < s.n_shards && !s.is_text; i++)
+        if (s.shards[i].vocab_size > 0) s.vocab_size = s.shards[i].vocab_size;
+    if (s.is_text) s.vocab_size = FS_BYTE_VOCAB_SIZE;
+    *out = s;
+    return FS_OK;
+}
+
+void fs_token_stream_close(fs_token_stream *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_shards; i++) fs_token_data_close(&s->shards[i]);
+    free(s->shards);
+    memset(s, 0, sizeof *s);
+}
+
+fs_status fs_token_stream_check_vocab(const fs_token_stream *s, int32_t vocab_size) {
+    for (int i = 0; i < s->n_shards; i++) FS_TRY(fs_token_data_check_vocab(&s->shards[i], vocab_size));
+    return FS_OK;
+}
+
+fs_status fs_token_stream_check_length(const fs_token_stream *s, int64_t T) {
+    if (s->n_shards == 1) return fs_token_data_check_length(&s->shards[0], T);
+    if (T <= 0)
+        return fs_errorf(FS_ERR_USAGE, "%s: sequence length T = %lld is not positive", s->spec, (long long)T);
+    for (int i = 0; i < s->n_shards; i++)
+        if (s->shards[i].n_tokens > T) return FS_OK;
+    return fs_errorf(FS_ERR_FORMAT,
+                     "%s: no shard of the %d holds the T + 1 = %llu tokens that one window of inputs and "
+                     "targets needs (a window does not cross shards)",
+                     s->spec, s->n_shards, (unsigned long long)T + 1);
+}
+
+fs_status fs_token_stream_check_unchanged(const fs_token_stream *s) {
+    for (int i = 0; i < s->n_shards; i++) FS_TRY(fs_token_data_check_unchanged(&s->shards[i]));
+    return FS_OK;
+}
