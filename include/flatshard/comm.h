@@ -218,6 +218,22 @@ fs_comm_config fs_comm_get_config(const fs_comm *comm);
 /* The accounting allocator the communicator charges (the rank's, when it was given). */
 fs_mem *fs_comm_mem(const fs_comm *comm);
 
+/* Collective over comm: every rank calls it, and gets a new communicator of the ranks that
+ * passed the same color (>= 0), ranked by (key, rank in comm) — MPI_Comm_split's contract.
+ * The new communicator has comm's configuration (algorithm, segment size, debug check,
+ * timeout) and its own staging from comm's allocator (fs_comm_rank_bytes of its world); it
+ * is used like any other (by one thread at a time; the same thread may use both) and freed
+ * with fs_comm_free, before or after comm. Hybrid sharding (engine.h) splits the world into
+ * shard groups and replica sets.
+ *
+ * Failure reaches across the split (inproc): a failure of comm (an abort, a timeout) fails
+ * every communicator split from it, within a few milliseconds even for a rank blocked inside
+ * one of their collectives, and a failure of a split communicator fails comm too, so a
+ * failed rank cannot leave a peer waiting in either. Under MPI a failure aborts the job as
+ * before. On error (a negative color, out of memory on some rank) every rank returns an
+ * error and *out is NULL. */
+fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out);
+
 /* Per-communicator settings. Every rank must set the same values (the debug check itself
  * cannot catch a rank that skips it). */
 fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo);
