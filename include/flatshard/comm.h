@@ -267,6 +267,9 @@ typedef struct fs_comm_op {
     int tag;             /* the caller's label (0: none): for observers, and compared by the
                             debug check and the worker's schedule hash like the arguments;
                             messages print t > 0 as "for unit t-1" (the engine's labels) */
+    fs_comm *comm;       /* a worker's job: the communicator it runs on (one split from the
+                            worker's, say: hybrid sharding's group and replica collectives go
+                            through one FIFO); NULL: the worker's own. fs_comm_run ignores it */
 } fs_comm_op;
 
 fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
@@ -360,7 +363,8 @@ fs_status fs_comm_worker_flush(fs_comm_worker *w);
 void fs_comm_worker_free(fs_comm_worker *w);
 
 /* The schedule guard's input: a running hash (FNV-1a) of every collective enqueued so far —
- * kind, tag, count, dtypes, op, root, accumulate flag and algorithm, not the buffers — and
+ * kind, tag, count, dtypes, op, root, accumulate flag, algorithm and (for a job on another
+ * communicator, op.comm) that communicator's world size, not the buffers — and
  * their number. Ranks that enqueued the same collectives in the same order have the same
  * pair; the engine compares them at every step boundary (engine.h). Owner thread only. */
 void fs_comm_worker_schedule(const fs_comm_worker *w, uint64_t *hash, uint64_t *count);
