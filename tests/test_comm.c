@@ -271,18 +271,19 @@ static fs_status split_fail_rank_fn(fs_comm *comm, void *p) {
     split_fail_arg *a = p;
     const int r = fs_comm_rank(comm);
     fs_comm *group = NULL;
-    FS_TRY(fs_comm_split(comm, r / 2, r, &group));
+    /* the split itself may be what fails: a rank that leaves it first (its part of the last
+     * exchange done) may fail before a slower peer has finished */
+    fs_status st = fs_comm_split(comm, r / 2, r, &group);
     /* 16 elements: every rank owns a chunk of the all-reduce, so none can finish alone */
     float x[16] = {0}, y[16];
-    fs_status st = FS_OK;
-    if (a->parent_fails) {
+    if (st == FS_OK && a->parent_fails) {
         if (r == 1) st = fs_errorf(FS_ERR_IO, "rank 1 gives up after the split");
         else st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, group);
         if (st == FS_OK) st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
-    } else if (r == 2) {
+    } else if (st == FS_OK && r == 2) {
         fs_errorf(FS_ERR_IO, "rank 2 aborts its group");
         fs_comm_abort(group);
-    } else {
+    } else if (st == FS_OK) {
         st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
     }
     a->st[r] = st;
