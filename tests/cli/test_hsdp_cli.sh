@@ -35,6 +35,24 @@ done
 run "G = W is plain sharding (no groups line)" 0 "$FS" train "${common[@]}" --batch 1 --ranks 4 --shard-group 4
 expect "no hybrid sharding line for G = W" bash -c '! grep -q "groups of" "$1"' _ "$WORK/out"
 
+# --- the timeline: every reduce-scatter in the group is followed by the replicas' all-reduce
+run "G=2 of W=4 with --trace" 0 "$FS" train "${common[@]}" --batch 1 --ranks 4 --shard-group 2 --trace "$WORK/trace.json"
+expect "every rank's timeline has one all-reduce per unit reduce-scattered, after it" /usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+ranks = {e["pid"] for e in ev if e.get("ph") == "X"}
+assert len(ranks) == 4, ranks
+for r in ranks:
+    mine = sorted((e for e in ev if e.get("ph") == "X" and e["pid"] == r), key=lambda e: e["ts"])
+    rs = [e["name"][len("reduce_scatter "):] for e in mine if e["name"].startswith("reduce_scatter ")]
+    ar = [e["name"][len("all_reduce "):] for e in mine if e["name"].startswith("all_reduce ")]
+    assert rs and rs == ar, (r, rs, ar)
+    for u in set(rs):
+        first_rs = min(e["ts"] for e in mine if e["name"] == "reduce_scatter " + u)
+        first_ar = min(e["ts"] for e in mine if e["name"] == "all_reduce " + u)
+        assert first_rs <= first_ar, (r, u)' "$WORK/trace.json"
+
 # --- the final weights: the first group writes them, and they are those of 1 rank
 final=(--model tiny --data "$TEXT" --steps 3 --seq 32 --threads 1 --log-every 100)
 run "1 rank saves its final weights" 0 "$FS" train "${final[@]}" --batch 4 --out "$WORK/one.safetensors"
