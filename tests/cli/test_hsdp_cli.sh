@@ -4,7 +4,8 @@
 # norms of 1 rank and of plain sharding over 4 on the same global batch, for yafsdp, zero1
 # and zero2; the final weights evaluate alike; a checkpoint saved with G = 2 is written by
 # the first group (a 2-rank checkpoint) and resumes on 2 ranks and on 4 ranks in groups of 1;
-# plan --shard-group reports a G-way shard; bad values get one clear line. Under mpirun:
+# plan --shard-group reports a G-way shard; the timeline shows the replicas' all-reduces; the
+# schedule guard covers every rank; bad values get one clear line. Under mpirun:
 # tests/cli/test_engine_mpi.sh.
 . "$(dirname "$0")/lib.sh"
 
@@ -95,6 +96,11 @@ grep -E '^  (master|grads|optimizer|weight_buf|grad_buf) ' "$WORK/out" >"$WORK/p
 expect "a G=2 shard of W=4 takes the state bytes of W=2" cmp -s "$WORK/plan_hsdp.txt" "$WORK/plan_two.txt"
 run "plan --json" 0 "$FS" plan --model tiny --world 4 --shard-group 2 --device a100-80gb --json
 expect "the JSON names the group" grep -q '"shard_group":2' "$WORK/out"
+
+# --- the schedule guard sees every rank: a desync on rank 3 (the second group) fails the step
+run "a desynchronised rank of the second group fails the run" 1 env FLATSHARD_FAULT=desync-at:2:3 \
+    "$FS" train "${common[@]}" --batch 1 --ranks 4 --shard-group 2
+expect "the error names rank 3 against rank 0" grep -q "step 2: the ranks issued different collectives: rank 3 issued" "$WORK/err"
 
 # --- bad values: one line each
 refuse "a group that does not divide W" 2 "--shard-group 3 must divide the 4 ranks" \
