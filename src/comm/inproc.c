@@ -34,8 +34,9 @@
  *   A copy in progress is never timed out: it is bounded and its source must stay valid.
  *
  *   Split (fs_comm_split): the ranks all-gather (color, key) over the parent; the first rank
- *   of each colour creates the child group and all-gather its address, and every member
- *   attaches to it. A child group holds a reference to its parent group (which therefore
+ *   of each colour creates the child group, with one reference per member counted at once
+ *   (so no member can see it freed), and all-gather its address; every member attaches to
+ *   it or drops its reference. A child group holds a reference to its parent group (which therefore
  *   outlives it) and, to fail with it, looks at its ancestors' `failed` flags in every wait
  *   loop; a rank blocked in a child's wait wakes every FS_INPROC_ANCESTOR_POLL_MS to look,
  *   since the parent's failure broadcasts only the parent's condvars (taking the child's
@@ -512,7 +513,10 @@ static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
                     for (int i = 0; i < n; i++) created->parent_rank[i] = members[i];
                     atomic_fetch_add(&parent->refs, 1); /* the child's on its parent */
                     created->parent = parent;
-                    atomic_store(&created->refs, 1); /* the creator's, until all attached */
+                    /* one reference per member, counted before any member can see the group:
+                     * a member that cannot attach drops its own, and nobody touches a group
+                     * whose count could already have reached zero */
+                    atomic_store(&created->refs, n);
                 }
             }
         }
@@ -520,27 +524,25 @@ static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
     int64_t my_addr = (int64_t)(uintptr_t)created, addr_dummy[FS_INPROC_MAX_WORLD];
     st = fs_comm_all_gather(&my_addr, addrs ? addrs : addr_dummy, 1, FS_DTYPE_INT64, c);
     fs_comm *child = NULL;
-    if (st == FS_OK && !failed) {
-        inproc_group *g = (inproc_group *)(uintptr_t)addrs[members[0]];
-        if (!g) {
-            failed = 1; /* its creator could not create it */
-        } else if (!(child = calloc(1, sizeof *child))) {
-            failed = 1;
-        } else {
-            *child = (fs_comm){.rank = new_rank, .world = n, .backend = FS_COMM_BACKEND_INPROC,
-                               .ops = &inproc_ops, .impl = g, .mem = c->mem};
-            atomic_fetch_add(&g->refs, 1);
-            snprintf(child->describe, sizeof child->describe,
-                     "inproc: %d of %d threads (split, color %d)", n, world, color);
-            if (fs_comm_setup_common(child, c->cfg) != FS_OK) failed = 1;
-        }
+    /* (a rank that could not even list its colour's members, out of memory, cannot find the
+     * group: its reference stays, and the group with it) */
+    inproc_group *g = st == FS_OK && n > 0 ? (inproc_group *)(uintptr_t)addrs[members[0]] : NULL;
+    if (st == FS_OK && !g) failed = 1; /* its creator could not create it */
+    if (g && (failed || !(child = calloc(1, sizeof *child)))) {
+        failed = 1;
+        group_unref(g); /* this member's reference */
+    } else if (g) { /* the child holds this member's reference */
+        *child = (fs_comm){.rank = new_rank, .world = n, .backend = FS_COMM_BACKEND_INPROC,
+                           .ops = &inproc_ops, .impl = g, .mem = c->mem};
+        snprintf(child->describe, sizeof child->describe,
+                 "inproc: %d of %d threads (split, color %d)", n, world, color);
+        if (fs_comm_setup_common(child, c->cfg) != FS_OK) failed = 1;
     }
-    /* the agreement; after it no rank attaches any more, so the creator's reference goes */
+    /* the agreement: every rank returns the same outcome */
     int32_t any_failed = 0;
     fs_status agreed = st == FS_OK ? fs_comm_all_reduce(&failed, &any_failed, 1, FS_DTYPE_INT32,
                                                         FS_REDOP_SUM, c)
                                    : st;
-    group_unref(created);
     if (agreed == FS_OK && any_failed)
         agreed = fs_errorf(FS_ERR_NOMEM, "cannot create the split communicators (out of memory "
                                          "on %d rank%s)", (int)any_failed, any_failed == 1 ? "" : "s");

@@ -75,7 +75,6 @@ struct fs_engine {
     fs_comm *group;       /* the shard group's: gathers, reduce-scatters (comm itself, or a
                              split of it under hybrid sharding) */
     fs_comm *replica;     /* hybrid sharding: the ranks that hold the same shard; else NULL */
-    int replicas;         /* R (1: plain sharding) */
     int replica_index;    /* this rank's group, 0 .. R-1 */
     int ranks;            /* W = world x replicas */
     fs_comm_worker *worker;
@@ -123,7 +122,8 @@ struct fs_engine {
     struct step_record *exchange; /* (ranks) every rank's end-of-step record */
     int stop_requested;
     unsigned char *grad_written; /* (n_units) the unit's gradient holds this step's first part */
-    int *uses_left;       /* (n_units) ddp: backward uses of the unit left in this micro-batch */
+    int *uses_left;       /* (n_units) ddp and hybrid sharding: backward uses of the unit left
+                             in this micro-batch (last_write_of_step) */
     int n_micro, micro;
     double wait_s;
 };
@@ -456,7 +456,6 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         return fs_errorf(FS_ERR_USAGE, "--shard-group runs on the CPU only for now");
     fs_engine *e = calloc(1, sizeof *e);
     if (!e) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the engine");
-    e->replicas = replicas;
     e->ranks = fs_comm_world(comm);
     e->replica_index = fs_comm_rank(comm) / plan->cfg.world;
     e->group = comm;
