@@ -51,6 +51,7 @@ static const fs_command_help train_help = {
     .epilog = "examples:\n"
               "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
               "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
+              "  mpirun -np 16 flatshard train --model small --data corpus.bin --shard-group 8   (2 nodes of 8)\n"
               "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
