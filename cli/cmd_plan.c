@@ -68,11 +68,12 @@ static void free_plan(planned *p) {
 int fs_cmd_plan(int argc, char **argv) {
     const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
     const char *ckpt = "0";
-    int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0;
+    int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0, shard_group = 0;
     int json = 0, recalibrate = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or a Hugging Face config.json", NULL, 0, 0},
         {"world", 'w', FS_OPT_INT, &world, "W", "ranks (devices)", NULL, 1, 1 << 20},
+        {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding: shard within groups of G ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per device", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
         {"grad-accum", 0, FS_OPT_INT, &grad_accum, "K", "micro-batches per optimizer step", NULL, 1, 1 << 20},
@@ -115,6 +116,7 @@ int fs_cmd_plan(int argc, char **argv) {
     tc.seq = seq;
     tc.grad_accum = grad_accum;
     tc.ckpt_layers = ckpt_n;
+    tc.shard_group = (int)shard_group;
 
     planned p;
     st = make_plan(&p, &mc, &tc, (int)world, hw);
@@ -142,8 +144,10 @@ int fs_cmd_plan(int argc, char **argv) {
     if (json) {
         printf("{\"model\":\"%s\",\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"grad_accum\":%" PRId64 ",\"ckpt_layers\":%" PRId64 ",\"strategy\":\"%s\",\"precision\":\"%s\","
+               "\"shard_group\":%d,"
                "\"device\":\"%s\",\"device_figures\":\"%s\",\"device_bytes\":%.0f,\"fits\":%s,\"bytes\":{",
                model, p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
+               p.plan.cfg.world,
                hw->name, origin_names[hw->origin], capacity, fits ? "true" : "false");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             printf("\"%s\":%" PRIu64 ",", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
@@ -165,6 +169,10 @@ int fs_cmd_plan(int argc, char **argv) {
            " micro-batch%s per step, %" PRId64 " checkpointed block%s\n",
            world, strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
            tc.ckpt_layers == 1 ? "" : "s");
+    if (p.plan.cfg.replicas > 1)
+        printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across (the bytes "
+               "below are a %d-way shard)\n",
+               p.plan.cfg.replicas, p.plan.cfg.world, p.plan.cfg.world);
     printf("  device %s: %s\n", hw->name, hw->description);
     printf("  device figures: %s\n", hw->origin_note);
     printf("memory per device, GiB (rank 0; activations at %.0f bytes per element on this device):\n",

@@ -53,6 +53,7 @@ static const fs_command_help train_help = {
               "  flatshard train --model tiny --data corpus.txt --steps 300 --ranks 2\n"
               "  mpirun -np 2 flatshard train --model small --data corpus.bin --strategy yafsdp --memory\n"
               "  flatshard train --model config.json --data 'fineweb/fineweb_train_*.bin' --eval-data fineweb/fineweb_val_000000.bin --eval-every 250\n"
+              "  mpirun -np 16 flatshard train --model small --data corpus.bin --shard-group 8   (2 nodes of 8)\n"
               "  flatshard generate --weights out/model.safetensors --prompt 'The '",
 };
 
@@ -388,6 +389,9 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                fs_precision_name(cfg.precision), cfg.overlap ? "on" : "off", cfg.threads,
                cfg.threads == 1 ? "" : "s",
                cfg.ckpt_layers > 0 ? ", activation checkpointing" : "");
+        if (tr.plan.cfg.replicas > 1)
+            printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across\n",
+                   tr.plan.cfg.replicas, tr.plan.cfg.world);
         char shards[48] = "";
         if (run->data->n_shards > 1) snprintf(shards, sizeof shards, " in %d shards", run->data->n_shards);
         printf("  data %s: %" PRId64 " tokens%s; global batch %d ranks x %" PRId64 " x %" PRId64
@@ -704,7 +708,7 @@ int fs_cmd_train(int argc, char **argv) {
     int debug_collectives = 0;
     int64_t batch = c->batch, seq = c->seq, steps = c->steps, warmup = c->warmup_steps;
     int64_t grad_accum = c->grad_accum, seed = (int64_t)c->seed, threads = c->threads;
-    int64_t vocab_chunk = c->vocab_chunk_rows, max_mem = 0, ranks = 0, ckpt = 0;
+    int64_t vocab_chunk = c->vocab_chunk_rows, max_mem = 0, ranks = 0, ckpt = 0, shard_group = 0;
     double lr = c->lr, min_lr = c->min_lr, wd = c->adamw.weight_decay;
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
@@ -721,6 +725,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"eval-batches", 0, FS_OPT_INT, &run.eval_batches, "K", "with --eval-data: the loss over its first K x ranks x batch sequential windows (fewer if it holds fewer)", NULL, 1, INT64_MAX},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
+        {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
         {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (one NVIDIA GPU, one rank; docs/gpu.md)", device_choices, 0, 0},
         {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
@@ -783,6 +788,7 @@ int fs_cmd_train(int argc, char **argv) {
     c->max_mem_bytes = (size_t)max_mem;
     c->overlap = strcmp(overlap, "on") == 0;
     c->ckpt_layers = ckpt;
+    c->shard_group = (int)shard_group;
     c->on_nan = strcmp(on_nan, "skip") == 0 ? FS_ON_NAN_SKIP : FS_ON_NAN_STOP;
     if (!(comm_timeout >= 0 && comm_timeout <= 1e6))
         return fs_usage_error("train", "--comm-timeout must be between 0 (none) and 1e6 seconds (got %g)", comm_timeout);

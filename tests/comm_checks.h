@@ -738,6 +738,83 @@ static fs_status cc_check_worker(fs_comm *comm, void *arg) {
     return cc_result(&s);
 }
 
+/* ------------------------------------------------------------------ split */
+
+/* One split: colour `color`, key `key`; the new communicator must hold exactly the ranks
+ * expected (members[0..n) of the parent, in that order) and its collectives must run over
+ * them only: an all-gather of parent ranks and an int32 all-reduce of (parent rank + 1) on
+ * both algorithms, with the parent still working between them. */
+static fs_status cc_one_split(fs_comm *comm, cc_state *s, const char *kind, int color, int key,
+                              const int *members, int n) {
+    const int rank = fs_comm_rank(comm);
+    fs_comm *sub = NULL;
+    cc_case(s, "split %s", kind);
+    CC_RUN(s, fs_comm_split(comm, color, key, &sub));
+    int want_rank = -1;
+    int32_t want_sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (members[i] == rank) want_rank = i;
+        want_sum += members[i] + 1;
+    }
+    if (fs_comm_world(sub) != n || fs_comm_rank(sub) != want_rank)
+        cc_wrong(s, "rank %d: rank %d of %d, expected %d of %d", rank, fs_comm_rank(sub),
+                 fs_comm_world(sub), want_rank, n);
+    fs_status st = FS_OK;
+    if (fs_comm_world(sub) == n) {
+        int32_t me = rank, got[64];
+        st = fs_comm_all_gather(&me, got, 1, FS_DTYPE_INT32, sub);
+        for (int i = 0; st == FS_OK && i < n; i++)
+            if (got[i] != members[i]) cc_wrong(s, "gathered rank %d is %d, expected %d", i, got[i], members[i]);
+        for (int a = 0; st == FS_OK && a < 2; a++) {
+            int32_t x = rank + 1, sum = 0;
+            fs_comm_op o = fs_comm_op_all_reduce(&x, &sum, 1, FS_DTYPE_INT32, FS_REDOP_SUM);
+            o.algo = cc_algos[a];
+            st = fs_comm_run(sub, &o);
+            if (st == FS_OK && sum != want_sum)
+                cc_wrong(s, "%s all-reduce: %d, expected %d", fs_comm_algo_name(cc_algos[a]), sum, want_sum);
+            if (st == FS_OK) st = fs_comm_barrier(comm); /* the parent goes on working */
+        }
+    }
+    fs_comm_free(sub);
+    return st == FS_OK ? FS_OK : fs_error_wrap(st, "%s", s->where);
+}
+
+/* Hybrid sharding's two splits (groups of 2 consecutive ranks; the ranks of equal rank in
+ * their group), a split by reversed key, and a split of a split. */
+static fs_status cc_check_split(fs_comm *comm, void *arg) {
+    (void)arg;
+    cc_state s = {0};
+    const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
+    int members[64] = {0}, n = 0;
+    if (world > 64) return FS_OK;
+    for (int r = 0; r < world; r++)
+        if (r / 2 == rank / 2) members[n++] = r;
+    FS_TRY(cc_one_split(comm, &s, "groups of 2", rank / 2, rank, members, n));
+    n = 0;
+    for (int r = 0; r < world; r++)
+        if (r % 2 == rank % 2) members[n++] = r;
+    FS_TRY(cc_one_split(comm, &s, "replicas", rank % 2, rank, members, n));
+    n = 0;
+    for (int r = world - 1; r >= 0; r--) members[n++] = r;
+    FS_TRY(cc_one_split(comm, &s, "reversed", 0, -rank, members, n));
+    /* a split of a split: the odd and even ranks, then halves of those */
+    fs_comm *half = NULL;
+    cc_case(&s, "split of a split");
+    CC_RUN(&s, fs_comm_split(comm, rank % 2, rank, &half));
+    const int hr = fs_comm_rank(half), hw = fs_comm_world(half);
+    n = 0;
+    for (int h = 0; h < hw; h++) /* in the half's ranks */
+        if (h / 2 == hr / 2) members[n++] = h;
+    fs_status st = cc_one_split(half, &s, "of a split", hr / 2, hr, members, n);
+    fs_comm_free(half);
+    FS_TRY(st);
+    cc_case(&s, "negative color");
+    fs_comm *bad = NULL;
+    cc_expect_error(&s, fs_comm_split(comm, -1, 0, &bad), FS_ERR_USAGE, "color -1", NULL);
+    if (bad) cc_wrong(&s, "a refused split returned a communicator");
+    return cc_result(&s);
+}
+
 /* ------------------------------------------------------------------ the list */
 
 typedef struct cc_check {
@@ -756,6 +833,7 @@ static const cc_check cc_checks[] = {
     {"invalid_args", cc_check_invalid_args},
     {"debug_mismatch", cc_check_debug_mismatch},
     {"worker", cc_check_worker},
+    {"split", cc_check_split},
 };
 #define CC_N_CHECKS (sizeof cc_checks / sizeof cc_checks[0])
 

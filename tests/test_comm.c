@@ -256,6 +256,61 @@ static void test_failing_rank_unblocks_the_others(void) {
             }
 }
 
+/* Failure across a split (4 ranks, groups {0,1} and {2,3}, no timeout, so only the failure
+ * itself can release anybody). parent_fails: rank 1 fails right after the split, and rank 0,
+ * blocked in its group's all-reduce waiting for rank 1, must return (the run helper aborts
+ * the parent, not the group). Otherwise rank 2 aborts its group and leaves; ranks 0, 1 and 3,
+ * blocked in an all-reduce of the parent that rank 2 never joins, must return. */
+typedef struct split_fail_arg {
+    int parent_fails;
+    fs_status st[4];
+    char msg[4][300];
+} split_fail_arg;
+
+static fs_status split_fail_rank_fn(fs_comm *comm, void *p) {
+    split_fail_arg *a = p;
+    const int r = fs_comm_rank(comm);
+    fs_comm *group = NULL;
+    /* the split itself may be what fails: a rank that leaves it first (its part of the last
+     * exchange done) may fail before a slower peer has finished */
+    fs_status st = fs_comm_split(comm, r / 2, r, &group);
+    /* 16 elements: every rank owns a chunk of the all-reduce, so none can finish alone */
+    float x[16] = {0}, y[16];
+    if (st == FS_OK && a->parent_fails) {
+        if (r == 1) st = fs_errorf(FS_ERR_IO, "rank 1 gives up after the split");
+        else st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, group);
+        if (st == FS_OK) st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
+    } else if (st == FS_OK && r == 2) {
+        fs_errorf(FS_ERR_IO, "rank 2 aborts its group");
+        fs_comm_abort(group);
+    } else if (st == FS_OK) {
+        st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
+    }
+    a->st[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
+    fs_comm_free(group);
+    return st;
+}
+
+static void test_failure_crosses_a_split(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0;
+    for (int parent_fails = 0; parent_fails < 2; parent_fails++) {
+        split_fail_arg a = {.parent_fails = parent_fails};
+        fs_status st = fs_comm_inproc_run(4, cfg, split_fail_rank_fn, &a);
+        const int failing = parent_fails ? 1 : 2;
+        CHECK(st != FS_OK, "parent_fails=%d: the run succeeded", parent_fails);
+        for (int r = 0; r < 4; r++) {
+            if (r == failing) continue;
+            char want[32];
+            snprintf(want, sizeof want, "rank %d", failing);
+            CHECK(a.st[r] == FS_ERR_INTERNAL && strstr(a.msg[r], want),
+                  "parent_fails=%d: rank %d got %s: %s", parent_fails, r, fs_status_name(a.st[r]),
+                  a.msg[r]);
+        }
+    }
+}
+
 /* A rank that stops taking part without failing (a dead or hung peer, as its peers see
  * it): the others give up after the timeout and name it; nobody waits for ever.
  *
@@ -427,6 +482,7 @@ int main(void) {
         fs_test_run(cc_checks[current_check].name, run_current_check);
     RUN(test_staging_allocated_once);
     RUN(test_failing_rank_unblocks_the_others);
+    RUN(test_failure_crosses_a_split);
     RUN(test_silent_rank_times_out);
     RUN(test_size_mismatch_caught_without_debug);
     RUN(test_barrier_waits_for_everyone);

@@ -11,7 +11,8 @@
  *   - k micro-batches of b equal one batch of k*b; the clipping norm does not depend on W;
  *   - tied embeddings train;
  *   - measured bytes per category equal the plan; no allocation after step 1;
- *   - plans that cannot work are refused with a clear message.
+ *   - plans that cannot work are refused with a clear message;
+ *   - hybrid sharding (groups of G of W ranks) trains what one rank trains.
  */
 #include <string.h>
 
@@ -252,6 +253,101 @@ static void test_memory_matches_the_plan(void) {
             }
 }
 
+/* Hybrid sharding: W = 4 ranks in groups of G = 1 or 2 (and W = 2 in groups of 1: each rank
+ * alone in its group, the in-place path), yafsdp, zero1 and zero2, against the one-rank
+ * reference on the same 16-row global batch in 2 micro-batches: within ec_compare_runs's
+ * reduction-order tolerances in fp32 (the replicas' all-reduce only regroups the same sums)
+ * and ec_compare_bf16_to_fp32's in bf16; every rank ends with the same bits; the memory of
+ * the exact categories (the split communicators' staging in comm) equals the plan; no
+ * allocation after step 1. */
+static void test_hybrid_sharding_trains_what_the_reference_trains(void) {
+    enum { ROWS = 16, T = 8, K = 2 };
+    const int steps = 4;
+    static const fs_mem_category exact[] = {FS_MEM_MASTER, FS_MEM_GRADS, FS_MEM_OPTIM,
+                                            FS_MEM_COMPUTE_SHARD, FS_MEM_WEIGHT_BUF,
+                                            FS_MEM_GRAD_BUF, FS_MEM_COMM};
+    static const fs_strategy strategies[] = {FS_STRATEGY_YAFSDP, FS_STRATEGY_ZERO1, FS_STRATEGY_ZERO2};
+    static const int shapes[][2] = {{4, 2}, {4, 1}, {2, 1}}; /* W, G */
+    fs_llama_config cfg = ec_model(1);
+    int32_t in[ROWS * T], tg[ROWS * T];
+    ec_batch(cfg.vocab_size, ROWS, T, in, tg);
+    fs_train_config rc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, ROWS, T);
+    group_run ref;
+    CHECK_OK(run_group(1, &cfg, &rc, in, tg, steps, &ref));
+    for (int p = 0; p < FS_PRECISION_N; p++)
+        for (size_t s = 0; s < sizeof strategies / sizeof strategies[0]; s++)
+            for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+                const int W = shapes[k][0], G = shapes[k][1];
+                fs_train_config tc = ec_config(strategies[s], (fs_precision)p, ROWS / W / K, T);
+                tc.grad_accum = K;
+                tc.shard_group = G;
+                char what[96];
+                snprintf(what, sizeof what, "%s %s W=%d G=%d", fs_strategy_name(tc.strategy),
+                         fs_precision_name(tc.precision), W, G);
+                group_run g;
+                fs_status st = run_group(W, &cfg, &tc, in, tg, steps, &g);
+                CHECK(st == FS_OK, "%s: %s", what, fs_error_message());
+                if (st != FS_OK) continue;
+                if (tc.precision == FS_PRECISION_FP32)
+                    CHECK_OK(ec_compare_runs(&g.res[0], &ref.res[0], tc.lr, what));
+                else
+                    CHECK_OK(ec_compare_bf16_to_fp32(&g.res[0], &ref.res[0], tc.lr,
+                                                     (int)cfg.num_hidden_layers, what));
+                for (int r = 0; r < W; r++) {
+                    const char *d = ec_first_difference(&g.res[r].weights, &g.res[0].weights);
+                    CHECK(d == NULL, "%s: rank %d's weights differ from rank 0's in %s", what, r, d);
+                    CHECK(g.res[r].losses[steps - 1] == g.res[0].losses[steps - 1] &&
+                              g.res[r].norms[steps - 1] == g.res[0].norms[steps - 1],
+                          "%s: rank %d reports another loss or norm", what, r);
+                    const fs_mem_stats *m = &g.res[r].rank_mem_at_end;
+                    for (size_t c = 0; c < sizeof exact / sizeof exact[0]; c++)
+                        CHECK(m->peak[exact[c]] == g.res[r].plan_bytes_only.bytes[exact[c]],
+                              "%s rank %d: %s peak %zu bytes, plan %zu", what, r,
+                              fs_mem_category_name(exact[c]), m->peak[exact[c]],
+                              g.res[r].plan_bytes_only.bytes[exact[c]]);
+                    CHECK(m->n_allocs == g.res[r].rank_mem_after_step1.n_allocs,
+                          "%s rank %d: steps 2-%d allocated", what, r, steps);
+                }
+                free_group(&g);
+            }
+    free_group(&ref);
+    /* what is refused, with a line that says why */
+    fs_plan plan;
+    fs_layout layout;
+    fs_train_config tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 2, 8);
+    tc.shard_group = 3;
+    CHECK(fs_trainer_plan(&plan, &layout, &cfg, &tc, 4, 0) == FS_ERR_USAGE &&
+              strstr(fs_error_message(), "--shard-group 3 must divide the 4 ranks"),
+          "G=3 of W=4: %s", fs_error_message());
+    tc.shard_group = 8;
+    CHECK(fs_trainer_plan(&plan, &layout, &cfg, &tc, 4, 0) == FS_ERR_USAGE, "G=8 of W=4");
+    tc.shard_group = 2;
+    for (int s = 0; s < 2; s++) {
+        tc.strategy = s == 0 ? FS_STRATEGY_DDP : FS_STRATEGY_ZERO3_PARAM;
+        CHECK(fs_trainer_plan(&plan, &layout, &cfg, &tc, 4, 0) == FS_ERR_USAGE &&
+                  strstr(fs_error_message(), "--shard-group is supported with yafsdp, zero1, zero2"),
+              "%s: %s", fs_strategy_name(tc.strategy), fs_error_message());
+    }
+    /* the plan of a group of 2 in a world of 4 is the plan of a world of 2 */
+    tc.strategy = FS_STRATEGY_YAFSDP;
+    CHECK_OK(fs_trainer_plan(&plan, &layout, &cfg, &tc, 4, 3));
+    CHECK(plan.cfg.world == 2 && plan.cfg.rank == 1 && plan.cfg.replicas == 2,
+          "W=4 G=2 rank 3: plan world %d rank %d replicas %d", plan.cfg.world, plan.cfg.rank,
+          plan.cfg.replicas);
+    fs_plan plain;
+    fs_layout plain_layout;
+    tc.shard_group = 0;
+    CHECK_OK(fs_trainer_plan(&plain, &plain_layout, &cfg, &tc, 2, 1));
+    CHECK(plan.shard_numel == plain.shard_numel &&
+              plan.bytes[FS_MEM_MASTER] == plain.bytes[FS_MEM_MASTER] &&
+              plan.bytes[FS_MEM_COMM] > plain.bytes[FS_MEM_COMM],
+          "a G=2 shard is a 2-way shard (with the split communicators' staging)");
+    fs_plan_free(&plain);
+    fs_layout_free(&plain_layout);
+    fs_plan_free(&plan);
+    fs_layout_free(&layout);
+}
+
 static void test_impossible_plans_are_refused(void) {
     fs_llama_config cfg = ec_model(0);
     fs_train_config tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 2, 8);
@@ -303,5 +399,6 @@ int main(void) {
     RUN(test_accumulation_equals_big_batch_and_norm_ignores_w);
     RUN(test_memory_matches_the_plan);
     RUN(test_impossible_plans_are_refused);
+    RUN(test_hybrid_sharding_trains_what_the_reference_trains);
     return fs_test_summary();
 }

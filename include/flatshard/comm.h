@@ -218,6 +218,22 @@ fs_comm_config fs_comm_get_config(const fs_comm *comm);
 /* The accounting allocator the communicator charges (the rank's, when it was given). */
 fs_mem *fs_comm_mem(const fs_comm *comm);
 
+/* Collective over comm: every rank calls it, and gets a new communicator of the ranks that
+ * passed the same color (>= 0), ranked by (key, rank in comm) — MPI_Comm_split's contract.
+ * The new communicator has comm's configuration (algorithm, segment size, debug check,
+ * timeout) and its own staging from comm's allocator (fs_comm_rank_bytes of its world); it
+ * is used like any other (by one thread at a time; the same thread may use both) and freed
+ * with fs_comm_free, before or after comm. Hybrid sharding (engine.h) splits the world into
+ * shard groups and replica sets.
+ *
+ * Failure reaches across the split (inproc): a failure of comm (an abort, a timeout) fails
+ * every communicator split from it, within a few milliseconds even for a rank blocked inside
+ * one of their collectives, and a failure of a split communicator fails comm too, so a
+ * failed rank cannot leave a peer waiting in either. Under MPI a failure aborts the job as
+ * before. On error (a negative color, out of memory on some rank) every rank returns an
+ * error and *out is NULL. */
+fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out);
+
 /* Per-communicator settings. Every rank must set the same values (the debug check itself
  * cannot catch a rank that skips it). */
 fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo);
@@ -251,6 +267,9 @@ typedef struct fs_comm_op {
     int tag;             /* the caller's label (0: none): for observers, and compared by the
                             debug check and the worker's schedule hash like the arguments;
                             messages print t > 0 as "for unit t-1" (the engine's labels) */
+    fs_comm *comm;       /* a worker's job: the communicator it runs on (one split from the
+                            worker's, say: hybrid sharding's group and replica collectives go
+                            through one FIFO); NULL: the worker's own. fs_comm_run ignores it */
 } fs_comm_op;
 
 fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
@@ -344,7 +363,8 @@ fs_status fs_comm_worker_flush(fs_comm_worker *w);
 void fs_comm_worker_free(fs_comm_worker *w);
 
 /* The schedule guard's input: a running hash (FNV-1a) of every collective enqueued so far —
- * kind, tag, count, dtypes, op, root, accumulate flag and algorithm, not the buffers — and
+ * kind, tag, count, dtypes, op, root, accumulate flag, algorithm and (for a job on another
+ * communicator, op.comm) that communicator's world size, not the buffers — and
  * their number. Ranks that enqueued the same collectives in the same order have the same
  * pair; the engine compares them at every step boundary (engine.h). Owner thread only. */
 void fs_comm_worker_schedule(const fs_comm_worker *w, uint64_t *hash, uint64_t *count);

@@ -46,6 +46,21 @@
  *     - stop requests: a rank that wants to stop (a signal, fs_engine_request_stop) tells
  *       every rank, so all of them stop after the same step.
  *
+ * Hybrid sharding (HSDP; plan cfg.replicas = R > 1, the plan's world G, W = G x R): the
+ * engine is given the world's communicator and splits it (fs_comm_split, in fs_engine_init)
+ * into its shard group — ranks [g*G, (g+1)*G), which gather and reduce-scatter exactly as a
+ * world of G would — and its replica set — the R ranks of equal rank in their group, which
+ * hold the same shard. When a unit's gradient shard is final in the group (its last
+ * reduce-scatter of the step: the last use in the last micro-batch; zero1 and the norm group
+ * at the end of backward) the worker all-reduces it (sum) over the replica set, in place in
+ * the gradient shard (no buffer), in fp32 even when the group's reduce-scatter has the bf16
+ * wire; every job goes through the one FIFO worker (fs_comm_op.comm names the
+ * communicator). The end-of-step exchange, agree and the guards run over all W ranks: the
+ * loss counts every rank once, the gradient norm is the first group's sum of squares (after
+ * the all-reduce every group holds the same shards), and the scale is 1 / (W x micro-batches)
+ * as without replicas. Every group holds the same state, so in a checkpoint only the first
+ * group answers for it (fs_engine_state_slices). yafsdp, zero1 and zero2; the CPU only.
+ *
  * On a GPU (cfg.device), the same protocol with streams and events in place of the worker:
  * a gather or reduce-scatter is enqueued on the gather or reduce stream after an event that
  * marks the compute stream's work so far (so its source is written and its destination's
@@ -115,7 +130,9 @@ typedef struct fs_engine fs_engine;
 
 /* Allocates everything the plan lists, starts the worker, and initialises the master
  * weights from cfg.seed (each rank fills its own slices; every element's value is that of
- * an unsharded run). plan, comm, mem and pool must outlive the engine. */
+ * an unsharded run). plan, comm, mem and pool must outlive the engine. comm is every rank's
+ * (W = plan world x replicas; this rank's plan is for rank comm rank % G); with replicas it
+ * is split here, collectively, and the split communicators are the engine's. */
 fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs_mem *mem,
                          fs_pool *pool, fs_engine_config cfg);
 /* Drains the worker and releases everything. NULL is a no-op. */
@@ -187,7 +204,8 @@ typedef struct fs_state_slice {
 fs_status fs_engine_state_to_host(fs_engine *e);
 
 /* This rank's state slices, in shard order. owned = 1: the slices the rank answers for in a
- * checkpoint (its shard; for ddp, rank 0 everything and the others nothing); owned = 0: all
+ * checkpoint (its shard; for ddp, rank 0 everything and the others nothing; with replicas,
+ * the first group's ranks their shards and the others nothing); owned = 0: all
  * the slices it holds and must fill when loading (ddp: everything). Returns the count and
  * writes at most max of them. */
 int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, int max);
@@ -206,6 +224,11 @@ fs_status fs_engine_trace(fs_engine *e, struct fs_trace *comm_track);
 /* The plan the engine runs (layout, world, rank, strategy, precision). */
 const fs_plan *fs_engine_plan(const fs_engine *e);
 
+/* Hybrid sharding: this rank's group (0 .. replicas - 1: the first group answers for
+ * checkpoints), and every rank's count W; without replicas 0 and the plan's world. */
+int fs_engine_replica_index(const fs_engine *e);
+int fs_engine_ranks(const fs_engine *e);
+
 /* After the master weights (and moments) were filled from outside (through the slices; on a
  * GPU the mirror is uploaded first): refresh the bf16 copy and the replicated weights
  * (collective for zero1/zero2). */
@@ -217,7 +240,8 @@ fs_status fs_engine_state_loaded(fs_engine *e);
 fs_status fs_engine_sum_ranks(fs_engine *e, double mine, double *sum);
 
 /* Collective, between steps: all[r * bytes .. (r+1) * bytes) = rank r's `mine`, on every
- * rank (reports, such as every rank's memory, that rank 0 prints). */
+ * rank (reports, such as every rank's memory, that rank 0 prints); r over all W ranks
+ * (fs_engine_ranks), hybrid sharding's replicas included. */
 fs_status fs_engine_all_gather_bytes(fs_engine *e, const void *mine, size_t bytes, void *all);
 
 #endif /* FLATSHARD_ENGINE_H */

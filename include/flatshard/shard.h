@@ -88,7 +88,11 @@ typedef struct fs_shard_slice {
 } fs_shard_slice;
 
 typedef struct fs_plan_config {
-    int world, rank;
+    int world, rank;          /* the shard group's: world = G ranks share the state */
+    int replicas;             /* hybrid sharding (HSDP): R = W / G groups hold the same state,
+                                 their gradient shards all-reduced (engine.h); 0 or 1: none.
+                                 yafsdp, zero1 and zero2 only. The bytes are those of one
+                                 G-way shard; world and rank are the group's */
     fs_strategy strategy;
     fs_precision precision;
     int64_t batch, seq;       /* micro-batch shape, for activations */

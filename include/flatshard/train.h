@@ -51,6 +51,9 @@ typedef struct fs_train_config {
     int64_t ckpt_layers;      /* activation checkpointing of the first N blocks */
     fs_on_nan on_nan;         /* a step whose loss or gradient norm is not finite: stop or skip */
     fs_device_kind device;    /* where the model computes (device.h); cuda: one rank per GPU */
+    int shard_group;          /* G, hybrid sharding (HSDP): the W ranks form W/G groups of G
+                                 consecutive ranks, the state sharded within a group and
+                                 replicated across groups (engine.h); 0: G = W, plain sharding */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */
@@ -95,7 +98,8 @@ typedef struct fs_trainer {
     const atomic_int *stop_flag;
 } fs_trainer;
 
-/* The shard plan a trainer with these settings would use on rank `rank` of `world`, for
+/* The shard plan a trainer with these settings would use on rank `rank` of `world` (with
+ * cfg->shard_group: the plan of rank % G in a group of G, replicas W / G), for
  * checks and printing before anything large is allocated (and by fs_trainer_init). */
 fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_config *model_cfg,
                           const fs_train_config *cfg, int world, int rank);

@@ -6,7 +6,9 @@
  * returns the same status and nobody waits forever for a rank that failed:
  *   1. rank 0 names the checkpoint "step-N<tag>" (its lineage's suffix, ckpt.h) and creates
  *      "<root>/step-N<tag>.tmp/"; every rank learns the name; agree;
- *   2. every rank writes its own file (fsynced, CRC-32 computed as written); agree, and
+ *   2. every rank writes its own file (hybrid sharding: the first group's ranks only, every
+ *      group holding the same state; the checkpoint is that of a world of G), fsynced, with
+ *      its CRC-32 computed as written; agree, and
  *      rank 0 learns every file's CRC and size;
  *   3. rank 0 writes manifest.json and COMPLETE (the manifest's CRC-32) into the temporary
  *      directory, fsynced, and moves it to its name: a plain rename, or, over a checkpoint
@@ -763,10 +765,14 @@ typedef struct save_target {
 fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,
                        const fs_token_stream *data, fs_ckpt_lineage *lin) {
     const fs_plan *p = fs_engine_plan(e);
-    const int rank = p->cfg.rank, world = p->cfg.world;
+    /* Every rank takes part in the agreements; under hybrid sharding only the first group
+     * (ranks 0 .. G-1, whose plan ranks are their world ranks) writes files: every group
+     * holds the same state, and the checkpoint is that of a world of G. */
+    const int writes = fs_engine_replica_index(e) == 0;
+    const int rank = writes ? p->cfg.rank : -1, ranks = fs_engine_ranks(e);
     if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
-    save_target mine, *targets = calloc((size_t)world, sizeof *targets);
-    file_record rec, *recs = calloc((size_t)world, sizeof *recs);
+    save_target mine, *targets = calloc((size_t)ranks, sizeof *targets);
+    file_record rec = {0}, *recs = calloc((size_t)ranks, sizeof *recs);
     memset(&mine, 0, sizeof mine);
     fs_status st = fs_engine_agree(e, targets && recs ? FS_OK : fs_errorf(FS_ERR_NOMEM, "checkpoint: out of memory"));
     char tmp[1400];
@@ -791,7 +797,7 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
     /* 2. every rank's file */
     if (st == FS_OK) {
         snprintf(tmp, sizeof tmp, "%s/%s.tmp", root, targets[0].name);
-        st = write_rank_file(e, tmp, step, &rec);
+        st = writes ? write_rank_file(e, tmp, step, &rec) : FS_OK;
         fs_status g = fs_engine_all_gather_bytes(e, &rec, sizeof rec, recs);
         st = g != FS_OK ? g : fs_engine_agree(e, st);
     }

@@ -156,7 +156,10 @@ static fs_status write_slices(fs_st_parallel *w, const fs_layout *l, const fs_st
 fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *path) {
     const fs_plan *p = fs_engine_plan(e);
     const fs_layout *l = p->layout;
-    const int rank = p->cfg.rank, world = p->cfg.world, lead = rank == 0;
+    /* every rank of the world takes part; under hybrid sharding only the first group owns
+     * slices (fs_engine_state_slices), the others write nothing */
+    const int rank = p->cfg.rank, world = fs_engine_ranks(e);
+    const int lead = rank == 0 && fs_engine_replica_index(e) == 0;
     /* a GPU's state, into its host mirror (a failure is agreed on below, like the others) */
     fs_status st = fs_engine_state_to_host(e);
     char config[4096];

@@ -148,6 +148,18 @@ fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo) {
 
 void fs_comm_set_debug(fs_comm *comm, int on) { comm->cfg.debug = on != 0; }
 
+fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out) {
+    if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_split: out is NULL");
+    *out = NULL;
+    /* a local error before the collective would leave the other ranks waiting in it: every
+     * rank passes the same kind of arguments, so a negative color is refused everywhere */
+    if (color < 0)
+        return fs_errorf(FS_ERR_USAGE, "fs_comm_split: color %d is negative (rank %d)", color,
+                         comm->rank);
+    fs_status st = comm->ops->split(comm, color, key, out);
+    return st == FS_OK ? FS_OK : fs_error_wrap(st, "fs_comm_split");
+}
+
 void fs_comm_abort(fs_comm *comm) { comm->ops->abort(comm); }
 
 int fs_comm_is_failed(fs_comm *comm) { return comm->ops->failed(comm); }

@@ -25,6 +25,9 @@ typedef struct fs_comm_backend_ops {
     void (*abort)(fs_comm *c);
     /* fs_comm_is_failed */
     int (*failed)(fs_comm *c);
+    /* fs_comm_split after validation: the backend's communicator of c's ranks of `color`,
+     * ranked by (key, rank in c), with cfg copied from c and setup_common done. */
+    fs_status (*split)(fs_comm *c, int color, int key, fs_comm **out);
     /* Releases the backend state of c (not the staging, not c itself). */
     void (*destroy)(fs_comm *c);
 } fs_comm_backend_ops;

@@ -32,6 +32,18 @@
  *   abort would, with "no progress from rank P ..." naming the peer it waited for, so a rank
  *   thread that stopped (or never got to the collective) cannot hold the others for ever.
  *   A copy in progress is never timed out: it is bounded and its source must stay valid.
+ *
+ *   Split (fs_comm_split): the ranks all-gather (color, key) over the parent; the first rank
+ *   of each colour creates the child group, with one reference per member counted at once
+ *   (so no member can see it freed), and all-gather its address; every member attaches to
+ *   it or drops its reference. A child group holds a reference to its parent group (which therefore
+ *   outlives it) and, to fail with it, looks at its ancestors' `failed` flags in every wait
+ *   loop; a rank blocked in a child's wait wakes every FS_INPROC_ANCESTOR_POLL_MS to look,
+ *   since the parent's failure broadcasts only the parent's condvars (taking the child's
+ *   mutex from there would order the locks both ways). A child's failure is passed up (to
+ *   every ancestor, after the child's mutex is released), so the parent's ranks wake too.
+ *   `failed` is atomic for those lock-free reads; the failing rank and message are written
+ *   before it is set and never again.
  */
 #include "comm_internal.h"
 
@@ -48,6 +60,10 @@
 /* Elements per block of the builtin reductions: the fp32 (or int64) sum of one block lives on
  * the stack, 16 KiB. */
 #define FS_INPROC_BLOCK 2048
+/* How often a rank blocked in a split communicator's wait looks at its ancestors' failure:
+ * the delay a parent's failure can take to reach it (the cost: a wake-up per period while
+ * blocked). */
+#define FS_INPROC_ANCESTOR_POLL_MS 10
 
 typedef enum box_state { BOX_EMPTY, BOX_POSTED, BOX_COPYING, BOX_DONE } box_state;
 
@@ -74,9 +90,11 @@ typedef struct inproc_group {
     int barrier_arrived;
     uint64_t barrier_generation;
     uint64_t *barrier_seen; /* (world) rank r's last barrier: generation + 1 */
-    int failed;          /* set once, by the first fs_comm_abort or timeout */
+    atomic_int failed;   /* set once, by the first fs_comm_abort or timeout (or a child's) */
     int failed_rank;
     char failed_msg[512];
+    struct inproc_group *parent; /* the group this one was split from, or NULL */
+    int *parent_rank;    /* (world) split groups: rank r's rank in the parent */
 } inproc_group;
 
 static inproc_group *group_of(fs_comm *c) { return c->impl; }
@@ -95,35 +113,90 @@ static int deadline_of(const fs_comm *c, struct timespec *deadline) {
     return 1;
 }
 
-/* Waits on cv (whose clock is CLOCK_MONOTONIC) until signalled or, when timed, the deadline;
- * returns 1 on the deadline. */
-static int wait_on(pthread_cond_t *cv, pthread_mutex_t *mu, int timed,
+/* The first of g and its ancestors that has failed, or NULL. */
+static inproc_group *group_down(inproc_group *g) {
+    for (; g; g = g->parent)
+        if (atomic_load(&g->failed)) return g;
+    return NULL;
+}
+
+static int time_before(const struct timespec *a, const struct timespec *b) {
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* Waits on cv of group g (whose clock is CLOCK_MONOTONIC) until signalled or, when timed,
+ * the deadline; returns 1 on the deadline. A split group's wait also ends every
+ * FS_INPROC_ANCESTOR_POLL_MS (returning 0) so the caller sees an ancestor's failure. */
+static int wait_on(const inproc_group *g, pthread_cond_t *cv, pthread_mutex_t *mu, int timed,
                    const struct timespec *deadline) {
-    if (!timed) {
-        pthread_cond_wait(cv, mu);
-        return 0;
+    if (!g->parent) {
+        if (!timed) {
+            pthread_cond_wait(cv, mu);
+            return 0;
+        }
+        return pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT;
     }
-    return pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT;
+    struct timespec tick;
+    clock_gettime(CLOCK_MONOTONIC, &tick);
+    tick.tv_nsec += FS_INPROC_ANCESTOR_POLL_MS * 1000000L;
+    if (tick.tv_nsec >= 1000000000L) {
+        tick.tv_sec++;
+        tick.tv_nsec -= 1000000000L;
+    }
+    const int until_deadline = timed && time_before(deadline, &tick);
+    int rc = pthread_cond_timedwait(cv, mu, until_deadline ? deadline : &tick);
+    return rc == ETIMEDOUT && until_deadline;
+}
+
+/* Records the first failure of g (rank, message) and wakes its waiters; a later one is
+ * ignored. Takes g->mu. */
+static void group_fail(inproc_group *g, int rank, const char *msg) {
+    pthread_mutex_lock(&g->mu);
+    if (!atomic_load(&g->failed)) {
+        g->failed_rank = rank;
+        snprintf(g->failed_msg, sizeof g->failed_msg, "%s", msg);
+        atomic_store(&g->failed, 1);
+        for (int r = 0; r < g->world; r++) pthread_cond_broadcast(&g->cv[r]);
+        pthread_cond_broadcast(&g->cv_barrier);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Without any group's mutex held: passes g's failure (if g itself failed) to its ancestors,
+ * with the failing rank renumbered in each. */
+static void fail_ancestors(inproc_group *g) {
+    if (!g->parent || !atomic_load(&g->failed)) return;
+    int rank = g->failed_rank;
+    for (inproc_group *x = g; x->parent; x = x->parent) {
+        rank = rank >= 0 ? x->parent_rank[rank] : rank;
+        group_fail(x->parent, rank, g->failed_msg);
+    }
 }
 
 /* Under g->mu: this rank gave up waiting for `peer`. Fails the group with that message (as
  * fs_comm_abort would) and returns the error. */
 static fs_status group_stall(fs_comm *c, inproc_group *g, int peer) {
     fs_status st = fs_comm_no_progress(c, peer);
-    if (!g->failed) {
-        g->failed = 1;
+    if (!atomic_load(&g->failed)) {
         g->failed_rank = c->rank;
         snprintf(g->failed_msg, sizeof g->failed_msg, "%s", fs_error_message());
+        atomic_store(&g->failed, 1);
         for (int r = 0; r < g->world; r++) pthread_cond_broadcast(&g->cv[r]);
         pthread_cond_broadcast(&g->cv_barrier);
     }
     return st;
 }
 
-/* Under g->mu. */
-static fs_status group_failed_error(const inproc_group *g) {
-    return fs_errorf(FS_ERR_INTERNAL, "rank %d failed (%s); the in-process group is unusable",
-                     g->failed_rank, g->failed_msg);
+/* Under g->mu, once group_down(g) is not NULL. */
+static fs_status group_failed_error(inproc_group *g) {
+    const inproc_group *x = group_down(g);
+    if (x == g)
+        return fs_errorf(FS_ERR_INTERNAL, "rank %d failed (%s); the in-process group is unusable",
+                         g->failed_rank, g->failed_msg);
+    return fs_errorf(FS_ERR_INTERNAL,
+                     "rank %d of the group this one was split from failed (%s); the in-process "
+                     "group is unusable",
+                     x->failed_rank, x->failed_msg);
 }
 
 static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst,
@@ -134,7 +207,7 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
     inproc_box *in = src >= 0 ? &g->boxes[src * world + rank] : NULL;
     fs_status st = FS_OK;
     pthread_mutex_lock(&g->mu);
-    if (g->failed) {
+    if (group_down(g)) {
         st = group_failed_error(g);
         pthread_mutex_unlock(&g->mu);
         return st;
@@ -147,10 +220,10 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
     if (in) {
         struct timespec deadline;
         int timed = deadline_of(c, &deadline), late = 0;
-        while (in->state != BOX_POSTED && !g->failed && !late)
-            late = wait_on(&g->cv[rank], &g->mu, timed, &deadline);
+        while (in->state != BOX_POSTED && !group_down(g) && !late)
+            late = wait_on(g, &g->cv[rank], &g->mu, timed, &deadline);
         if (in->state != BOX_POSTED) {
-            st = g->failed ? group_failed_error(g) : group_stall(c, g, src);
+            st = group_down(g) ? group_failed_error(g) : group_stall(c, g, src);
         } else {
             in->state = BOX_COPYING;
             const void *from = in->buf;
@@ -172,10 +245,11 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
         struct timespec deadline;
         int timed = deadline_of(c, &deadline);
         while (out->state != BOX_DONE) {
-            if (g->failed && out->state == BOX_POSTED) break; /* never taken: withdraw */
+            if (group_down(g) && out->state == BOX_POSTED) break; /* never taken: withdraw */
             /* a copy under way is bounded: wait for it without a deadline */
-            int late = wait_on(&g->cv[rank], &g->mu, timed && out->state == BOX_POSTED, &deadline);
-            if (late && out->state == BOX_POSTED && !g->failed) {
+            int late = wait_on(g, &g->cv[rank], &g->mu, timed && out->state == BOX_POSTED,
+                               &deadline);
+            if (late && out->state == BOX_POSTED && !group_down(g)) {
                 fs_status stalled = group_stall(c, g, dst);
                 if (st == FS_OK) st = stalled;
                 break;
@@ -191,13 +265,14 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
         out->state = BOX_EMPTY;
     }
     pthread_mutex_unlock(&g->mu);
+    if (st != FS_OK) fail_ancestors(g);
     return st;
 }
 
 static fs_status group_barrier(fs_comm *c, inproc_group *g) {
     fs_status st = FS_OK;
     pthread_mutex_lock(&g->mu);
-    if (g->failed) {
+    if (group_down(g)) {
         st = group_failed_error(g);
     } else if (g->barrier_seen[c->rank] = g->barrier_generation + 1,
                ++g->barrier_arrived == g->world) {
@@ -208,15 +283,16 @@ static fs_status group_barrier(fs_comm *c, inproc_group *g) {
         uint64_t gen = g->barrier_generation;
         struct timespec deadline;
         int timed = deadline_of(c, &deadline), late = 0;
-        while (gen == g->barrier_generation && !g->failed && !late)
-            late = wait_on(&g->cv_barrier, &g->mu, timed, &deadline);
+        while (gen == g->barrier_generation && !group_down(g) && !late)
+            late = wait_on(g, &g->cv_barrier, &g->mu, timed, &deadline);
         if (gen == g->barrier_generation) {
             int missing = 0; /* the first rank that has not reached this barrier */
             while (missing < g->world && g->barrier_seen[missing] == gen + 1) missing++;
-            st = g->failed ? group_failed_error(g) : group_stall(c, g, missing);
+            st = group_down(g) ? group_failed_error(g) : group_stall(c, g, missing);
         }
     }
     pthread_mutex_unlock(&g->mu);
+    if (st != FS_OK) fail_ancestors(g);
     return st;
 }
 
@@ -303,8 +379,11 @@ static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
 
 /* ------------------------------------------------------------------ lifetime, failure */
 
+static void group_unref(inproc_group *g);
+
 static void group_free(inproc_group *g) {
     if (!g) return;
+    inproc_group *parent = g->parent;
     if (g->cv)
         for (int r = 0; r < g->world; r++) pthread_cond_destroy(&g->cv[r]);
     pthread_cond_destroy(&g->cv_barrier);
@@ -313,42 +392,41 @@ static void group_free(inproc_group *g) {
     free(g->boxes);
     free(g->slots);
     free(g->barrier_seen);
+    free(g->parent_rank);
     free(g);
+    if (parent) group_unref(parent);
+}
+
+/* Drops one reference to g; the last one frees it (and then its own on its parent). */
+static void group_unref(inproc_group *g) {
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
 }
 
 static void inproc_abort(fs_comm *c) {
     inproc_group *g = group_of(c);
     const char *why = fs_error_message();
-    pthread_mutex_lock(&g->mu);
-    if (!g->failed) {
-        g->failed = 1;
-        g->failed_rank = c->rank;
-        snprintf(g->failed_msg, sizeof g->failed_msg, "%s", why[0] ? why : "aborted");
-        for (int r = 0; r < g->world; r++) pthread_cond_broadcast(&g->cv[r]);
-        pthread_cond_broadcast(&g->cv_barrier);
-    }
-    pthread_mutex_unlock(&g->mu);
+    group_fail(g, c->rank, why[0] ? why : "aborted");
+    fail_ancestors(g);
 }
 
 static int inproc_failed(fs_comm *c) {
     inproc_group *g = group_of(c);
-    pthread_mutex_lock(&g->mu);
-    int failed = g->failed;
-    pthread_mutex_unlock(&g->mu);
-    return failed;
+    return group_down(g) != NULL;
 }
 
 static void inproc_destroy(fs_comm *c) {
-    inproc_group *g = group_of(c);
-    if (g && atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
+    group_unref(group_of(c));
     free(c);
 }
+
+static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out);
 
 static const fs_comm_backend_ops inproc_ops = {
     .sendrecv = inproc_sendrecv,
     .builtin = inproc_builtin,
     .abort = inproc_abort,
     .failed = inproc_failed,
+    .split = inproc_split,
     .destroy = inproc_destroy,
 };
 
@@ -378,6 +456,107 @@ static fs_status group_init(int world, inproc_group **out) {
     pthread_condattr_destroy(&attr);
     *out = g;
     return FS_OK;
+}
+
+/* ------------------------------------------------------------------ split */
+
+/* One rank's (color, key), as the split exchanges them. */
+typedef struct split_entry {
+    int32_t color, key;
+} split_entry;
+
+/* The members of `color` in their new order, (key, parent rank); returns how many. */
+static int split_members(const split_entry *all, int world, int color, int *members) {
+    int n = 0;
+    for (int r = 0; r < world; r++) {
+        if (all[r].color != color) continue;
+        int at = n++;
+        while (at > 0 && all[members[at - 1]].key > all[r].key) { /* stable: ties keep rank order */
+            members[at] = members[at - 1];
+            at--;
+        }
+        members[at] = r;
+    }
+    return n;
+}
+
+static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
+    inproc_group *parent = group_of(c);
+    const int world = c->world;
+    split_entry mine = {color, key}, *all = calloc((size_t)world, sizeof *all);
+    int *members = calloc((size_t)world, sizeof *members);
+    int64_t *addrs = calloc((size_t)world, sizeof *addrs);
+    /* Every step below is a collective of the parent that every rank reaches whatever happened
+     * on it before, so that a local failure cannot leave the others waiting: the last one
+     * agrees on the outcome. */
+    int32_t failed = !all || !members || !addrs;
+    fs_status st = FS_OK;
+    split_entry dummy[FS_INPROC_MAX_WORLD];
+    st = fs_comm_all_gather(&mine, all ? (void *)all : (void *)dummy, sizeof mine, FS_DTYPE_BYTES, c);
+    if (st != FS_OK) goto done; /* the parent failed: every rank returns */
+    int n = 0, new_rank = -1;
+    inproc_group *created = NULL;
+    if (!failed) {
+        n = split_members(all, world, color, members);
+        for (int i = 0; i < n; i++)
+            if (members[i] == c->rank) new_rank = i;
+        if (members[0] == c->rank) { /* this rank creates its colour's group */
+            if (group_init(n, &created) != FS_OK) {
+                failed = 1;
+            } else {
+                created->parent_rank = calloc((size_t)n, sizeof *created->parent_rank);
+                if (!created->parent_rank) {
+                    group_free(created);
+                    created = NULL;
+                    failed = 1;
+                } else {
+                    for (int i = 0; i < n; i++) created->parent_rank[i] = members[i];
+                    atomic_fetch_add(&parent->refs, 1); /* the child's on its parent */
+                    created->parent = parent;
+                    /* one reference per member, counted before any member can see the group:
+                     * a member that cannot attach drops its own, and nobody touches a group
+                     * whose count could already have reached zero */
+                    atomic_store(&created->refs, n);
+                }
+            }
+        }
+    }
+    int64_t my_addr = (int64_t)(uintptr_t)created, addr_dummy[FS_INPROC_MAX_WORLD];
+    st = fs_comm_all_gather(&my_addr, addrs ? addrs : addr_dummy, 1, FS_DTYPE_INT64, c);
+    fs_comm *child = NULL;
+    /* (a rank that could not even list its colour's members, out of memory, cannot find the
+     * group: its reference stays, and the group with it) */
+    inproc_group *g = st == FS_OK && n > 0 ? (inproc_group *)(uintptr_t)addrs[members[0]] : NULL;
+    if (st == FS_OK && !g) failed = 1; /* its creator could not create it */
+    if (g && (failed || !(child = calloc(1, sizeof *child)))) {
+        failed = 1;
+        group_unref(g); /* this member's reference */
+    } else if (g) { /* the child holds this member's reference */
+        *child = (fs_comm){.rank = new_rank, .world = n, .backend = FS_COMM_BACKEND_INPROC,
+                           .ops = &inproc_ops, .impl = g, .mem = c->mem};
+        snprintf(child->describe, sizeof child->describe,
+                 "inproc: %d of %d threads (split, color %d)", n, world, color);
+        if (fs_comm_setup_common(child, c->cfg) != FS_OK) failed = 1;
+    }
+    /* the agreement: every rank returns the same outcome */
+    int32_t any_failed = 0;
+    fs_status agreed = st == FS_OK ? fs_comm_all_reduce(&failed, &any_failed, 1, FS_DTYPE_INT32,
+                                                        FS_REDOP_SUM, c)
+                                   : st;
+    if (agreed == FS_OK && any_failed)
+        agreed = fs_errorf(FS_ERR_NOMEM, "cannot create the split communicators (out of memory "
+                                         "on %d rank%s)", (int)any_failed, any_failed == 1 ? "" : "s");
+    if (agreed != FS_OK) {
+        fs_comm_free(child);
+        child = NULL;
+    }
+    st = agreed;
+    *out = child;
+done:
+    free(all);
+    free(members);
+    free(addrs);
+    return st;
 }
 
 fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems,

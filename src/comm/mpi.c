@@ -303,13 +303,52 @@ static void mpi_destroy(fs_comm *c) {
     free(c);
 }
 
+static fs_status mpi_split(fs_comm *c, int color, int key, fs_comm **out);
+
 static const fs_comm_backend_ops mpi_ops = {
     .sendrecv = mpi_sendrecv,
     .builtin = mpi_builtin,
     .abort = mpi_abort,
     .failed = mpi_failed,
+    .split = mpi_split,
     .destroy = mpi_destroy,
 };
+
+/* A communicator over MPI_Comm_split of c's: its own MPI communicator (errors returned, not
+ * fatal, like the parent's), bf16 operation and staging. */
+static fs_status mpi_split(fs_comm *c, int color, int key, fs_comm **out) {
+    fs_comm *child = calloc(1, sizeof *child);
+    mpi_impl *m = calloc(1, sizeof *m);
+    MPI_Comm comm = MPI_COMM_NULL;
+    /* collective: called even when this rank's allocation failed, so the others return */
+    int rc = MPI_Comm_split(impl_of(c)->comm, color, key, &comm);
+    if (!child || !m) {
+        if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+        free(child);
+        free(m);
+        return fs_errorf(FS_ERR_NOMEM, "cannot allocate a communicator");
+    }
+    m->comm = comm;
+    m->bf16_sum = MPI_OP_NULL;
+    *child = (fs_comm){.backend = FS_COMM_BACKEND_MPI, .ops = &mpi_ops, .impl = m, .mem = c->mem};
+    mpi_live_comms++;
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &child->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &child->world);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum);
+    fs_status st = rc == MPI_SUCCESS ? FS_OK : mpi_error(rc, "MPI_Comm_split");
+    if (st == FS_OK) {
+        snprintf(child->describe, sizeof child->describe, "%.96s (split, color %d: %d of %d ranks)",
+                 c->describe, color, child->world, c->world);
+        st = fs_comm_setup_common(child, c->cfg);
+    }
+    if (st != FS_OK) {
+        fs_comm_free(child);
+        return st;
+    }
+    *out = child;
+    return FS_OK;
+}
 
 static const char *level_name(int level) {
     switch (level) {

@@ -79,7 +79,8 @@ static void *worker_main(void *p) {
             void *observer_ctx = w->observer_ctx;
             pthread_mutex_unlock(&w->mu);
             double t0 = observer ? fs_now() : 0;
-            fs_status st = job.fn ? job.fn(job.arg) : fs_comm_run(w->comm, &job.op);
+            fs_status st = job.fn ? job.fn(job.arg)
+                                  : fs_comm_run(job.op.comm ? job.op.comm : w->comm, &job.op);
             if (observer) observer(observer_ctx, job.fn ? NULL : &job.op, job.arg, t0, fs_now());
             pthread_mutex_lock(&w->mu);
             if (st != FS_OK) {
@@ -154,6 +155,10 @@ static uint64_t schedule_mix(uint64_t h, const fs_comm_op *op) {
     const unsigned char *b = (const unsigned char *)fields;
     for (size_t i = 0; i < sizeof fields; i++) {
         h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    if (op->comm) { /* which communicator, as far as every rank can name it alike */
+        h ^= (uint64_t)(fs_comm_world(op->comm) + 1);
         h *= 0x100000001b3ull;
     }
     return h;

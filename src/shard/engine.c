@@ -71,7 +71,12 @@ typedef struct z3_grads {
 struct fs_engine {
     const fs_plan *plan;
     const fs_layout *layout;
-    fs_comm *comm;
+    fs_comm *comm;        /* every rank: the worker's, for the end-of-step exchange, agree */
+    fs_comm *group;       /* the shard group's: gathers, reduce-scatters (comm itself, or a
+                             split of it under hybrid sharding) */
+    fs_comm *replica;     /* hybrid sharding: the ranks that hold the same shard; else NULL */
+    int replica_index;    /* this rank's group, 0 .. R-1 */
+    int ranks;            /* W = world x replicas */
     fs_comm_worker *worker;
     fs_mem *mem;          /* the device's: every array of the state */
     fs_mem *host_mem;     /* the host's: bookkeeping (the same as mem on the CPU) */
@@ -114,10 +119,11 @@ struct fs_engine {
     int max_pieces;
 
     fs_trace *trace;      /* the communication track of a timeline, or NULL */
-    struct step_record *exchange; /* (world) every rank's end-of-step record */
+    struct step_record *exchange; /* (ranks) every rank's end-of-step record */
     int stop_requested;
     unsigned char *grad_written; /* (n_units) the unit's gradient holds this step's first part */
-    int *uses_left;       /* (n_units) ddp: backward uses of the unit left in this micro-batch */
+    int *uses_left;       /* (n_units) ddp and hybrid sharding: backward uses of the unit left
+                             in this micro-batch (last_write_of_step) */
     int n_micro, micro;
     double wait_s;
 };
@@ -174,8 +180,10 @@ static fs_status device_collective(fs_engine *e, const fs_comm_op *op, uint64_t 
     return FS_OK;
 }
 
-/* Enqueues a collective of the state (device memory); without overlap, waits for it at once. */
+/* Enqueues a collective of the state (device memory), on the shard group unless op.comm
+ * says otherwise; without overlap, waits for it at once. */
 static fs_status enqueue(fs_engine *e, fs_comm_op op, uint64_t *ticket) {
+    if (!op.comm && e->group != e->comm) op.comm = e->group;
     if (e->on_gpu) FS_TRY(device_collective(e, &op, ticket));
     else FS_TRY(fs_comm_worker_enqueue(e->worker, &op, ticket));
     return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
@@ -201,6 +209,26 @@ static fs_status flush(fs_engine *e) {
     fs_status st = fs_comm_worker_flush(e->worker);
     e->wait_s += fs_now() - t0;
     return st;
+}
+
+/* Hybrid sharding: the replicas' sum of n reduced gradient elements of unit u at
+ * grads_shard + at, in place (no buffer: every replica holds the same shard positions), in
+ * fp32 whatever the wire of the group's reduce-scatter, queued after that reduce-scatter.
+ * Nothing without replicas. */
+static fs_status replicate_grads(fs_engine *e, int64_t at, int64_t n, int u) {
+    if (!e->replica || n == 0) return FS_OK;
+    float *g = e->grads_shard + at;
+    fs_comm_op ar = fs_comm_op_all_reduce(g, g, (size_t)n, FS_DTYPE_FP32, FS_REDOP_SUM);
+    ar.tag = u + 1;
+    ar.comm = e->replica;
+    uint64_t t;
+    return enqueue(e, ar, &t);
+}
+
+/* Whether this backward op is unit u's last gradient write of the step (the last use in the
+ * last micro-batch): its shard is then final within the group. */
+static int last_write_of_step(fs_engine *e, int u) {
+    return --e->uses_left[u] == 0 && e->micro == e->n_micro - 1;
 }
 
 /* ------------------------------------------------------------------ gathers */
@@ -416,11 +444,34 @@ static fs_status init_events(fs_engine *e) {
 fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs_mem *mem,
                          fs_pool *pool, fs_engine_config cfg) {
     *out = NULL;
-    if (fs_comm_world(comm) != plan->cfg.world || fs_comm_rank(comm) != plan->cfg.rank)
-        return fs_errorf(FS_ERR_USAGE, "the plan is for rank %d of %d, the communicator is rank %d of %d",
-                         plan->cfg.rank, plan->cfg.world, fs_comm_rank(comm), fs_comm_world(comm));
+    const int replicas = plan->cfg.replicas > 1 ? plan->cfg.replicas : 1;
+    if (fs_comm_world(comm) != plan->cfg.world * replicas ||
+        fs_comm_rank(comm) % plan->cfg.world != plan->cfg.rank)
+        return fs_errorf(FS_ERR_USAGE,
+                         "the plan is for rank %d of a group of %d (%d group%s), the communicator "
+                         "is rank %d of %d",
+                         plan->cfg.rank, plan->cfg.world, replicas, replicas == 1 ? "" : "s",
+                         fs_comm_rank(comm), fs_comm_world(comm));
+    if (replicas > 1 && cfg.device && fs_device_kind_of(cfg.device) != FS_DEVICE_CPU)
+        return fs_errorf(FS_ERR_USAGE, "--shard-group runs on the CPU only for now");
     fs_engine *e = calloc(1, sizeof *e);
     if (!e) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the engine");
+    e->ranks = fs_comm_world(comm);
+    e->replica_index = fs_comm_rank(comm) / plan->cfg.world;
+    e->group = comm;
+    if (replicas > 1) {
+        /* groups of G consecutive ranks shard; the ranks of equal rank in their group
+         * replicate (collective: every rank is here) */
+        fs_status sst = fs_comm_split(comm, e->replica_index, fs_comm_rank(comm), &e->group);
+        if (sst == FS_OK)
+            sst = fs_comm_split(comm, plan->cfg.rank, fs_comm_rank(comm), &e->replica);
+        if (sst != FS_OK) {
+            if (e->group != comm) fs_comm_free(e->group);
+            fs_comm_free(e->replica);
+            free(e);
+            return sst;
+        }
+    }
     const fs_layout *l = plan->layout;
     const fs_strategy s = plan->cfg.strategy;
     e->plan = plan;
@@ -434,6 +485,8 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     if (!e->dev) {
         fs_status dst = fs_device_open(&e->own_dev, FS_DEVICE_CPU, 0, pool);
         if (dst != FS_OK) {
+            if (e->group != comm) fs_comm_free(e->group);
+            fs_comm_free(e->replica);
             free(e);
             return dst;
         }
@@ -443,6 +496,8 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     e->on_gpu = fs_device_kind_of(e->dev) != FS_DEVICE_CPU;
     if (e->on_gpu && plan->cfg.world != 1) {
         fs_device_close(e->own_dev);
+        if (e->group != comm) fs_comm_free(e->group);
+        fs_comm_free(e->replica);
         free(e);
         return fs_errorf(FS_ERR_USAGE,
                          "--device %s trains on one GPU (one rank) for now, not %d ranks: several "
@@ -494,7 +549,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     /* the host's bookkeeping */
 #define HOST_ALLOC(bytes, what, ptr) \
     if (st == FS_OK) st = fs_mem_alloc(e->host_mem, FS_MEM_OTHER, bytes, what, (void **)(ptr))
-    HOST_ALLOC((size_t)e->world * sizeof(step_record), "end-of-step exchange", &e->exchange);
+    HOST_ALLOC((size_t)e->ranks * sizeof(step_record), "end-of-step exchange", &e->exchange);
     HOST_ALLOC((size_t)l->n_units, "gradient flags", &e->grad_written);
     HOST_ALLOC((size_t)l->n_units * sizeof(int), "unit uses", &e->uses_left);
     if (s == FS_STRATEGY_ZERO3_PARAM)
@@ -531,6 +586,8 @@ static void z3_release_grads(fs_engine *e, int k) {
 void fs_engine_free(fs_engine *e) {
     if (!e) return;
     fs_comm_worker_free(e->worker); /* drains: nothing is in flight after this */
+    if (e->group != e->comm) fs_comm_free(e->group);
+    fs_comm_free(e->replica);
     for (int k = 0; k < 2; k++) {
         if (e->zw[k].buf) fs_mem_release(e->mem, e->zw[k].buf);
         z3_release_grads(e, k);
@@ -680,7 +737,10 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     const int acc = e->grad_written[u];
     e->grad_written[u] = 1;
     FS_TRY(fs_device_check(e->dev)); /* a GPU kernel of the op that failed */
-    if (e->in_place) return FS_OK; /* nothing to reduce */
+    if (e->in_place) /* nothing to reduce in the group; the replicas' sum once it is final */
+        return e->replica && last_write_of_step(e, u)
+                   ? replicate_grads(e, su->shard_offset, su->shard_numel, u)
+                   : FS_OK;
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2: {
@@ -699,7 +759,12 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
                                                      (size_t)su->shard_numel, send_dtype,
                                                      FS_DTYPE_FP32, FS_REDOP_SUM, acc);
         rs.tag = u + 1;
-        return enqueue(e, rs, &e->gring_ticket[b]);
+        FS_TRY(enqueue(e, rs, &e->gring_ticket[b]));
+        /* after the group's last reduce-scatter of the unit in this step, the replicas'
+         * all-reduce of its shard (FIFO: it runs after the reduce-scatter, during backward) */
+        if (e->replica && last_write_of_step(e, u))
+            return replicate_grads(e, su->shard_offset, su->shard_numel, u);
+        return FS_OK;
     }
     case FS_STRATEGY_ZERO3_PARAM: {
         FS_TRY(z3_drop(e, b));
@@ -730,7 +795,7 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     }
     case FS_STRATEGY_DDP:
         /* all-reduce a unit once its last use of the step's last micro-batch is done */
-        if (--e->uses_left[u] == 0 && e->micro == e->n_micro - 1) {
+        if (last_write_of_step(e, u)) {
             float *g = e->grads_full + su->full_offset;
             uint64_t t;
             fs_comm_op ar = fs_comm_op_all_reduce(g, g, (size_t)su->full_numel, FS_DTYPE_FP32, FS_REDOP_SUM);
@@ -759,7 +824,7 @@ static fs_status reduce_rest(fs_engine *e) {
     const fs_layout *l = e->layout;
     const fs_shard_unit *nu = &p->units[l->norm_unit];
     uint64_t t;
-    if (e->in_place) return FS_OK;
+    if (e->in_place) return replicate_grads(e, nu->shard_offset, nu->shard_numel, l->norm_unit);
     switch (e->strategy) {
     case FS_STRATEGY_DDP: {
         float *g = e->grads_full + nu->full_offset;
@@ -775,13 +840,15 @@ static fs_status reduce_rest(fs_engine *e) {
                                                       (size_t)pc->shard, FS_DTYPE_FP32, FS_REDOP_SUM);
             rs.tag = pc->unit + 1;
             FS_TRY(enqueue(e, rs, &t));
+            FS_TRY(replicate_grads(e, pc->shard_offset, pc->shard, pc->unit));
         }
         return FS_OK;
     default: {
         fs_comm_op rs = fs_comm_op_reduce_scatter(e->norm_grads, e->grads_shard + nu->shard_offset,
                                                   (size_t)nu->shard_numel, FS_DTYPE_FP32, FS_REDOP_SUM);
         rs.tag = l->norm_unit + 1;
-        return enqueue(e, rs, &t);
+        FS_TRY(enqueue(e, rs, &t));
+        return replicate_grads(e, nu->shard_offset, nu->shard_numel, l->norm_unit);
     }
     }
 }
@@ -847,7 +914,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     FS_TRY(wait_ticket(e, t));
     double sumsq = 0, loss = 0;
     int stop = 0;
-    for (int r = 0; r < e->world; r++) {
+    for (int r = 0; r < e->ranks; r++) {
         const step_record *x = &e->exchange[r];
         if (x->schedule_hash != e->exchange[0].schedule_hash ||
             x->schedule_count != e->exchange[0].schedule_count)
@@ -859,14 +926,17 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                              (unsigned long long)x->schedule_hash,
                              (unsigned long long)e->exchange[0].schedule_count,
                              (unsigned long long)e->exchange[0].schedule_hash);
-        sumsq += x->sumsq;
+        /* after the replicas' all-reduce every group holds the whole gradient: the norm is
+         * the first group's (ranks 0 .. G-1), every rank counted once for the loss */
+        if (r < e->world) sumsq += x->sumsq;
         loss += x->loss;
         if (x->stop > stop) stop = x->stop; /* every rank learns the same reason */
     }
     if (e->strategy == FS_STRATEGY_DDP) sumsq = mine.sumsq; /* every rank holds the whole sum */
-    /* the reduced gradient is the sum over W ranks of per-micro-batch means: one scaling
-     * turns it into the mean and applies the clipping */
-    const double mean_scale = 1.0 / ((double)e->world * (double)e->n_micro);
+    /* the reduced gradient is the sum over W ranks (the group's reduce-scatter, then the
+     * replicas' all-reduce) of per-micro-batch means: one scaling turns it into the mean and
+     * applies the clipping */
+    const double mean_scale = 1.0 / ((double)e->ranks * (double)e->n_micro);
     const double norm = sqrt(sumsq) * mean_scale;
     out->loss = loss * mean_scale;
     out->grad_norm = norm;
@@ -992,6 +1062,7 @@ int fs_engine_state_slices(const fs_engine *e, int owned, fs_state_slice *out, i
     float *adam_m = e->on_gpu ? e->mirror_m : e->adam_m, *adam_v = e->on_gpu ? e->mirror_v : e->adam_v;
     FS_ASSERT(master != NULL || !out || max == 0); /* on a GPU: fs_engine_state_to_host first */
     if (owned && e->strategy == FS_STRATEGY_DDP && e->rank != 0) return 0;
+    if (owned && e->replica_index != 0) return 0; /* the first group answers for the state */
     int n = 0;
     for (int i = 0; i < p->n_slices; i++) {
         const fs_shard_slice *sl = &p->slices[i];
@@ -1021,6 +1092,8 @@ fs_status fs_engine_state_loaded(fs_engine *e) {
 }
 
 const fs_plan *fs_engine_plan(const fs_engine *e) { return e->plan; }
+int fs_engine_replica_index(const fs_engine *e) { return e->replica_index; }
+int fs_engine_ranks(const fs_engine *e) { return e->ranks; }
 
 /* A rank's status and message, as fs_engine_agree exchanges them. */
 typedef struct agree_record {
@@ -1029,12 +1102,12 @@ typedef struct agree_record {
 } agree_record;
 
 fs_status fs_engine_agree(fs_engine *e, fs_status mine) {
-    agree_record own = {.status = (int32_t)mine}, *all = calloc((size_t)e->world, sizeof *all);
+    agree_record own = {.status = (int32_t)mine}, *all = calloc((size_t)e->ranks, sizeof *all);
     snprintf(own.message, sizeof own.message, "%s", mine == FS_OK ? "" : fs_error_message());
     if (!all) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     fs_status result = fs_engine_all_gather_bytes(e, &own, sizeof own, all);
     if (result == FS_OK && mine != FS_OK) result = fs_errorf(mine, "%s", own.message);
-    for (int r = 0; result == FS_OK && r < e->world; r++)
+    for (int r = 0; result == FS_OK && r < e->ranks; r++)
         if (all[r].status != FS_OK) /* the first failing rank's own words, on every rank */
             result = fs_errorf((fs_status)all[r].status, "rank %d: %s", r, all[r].message);
     free(all);
@@ -1050,11 +1123,12 @@ static void observe_job(void *ctx, const fs_comm_op *op, void *fn_arg, double t0
         return;
     }
     const int64_t size = (int64_t)op->count * (int64_t)fs_dtype_size(op->dtype);
+    const int64_t world = op->comm ? fs_comm_world(op->comm) : e->ranks;
     fs_trace_kind kind = FS_TRACE_BARRIER;
     int64_t bytes = 0;
     switch (op->coll) {
-    case FS_COLL_ALL_GATHER: kind = FS_TRACE_ALL_GATHER; bytes = size * e->world; break;
-    case FS_COLL_REDUCE_SCATTER: kind = FS_TRACE_REDUCE_SCATTER; bytes = size * e->world; break;
+    case FS_COLL_ALL_GATHER: kind = FS_TRACE_ALL_GATHER; bytes = size * world; break;
+    case FS_COLL_REDUCE_SCATTER: kind = FS_TRACE_REDUCE_SCATTER; bytes = size * world; break;
     case FS_COLL_ALL_REDUCE: kind = FS_TRACE_ALL_REDUCE; bytes = size; break;
     case FS_COLL_BROADCAST: kind = FS_TRACE_BROADCAST; bytes = size; break;
     default: break;

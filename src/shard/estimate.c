@@ -218,13 +218,25 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
         exposed += end;
         comm += end;
     }
+    /* hybrid sharding: every piece's gradient shard all-reduced over the R replicas (which
+     * sit G ranks apart: across nodes once W exceeds a node). The engine overlaps them with
+     * backward; counted exposed here, an upper bound */
+    const int R = p->cfg.replicas > 1 ? p->cfg.replicas : 1;
+    if (R > 1) {
+        comm_model rm = m;
+        rm.world = R;
+        rm.bw = W * R > hw->devices_per_node ? hw->inter_busbw : hw->intra_busbw;
+        double t = coll(&rm, FS_EST_ALL_REDUCE, (double)p->shard_numel * 4.0, p->n_pieces);
+        exposed += t;
+        comm += t;
+    }
     free(cf);
     if (hw->comm_on_compute_cores) exposed = comm;
     out->compute_s = compute;
     out->comm_s = comm;
     out->exposed_comm_s = exposed;
     out->step_s = compute + exposed;
-    double tokens = (double)W * (double)n_micro * (double)p->cfg.batch * (double)p->cfg.seq;
+    double tokens = (double)W * R * (double)n_micro * (double)p->cfg.batch * (double)p->cfg.seq;
     out->tokens_per_s = out->step_s > 0 ? tokens / out->step_s : 0;
     out->mfu = out->step_s > 0 ? model_flops / (fs_hardware_peak(hw, p->cfg.precision) * out->step_s) : 0;
 }

@@ -275,6 +275,13 @@ fs_status fs_plan_init(fs_plan *pl, const fs_layout *layout, fs_plan_config cfg)
         return fs_errorf(FS_ERR_USAGE,
                          "--ckpt-layers %lld: the model has %lld blocks to checkpoint",
                          (long long)cfg.ckpt_layers, (long long)layout->cfg.num_hidden_layers);
+    if (cfg.replicas < 0)
+        return fs_errorf(FS_ERR_USAGE, "replicas %d must be >= 0", cfg.replicas);
+    if (cfg.replicas > 1 && cfg.strategy != FS_STRATEGY_YAFSDP &&
+        cfg.strategy != FS_STRATEGY_ZERO1 && cfg.strategy != FS_STRATEGY_ZERO2)
+        return fs_errorf(FS_ERR_USAGE,
+                         "--shard-group is supported with yafsdp, zero1, zero2, not --strategy %s",
+                         fs_strategy_name(cfg.strategy));
     FS_TRY(fs_layout_check_batch(layout, cfg.batch, cfg.seq)); /* activation bytes fit 64 bits */
     int w = shard_world(cfg.strategy, cfg.world);
     /* every piece must give every rank at least one real element */

@@ -91,11 +91,24 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         return fs_errorf(FS_ERR_USAGE,
                          "--seq %lld exceeds the model's max_position_embeddings (%lld)",
                          (long long)cfg->seq, (long long)model_cfg->max_position_embeddings);
+    if (world < 1 || rank < 0 || rank >= world)
+        return fs_errorf(FS_ERR_USAGE, "rank %d is outside a world of %d", rank, world);
+    const int group = cfg->shard_group > 0 ? cfg->shard_group : world;
+    if (cfg->shard_group < 0 || group > world || world % group != 0)
+        return fs_errorf(FS_ERR_USAGE,
+                         "--shard-group %d must divide the %d rank%s (1 <= G <= W; W/G groups of "
+                         "G ranks)",
+                         cfg->shard_group, world, world == 1 ? "" : "s");
+    const int replicas = world / group;
     FS_TRY(fs_layout_init(layout, model_cfg, vocab_chunk(model_cfg, cfg->vocab_chunk_rows)));
     fs_comm_config cc = fs_comm_config_default();
+    /* hybrid sharding: the engine splits the world into a group and a replica communicator,
+     * each with staging of its own */
+    const size_t split_bytes = replicas > 1 ? fs_comm_rank_bytes(group, cc) + fs_comm_rank_bytes(replicas, cc) : 0;
     fs_plan_config pc = {
-        .world = world,
-        .rank = rank,
+        .world = group,
+        .rank = rank % group,
+        .replicas = replicas,
         .strategy = cfg->strategy,
         .precision = cfg->precision,
         .batch = cfg->batch,
@@ -104,7 +117,8 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         /* the communicator's staging and the worker's queue are host memory: on a GPU they
          * are not the device allocator's */
         .comm_bytes = cfg->device != FS_DEVICE_CPU ? 0
-                      : fs_comm_rank_bytes(world, cc) + fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
+                      : fs_comm_rank_bytes(world, cc) + split_bytes +
+                            fs_comm_worker_bytes(fs_engine_worker_capacity(layout)),
         /* a GPU gathers through the ring even alone (engine.h); a GPU, and the CPU's oneDNN
          * GEMM under bf16, have a GEMM scratch */
         .always_ring = cfg->device != FS_DEVICE_CPU,

@@ -11,7 +11,8 @@
  * as one micro-batch (the configuration tests/test_model.c ties to PyTorch; every MPI rank
  * computes it itself, on an in-process communicator of one), within the tolerances of
  * tests/engine_checks.h (reduction order for fp32, derived from bf16 rounding for bf16);
- * overlap off changes no bit. Verdicts are agreed with an all-reduce so rank 0 prints one
+ * overlap off changes no bit. With an even W, hybrid sharding (groups of W / 2) is held to
+ * the same reference (yafsdp, zero1, zero2); argument "hybrid" runs only that. Verdicts are agreed with an all-reduce so rank 0 prints one
  * line per check and "#summary passed=N failed=M".
  */
 #include <stdio.h>
@@ -99,7 +100,58 @@ static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s, const
     return st;
 }
 
-int main(void) {
+/* Hybrid sharding over MPI: the W ranks in groups of G = W / 2 (2 x 2 for W = 4; groups of
+ * one for W = 2), one row per rank and micro-batch as above, train in fp32 and bf16 what the
+ * reference trains, and overlap off changes no bit. */
+static fs_status check_hybrid(fs_comm *comm, fs_mem *mem, fs_strategy s, const reference *ref) {
+    const fs_llama_config cfg = ref->cfg;
+    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T), off, bf16;
+    many.grad_accum = 2;
+    many.shard_group = fs_comm_world(comm) / 2;
+    off = bf16 = many;
+    off.overlap = 0;
+    bf16.precision = FS_PRECISION_BF16;
+    char what[80];
+    snprintf(what, sizeof what, "%s W=%d in groups of %d (MPI)", fs_strategy_name(s),
+             fs_comm_world(comm), many.shard_group);
+    ec_result m, o, b;
+    memset(&m, 0, sizeof m);
+    memset(&o, 0, sizeof o);
+    memset(&b, 0, sizeof b);
+    fs_status st = ec_train(comm, mem, &cfg, &many, ref->in, ref->tg, STEPS, &m);
+    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &off, ref->in, ref->tg, STEPS, &o);
+    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &bf16, ref->in, ref->tg, STEPS, &b);
+    if (st == FS_OK) st = ec_compare_runs(&m, &ref->res, many.lr, what);
+    if (st == FS_OK)
+        st = ec_compare_bf16_to_fp32(&b, &ref->res, bf16.lr, (int)cfg.num_hidden_layers, what);
+    if (st == FS_OK && (ec_first_difference(&m.weights, &o.weights) ||
+                        memcmp(m.losses, o.losses, sizeof m.losses) != 0))
+        st = fs_errorf(FS_ERR_INTERNAL, "%s: overlap off changed the results", what);
+    ec_result_free(&m);
+    ec_result_free(&o);
+    ec_result_free(&b);
+    return st;
+}
+
+/* Every rank's verdict summed; rank 0 prints one line. Returns 1 when the check passed. */
+static int agree_verdict(fs_comm *comm, fs_status st, const char *line) {
+    const int rank = fs_comm_rank(comm);
+    int32_t bad = st != FS_OK, n_bad = 0;
+    if (bad) {
+        fprintf(stderr, "rank %d: FAIL %s: %s\n", rank, line, fs_error_message());
+        fflush(stderr);
+    }
+    fs_comm_op agree = fs_comm_op_all_reduce(&bad, &n_bad, 1, FS_DTYPE_INT32, FS_REDOP_SUM);
+    agree.algo = FS_COMM_ALGO_BUILTIN;
+    if (fs_comm_run(comm, &agree) != FS_OK) fs_comm_abort(comm);
+    if (rank == 0) printf("%s %s\n", n_bad ? "FAIL" : "ok  ", line);
+    fflush(stdout);
+    return n_bad == 0;
+}
+
+/* argv[1] "hybrid": only the hybrid sharding checks (test_engine_mpi.sh's W = 4 run). */
+int main(int argc, char **argv) {
+    const int only_hybrid = argc > 1 && strcmp(argv[1], "hybrid") == 0;
     fs_mem *mem = NULL;
     fs_comm *comm = NULL;
     if (fs_mem_init(&mem, 0) != FS_OK || fs_comm_mpi_init(fs_comm_config_default(), mem, &comm) != FS_OK) {
@@ -112,7 +164,7 @@ int main(void) {
     int passed = 0, failed = 0;
     static reference ref;
     fs_status ref_st = make_reference(world, &ref);
-    for (int s = 0; s < FS_STRATEGY_N; s++) {
+    for (int s = 0; s < FS_STRATEGY_N && !only_hybrid; s++) {
         fs_status st = ref_st != FS_OK ? ref_st : check_strategy(comm, mem, (fs_strategy)s, &ref);
         int32_t bad = st != FS_OK, n_bad = 0;
         if (bad) {
@@ -129,6 +181,15 @@ int main(void) {
                    "reference, overlap off (MPI)\n",
                    n_bad ? "FAIL" : "ok  ", fs_strategy_name((fs_strategy)s), world);
         fflush(stdout);
+    }
+    static const fs_strategy hybrid[] = {FS_STRATEGY_YAFSDP, FS_STRATEGY_ZERO1, FS_STRATEGY_ZERO2};
+    for (size_t k = 0; k < sizeof hybrid / sizeof hybrid[0] && world % 2 == 0; k++) {
+        fs_status st = ref_st != FS_OK ? ref_st : check_hybrid(comm, mem, hybrid[k], &ref);
+        char line[160];
+        snprintf(line, sizeof line, "%s: W=%d in groups of %d, fp32 and bf16 vs the one-rank "
+                                    "reference, overlap off (MPI)",
+                 fs_strategy_name(hybrid[k]), world, world / 2);
+        agree_verdict(comm, st, line) ? passed++ : failed++;
     }
     if (rank == 0) printf("#summary passed=%d failed=%d\n", passed, failed);
     ec_result_free(&ref.res);
