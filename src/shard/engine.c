@@ -1022,7 +1022,7 @@ fs_status fs_engine_sum_ranks(fs_engine *e, double mine, double *sum) {
     FS_TRY(enqueue_host(e, fs_comm_op_all_gather(&rec, e->exchange, sizeof rec, FS_DTYPE_BYTES), &t));
     FS_TRY(wait_ticket(e, t));
     double total = 0;
-    for (int r = 0; r < e->world; r++) total += e->exchange[r].loss;
+    for (int r = 0; r < e->ranks; r++) total += e->exchange[r].loss;
     *sum = total;
     return FS_OK;
 }

@@ -77,6 +77,13 @@ run "1 rank with batch 4 evaluates the same windows" 0 "$FS" train --model tiny 
     --data "$WORK/shards" --steps 5 --no-save --eval-data "$WORK/val.bin" --eval-every 2 --eval-batches 3
 expect "eval at 2 ranks equals eval at 1 rank (to the printed precision)" \
     [ "$(grep 'eval loss' "$WORK/out")" = "$(grep 'eval loss' "$WORK/eval-yafsdp.out")" ]
+cp "$WORK/out" "$WORK/eval-1rank.out"
+# hybrid sharding: the loss is summed over all W ranks, not over one shard group
+run "4 ranks as 2 groups of 2 (--shard-group 2) with batch 1 evaluate the same windows" 0 "$FS" train --model tiny \
+    --seq 32 --batch 1 --ranks 4 --shard-group 2 --threads 1 --progress lines \
+    --data "$WORK/shards" --steps 5 --no-save --eval-data "$WORK/val.bin" --eval-every 2 --eval-batches 3
+expect "eval at 4 ranks in 2 shard groups equals eval at 1 rank (to the printed precision)" \
+    [ "$(grep 'eval loss' "$WORK/out")" = "$(grep 'eval loss' "$WORK/eval-1rank.out")" ]
 # the last evaluation is `flatshard eval` of the saved weights over the same windows
 run "train 4 steps on 2 ranks, evaluating at the end, saving the weights" 0 "$FS" train "${common[@]}" --data "$WORK/shards" \
     --steps 4 --eval-data "$WORK/val.bin" --eval-batches 3 --out "$WORK/evaluated.safetensors"
