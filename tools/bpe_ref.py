@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""tools/bpe_ref.py — the Hugging Face `tokenizers` package as the reference for flatshard's BPE.
+
+  bpe_ref.py train OUTDIR CORPUS...
+      trains two small tokenizers on the corpus files and writes them as tokenizer.json files:
+        OUTDIR/bytelevel.json      byte-level BPE with Llama 3's split regex
+                                   (pre_tokenizer Sequence[Split(regex), ByteLevel]), bos/eos
+                                   <|begin_of_text|> / <|end_of_text|>, a TemplateProcessing
+                                   post-processor that adds bos, ignore_merges as Llama 3 has it
+        OUTDIR/gpt2.json           byte-level BPE as GPT-2 has it (ByteLevel pre-tokenizer with
+                                   its own regex, no post-processor), eos <|endoftext|>
+        OUTDIR/sentencepiece.json  SentencePiece-style BPE with byte fallback as transformers
+                                   writes Llama 2's (normalizer Prepend + Replace, <unk> <s> </s>,
+                                   fuse_unk, bos added by TemplateProcessing)
+  bpe_ref.py encode TOKENIZER OUT.txt FILE... [--doc-separator LINE] [--no-special] [--eos]
+      the ids flatshard tokenize writes for the same arguments, one per line: each FILE is a
+      document (or each part between --doc-separator lines), encoded with encode() (bos added
+      by the post-processor unless --no-special), followed by eos when --eos is given.
+      Files are read as UTF-8 with invalid bytes replaced by U+FFFD, as flatshard does.
+  bpe_ref.py ids TOKENIZER TEXTFILE OUT.txt [--no-special]
+      encode() of the whole file's text; the ids, one per line
+  bpe_ref.py decode TOKENIZER IDS.txt OUT.txt
+      decode() of the ids (special tokens skipped), written as UTF-8
+  bpe_ref.py bench TOKENIZER TEXTFILE
+      encode_batch over the file's lines and prints "MB/s" (RAYON_NUM_THREADS caps its threads)
+"""
+import json
+import sys
+import time
+
+
+def train(outdir, corpus):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import processors, trainers
+
+    # Llama 3's split pattern (a fact about its tokenizer.json)
+    llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(llama3), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.train(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=special,
+                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                          show_progress=False))
+    bos = tok.token_to_id(special[0])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{special[0]} $A",
+                                      pair=f"{special[0]} $A {special[0]} $B:1",
+                                      special_tokens=[(special[0], bos)])])
+    tok.save(f"{outdir}/bytelevel.json")
+
+    gpt2 = Tokenizer(models.BPE())
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    gpt2.decoder = decoders.ByteLevel()
+    gpt2.train(corpus, trainers.BpeTrainer(vocab_size=800, special_tokens=["<|endoftext|>"],
+                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                           show_progress=False))
+    gpt2.save(f"{outdir}/gpt2.json")
+
+    sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    sp.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                          normalizers.Replace(" ", "\u2581")])
+    sp.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    # the 256 byte tokens first, as Llama 2's vocabulary has them, so byte fallback has them all;
+    # the alphabet is capped so that rare characters (CJK, emoji) really fall back to bytes
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    sp.train(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=["<unk>", "<s>", "</s>"]
+                                         + byte_tokens, limit_alphabet=60, show_progress=False))
+    sp.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", sp.token_to_id("<s>"))])
+    # the byte tokens are ordinary vocabulary entries in Llama 2, not added (special) tokens:
+    # the trainer only takes them as special tokens, so they leave added_tokens afterwards
+    spec = json.loads(sp.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in byte_tokens]
+    with open(f"{outdir}/sentencepiece.json", "w", encoding="utf-8") as f:
+        json.dump(spec, f, ensure_ascii=False)
+
+
+def read_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
+def eos_of(tok):
+    for t in ("<|end_of_text|>", "</s>", "<|endoftext|>"):
+        i = tok.token_to_id(t)
+        if i is not None:
+            return i
+    raise SystemExit("no eos token")
+
+
+def documents(text, separator):
+    """The documents of one file: the whole text, or the parts between separator lines."""
+    if separator is None:
+        return [text]
+    docs, cur = [], []
+    for line in text.splitlines(keepends=True):
+        if line.rstrip("\n") == separator:
+            docs.append("".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    docs.append("".join(cur))
+    return [d for d in docs if d]
+
+
+def main():
+    from tokenizers import Tokenizer
+    args = sys.argv[1:]
+    if not args:
+        raise SystemExit(__doc__)
+    cmd = args.pop(0)
+    if cmd == "train":
+        train(args[0], args[1:])
+    elif cmd == "encode":
+        separator, special, eos = None, True, False
+        rest = []
+        while args:
+            a = args.pop(0)
+            if a == "--doc-separator":
+                separator = args.pop(0)
+            elif a == "--no-special":
+                special = False
+            elif a == "--eos":
+                eos = True
+            else:
+                rest.append(a)
+        tok = Tokenizer.from_file(rest[0])
+        ids = []
+        for path in rest[2:]:
+            for doc in documents(read_text(path), separator):
+                ids += tok.encode(doc, add_special_tokens=special).ids
+                if eos:
+                    ids.append(eos_of(tok))
+        with open(rest[1], "w") as f:
+            f.write("".join(f"{i}\n" for i in ids))
+    elif cmd == "ids":
+        special = "--no-special" not in args
+        args = [a for a in args if a != "--no-special"]
+        tok = Tokenizer.from_file(args[0])
+        ids = tok.encode(read_text(args[1]), add_special_tokens=special).ids
+        with open(args[2], "w") as f:
+            f.write("".join(f"{i}\n" for i in ids))
+    elif cmd == "decode":
+        tok = Tokenizer.from_file(args[0])
+        ids = [int(x) for x in open(args[1]).read().split()]
+        with open(args[2], "w", encoding="utf-8") as f:
+            f.write(tok.decode(ids))
+    elif cmd == "bench":
+        tok = Tokenizer.from_file(args[0])
+        text = read_text(args[1])
+        lines = text.splitlines(keepends=True)
+        nbytes = len(text.encode("utf-8"))
+        tok.encode_batch(lines[:1000], add_special_tokens=False)  # warm-up
+        best = None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = tok.encode_batch(lines, add_special_tokens=False)
+            dt = time.perf_counter() - t0
+            best = dt if best is None or dt < best else best
+        n = sum(len(e.ids) for e in out)
+        print(f"tokens={n} bytes={nbytes} seconds={best:.3f} MB/s={nbytes / best / 1e6:.2f}")
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
