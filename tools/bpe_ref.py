@@ -21,6 +21,8 @@
       encode() of the whole file's text; the ids, one per line
   bpe_ref.py decode TOKENIZER IDS.txt OUT.txt
       decode() of the ids (special tokens skipped), written as UTF-8
+  bpe_ref.py dump TOKENS.bin OUT.txt
+      the ids of a flatshard token file, one per line
   bpe_ref.py bench TOKENIZER TEXTFILE
       encode_batch over the file's lines and prints "MB/s" (RAYON_NUM_THREADS caps its threads)
 """
@@ -96,18 +98,30 @@ def eos_of(tok):
 
 
 def documents(text, separator):
-    """The documents of one file: the whole text, or the parts between separator lines."""
+    """The documents of one file, as flatshard cuts them: the whole text, or the parts between
+    lines equal to separator (lines end at "\n" only); empty documents are dropped."""
     if separator is None:
-        return [text]
+        return [text] if text else []
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     docs, cur = [], []
-    for line in text.splitlines(keepends=True):
-        if line.rstrip("\n") == separator:
+    for line in lines:
+        if line in (separator, separator + "\n"):
             docs.append("".join(cur))
             cur = []
         else:
             cur.append(line)
     docs.append("".join(cur))
     return [d for d in docs if d]
+
+
+def read_tokens(path):
+    """The ids of a flatshard token file (1024-byte header, then uint16 or uint32)."""
+    import struct
+    data = open(path, "rb").read()
+    magic, version, n = struct.unpack("<iii", data[:12])
+    width = 2 if version == 1 else 4
+    return list(struct.unpack(f"<{n}{'H' if width == 2 else 'I'}", data[1024:1024 + n * width]))
 
 
 def main():
@@ -152,6 +166,9 @@ def main():
         ids = [int(x) for x in open(args[1]).read().split()]
         with open(args[2], "w", encoding="utf-8") as f:
             f.write(tok.decode(ids))
+    elif cmd == "dump":
+        with open(args[1], "w") as f:
+            f.write("".join(f"{i}\n" for i in read_tokens(args[0])))
     elif cmd == "bench":
         tok = Tokenizer.from_file(args[0])
         text = read_text(args[1])

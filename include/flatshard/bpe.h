@@ -63,6 +63,7 @@ typedef struct fs_bpe_ids {
     int64_t n, cap;
 } fs_bpe_ids;
 void fs_bpe_ids_free(fs_bpe_ids *ids);
+fs_status fs_bpe_ids_push(fs_bpe_ids *ids, int32_t id); /* FS_ERR_NOMEM */
 
 fs_status fs_bpe_encoder_init(fs_bpe_encoder **out, const fs_bpe *bpe);
 void fs_bpe_encoder_free(fs_bpe_encoder *enc); /* NULL is a no-op */

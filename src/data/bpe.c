@@ -80,7 +80,7 @@ static fs_status bytes_put(bytes *b, const void *p, size_t n) {
     return FS_OK;
 }
 
-static fs_status ids_push(fs_bpe_ids *v, int32_t id) {
+fs_status fs_bpe_ids_push(fs_bpe_ids *v, int32_t id) {
     if (v->n == v->cap) {
         int64_t cap = v->cap ? 2 * v->cap : 1024;
         int32_t *p = realloc(v->ids, (size_t)cap * sizeof *p);
@@ -1340,7 +1340,7 @@ static fs_status merge_symbols(fs_bpe_encoder *e, size_t n_sym, fs_bpe_ids *out)
             if (mn) heap_push(h, &nh, (heap_item){mn->rank, top.pos, mn->new_id});
         }
     }
-    for (int32_t j = n_sym ? 0 : -1; j >= 0; j = s[j].next) FS_TRY(ids_push(out, s[j].id));
+    for (int32_t j = n_sym ? 0 : -1; j >= 0; j = s[j].next) FS_TRY(fs_bpe_ids_push(out, s[j].id));
     return FS_OK;
 }
 
@@ -1360,7 +1360,7 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
             cache_slot *c = &e->cache[slot];
             if (c->key_len == 0) break;
             if (c->hash == hash && c->key_len == n && memcmp(e->cache_keys + c->key_off, p, n) == 0) {
-                for (uint32_t k = 0; k < c->n_ids; k++) FS_TRY(ids_push(out, e->cache_ids[c->ids_off + k]));
+                for (uint32_t k = 0; k < c->n_ids; k++) FS_TRY(fs_bpe_ids_push(out, e->cache_ids[c->ids_off + k]));
                 return FS_OK;
             }
         }
@@ -1379,7 +1379,7 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
         }
         int32_t id = vocab_find(t, q, qn);
         if (id >= 0) {
-            FS_TRY(ids_push(out, id));
+            FS_TRY(fs_bpe_ids_push(out, id));
             done = 1;
         }
     }
@@ -1485,7 +1485,7 @@ fs_status fs_bpe_encode(fs_bpe_encoder *e, const char *text, size_t n, unsigned 
     }
     int special = (flags & FS_BPE_ADD_SPECIAL) != 0;
     if (special && !(flags & FS_BPE_CONTINUES))
-        for (int i = 0; i < t->n_before; i++) FS_TRY(ids_push(out, t->tmpl_before[i]));
+        for (int i = 0; i < t->n_before; i++) FS_TRY(fs_bpe_ids_push(out, t->tmpl_before[i]));
     /* cut out added tokens: the leftmost match, the longest there */
     size_t seg = 0, i = 0;
     int first_seg = 1;
@@ -1507,7 +1507,7 @@ fs_status fs_bpe_encode(fs_bpe_encoder *e, const char *text, size_t n, unsigned 
         int prepend_ok = !(first_seg && (flags & FS_BPE_CONTINUES));
         FS_TRY(encode_segment(e, s + seg, i - seg, at_zero, prepend_ok, out));
         if (i > seg) first_seg = 0;
-        FS_TRY(ids_push(out, hit->id));
+        FS_TRY(fs_bpe_ids_push(out, hit->id));
         first_seg = 0;
         i += hit->len;
         seg = i;
@@ -1516,7 +1516,7 @@ fs_status fs_bpe_encode(fs_bpe_encoder *e, const char *text, size_t n, unsigned 
     int prepend_ok = !(first_seg && (flags & FS_BPE_CONTINUES));
     FS_TRY(encode_segment(e, s + seg, n - seg, at_zero, prepend_ok, out));
     if (special && !(flags & FS_BPE_CONTINUED))
-        for (int k = 0; k < t->n_after; k++) FS_TRY(ids_push(out, t->tmpl_after[k]));
+        for (int k = 0; k < t->n_after; k++) FS_TRY(fs_bpe_ids_push(out, t->tmpl_after[k]));
     return FS_OK;
 }
 
