@@ -1,9 +1,12 @@
 /*
  * cli/cmd_tokenize.c — `flatshard tokenize`: text files to one token file, byte level or with
- * a Hugging Face tokenizer.json (BPE).
+ * a Hugging Face tokenizer.json (BPE); `flatshard detokenize`: a token file back to text.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "args.h"
 #include "commands.h"
@@ -89,5 +92,62 @@ int fs_cmd_tokenize(int argc, char **argv) {
            out, s.n_tokens, vocab <= 65536 ? 16 : 32, vocab, s.n_documents, n, n == 1 ? "" : "s");
     printf("%.3f s, %d thread%s: %.0f tokens/s, %.2f MB/s\n", s.seconds, o.n_threads,
            o.n_threads == 1 ? "" : "s", (double)s.n_tokens / sec, (double)s.text_bytes / sec / 1e6);
+    return FS_EXIT_OK;
+}
+
+static const fs_command_help detokenize_help = {
+    .usage = "flatshard detokenize --tokenizer tokenizer.json [-o OUT.txt] TOKENS.bin",
+    .description =
+        "Writes a token file back as text with the tokenizer's decoder, as the 'tokenizers'\n"
+        "package's decode() does (special tokens left out unless --keep-special; ids without a\n"
+        "token skipped). The text goes to stdout unless -o is given.",
+    .epilog = "example:\n  flatshard detokenize --tokenizer llama3/tokenizer.json data/fortunes-llama3.bin | head",
+};
+
+int fs_cmd_detokenize(int argc, char **argv) {
+    const char *out = NULL, *tokenizer = NULL;
+    int keep_special = 0;
+    const fs_opt opts[] = {
+        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
+        {"out", 'o', FS_OPT_STRING, &out, "FILE", "where to write the text (default: stdout)", NULL, 0, 0},
+        {"keep-special", 0, FS_OPT_FLAG, &keep_special, NULL, "decode special tokens (bos, eos) too", NULL, 0, 0},
+        {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
+    };
+    const char *inputs[2];
+    int n = 0;
+    int rc = fs_args_parse("detokenize", &detokenize_help, opts, argc, argv, inputs, 1, &n);
+    if (rc < 0) return FS_EXIT_OK;
+    if (rc != FS_EXIT_OK) return rc;
+    if (!tokenizer) return fs_usage_error("detokenize", "--tokenizer is required; see 'flatshard detokenize --help'");
+    if (n != 1) return fs_usage_error("detokenize", "give one token file; see 'flatshard detokenize --help'");
+    fs_bpe *bpe = NULL;
+    fs_token_data data = {0};
+    fs_status st = fs_bpe_load(&bpe, tokenizer);
+    if (st == FS_OK) st = fs_token_data_open(&data, inputs[0]);
+    if (st == FS_OK && data.is_text)
+        st = fs_errorf(FS_ERR_FORMAT, "%s: is not a token file", inputs[0]);
+    int32_t *ids = NULL;
+    if (st == FS_OK) {
+        ids = malloc(((size_t)data.n_tokens + 1) * sizeof *ids);
+        if (!ids) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %lld ids", inputs[0], (long long)data.n_tokens);
+    }
+    for (int64_t i = 0; st == FS_OK && i < data.n_tokens; i++) ids[i] = fs_token_data_get(&data, i);
+    char *text = NULL;
+    size_t n_bytes = 0;
+    if (st == FS_OK) st = fs_bpe_decode(bpe, ids, data.n_tokens, !keep_special, &text, &n_bytes);
+    free(ids);
+    fs_token_data_close(&data);
+    fs_bpe_free(bpe);
+    if (st == FS_OK) {
+        FILE *f = out ? fopen(out, "wb") : stdout;
+        if (!f) st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+        else {
+            size_t w = fwrite(text, 1, n_bytes, f);
+            int bad = (out ? fclose(f) : fflush(f)) != 0 || w != n_bytes;
+            if (bad) st = fs_errorf(FS_ERR_IO, "%s: write failed", out ? out : "stdout");
+        }
+    }
+    free(text);
+    if (st != FS_OK) return fs_cli_report("detokenize", st);
     return FS_EXIT_OK;
 }

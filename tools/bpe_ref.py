@@ -12,6 +12,11 @@
         OUTDIR/sentencepiece.json  SentencePiece-style BPE with byte fallback as transformers
                                    writes Llama 2's (normalizer Prepend + Replace, <unk> <s> </s>,
                                    fuse_unk, bos added by TemplateProcessing)
+        OUTDIR/metaspace.json      the same model with the older Metaspace pre-tokenizer and
+                                   decoder (prepend_scheme "first", split) in place of the normalizer
+  bpe_ref.py samples OUTDIR
+      writes unicode.txt (CJK, emoji, combining marks, RTL, Unicode spaces, CRLF, special tokens
+      inline) and hostile texts (invalid UTF-8, NUL bytes, empty, 100 k spaces, a 630 kB line)
   bpe_ref.py encode TOKENIZER OUT.txt FILE... [--doc-separator LINE] [--no-special] [--eos]
       the ids flatshard tokenize writes for the same arguments, one per line: each FILE is a
       document (or each part between --doc-separator lines), encoded with encode() (bos added
@@ -23,10 +28,12 @@
       decode() of the ids (special tokens skipped), written as UTF-8
   bpe_ref.py dump TOKENS.bin OUT.txt
       the ids of a flatshard token file, one per line
-  bpe_ref.py bench TOKENIZER TEXTFILE
-      encode_batch over the file's lines and prints "MB/s" (RAYON_NUM_THREADS caps its threads)
+  bpe_ref.py bench TOKENIZER TEXTFILE [--doc-separator LINE]
+      encode_batch over the file's documents (as flatshard cuts them, bos added), best of 3,
+      and prints "MB/s" (RAYON_NUM_THREADS caps its threads)
 """
 import json
+import os
 import sys
 import time
 
@@ -82,6 +89,14 @@ def train(outdir, corpus):
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in byte_tokens]
     with open(f"{outdir}/sentencepiece.json", "w", encoding="utf-8") as f:
         json.dump(spec, f, ensure_ascii=False)
+    # the older form of the same tokenizer: no normalizer, a Metaspace pre-tokenizer and decoder
+    spec["normalizer"] = None
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
+                             "prepend_scheme": "first", "split": True}
+    spec["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                       "split": True}
+    with open(f"{outdir}/metaspace.json", "w", encoding="utf-8") as f:
+        json.dump(spec, f, ensure_ascii=False)
 
 
 def read_text(path):
@@ -124,6 +139,36 @@ def read_tokens(path):
     return list(struct.unpack(f"<{n}{'H' if width == 2 else 'I'}", data[1024:1024 + n * width]))
 
 
+def samples(outdir):
+    """Unicode and hostile texts for the comparison (tests/cli/test_tokenizer.sh)."""
+    uni = ("日本語のテキスト、中文文本，한국어 텍스트。\n"
+           "Emoji: 😀👍🏽 👨\u200d👩\u200d👧\u200d👦 🇫🇷 ❤️\u200d🔥\n"
+           "Combining: e\u0301 a\u0308 n\u0303 Z\u0351\u0352\u0353 a\u20dd\n"
+           "RTL: שלום עולם — مرحبا بالعالم\u200f (mixed) abc\n"
+           "Spaces:\tTab\t\tand  double   triple\u00a0nbsp\u3000ideo\u2028ls\u0085nel\u200bzw\n"
+           "CRLF line\r\nnext\r\n\r\n"
+           "Numbers 1234567 3.14159 1,000,000 ٣٤٥ ४२\n"
+           "Contractions: I'M don't they'RE we'll it's O'Neil 'S\n"
+           "Thai: สวัสดีครับ Devanagari: नमस्ते दुनिया\n"
+           "   leading spaces and trailing   \n\n\n   \n\t\n"
+           "<s> inline <|begin_of_text|> specials </s><|end_of_text|><|endoftext|>x</s>\n")
+    files = {
+        "unicode.txt": uni.encode("utf-8"),
+        # invalid UTF-8: stray continuation bytes, cut sequences, a surrogate, overlong, > U+10FFFF
+        "invalid.txt": (b"ok \xff\xfe bad \xc3 cut \xe2\x82 more \xf0\x9f\x98 \xed\xa0\x80 surrogate "
+                        b"\xc0\xaf over \xf4\x90\x80\x80 end\x80\x80"),
+        "nul.txt": b"a\x00b\x00\x00 c \x00\n\x00",
+        "empty.txt": b"",
+        "whitespace.txt": b" \n\t\r\n",
+        "spaces.txt": b" " * 100000 + b"x" + b"\n" * 5000 + b"\t \r\n" * 1000,
+        "longline.txt": b"word 123 " * 70000 + b"\n",
+        "cuttail.txt": "trailing cut é".encode("utf-8")[:-1],
+    }
+    for name, data in files.items():
+        with open(os.path.join(outdir, name), "wb") as f:
+            f.write(data)
+
+
 def main():
     from tokenizers import Tokenizer
     args = sys.argv[1:]
@@ -132,6 +177,8 @@ def main():
     cmd = args.pop(0)
     if cmd == "train":
         train(args[0], args[1:])
+    elif cmd == "samples":
+        samples(args[0])
     elif cmd == "encode":
         separator, special, eos = None, True, False
         rest = []
@@ -170,19 +217,25 @@ def main():
         with open(args[1], "w") as f:
             f.write("".join(f"{i}\n" for i in read_tokens(args[0])))
     elif cmd == "bench":
+        separator = None
+        if "--doc-separator" in args:
+            k = args.index("--doc-separator")
+            separator = args[k + 1]
+            del args[k:k + 2]
         tok = Tokenizer.from_file(args[0])
         text = read_text(args[1])
-        lines = text.splitlines(keepends=True)
-        nbytes = len(text.encode("utf-8"))
-        tok.encode_batch(lines[:1000], add_special_tokens=False)  # warm-up
-        best = None
+        docs = documents(text, separator)
+        nbytes = os.path.getsize(args[1])  # the file's bytes, as flatshard counts them
+        tok.encode_batch(docs[:1000])  # warm-up
+        times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            out = tok.encode_batch(lines, add_special_tokens=False)
-            dt = time.perf_counter() - t0
-            best = dt if best is None or dt < best else best
+            out = tok.encode_batch(docs)
+            times.append(time.perf_counter() - t0)
+        best = min(times)
         n = sum(len(e.ids) for e in out)
-        print(f"tokens={n} bytes={nbytes} seconds={best:.3f} MB/s={nbytes / best / 1e6:.2f}")
+        print(f"tokens={n} bytes={nbytes} seconds={best:.3f} MB/s={nbytes / best / 1e6:.2f} "
+              f"(best of 3: {' '.join(f'{t:.3f}' for t in times)})")
     else:
         raise SystemExit(__doc__)
 

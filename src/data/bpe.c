@@ -421,7 +421,7 @@ static fs_status compile_regex(const fs_bpe *t, const char *pattern, int literal
                                pcre2_code **out) {
     int err = 0;
     PCRE2_SIZE at = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL refuses UCP */
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
