@@ -787,10 +787,22 @@ static fs_status load_model_and_tokens(fs_bpe *t, const cJSON *root) {
         }
         t->vocab_slot[h] = id;
     }
+    int32_t max_added = -1;
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
         const char *c = field(e, "content")->valuestring;
         int32_t id = (int32_t)field(e, "id")->valuedouble;
         size_t n = strlen(c);
+        /* `tokenizers` does not read these ids: an added token takes its vocabulary id, or
+         * the next id after the vocabulary and the added tokens before it. A file whose ids
+         * say otherwise would give other ids there than here, so it is refused. */
+        int32_t given = vocab_find(t, c, n);
+        if (given < 0) given = max_added >= n_vocab ? max_added + 1 : n_vocab;
+        if (given != id)
+            return fs_errorf(FS_ERR_FORMAT,
+                             "%s: added token '%s' says id %d, but the tokenizers package gives it "
+                             "%d (an added token outside the vocabulary takes the next free id in order)",
+                             t->path, c, id, given);
+        if (id > max_added) max_added = id;
         if (get_bool(e, "lstrip", 0) || get_bool(e, "rstrip", 0) || get_bool(e, "single_word", 0))
             return fs_errorf(FS_ERR_FORMAT,
                              "%s: added token '%s' sets lstrip, rstrip or single_word, which "
