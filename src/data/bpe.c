@@ -169,7 +169,7 @@ size_t fs_utf8_complete_prefix(const uint8_t *buf, size_t n) {
         uint8_t b = buf[n - back];
         if ((b & 0xC0) == 0x80) continue; /* continuation byte: keep looking for the lead */
         size_t want = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-        if (want > back) {
+        if (want > back && b >= 0xC2 && b <= 0xF4) { /* a lead byte that may still complete */
             uint32_t cp;
             size_t bad = 0;
             /* held back only if what is there is a valid beginning (could still complete) */
