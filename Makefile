@@ -263,6 +263,7 @@ bench: all
 	bench/strategies.sh
 	bench/planner.sh
 	bench/checkpoint.sh
+	bench/tokenize.sh
 	bench/comm_mpi_configs.sh
 	bench/pytorch.sh
 	bench/interconnect.sh

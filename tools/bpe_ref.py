@@ -29,9 +29,14 @@
   bpe_ref.py dump TOKENS.bin OUT.txt
       the ids of a flatshard token file, one per line
   bpe_ref.py bench TOKENIZER TEXTFILE [--doc-separator LINE]
-      encode_batch over the file's documents (as flatshard cuts them, bos added), best of 3,
-      and prints "MB/s" (RAYON_NUM_THREADS caps its threads)
+      encode_batch over the file's documents (as flatshard cuts them, bos added), 3 runs:
+      the median's MB/s (of the file's bytes), and a hash of the ids with eos after each
+      document (RAYON_NUM_THREADS caps its threads)
+  bpe_ref.py hash TOKENS.bin
+      the same hash of a flatshard token file's ids
 """
+import array
+import hashlib
 import json
 import os
 import sys
@@ -232,10 +237,18 @@ def main():
             t0 = time.perf_counter()
             out = tok.encode_batch(docs)
             times.append(time.perf_counter() - t0)
-        best = min(times)
-        n = sum(len(e.ids) for e in out)
-        print(f"tokens={n} bytes={nbytes} seconds={best:.3f} MB/s={nbytes / best / 1e6:.2f} "
-              f"(best of 3: {' '.join(f'{t:.3f}' for t in times)})")
+        eos = eos_of(tok)
+        ids = array.array("I")
+        for e in out:
+            ids.extend(e.ids)
+            ids.append(eos)
+        med = sorted(times)[1]
+        print(f"tokens={len(ids)} bytes={nbytes} median_s={med:.3f} min_s={min(times):.3f} "
+              f"max_s={max(times):.3f} MB/s={nbytes / med / 1e6:.2f} "
+              f"sha256={hashlib.sha256(ids.tobytes()).hexdigest()[:16]}")
+    elif cmd == "hash":
+        ids = array.array("I", read_tokens(args[0]))
+        print(f"tokens={len(ids)} sha256={hashlib.sha256(ids.tobytes()).hexdigest()[:16]}")
     else:
         raise SystemExit(__doc__)
 
