@@ -997,6 +997,7 @@ typedef struct symbol {
 
 typedef struct heap_item {
     int32_t rank, pos, new_id;
+    int32_t left, right; /* the pair's ids when pushed, to skip the lookup of a fresh entry */
 } heap_item;
 
 enum { CACHE_SLOTS = 1 << 15, CACHE_MAX_PIECE = 128, CACHE_KEY_BYTES = 1 << 21, CACHE_IDS = 1 << 19 };
@@ -1340,15 +1341,19 @@ static fs_status merge_symbols(fs_bpe_encoder *e, size_t n_sym, fs_bpe_ids *out)
     size_t nh = 0;
     for (size_t j = 0; j + 1 < n_sym; j++) {
         const struct pair_slot *m = pair_find(t, s[j].id, s[j + 1].id);
-        if (m) heap_push(h, &nh, (heap_item){m->rank, (int32_t)j, m->new_id});
+        if (m) heap_push(h, &nh, (heap_item){m->rank, (int32_t)j, m->new_id, s[j].id, s[j + 1].id});
     }
     while (nh > 0) {
         heap_item top = heap_pop(h, &nh);
         symbol *cur = &s[top.pos];
         if (!cur->alive || cur->next < 0) continue;
         symbol *right = &s[cur->next];
-        const struct pair_slot *m = pair_find(t, cur->id, right->id);
-        if (!m || m->new_id != top.new_id) continue; /* stale */
+        /* stale unless the pair there still merges into top.new_id (tokenizers' own test);
+         * the same two ids as when pushed certainly do */
+        if (cur->id != top.left || right->id != top.right) {
+            const struct pair_slot *m = pair_find(t, cur->id, right->id);
+            if (!m || m->new_id != top.new_id) continue;
+        }
         cur->id = top.new_id;
         right->alive = 0;
         cur->next = right->next;
@@ -1357,11 +1362,11 @@ static fs_status merge_symbols(fs_bpe_encoder *e, size_t n_sym, fs_bpe_ids *out)
         FS_ASSERT(nh + 2 <= e->cap_heap);
         if (cur->prev >= 0) {
             const struct pair_slot *mp = pair_find(t, s[cur->prev].id, cur->id);
-            if (mp) heap_push(h, &nh, (heap_item){mp->rank, cur->prev, mp->new_id});
+            if (mp) heap_push(h, &nh, (heap_item){mp->rank, cur->prev, mp->new_id, s[cur->prev].id, cur->id});
         }
         if (cur->next >= 0) {
             const struct pair_slot *mn = pair_find(t, cur->id, s[cur->next].id);
-            if (mn) heap_push(h, &nh, (heap_item){mn->rank, top.pos, mn->new_id});
+            if (mn) heap_push(h, &nh, (heap_item){mn->rank, top.pos, mn->new_id, cur->id, s[cur->next].id});
         }
     }
     for (int32_t j = n_sym ? 0 : -1; j >= 0; j = s[j].next) FS_TRY(fs_bpe_ids_push(out, s[j].id));
