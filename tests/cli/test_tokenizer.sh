@@ -149,6 +149,28 @@ refuse "--no-eos without --tokenizer is a usage error" 2 "need --tokenizer" \
     "$FS" tokenize --no-eos -o "$WORK/x.bin" "$FORTUNES/fortunes"
 expect "no output was left behind by the refusals" test ! -e "$WORK/x.bin"
 
+# generate and eval with a tokenizer: a tiny model with the tokenizer's vocabulary (1000)
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 64}' >"$WORK/v1000.json"
+run "tokenize the fortunes with the byte-level tokenizer for training" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" --doc-separator % -o "$WORK/train.bin" "$FORTUNES/fortunes"
+run "a model of vocabulary 1000 trains on them" 0 "$FS" train --model "$WORK/v1000.json" --data "$WORK/train.bin" --steps 30 --seq 32 --batch 4 --lr 3e-3 --threads 1 --progress lines --out "$WORK/m.safetensors"
+run "eval --tokenizer encodes a text file in memory" 0 "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/bytelevel.json" --data "$FORTUNES/linux" --batch 2 --seq 32 --batches 3 --threads 1 --json
+cp "$WORK/out" "$WORK/eval-text.json"
+run "tokenize the same file as one document" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/linux.bin" "$FORTUNES/linux"
+run "eval reads that token file" 0 "$FS" eval --weights "$WORK/m.safetensors" --data "$WORK/linux.bin" --batch 2 --seq 32 --batches 3 --threads 1 --json
+expect "both give the same loss (the same ids)" cmp "$WORK/out" "$WORK/eval-text.json"
+expect "and the loss is below the uniform guess ln 1000" /usr/bin/python3 -c '
+import json, math, sys
+sys.exit(not json.load(open(sys.argv[1]))["loss"] < math.log(1000))' "$WORK/eval-text.json"
+run "generate --tokenizer samples text" 0 "$FS" generate --weights "$WORK/m.safetensors" --tokenizer "$T/bytelevel.json" --prompt "The computer" --tokens 20 --temperature 0 --threads 1
+expect "it starts with the prompt and continues with decoded text" /usr/bin/python3 -c '
+import sys
+t = open(sys.argv[1], encoding="utf-8").read()
+sys.exit(not (t.startswith("The computer") and len(t) > len("The computer") + 5))' "$WORK/out"
+refuse "a tokenizer whose vocabulary is not the model's is refused" 2 "gpt2.json: the tokenizer's vocabulary is 800 tokens but the model's is 1000" \
+    "$FS" generate --weights "$WORK/m.safetensors" --tokenizer "$T/gpt2.json" --prompt "x" --tokens 2 --threads 1
+refuse "eval refuses it too" 2 "gpt2.json: the tokenizer's vocabulary is 800 tokens but the model's is 1000" \
+    "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/gpt2.json" --data "$FORTUNES/linux" --threads 1
+
 # the byte-level path without --tokenizer is unchanged: token = byte
 run "without --tokenizer tokenize stays byte level" 0 "$FS" tokenize -o "$WORK/bytes.bin" "$T/unicode.txt"
 expect "its ids are the file's bytes" /usr/bin/python3 -c '
