@@ -9,7 +9,8 @@
 # Figures: MB/s = input file bytes / 10^6 / seconds, the median of RUNS runs (flatshard: the
 # whole command, reading, encoding and writing the token file; tokenizers: encode_batch of
 # the documents already in memory, so it is not charged for reading); MB/s per core = MB/s /
-# threads. Each flatshard run's ids are hashed and compared with the reference's (a
+# threads. The machine may be shared: CPU s (user + sys of all threads, median) and MB per
+# CPU-second = MB / CPU s say what a core does when it is not. Each flatshard run's ids are hashed and compared with the reference's (a
 # mismatch fails the script). One table per tokenizer, then a "#json" line.
 #
 #   bench/tokenize.sh          (PY=path/to/python with tokenizers; default .venv-test)
@@ -44,20 +45,23 @@ for kind in bytelevel sentencepiece; do
     want=$(sed -n 's/.*sha256=\([0-9a-f]*\).*/\1/p' <<<"$ref")
     echo
     echo "## $kind ($(sed -n 's/^tokens=\([0-9]*\).*/\1/p' <<<"$ref") tokens)"
-    printf '%-34s %8s %10s %12s %s\n' implementation threads "MB/s" "MB/s/core" "median s (min..max)"
+    printf '%-46s %7s %8s %9s %7s %9s %s\n' implementation threads "MB/s" "MB/s/core" "CPU s" "MB/CPU-s" "median s (min..max)"
     for j in 1 2; do
         secs=()
+        cpus=()
         for _ in $(seq "$RUNS"); do
             t0=$(date +%s.%N)
-            "$FS" tokenize --tokenizer "$tok" --threads "$j" --doc-separator % -o "$OUT/$kind.bin" "$OUT/corpus.txt" >/dev/null || exit 1
+            /usr/bin/time -f '%U %S' -o "$OUT/cpu" "$FS" tokenize --tokenizer "$tok" --threads "$j" --doc-separator % -o "$OUT/$kind.bin" "$OUT/corpus.txt" >/dev/null || exit 1
             t1=$(date +%s.%N)
             secs+=("$(echo "$t1 - $t0" | bc -l)")
+            cpus+=("$(awk '{print $1 + $2}' "$OUT/cpu")")
             got=$("$PY" tools/bpe_ref.py hash "$OUT/$kind.bin" | sed -n 's/.*sha256=//p')
             if [ "$got" != "$want" ]; then echo "FAIL: flatshard's ids ($got) are not the reference's ($want)"; status=1; fi
         done
         read -r med lo hi < <(printf '%s\n' "${secs[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)], a[1], a[NR]}')
+        cpu=$(printf '%s\n' "${cpus[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
         mbs=$(echo "$BYTES / $med / 1000000" | bc -l)
-        printf '%-34s %8d %10.2f %12.2f %.3f (%.3f..%.3f)\n' "flatshard tokenize" "$j" "$mbs" "$(echo "$mbs / $j" | bc -l)" "$med" "$lo" "$hi"
+        printf '%-46s %7d %8.2f %9.2f %7.2f %9.2f %.3f (%.3f..%.3f)\n' "flatshard tokenize" "$j" "$mbs" "$(echo "$mbs / $j" | bc -l)" "$cpu" "$(echo "$BYTES / $cpu / 1000000" | bc -l)" "$med" "$lo" "$hi"
         json+=("{\"tokenizer\": \"$kind\", \"impl\": \"flatshard\", \"threads\": $j, \"mb_s\": $(printf %.3f "$mbs")}")
     done
     for line in "1|$ref" "$(nproc)|$refall"; do
@@ -66,10 +70,11 @@ for kind in bytelevel sentencepiece; do
         med=$(sed -n 's/.*median_s=\([0-9.]*\).*/\1/p' <<<"$r")
         lo=$(sed -n 's/.*min_s=\([0-9.]*\).*/\1/p' <<<"$r")
         hi=$(sed -n 's/.*max_s=\([0-9.]*\).*/\1/p' <<<"$r")
+        cpu=$(sed -n 's/.*cpu_s=\([0-9.]*\).*/\1/p' <<<"$r")
         mbs=$(echo "$BYTES / $med / 1000000" | bc -l)
         name="tokenizers encode_batch"
         [ "$j" = 1 ] && name="$name (RAYON_NUM_THREADS=1)"
-        printf '%-34s %8d %10.2f %12.2f %.3f (%.3f..%.3f)\n' "$name" "$j" "$mbs" "$(echo "$mbs / $j" | bc -l)" "$med" "$lo" "$hi"
+        printf '%-46s %7d %8.2f %9.2f %7.2f %9.2f %.3f (%.3f..%.3f)\n' "$name" "$j" "$mbs" "$(echo "$mbs / $j" | bc -l)" "$cpu" "$(echo "$BYTES / $cpu / 1000000" | bc -l)" "$med" "$lo" "$hi"
         json+=("{\"tokenizer\": \"$kind\", \"impl\": \"tokenizers\", \"threads\": $j, \"mb_s\": $(printf %.3f "$mbs")}")
     done
 done
