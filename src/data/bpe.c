@@ -1432,7 +1432,7 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
         c->ids_off = (uint32_t)e->cache_ids_used;
         c->n_ids = (uint32_t)k;
         memcpy(e->cache_keys + e->cache_key_used, p, n);
-        memcpy(e->cache_ids + e->cache_ids_used, out->ids + first, k * sizeof *out->ids);
+        if (k) memcpy(e->cache_ids + e->cache_ids_used, out->ids + first, k * sizeof *out->ids);
         e->cache_key_used += n;
         e->cache_ids_used += k;
         e->cache_used++;
