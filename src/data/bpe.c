@@ -1198,8 +1198,11 @@ static fs_status split_pieces(fs_bpe_encoder *e, int *cur, pcre2_code *re, split
     return st;
 }
 
-/* Rewrites every piece into the other arena through fn (prefix and replacement edits). */
-static fs_status rewrite_pieces(fs_bpe_encoder *e, int *cur, const pt_step *s, int first_at_zero) {
+/* Rewrites every piece into the other arena: ByteLevel's prefix space, Metaspace's
+ * replacement and prefix. no_prefix_first: piece 0 continues a chunk's document, so it is
+ * not the start of anything and gets no prefix. */
+static fs_status rewrite_pieces(fs_bpe_encoder *e, int *cur, const pt_step *s, int first_at_zero,
+                                int no_prefix_first) {
     int from = *cur, to = 1 - *cur;
     e->n_pieces[to] = 0;
     e->arena[to].n = 0;
@@ -1209,7 +1212,7 @@ static fs_status rewrite_pieces(fs_bpe_encoder *e, int *cur, const pt_step *s, i
         size_t off = e->arena[to].n;
         const char *p = base + pc.off;
         if (s->kind == PT_BYTELEVEL) { /* add_prefix_space */
-            if (p[0] != ' ') FS_TRY(bytes_put(&e->arena[to], " ", 1));
+            if (p[0] != ' ' && !(i == 0 && no_prefix_first)) FS_TRY(bytes_put(&e->arena[to], " ", 1));
             FS_TRY(bytes_put(&e->arena[to], p, pc.len));
         } else { /* Metaspace: spaces become the replacement, which is prepended */
             size_t rl = strlen(s->replacement);
@@ -1219,7 +1222,7 @@ static fs_status rewrite_pieces(fs_bpe_encoder *e, int *cur, const pt_step *s, i
                 else FS_TRY(bytes_put(a, p + k, 1));
             }
             int starts = a->n - off >= rl && memcmp(a->p + off, s->replacement, rl) == 0;
-            int prepend = !starts && (s->prepend == PREPEND_ALWAYS ||
+            int prepend = !starts && !(i == 0 && no_prefix_first) && (s->prepend == PREPEND_ALWAYS ||
                                       (s->prepend == PREPEND_FIRST && i == 0 && first_at_zero));
             if (prepend) {
                 FS_TRY(bytes_reserve(a, rl));
@@ -1497,10 +1500,12 @@ static fs_status encode_segment(fs_bpe_encoder *e, const char *s, size_t n, int 
         if (ps->kind == PT_SPLIT) {
             FS_TRY(split_pieces(e, &cur, ps->re, ps->behavior));
         } else if (ps->kind == PT_BYTELEVEL) {
-            if (ps->add_prefix_space) FS_TRY(rewrite_pieces(e, &cur, ps, at_zero));
+            /* the prefix goes on every piece so far; as the first step, the pieces are the
+             * segments, and a chunk that continues a document has no segment start */
+            if (ps->add_prefix_space) FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && !prepend_ok));
             if (ps->re) FS_TRY(split_pieces(e, &cur, ps->re, SPLIT_ISOLATED));
         } else {
-            FS_TRY(rewrite_pieces(e, &cur, ps, at_zero));
+            FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && !prepend_ok));
             if (ps->re) FS_TRY(split_pieces(e, &cur, ps->re, SPLIT_MERGED_NEXT));
         }
     }

@@ -95,7 +95,22 @@ open(sys.argv[2], "w").write("".join(f"{i}\n" for i in ids))' "$WORK/rand.bin" "
     expect "$kind: random ids decode to the reference's text" cmp "$WORK/rand.fs" "$WORK/rand.ref"
 done
 
-# the same file for any thread count and chunk size (chunks cut where flatshard/tokenize.h says)
+# the same file for any thread count and chunk size (chunks cut where flatshard/tokenize.h says);
+# prefix variants: ByteLevel's add_prefix_space and Metaspace's "always" put a prefix on each
+# segment, which a chunk that continues a document must not get
+/usr/bin/python3 -c '
+import json, sys
+t = json.load(open(sys.argv[1] + "/gpt2.json"))
+t["pre_tokenizer"]["add_prefix_space"] = True
+json.dump(t, open(sys.argv[1] + "/gpt2-prefix.json", "w"))
+t = json.load(open(sys.argv[1] + "/metaspace.json"))
+t["pre_tokenizer"]["prepend_scheme"] = t["decoder"]["prepend_scheme"] = "always"
+json.dump(t, open(sys.argv[1] + "/metaspace-always.json", "w"))' "$T"
+for kind in gpt2-prefix metaspace-always; do
+    same_ids "$kind: unicode sample" "$T/$kind.json" "$T/unicode.txt" -- "$T/unicode.txt" --eos
+    same_ids "$kind: fortunes split at % lines" "$T/$kind.json" --doc-separator % "$FORTUNES/fortunes" -- "$FORTUNES/fortunes" --doc-separator % --eos
+    same_ids "$kind: 4 KiB chunks of a 240 kB document" "$T/$kind.json" --chunk-bytes 4K "$FORTUNES/computers" -- "$FORTUNES/computers" --eos
+done
 for kind in bytelevel sentencepiece; do
     tok="$T/$kind.json"
     run "$kind: 1 thread" 0 "$FS" tokenize --tokenizer "$tok" --threads 1 -o "$WORK/t1.bin" "$FORTUNES/fortunes" "$FORTUNES/computers" "$FORTUNES/linux"
