@@ -474,6 +474,23 @@ static void test_refusals(void) {
     CHECK(fs_bpe_load(&bpe, tpath("empty.json")) == FS_ERR_FORMAT && !bpe, "an empty file is a format error");
 }
 
+/* normalized: true: the token is matched by its normalized form in the normalized text, so
+ * under Prepend("▁") "<s>" is found as "▁<s>" (as tokenizers does; Llama 2 files vary) */
+static void test_normalized_added_tokens(void) {
+    make_sp_json(0, 1);
+    static char json[40000];
+    replace_once(json, sizeof json, sp_json, "\"content\": \"<s>\", \"special\": true, \"normalized\": false",
+                 "\"content\": \"<s>\", \"special\": true, \"normalized\": true");
+    fs_bpe *bpe = load_text("spn.json", json);
+    if (!bpe) return;
+    int32_t sp = 259, x = 3 + 'x', y = 3 + 'y';
+    CHECK_IDS(bpe, "x <s> y", 0, sp, x, 1, sp, y);
+    CHECK_IDS(bpe, "<s>x", 0, 1, x);
+    /* not preceded by a space (a "▁"), it is not that token: its bytes fall back */
+    CHECK_IDS(bpe, "x<s>", 0, sp, x, 3 + '<', 3 + 's', 3 + '>');
+    fs_bpe_free(bpe);
+}
+
 static void test_stream_writer(void) {
     fs_tokenfile_stream w;
     const int32_t a[] = {0, 1, 69999}, b[] = {65536};
@@ -554,7 +571,7 @@ static void test_documents_and_threads(void) {
 }
 
 static void remove_test_dir(void) {
-    static const char *names[] = {"bl.json", "sp.json", "sp-unk.json", "sp-unk2.json", "refused.json",
+    static const char *names[] = {"bl.json", "sp.json", "sp-unk.json", "sp-unk2.json", "spn.json", "refused.json",
                                   "empty.json", "s.bin", "docs.txt", "docs.bin", "big.txt", "t1.bin", "t3.bin"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tpath(names[i]));
     rmdir(test_dir);
@@ -574,6 +591,7 @@ int main(void) {
     RUN(test_round_trip_and_hostile);
     RUN(test_chunks_equal_whole);
     RUN(test_refusals);
+    RUN(test_normalized_added_tokens);
     RUN(test_stream_writer);
     RUN(test_documents_and_threads);
     remove_test_dir();

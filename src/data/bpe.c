@@ -246,8 +246,11 @@ typedef struct dec_step {
 typedef struct added_token {
     int32_t id;
     int special;
+    int normalized; /* matched in the normalized text of a segment, not in the raw text */
     const char *text; /* into the token pool */
     size_t len;
+    char *match;      /* what is matched: text, or for a normalized token its normalized form */
+    size_t match_len;
 } added_token;
 
 enum { MAX_STEPS = 16 };
@@ -284,6 +287,7 @@ struct fs_bpe {
     added_token *added;
     int n_added;
     int added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
+    int has_normalized_added;
     /* pipeline */
     norm_step norm[MAX_STEPS];
     int n_norm;
@@ -356,6 +360,7 @@ void fs_bpe_free(fs_bpe *t) {
     free(t->is_special);
     free(t->vocab_slot);
     free(t->pairs);
+    for (int i = 0; t->added && i < t->n_added; i++) free(t->added[i].match);
     free(t->added);
     free(t->tmpl_before);
     free(t->tmpl_after);
@@ -697,11 +702,53 @@ static fs_status load_post_processor(fs_bpe *t, const cJSON *p, int depth) {
     return FS_OK;
 }
 
+/* Runs the normalizer over a in place (scratch: a buffer to swap with). prepend_ok: the text
+ * starts a segment of its own (a chunk that continues a document does not, so it gets no
+ * Prepend). */
+static fs_status normalize(const fs_bpe *t, bytes *a, bytes *scratch, int prepend_ok) {
+    for (int i = 0; i < t->n_norm; i++) {
+        const norm_step *ns = &t->norm[i];
+        if (ns->kind == NORM_PREPEND) {
+            /* the prepended text goes before a non-empty segment only */
+            if (a->n == 0 || !prepend_ok) continue;
+            size_t k = strlen(ns->a);
+            FS_TRY(bytes_reserve(a, k));
+            memmove(a->p + k, a->p, a->n);
+            memcpy(a->p, ns->a, k);
+            a->n += k;
+        } else {
+            size_t pl = strlen(ns->a), cl = strlen(ns->b);
+            scratch->n = 0;
+            /* copy the spans between matches whole: this runs over every byte of text */
+            size_t k = 0;
+            while (k < a->n) {
+                const char *hit = memchr(a->p + k, ns->a[0], a->n - k);
+                size_t at = hit ? (size_t)(hit - a->p) : a->n;
+                if (at + pl > a->n) at = a->n;
+                FS_TRY(bytes_put(scratch, a->p + k, at - k));
+                k = at;
+                if (k == a->n) break;
+                if (memcmp(a->p + k, ns->a, pl) == 0) {
+                    FS_TRY(bytes_put(scratch, ns->b, cl));
+                    k += pl;
+                } else {
+                    FS_TRY(bytes_put(scratch, a->p + k, 1));
+                    k++;
+                }
+            }
+            bytes tmp = *a;
+            *a = *scratch;
+            *scratch = tmp;
+        }
+    }
+    return FS_OK;
+}
+
 static int cmp_added(const void *pa, const void *pb) {
     const added_token *a = pa, *b = pb;
-    uint8_t fa = (uint8_t)a->text[0], fb = (uint8_t)b->text[0];
+    uint8_t fa = (uint8_t)a->match[0], fb = (uint8_t)b->match[0];
     if (fa != fb) return fa < fb ? -1 : 1;
-    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    if (a->match_len != b->match_len) return a->match_len > b->match_len ? -1 : 1;
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
@@ -816,11 +863,6 @@ static fs_status load_model_and_tokens(fs_bpe *t, const cJSON *root) {
                              "%s: added token '%s' sets lstrip, rstrip or single_word, which "
                              "flatshard does not support",
                              t->path, c);
-        if (get_bool(e, "normalized", 0) && t->n_norm > 0)
-            return fs_errorf(FS_ERR_FORMAT,
-                             "%s: added token '%s' is matched after normalization "
-                             "(normalized: true), which flatshard does not support with a normalizer",
-                             t->path, c);
         if (t->tok_len[id] >= 0 && ((size_t)t->tok_len[id] != n || memcmp(tok_text(t, id), c, n) != 0))
             return fs_errorf(FS_ERR_FORMAT, "%s: added token '%s' has id %d, which the vocabulary gives '%s'",
                              t->path, c, id, tok_text(t, id));
@@ -833,13 +875,31 @@ static fs_status load_model_and_tokens(fs_bpe *t, const cJSON *root) {
         added_token *a = &t->added[t->n_added++];
         a->id = id;
         a->special = get_bool(e, "special", 0);
+        /* tokenizers' default for an added token is normalized: !special */
+        a->normalized = get_bool(e, "normalized", !a->special);
+        if (a->normalized) t->has_normalized_added = 1;
+        /* tokenizers matches a normalized token by its normalized form ("<s>" is "▁<s>"
+         * under Llama 2's Prepend) */
+        bytes m = {0}, scratch = {0};
+        fs_status nst = bytes_put(&m, c, n);
+        if (nst == FS_OK && a->normalized) nst = normalize(t, &m, &scratch, 1);
+        if (nst == FS_OK) nst = bytes_put(&m, "", 1);
+        free(scratch.p);
+        if (nst != FS_OK) {
+            free(m.p);
+            return nst;
+        }
+        a->match = m.p;
+        a->match_len = m.n - 1;
+        if (a->match_len == 0)
+            return fs_errorf(FS_ERR_FORMAT, "%s: added token '%s' normalizes to nothing", t->path, c);
         a->text = tok_text(t, id);
         a->len = n;
         if (a->special) t->is_special[id] = 1;
     }
     qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
     for (int b = 0, i = 0; b <= 256; b++) {
-        while (i < t->n_added && (uint8_t)t->added[i].text[0] < b) i++;
+        while (i < t->n_added && (uint8_t)t->added[i].match[0] < b) i++;
         t->added_first[b] = i;
     }
 
@@ -1012,7 +1072,7 @@ struct fs_bpe_encoder {
     pcre2_match_data *match;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
-    bytes clean, seg, arena[2];
+    bytes clean, seg, normed, arena[2];
     piece *pieces[2];
     size_t n_pieces[2], cap_pieces[2];
     symbol *sym;
@@ -1033,6 +1093,7 @@ void fs_bpe_encoder_free(fs_bpe_encoder *e) {
     pcre2_jit_stack_free(e->jit_stack);
     free(e->clean.p);
     free(e->seg.p);
+    free(e->normed.p);
     free(e->arena[0].p);
     free(e->arena[1].p);
     free(e->pieces[0]);
@@ -1445,56 +1506,58 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
 
 /* Normalizes, pre-tokenizes and encodes one segment (text between added tokens). at_zero: the
  * segment starts the text of a document (Metaspace's "first"). */
+/* The added token of the given kind (normalized or not) at s[i], the longest; or NULL. */
+static const added_token *added_at(const fs_bpe *t, const char *s, size_t n, size_t i, int normalized) {
+    uint8_t b = (uint8_t)s[i];
+    for (int k = t->added_first[b]; k < t->added_first[b + 1]; k++) {
+        const added_token *a = &t->added[k];
+        if (a->normalized == normalized && a->match_len <= n - i && memcmp(s + i, a->match, a->match_len) == 0)
+            return a;
+    }
+    return NULL;
+}
+
+static fs_status pretokenize_and_encode(fs_bpe_encoder *e, int at_zero, int no_prefix, fs_bpe_ids *out);
+
 static fs_status encode_segment(fs_bpe_encoder *e, const char *s, size_t n, int at_zero,
                                 int prepend_ok, fs_bpe_ids *out) {
     const fs_bpe *t = e->bpe;
     if (n == 0) return FS_OK;
-    int cur = 0;
     bytes *a = &e->arena[0];
     a->n = 0;
-    if (t->n_norm == 0) {
-        FS_TRY(bytes_put(a, s, n));
-    } else {
-        FS_TRY(bytes_put(a, s, n));
-        for (int i = 0; i < t->n_norm; i++) {
-            const norm_step *ns = &t->norm[i];
-            if (ns->kind == NORM_PREPEND) {
-                /* the prepended text goes before a non-empty segment; a chunk that continues
-                 * a document is not its start, so it gets none */
-                if (a->n == 0 || !prepend_ok) continue;
-                size_t k = strlen(ns->a);
-                FS_TRY(bytes_reserve(a, k));
-                memmove(a->p + k, a->p, a->n);
-                memcpy(a->p, ns->a, k);
-                a->n += k;
-            } else {
-                size_t pl = strlen(ns->a), cl = strlen(ns->b);
-                e->seg.n = 0;
-                /* copy the spans between matches whole: this runs over every byte of text */
-                size_t k = 0;
-                while (k < a->n) {
-                    const char *hit = memchr(a->p + k, ns->a[0], a->n - k);
-                    size_t at = hit ? (size_t)(hit - a->p) : a->n;
-                    if (at + pl > a->n) at = a->n;
-                    FS_TRY(bytes_put(&e->seg, a->p + k, at - k));
-                    k = at;
-                    if (k == a->n) break;
-                    if (memcmp(a->p + k, ns->a, pl) == 0) {
-                        FS_TRY(bytes_put(&e->seg, ns->b, cl));
-                        k += pl;
-                    } else {
-                        FS_TRY(bytes_put(&e->seg, a->p + k, 1));
-                        k++;
-                    }
-                }
-                bytes tmp = *a;
-                *a = e->seg;
-                e->seg = tmp;
-            }
+    FS_TRY(bytes_put(a, s, n));
+    FS_TRY(normalize(t, a, &e->seg, prepend_ok));
+    if (!t->has_normalized_added) return pretokenize_and_encode(e, at_zero, !prepend_ok, out);
+    /* added tokens with normalized: true are cut out of the normalized text; the parts
+     * between them are pre-tokenized on their own, like any other split */
+    e->normed.n = 0;
+    FS_TRY(bytes_put(&e->normed, a->p, a->n));
+    const char *q = e->normed.p;
+    size_t m = e->normed.n, part = 0;
+    for (size_t i = 0; i <= m; i++) {
+        const added_token *hit = i < m ? added_at(t, q, m, i, 1) : NULL;
+        if (!hit && i < m) continue;
+        if (i > part) {
+            e->arena[0].n = 0;
+            FS_TRY(bytes_put(&e->arena[0], q + part, i - part));
+            FS_TRY(pretokenize_and_encode(e, at_zero && part == 0, !prepend_ok && part == 0, out));
         }
+        if (!hit) break;
+        FS_TRY(fs_bpe_ids_push(out, hit->id));
+        i += hit->match_len - 1;
+        part = i + 1;
     }
+    return FS_OK;
+}
+
+/* Pre-tokenizes arena[0] (one split) into pieces and appends their BPE ids. at_zero: the
+ * split starts its document (Metaspace "first"); no_prefix: it continues a chunk's document,
+ * so it gets no prefix of its own. */
+static fs_status pretokenize_and_encode(fs_bpe_encoder *e, int at_zero, int no_prefix, fs_bpe_ids *out) {
+    const fs_bpe *t = e->bpe;
+    int cur = 0;
     e->n_pieces[0] = 0;
-    FS_TRY(pieces_push(e, 0, 0, a->n));
+    FS_TRY(pieces_push(e, 0, 0, e->arena[0].n));
     for (int i = 0; i < t->n_pt; i++) {
         const pt_step *ps = &t->pt[i];
         if (ps->kind == PT_SPLIT) {
@@ -1502,10 +1565,10 @@ static fs_status encode_segment(fs_bpe_encoder *e, const char *s, size_t n, int 
         } else if (ps->kind == PT_BYTELEVEL) {
             /* the prefix goes on every piece so far; as the first step, the pieces are the
              * segments, and a chunk that continues a document has no segment start */
-            if (ps->add_prefix_space) FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && !prepend_ok));
+            if (ps->add_prefix_space) FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && no_prefix));
             if (ps->re) FS_TRY(split_pieces(e, &cur, ps->re, SPLIT_ISOLATED));
         } else {
-            FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && !prepend_ok));
+            FS_TRY(rewrite_pieces(e, &cur, ps, at_zero, i == 0 && no_prefix));
             if (ps->re) FS_TRY(split_pieces(e, &cur, ps->re, SPLIT_MERGED_NEXT));
         }
     }
@@ -1532,15 +1595,7 @@ fs_status fs_bpe_encode(fs_bpe_encoder *e, const char *text, size_t n, unsigned 
     size_t seg = 0, i = 0;
     int first_seg = 1;
     while (i < n) {
-        uint8_t b = (uint8_t)s[i];
-        const added_token *hit = NULL;
-        for (int k = t->added_first[b]; k < t->added_first[b + 1]; k++) {
-            const added_token *a = &t->added[k];
-            if (a->len <= n - i && memcmp(s + i, a->text, a->len) == 0) {
-                hit = a;
-                break;
-            }
-        }
+        const added_token *hit = added_at(t, s, n, i, 0);
         if (!hit) {
             i++;
             continue;
@@ -1551,7 +1606,7 @@ fs_status fs_bpe_encode(fs_bpe_encoder *e, const char *text, size_t n, unsigned 
         if (i > seg) first_seg = 0;
         FS_TRY(fs_bpe_ids_push(out, hit->id));
         first_seg = 0;
-        i += hit->len;
+        i += hit->match_len;
         seg = i;
     }
     int at_zero = seg == 0 && !(flags & FS_BPE_CONTINUES);

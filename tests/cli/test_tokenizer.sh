@@ -105,8 +105,13 @@ t["pre_tokenizer"]["add_prefix_space"] = True
 json.dump(t, open(sys.argv[1] + "/gpt2-prefix.json", "w"))
 t = json.load(open(sys.argv[1] + "/metaspace.json"))
 t["pre_tokenizer"]["prepend_scheme"] = t["decoder"]["prepend_scheme"] = "always"
-json.dump(t, open(sys.argv[1] + "/metaspace-always.json", "w"))' "$T"
-for kind in gpt2-prefix metaspace-always; do
+json.dump(t, open(sys.argv[1] + "/metaspace-always.json", "w"))
+# added tokens with normalized: true (some Llama 2 files): matched in the normalized text
+t = json.load(open(sys.argv[1] + "/sentencepiece.json"))
+for a in t["added_tokens"]:
+    a["normalized"] = True
+json.dump(t, open(sys.argv[1] + "/sp-normalized.json", "w"), ensure_ascii=False)' "$T"
+for kind in gpt2-prefix metaspace-always sp-normalized; do
     same_ids "$kind: unicode sample" "$T/$kind.json" "$T/unicode.txt" -- "$T/unicode.txt" --eos
     same_ids "$kind: fortunes split at % lines" "$T/$kind.json" --doc-separator % "$FORTUNES/fortunes" -- "$FORTUNES/fortunes" --doc-separator % --eos
     same_ids "$kind: 4 KiB chunks of a 240 kB document" "$T/$kind.json" --chunk-bytes 4K "$FORTUNES/computers" -- "$FORTUNES/computers" --eos
