@@ -49,7 +49,7 @@ int fs_cmd_tokenize(int argc, char **argv) {
         {"doc-separator", 0, FS_OPT_STRING, &separator, "LINE", "a line that ends a document (dropped); none: each file is one", NULL, 0, 0},
         {"no-special", 0, FS_OPT_FLAG, &no_special, NULL, "leave out the post-processor's tokens (bos)", NULL, 0, 0},
         {"no-eos", 0, FS_OPT_FLAG, &no_eos, NULL, "no eos after each document", NULL, 0, 0},
-        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size; longer documents are cut (flatshard/tokenize.h says where)", NULL, 1024, (int64_t)1 << 30},
+        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size; longer documents are cut where docs/formats.md says", NULL, 1024, (int64_t)1 << 30},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     enum { MAX_INPUTS = 4096 };
@@ -109,7 +109,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
     int keep_special = 0;
     const fs_opt opts[] = {
         {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
-        {"out", 'o', FS_OPT_STRING, &out, "FILE", "where to write the text (default: stdout)", NULL, 0, 0},
+        {"out", 'o', FS_OPT_STRING, &out, "FILE", "where to write the text; none: stdout", NULL, 0, 0},
         {"keep-special", 0, FS_OPT_FLAG, &keep_special, NULL, "decode special tokens (bos, eos) too", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };

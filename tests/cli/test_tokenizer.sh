@@ -191,6 +191,13 @@ refuse "a tokenizer whose vocabulary is not the model's is refused" 2 "gpt2.json
 refuse "eval refuses it too" 2 "gpt2.json: the tokenizer's vocabulary is 800 tokens but the model's is 1000" \
     "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/gpt2.json" --data "$FORTUNES/linux" --threads 1
 
+for cmd in tokenize detokenize; do
+    run "flatshard $cmd --help" 0 "$FS" $cmd --help
+    opts=$(grep -E '^  (-., )?    --|^  -., --' "$WORK/out" | grep -vcE '^  -h, --help ')
+    expect_all "$cmd --help gives a default for each of its $opts options" \
+        '[ "$opts" -eq "$(grep -cE "\[default: " "$WORK/out")" ]' '[ "$opts" -gt 0 ]'
+done
+
 # the byte-level path without --tokenizer is unchanged: token = byte
 run "without --tokenizer tokenize stays byte level" 0 "$FS" tokenize -o "$WORK/bytes.bin" "$T/unicode.txt"
 expect "its ids are the file's bytes" /usr/bin/python3 -c '
