@@ -80,7 +80,8 @@ CPPFLAGS += -DFS_BUILD_FLAVOR='"$(BUILD_FLAVOR)"'
 # call it explicitly.
 CFLAGS   := -std=c11 -ffp-contract=off $(OPT) $(WARN) $(SANFLAGS) -pthread -MMD -MP
 LDFLAGS  := $(SANFLAGS) -pthread
-LDLIBS   := -lopenblas -lcjson -lz -lm -ldl
+# -lpcre2-8: the tokenizer's pre-tokenizer regexes (src/data/bpe.c: Unicode properties, lookahead)
+LDLIBS   := -lopenblas -lcjson -lpcre2-8 -lz -lm -ldl
 
 # ---- MPI, part 2: compile and link flags --------------------------------------------------
 # FS_HAVE_MPI tells src/comm/mpi.c whether to build the backend. The MPI test programs
@@ -262,6 +263,7 @@ bench: all
 	bench/strategies.sh
 	bench/planner.sh
 	bench/checkpoint.sh
+	bench/tokenize.sh
 	bench/comm_mpi_configs.sh
 	bench/pytorch.sh
 	bench/interconnect.sh

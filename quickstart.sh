@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # What building needs, what the demo adds, what the tests add (README: why each one).
-BUILD_PACKAGES=(build-essential libopenblas-dev libdnnl-dev libcjson-dev zlib1g-dev openmpi-bin libopenmpi-dev)
+BUILD_PACKAGES=(build-essential libopenblas-dev libdnnl-dev libcjson-dev libpcre2-dev zlib1g-dev openmpi-bin libopenmpi-dev)
 DEMO_PACKAGES=(fortunes)
 TEST_PACKAGES=(fortunes python3 python3-torch python3-numpy python3-venv mpich libmpich-dev clang libclang-rt-14-dev time)
 # What the tests take from PyPI (README: why): Hugging Face's own libraries, so the interop

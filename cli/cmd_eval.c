@@ -20,18 +20,51 @@ static const fs_command_help eval_help = {
         "Prints the mean cross-entropy (nats per token) of saved weights on a text or token\n"
         "file, averaged over --batches batches of --batch consecutive windows of --seq tokens\n"
         "read from the start of the file (fewer batches if the file is shorter; the output\n"
-        "states how many were used).",
+        "states how many were used).\n"
+        "\n"
+        "With --tokenizer tokenizer.json (a Hugging Face BPE tokenizer whose vocabulary is the\n"
+        "model's) a text file is encoded as 'flatshard tokenize --tokenizer' encodes one file\n"
+        "(one document: bos, the text, eos), in memory; a token file is read as it is.",
     .epilog = "example:\n  flatshard eval --weights out/model.safetensors --data corpus.txt --json",
 };
 
+/* With --tokenizer: a text stream becomes its BPE ids (bos, text, eos) held in *ids, and
+ * *data points at them (an in-memory stream: no file behind it); a token file stays as it is. */
+static fs_status encode_text(fs_token_data *data, fs_bpe_ids *ids, const char *tokenizer, int64_t V) {
+    fs_bpe *bpe = NULL;
+    fs_bpe_encoder *enc = NULL;
+    FS_TRY(fs_cli_tokenizer_load(&bpe, tokenizer, V));
+    fs_status st = FS_OK;
+    if (data->is_text) {
+        st = fs_bpe_encoder_init(&enc, bpe);
+        if (st == FS_OK)
+            st = fs_bpe_encode(enc, (const char *)data->tokens, (size_t)data->n_tokens, FS_BPE_ADD_SPECIAL, ids);
+        if (st == FS_OK && fs_bpe_eos_id(bpe) >= 0) st = fs_bpe_ids_push(ids, fs_bpe_eos_id(bpe));
+        if (st == FS_OK) {
+            fs_token_data mem = {0};
+            snprintf(mem.path, sizeof mem.path, "%s", data->path);
+            mem.n_tokens = ids->n;
+            mem.vocab_size = fs_bpe_vocab_size(bpe);
+            mem.token_bytes = 4; /* little-endian int32 ids, as fs_token_data_get reads them */
+            mem.tokens = (const uint8_t *)ids->ids;
+            fs_token_data_close(data);
+            *data = mem;
+        }
+    }
+    fs_bpe_encoder_free(enc);
+    fs_bpe_free(bpe);
+    return st;
+}
+
 int fs_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *weights = NULL, *data_path = NULL;
+    const char *model = NULL, *weights = NULL, *data_path = NULL, *tokenizer = NULL;
     int64_t batch = 8, seq = 256, batches = 16, threads = 0;
     int json = 0;
     const fs_opt opts[] = {
         {"weights", 'w', FS_OPT_STRING, &weights, "FILE", "weights saved by 'flatshard train' (safetensors)", NULL, 0, 0},
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json (default: the config stored in the weights file)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "a token file or a text file", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json for a text file (none: byte level)", NULL, 0, 0},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "windows per batch", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per window", NULL, 1, 1 << 24},
         {"batches", 0, FS_OPT_INT, &batches, "N", "batches to average over", NULL, 1, INT64_MAX},
@@ -52,8 +85,12 @@ int fs_cmd_eval(int argc, char **argv) {
     fs_token_data data;
     fs_pool *pool = NULL;
     fs_acts acts = {0};
+    fs_bpe_ids text_ids = {0};
     st = fs_token_data_open(&data, data_path);
+    if (st == FS_OK && tokenizer) st = encode_text(&data, &text_ids, tokenizer, cm.layout.cfg.vocab_size);
     if (st != FS_OK) {
+        fs_token_data_close(&data);
+        fs_bpe_ids_free(&text_ids);
         fs_cli_model_free(&cm);
         return fs_cli_report("eval", st);
     }
@@ -95,6 +132,7 @@ int fs_cmd_eval(int argc, char **argv) {
     fs_device_close(dev);
     fs_pool_free(pool);
     fs_token_data_close(&data);
+    fs_bpe_ids_free(&text_ids);
     fs_cli_model_free(&cm);
     return st == FS_OK ? FS_EXIT_OK : fs_cli_report("eval", st);
 }

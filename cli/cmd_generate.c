@@ -24,7 +24,11 @@ static const fs_command_help generate_help = {
         "Samples text from saved weights with the byte-level tokenizer: the prompt's bytes are\n"
         "the context, and each new byte is drawn from the model's distribution at --temperature\n"
         "among the --top-k most likely (0: all). An empty prompt starts from a newline.\n"
-        "Writes the prompt and the sampled text to standard output.",
+        "Writes the prompt and the sampled text to standard output.\n"
+        "\n"
+        "With --tokenizer tokenizer.json (a Hugging Face BPE tokenizer whose vocabulary is the\n"
+        "model's) the prompt is encoded as the tokenizers package does (bos included) and the\n"
+        "sampled ids are decoded with its decoder; an empty prompt starts from bos alone.",
     .epilog = "example:\n  flatshard generate --weights out/model.safetensors --prompt 'The ' --tokens 300",
 };
 
@@ -70,14 +74,15 @@ static int32_t sample_token(float *logits, int64_t V, double temperature, int64_
 }
 
 int fs_cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *weights = NULL, *prompt = "";
+    const char *model = NULL, *weights = NULL, *prompt = "", *tokenizer = NULL;
     int64_t n_tokens = 256, context = 256, top_k = 40, seed = 1, threads = 0;
     double temperature = 0.8;
     const fs_opt opts[] = {
         {"weights", 'w', FS_OPT_STRING, &weights, "FILE", "weights saved by 'flatshard train' (safetensors)", NULL, 0, 0},
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json (default: the config stored in the weights file)", NULL, 0, 0},
         {"prompt", 'p', FS_OPT_STRING, &prompt, "TEXT", "text to continue", NULL, 0, 0},
-        {"tokens", 'n', FS_OPT_INT, &n_tokens, "N", "tokens (bytes) to generate", NULL, 0, 1 << 24},
+        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
+        {"tokens", 'n', FS_OPT_INT, &n_tokens, "N", "tokens (bytes without --tokenizer) to generate", NULL, 0, 1 << 24},
         {"context", 0, FS_OPT_INT, &context, "T", "most recent tokens the model sees (capped at max_position_embeddings)", NULL, 1, 1 << 24},
         {"temperature", 0, FS_OPT_FLOAT, &temperature, "X", "sampling temperature (0: always the most likely token)", NULL, 0, 0},
         {"top-k", 'k', FS_OPT_INT, &top_k, "K", "sample among the K most likely tokens (0: all)", NULL, 0, INT64_MAX},
@@ -99,7 +104,24 @@ int fs_cmd_generate(int argc, char **argv) {
     const int64_t V = cm.layout.cfg.vocab_size;
     if (context > cm.layout.cfg.max_position_embeddings) context = cm.layout.cfg.max_position_embeddings;
 
-    int64_t prompt_len = (int64_t)strlen(prompt);
+    fs_bpe *bpe = NULL;
+    fs_bpe_ids prompt_ids = {0};
+    if (tokenizer) {
+        fs_bpe_encoder *enc = NULL;
+        st = fs_cli_tokenizer_load(&bpe, tokenizer, V);
+        if (st == FS_OK) st = fs_bpe_encoder_init(&enc, bpe);
+        if (st == FS_OK) st = fs_bpe_encode(enc, prompt, strlen(prompt), FS_BPE_ADD_SPECIAL, &prompt_ids);
+        fs_bpe_encoder_free(enc);
+        if (st == FS_OK && prompt_ids.n == 0) /* no bos and no text: start from eos, or id 0 */
+            st = fs_bpe_ids_push(&prompt_ids, fs_bpe_eos_id(bpe) >= 0 ? fs_bpe_eos_id(bpe) : 0);
+        if (st != FS_OK) {
+            fs_bpe_ids_free(&prompt_ids);
+            fs_bpe_free(bpe);
+            fs_cli_model_free(&cm);
+            return fs_cli_report("generate", st);
+        }
+    }
+    int64_t prompt_len = bpe ? prompt_ids.n : (int64_t)strlen(prompt);
     int64_t total = prompt_len + n_tokens + 1;
     int32_t *tokens = malloc((size_t)total * sizeof *tokens);
     float *scratch = malloc((size_t)V * sizeof *scratch);
@@ -113,13 +135,26 @@ int fs_cmd_generate(int argc, char **argv) {
     if (st == FS_OK) {
         fs_kernels_init();
         int64_t len = 0;
-        if (prompt_len == 0) tokens[len++] = '\n';
-        fs_tokenizer_encode(tokens + len, (const uint8_t *)prompt, prompt_len);
-        len += prompt_len;
+        if (bpe) {
+            memcpy(tokens, prompt_ids.ids, (size_t)prompt_len * sizeof *tokens);
+            len = prompt_len;
+        } else {
+            if (prompt_len == 0) tokens[len++] = '\n';
+            fs_tokenizer_encode(tokens + len, (const uint8_t *)prompt, prompt_len);
+            len += prompt_len;
+        }
         fputs(prompt, stdout);
         fflush(stdout);
+        /* with a tokenizer, the text printed so far is decode(tokens[0, len)) past the
+         * decoded prompt; a trailing U+FFFD may be half a character still to come */
+        size_t shown = 0;
+        if (bpe) {
+            char *text = NULL;
+            st = fs_bpe_decode(bpe, tokens, len, 1, &text, &shown);
+            free(text);
+        }
         fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};
-        for (int64_t i = 0; i < n_tokens; i++) {
+        for (int64_t i = 0; st == FS_OK && i < n_tokens; i++) {
             int64_t T = len < context ? len : context;
             /* run the model on the last T tokens: the activations were sized for `context`
              * and every array is indexed from the current (B, T), so a shorter T fits */
@@ -132,9 +167,23 @@ int fs_cmd_generate(int argc, char **argv) {
             float u = fs_rand_uniform((uint64_t)seed, 0x67656e, (uint64_t)i);
             int32_t next = sample_token(last, V, temperature, top_k, u, scratch);
             tokens[len++] = next;
-            uint8_t byte;
-            fs_tokenizer_decode(&byte, &next, 1);
-            fputc(byte, stdout);
+            if (bpe) {
+                char *text = NULL;
+                size_t n = 0;
+                st = fs_bpe_decode(bpe, tokens, len, 1, &text, &n);
+                int final_token = i + 1 == n_tokens;
+                size_t upto = n;
+                if (!final_token && upto >= 3 && memcmp(text + upto - 3, "\xEF\xBF\xBD", 3) == 0) upto -= 3;
+                if (st == FS_OK && upto > shown) {
+                    fwrite(text + shown, 1, upto - shown, stdout);
+                    shown = upto;
+                }
+                free(text);
+            } else {
+                uint8_t byte;
+                fs_tokenizer_decode(&byte, &next, 1);
+                fputc(byte, stdout);
+            }
             fflush(stdout);
         }
         fputc('\n', stdout);
@@ -144,6 +193,8 @@ int fs_cmd_generate(int argc, char **argv) {
     fs_pool_free(pool);
     free(scratch);
     free(tokens);
+    fs_bpe_ids_free(&prompt_ids);
+    fs_bpe_free(bpe);
     fs_cli_model_free(&cm);
     return st == FS_OK ? FS_EXIT_OK : fs_cli_report("generate", st);
 }

@@ -12,6 +12,7 @@ int fs_cmd_train(int argc, char **argv);
 int fs_cmd_eval(int argc, char **argv);
 int fs_cmd_generate(int argc, char **argv);
 int fs_cmd_tokenize(int argc, char **argv);
+int fs_cmd_detokenize(int argc, char **argv);
 int fs_cmd_export(int argc, char **argv);
 int fs_cmd_inspect(int argc, char **argv);
 int fs_cmd_plan(int argc, char **argv);

@@ -202,3 +202,17 @@ void fs_cli_model_free(fs_cli_model *m) {
     fs_layout_free(&m->layout);
     memset(m, 0, sizeof *m);
 }
+
+fs_status fs_cli_tokenizer_load(fs_bpe **out, const char *path, int64_t V) {
+    FS_TRY(fs_bpe_load(out, path));
+    int32_t tv = fs_bpe_vocab_size(*out);
+    if (tv != V) {
+        fs_bpe_free(*out);
+        *out = NULL;
+        return fs_errorf(FS_ERR_USAGE,
+                         "%s: the tokenizer's vocabulary is %d tokens but the model's is %lld; "
+                         "use the tokenizer the model was trained with",
+                         path, tv, (long long)V);
+    }
+    return FS_OK;
+}

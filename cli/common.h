@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 
+#include "flatshard/bpe.h"
 #include "flatshard/model.h"
 #include "flatshard/weights.h"
 
@@ -47,5 +48,9 @@ typedef struct fs_cli_model {
 
 fs_status fs_cli_model_load(fs_cli_model *out, const char *model_spec, const char *weights_path);
 void fs_cli_model_free(fs_cli_model *m);
+
+/* Loads a tokenizer.json for a model of vocabulary V: its vocabulary size must be V (the ids
+ * of one are the rows of the other), else FS_ERR_USAGE naming both. */
+fs_status fs_cli_tokenizer_load(fs_bpe **out, const char *path, int64_t V);
 
 #endif /* FLATSHARD_CLI_COMMON_H */

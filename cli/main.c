@@ -23,6 +23,7 @@ static const fs_command commands[] = {
     {"eval", fs_cmd_eval, "mean loss of saved weights on a data file"},
     {"generate", fs_cmd_generate, "sample text from saved weights"},
     {"tokenize", fs_cmd_tokenize, "convert text files into a token file"},
+    {"detokenize", fs_cmd_detokenize, "write a token file back as text (tokenizer.json decoder)"},
     {"export", fs_cmd_export, "a checkpoint or model to a Hugging Face model directory"},
     {"inspect", fs_cmd_inspect, "what a checkpoint or model file holds, checksums verified"},
     {"plan", fs_cmd_plan, "memory, communication and step time of a run on any cluster"},

@@ -6,8 +6,8 @@
 #
 #   tools/gpu_check.sh --prepare   here, before: copies into .device-deps/ (git-ignored), to
 #                                  carry along, what a bare GPU host may lack: the headers and
-#                                  libraries the build links (cJSON, OpenBLAS with its Fortran
-#                                  runtime, zlib), the test corpus (Debian's fortunes file),
+#                                  libraries the build links (cJSON, PCRE2, OpenBLAS with its
+#                                  Fortran runtime, zlib), the test corpus (Debian's fortunes file),
 #                                  and a build made here (MPI=none ONEDNN=0 CUDA=1, stripped)
 #                                  that is used only if the build there fails
 #   tools/gpu_check.sh [STAGE...]  there: STAGE is env, build, test, e2e, bench (default: env
@@ -28,6 +28,9 @@ if [ "${1:-}" = --prepare ]; then
     mkdir -p "$DEPS/include" "$DEPS/lib"
     cp -r /usr/include/cjson "$DEPS/include/"
     cp -P /usr/lib/x86_64-linux-gnu/libcjson.so* "$DEPS/lib/"
+    cp /usr/include/pcre2.h "$DEPS/include/"
+    cp -L /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$DEPS/lib/"
+    ln -s libpcre2-8.so.0 "$DEPS/lib/libpcre2-8.so"
     cp /usr/include/x86_64-linux-gnu/openblas-pthread/{cblas.h,f77blas.h,openblas_config.h} "$DEPS/include/"
     cp -L /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/x86_64-linux-gnu/libgfortran.so.5 \
         /usr/lib/x86_64-linux-gnu/libquadmath.so.0 "$DEPS/lib/"
@@ -98,7 +101,7 @@ show_env() {
     echo "nvcc: ${nvcc_path:-none} ($({ [ -n "$nvcc_path" ] && nvcc --version | tail -n 1; } || true)); CUDA_HOME ${cuda_home:-none}"
     echo "gcc: $(gcc --version 2>&1 | head -n 1); make: $(make --version 2>&1 | head -n 1); cores $(nproc)"
     echo "CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
-    for h in cblas.h zlib.h cjson/cJSON.h cublasLt.h cuda_runtime.h; do
+    for h in cblas.h zlib.h cjson/cJSON.h pcre2.h cublasLt.h cuda_runtime.h; do
         printf '%s: ' "$h"; echo '#include <'"$h"'>' | gcc ${cuda_home:+-I$cuda_home/include} -E -x c - 2>/dev/null |
             grep -m 1 -o '"/[^"]*'"$(basename "$h")"'"' || echo missing
     done

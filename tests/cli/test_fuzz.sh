@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/test_fuzz.sh — a short libFuzzer run of every file parser: safetensors files,
 # checkpoint manifests, config.json, token files, Hugging Face model.safetensors.index.json
-# (read through fs_source_open), trace-svg's timeline JSON (tests/fuzz/fuzz_*.c, built with clang under
+# (read through fs_source_open), trace-svg's timeline JSON, tokenizer.json and the text a BPE
+# tokenizer encodes (tests/fuzz/fuzz_*.c, built with clang under
 # ASan and UBSan into build-fuzz/). Each runs FLATSHARD_FUZZ_SECONDS (default 15) from the
 # seeds in tests/fuzz/corpus/<name>/ (copied, so new inputs never land in the repository);
 # a crash, a sanitizer report, a timeout or an abort fails the test and leaves the input
