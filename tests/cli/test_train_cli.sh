@@ -15,7 +15,7 @@ mapfile -t TEXTS < <(find "$CORPUS_DIR" -maxdepth 1 -type f ! -name '*.dat' | so
 # --- help tells the truth
 run "flatshard --help" 0 "$FS" --help
 expect "--help lists the commands" grep -q "train" "$WORK/out"
-for cmd in train eval generate tokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
+for cmd in train eval generate tokenize detokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
     # shellcheck disable=SC2086
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
     # -h, --help is not an option with a value (it prints this and exits): every other
