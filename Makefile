@@ -274,3 +274,6 @@ clean:
 
 -include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(MPI_TEST_BIN:$(BUILD)/mpi_tests/%=$(BUILD)/obj/tests/mpi/%.d)
+# the fuzz targets too: a header change (a struct that grew) must rebuild them, or the library
+# writes past a stale target's smaller struct
+-include $(FUZZ_BIN:$(BUILD)/fuzz/%=$(BUILD)/obj/tests/fuzz/%.d)

@@ -173,6 +173,10 @@ expect "no output was left behind by the refusals" test ! -e "$WORK/x.bin"
 printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 64}' >"$WORK/v1000.json"
 run "tokenize the fortunes with the byte-level tokenizer for training" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" --doc-separator % -o "$WORK/train.bin" "$FORTUNES/fortunes"
 run "a model of vocabulary 1000 trains on them" 0 "$FS" train --model "$WORK/v1000.json" --data "$WORK/train.bin" --steps 30 --seq 32 --batch 4 --lr 3e-3 --threads 1 --progress lines --out "$WORK/m.safetensors"
+# saved and resumed on the BPE token file: the same weights, bit for bit, as the straight run
+run "15 steps on them, saved" 0 "$FS" train --model "$WORK/v1000.json" --data "$WORK/train.bin" --steps 15 --seq 32 --batch 4 --lr 3e-3 --threads 1 --progress lines --save "$WORK/ck" --out "$WORK/half.safetensors"
+run "resumed to step 30" 0 "$FS" train --model "$WORK/v1000.json" --data "$WORK/train.bin" --steps 30 --seq 32 --batch 4 --lr 3e-3 --threads 1 --progress lines --resume "$WORK/ck" --out "$WORK/resumed.safetensors"
+expect "the resumed run's weights equal the straight run's (cmp)" cmp -s "$WORK/resumed.safetensors" "$WORK/m.safetensors"
 run "eval --tokenizer encodes a text file in memory" 0 "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/bytelevel.json" --data "$FORTUNES/linux" --batch 2 --seq 32 --batches 3 --threads 1 --json
 cp "$WORK/out" "$WORK/eval-text.json"
 run "tokenize the same file as one document" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/linux.bin" "$FORTUNES/linux"
