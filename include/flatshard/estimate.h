@@ -74,7 +74,7 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 0.3-1.5 s): flatshard's own fp32 GEMM (OpenBLAS sgemm) and bf16
+ * calibration (calibrate.c, 0.4-1.5 s): flatshard's own fp32 GEMM (OpenBLAS sgemm) and bf16
  * GEMM, a linear layer's forward and both backward products on one thread at a block-sized
  * shape; its attention forward and backward; its AdamW; and a one-thread memcpy (each the
  * fastest of seven runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
@@ -91,9 +91,9 @@ typedef struct fs_calibration {
     double gemm_bf16_flops;  /* fs_matmul_forward_bf16 + fs_matmul_backward_bf16, the same */
     double attention_flops;  /* fs_attention_forward + fs_attention_backward, B 1, T 256,
                                 12 heads / 4 kv heads of 64: 3 x 2 N C (T+1) FLOPs */
-    double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 2 Mi elements (36 MiB):
-                                30 bytes per element (param, m, v read and written, grad read,
-                                bf16 written) */
+    double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 1 Mi elements, its
+                                operands flushed from the caches first: 30 bytes per element
+                                (param, m, v read and written, grad read, bf16 written) */
     double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
 } fs_calibration;
 
@@ -104,7 +104,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (0.3-1.5 s of one core); fills key and date too. */
+/* Measures the running machine (0.4-1.5 s of one core); fills key and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);

@@ -17,13 +17,14 @@
  *   - flatshard's attention, fs_attention_forward and fs_attention_backward, on 1 x 256 tokens,
  *     12 query heads and 4 kv heads of 64 (`small`'s block): the T^2 work no GEMM rate
  *     describes (online softmax, exp, the causal loop; 3 x 2 N C (T+1) FLOPs);
- *   - AdamW, fs_adamw_update with the bf16 copy, over 2 Mi elements (36 MiB: beyond a core's
- *     L2, as the shards and activations a step streams are), 30 bytes per element: the
- *     largest memory-bound kernel of a step, and the rate the estimate gives all of them;
+ *   - AdamW, fs_adamw_update with the bf16 copy, over 1 Mi elements (18 MiB), its operands
+ *     flushed from the caches before each run (clflush; the step's shards and activations
+ *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
+ *     and the rate the estimate gives all of them;
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 0.3-1.5 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
- * buffers (36 MiB at most at once) are freed before it returns.
+ * 0.4-1.5 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the
+ * flushes take ~0.2 s). The buffers (18 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level and bf16 GEMM path, OpenBLAS core, build
@@ -46,10 +47,14 @@
 #include "flatshard/estimate.h"
 #include "flatshard/kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* _mm_clflush, _mm_mfence: SSE2, in every x86-64 */
+#endif
+
 /* the calibration's GEMM: N tokens, IC inputs, OC outputs; its attention: T tokens of one
  * sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
 enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
-enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 2 << 20 };
+enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
 #define CAL_ADAMW_BYTES_PER_NUMEL (3.0 * 8.0 + 4.0 + 2.0)
@@ -214,8 +219,23 @@ static fs_status measure_attention(fs_calibration *c) {
     return st;
 }
 
+/* Writes bytes at p back to memory and out of every cache level (nothing elsewhere). */
+static void evict(const void *p, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *c = p;
+    for (size_t i = 0; i < bytes; i += 64) _mm_clflush(c + i);
+    _mm_mfence();
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* AdamW with the bf16 copy, as a bf16 step runs it (fp32 skips the copy; the rate per byte is
- * the same stream). */
+ * the same stream). Every run starts with its operands out of the caches, as a step's do: the
+ * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
+ * back (written a whole forward earlier) come from memory, and a loop over one buffer that
+ * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
 static fs_status measure_adamw(fs_calibration *c) {
     const size_t n = CAL_ADAMW_NUMEL;
     float *param = malloc(n * sizeof *param), *m = malloc(n * sizeof *m);
@@ -236,6 +256,11 @@ static fs_status measure_adamw(fs_calibration *c) {
         fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
         for (int r = -1; r < CAL_REPS; r++) {
             hp.step = r + 2;
+            evict(param, n * sizeof *param);
+            evict(m, n * sizeof *m);
+            evict(v, n * sizeof *v);
+            evict(grad, n * sizeof *grad);
+            evict(param_bf16, n * sizeof *param_bf16);
             double t0 = fs_now();
             fs_adamw_update(NULL, param, param_bf16, m, v, grad, (int64_t)n, hp);
             if (r >= 0) t[r] = fs_now() - t0;
