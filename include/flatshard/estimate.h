@@ -77,7 +77,7 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
  * calibration (calibrate.c, 0.4-1.5 s): flatshard's own fp32 GEMM (OpenBLAS sgemm) and bf16
  * GEMM, a linear layer's forward and both backward products on one thread at a block-sized
  * shape; its attention forward and backward; its AdamW; and a one-thread memcpy (each the
- * fastest of seven runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * fastest of seven runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
  * one thread, before training starts (never inside a step: it takes the core for up to ~1.5 s). */
