@@ -333,14 +333,14 @@ static void test_step_time_by_hand(void) {
     CHECK_REL(e.attention_flops, 2 * (4 * Fa + 3 * Fa), "attention flops");
     /* memory-bound bytes per token, in activation elements (C 64, FF 128, HS 16, q and k
      * QK = (4 + 2) x 16 = 96, QKV = 128), docs/planner.md:
-     *   block forward 8C + 2QK + 3FF = 1088, backward 8C + 9FF + QKV + 2QK = 1984, recomputed
+     *   block forward 8C + 2QK + 3FF = 1088, backward 12C + 9FF + QKV + 2QK = 2240, recomputed
      *   6C + 2QK + 3FF = 960; head (one chunk of V 100, first and last) forward V + 2C = 228,
-     *   backward 2V + 5C = 520; embedding forward 2C = 128, backward 3C = 192;
+     *   backward 2V + 7C = 648; embedding forward 2C = 128, backward 3C = 192;
      * and after every op's backward its unit's gradient rounded for the bf16 wire: 4 + 2
      * bytes per element of the unit (embedding and head 6400, a block 36864) */
     const double tok = 32, wire_e = 6.0 * 6400, wire_b = 6.0 * 36864, wire_h = 6.0 * 6400;
 #define OP_BYTES(act)                                                                           \
-    (tok * (act) * (128 + 192 + (1088 + 1984 + 960) + (1088 + 1984) + (228 + 520)) + wire_e + \
+    (tok * (act) * (128 + 192 + (1088 + 2240 + 960) + (1088 + 2240) + (228 + 648)) + wire_e + \
      2 * wire_b + wire_h)
     CHECK_REL(e.memory_bytes, 2 * OP_BYTES(2.0), "memory-bound bytes (2 micro-batches, bf16 activations)");
     /* after backward, per shard element (86912 / 4 ranks): sum of squares 4, scaling 8, AdamW
@@ -358,8 +358,8 @@ static void test_step_time_by_hand(void) {
     /* ops: embed, block 0, block 1, head; forward and backward compute per op */
     const double cf0 = tok * 2 * 128 / hbm, cf1 = Fb / rate + tok * 2 * 1088 / hbm, cf2 = cf1;
     const double cb0 = (tok * 2 * 192 + wire_e) / hbm;
-    const double cb1 = 3 * Fb / rate + (tok * 2 * (1984 + 960) + wire_b) / hbm;
-    const double cb2 = 2 * Fb / rate + (tok * 2 * 1984 + wire_b) / hbm;
+    const double cb1 = 3 * Fb / rate + (tok * 2 * (2240 + 960) + wire_b) / hbm;
+    const double cb2 = 2 * Fb / rate + (tok * 2 * 2240 + wire_b) / hbm;
     /* collectives at 240 GB/s (4 ranks: one node), 50 us each, (W-1)/W = 3/4 on the wire;
      * weights bf16 (2 bytes), unit gradients bf16 on the wire (fs_plan_bf16_grad_wire), the
      * norm group's fp32; units padded to multiples of 4 x 32 */

@@ -109,12 +109,13 @@ typedef struct op_cost {
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
  *   block backward   zero dgu (2FF) + SwiGLU (read FF + 2FF, dgu read and written 4FF)
- *                    + 2 rmsnorm (read dln, x; dres read and written: 4C each) + zero dqkv
- *                    (QKV) + rope in place (2 QK)                   = 8C + 9FF + QKV + 2 QK
+ *                    + 2 rmsnorm (read dln, x; dres read and written; then dln and x again
+ *                    for the weight's gradient: 6C each) + zero dqkv (QKV) + rope in place
+ *                    (2 QK)                                         = 12C + 9FF + QKV + 2 QK
  *   recomputation    the forward without its last copy              = 6C + 2 QK + 3FF
  *   head chunk       forward: the final rmsnorm (2C, first chunk) + cross-entropy reads the
  *                    logits (Vc); backward: dlogits in place (2 Vc) + zero dres and the final
- *                    rmsnorm's backward (5C, first chunk)
+ *                    rmsnorm's backward (7C, first chunk)
  *   embedding        forward: row read, x written (2C); backward: dres read, row read and
  *                    written (3C)
  * plus, where gradients travel as bf16 (fs_plan_bf16_grad_wire), each unit's fp32 gradient
@@ -137,7 +138,7 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.fwd.bytes = N * (8.0 * C + 2.0 * QK + 3.0 * FF) * act;
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.attention = 2.0 * k.fwd.attention;
-        k.bwd.bytes = N * (8.0 * C + 9.0 * FF + QKV + 2.0 * QK) * act;
+        k.bwd.bytes = N * (12.0 * C + 9.0 * FF + QKV + 2.0 * QK) * act;
         if (u->index < p->cfg.ckpt_layers) {
             k.recompute.gemm = k.fwd.gemm;
             k.recompute.attention = k.fwd.attention;
@@ -148,7 +149,7 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.fwd.gemm = 2.0 * N * C * rows;
         k.fwd.bytes = N * (rows + (o->first_of_kind ? 2.0 * C : 0.0)) * act;
         k.bwd.gemm = 2.0 * k.fwd.gemm;
-        k.bwd.bytes = N * (2.0 * rows + (o->first_of_kind ? 5.0 * C : 0.0)) * act;
+        k.bwd.bytes = N * (2.0 * rows + (o->first_of_kind ? 7.0 * C : 0.0)) * act;
         if (!o->last_of_kind) k.recompute.gemm = k.fwd.gemm; /* the logits of earlier chunks are redone */
     } else if (o->kind == FS_UNIT_EMBED) {
         k.fwd.bytes = 2.0 * N * C * act;

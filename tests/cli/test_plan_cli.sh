@@ -133,12 +133,12 @@ N = 4096; fb = 2 * N * block + 2 * N * C * (4096 + 1); fh = 2 * N * C * V
 flops = L * 3 * fb + fewest * fb + 3 * fh
 assert abs(e["estimate"]["flops"] - flops) <= 1e-12 * flops, (e["estimate"]["flops"], flops)
 # memory-bound bytes (2 per activation element), per token: a block forward 8C + 2QK + 3FF,
-# backward 8C + 9FF + QKV + 2QK, recomputed 6C + 2QK + 3FF; the head forward V + 2C, backward
-# 2V + 5C; the embedding 2C + 3C; every unit gradient rounded for the bf16 wire (6 bytes per
+# backward 12C + 9FF + QKV + 2QK, recomputed 6C + 2QK + 3FF; the head forward V + 2C, backward
+# 2V + 7C; the embedding 2C + 3C; every unit gradient rounded for the bf16 wire (6 bytes per
 # element); after backward 42 bytes per shard element; all over HBM2e at 2039 GB/s
 QK = (NH + NKV) * HS
-per_token = L * ((8 * C + 2 * QK + 3 * FF) + (8 * C + 9 * FF + QKV + 2 * QK)) + \
-    fewest * (6 * C + 2 * QK + 3 * FF) + (V + 2 * C) + (2 * V + 5 * C) + 5 * C
+per_token = L * ((8 * C + 2 * QK + 3 * FF) + (12 * C + 9 * FF + QKV + 2 * QK)) + \
+    fewest * (6 * C + 2 * QK + 3 * FF) + (V + 2 * C) + (2 * V + 7 * C) + 5 * C
 mem = N * per_token * 2 + 6 * (L * pad(block) + 2 * pad(V * C))
 est = e["estimate"]
 assert abs(est["memory_bytes"] - mem) <= 1e-12 * mem, (est["memory_bytes"], mem)
