@@ -20,12 +20,14 @@ static const fs_command_help plan_help = {
         "Plans a training run without running it: per-device memory by category (the shard\n"
         "plan the engine allocates by, exact for flatshard on this machine), whether it fits a\n"
         "device, the collectives of one step with their bytes, and an estimated step time\n"
-        "(compute FLOPs over a sustained rate; collective bytes over the link's bus bandwidth;\n"
-        "what the schedule overlaps). The model is a preset (tiny, small, llama2-7b,\n"
-        "llama2-13b, llama2-70b, llama3-8b, llama3-70b) or a config.json; the device a\n"
-        "published preset (figures and sources in docs/planner.md) or this-machine: this\n"
-        "machine, one core per rank, measured by a short calibration (GEMMs and memcpy) that\n"
-        "is cached in $XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the\n"
+        "(GEMM FLOPs over the GEMM rate, attention's T^2 FLOPs over the attention rate, the\n"
+        "bytes of the memory-bound kernels and the optimizer over the memory bandwidth;\n"
+        "collective bytes over the link's bus bandwidth; what the schedule overlaps). The\n"
+        "model is a preset (tiny, small, llama2-7b, llama2-13b, llama2-70b, llama3-8b,\n"
+        "llama3-70b) or a config.json; the device a published preset (figures and sources in\n"
+        "docs/planner.md) or this-machine: this machine, one core per rank, measured by a\n"
+        "short calibration (GEMMs forward and backward, attention, AdamW, memcpy) that is\n"
+        "cached in $XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the\n"
         "figures came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.",
     .epilog = "examples:\n"
               "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
@@ -155,10 +157,13 @@ int fs_cmd_plan(int argc, char **argv) {
         for (int k = 0; k < FS_EST_N_KINDS; k++)
             printf("%s\"%s\":{\"count\":%" PRId64 ",\"bytes\":%.0f,\"wire_bytes\":%.0f}", k ? "," : "", kinds[k],
                    est.comm.count[k], est.comm.bytes[k], est.comm.wire[k]);
-        printf("},\"estimate\":{\"compute_s\":%.17g,\"comm_s\":%.17g,\"exposed_comm_s\":%.17g,\"step_s\":%.17g,"
-               "\"tokens_per_s\":%.17g,\"mfu\":%.17g,\"busbw\":%.17g,\"flops\":%.17g}}\n",
-               est.compute_s, est.comm_s, est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw,
-               est.flops);
+        printf("},\"estimate\":{\"compute_s\":%.17g,\"gemm_s\":%.17g,\"attention_s\":%.17g,\"memory_s\":%.17g,"
+               "\"optimizer_s\":%.17g,\"comm_s\":%.17g,\"exposed_comm_s\":%.17g,\"step_s\":%.17g,"
+               "\"tokens_per_s\":%.17g,\"mfu\":%.17g,\"busbw\":%.17g,\"flops\":%.17g,\"attention_flops\":%.17g,"
+               "\"memory_bytes\":%.17g,\"optimizer_bytes\":%.17g}}\n",
+               est.compute_s, est.gemm_s, est.attention_s, est.memory_s, est.optimizer_s, est.comm_s,
+               est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw, est.flops, est.attention_flops,
+               est.memory_bytes, est.optimizer_bytes);
         free_plan(&p);
         return FS_EXIT_OK;
     }
@@ -193,10 +198,11 @@ int fs_cmd_plan(int argc, char **argv) {
         if (est.comm.count[k])
             printf("  %-15s %8" PRId64 " %14.3f %14.3f\n", kinds[k], est.comm.count[k], est.comm.bytes[k] / 1073741824.0,
                    est.comm.wire[k] / 1073741824.0);
-    printf("estimated step (docs/planner.md): compute %.3f s, communication %.3f s at %.1f GB/s bus bandwidth of "
-           "which %.3f s exposed -> %.3f s per step, %.0f tokens/s, MFU %.1f%%\n",
-           est.compute_s, est.comm_s, est.busbw / 1e9, est.exposed_comm_s, est.step_s, est.tokens_per_s,
-           100.0 * est.mfu);
+    printf("estimated step (docs/planner.md): compute %.3f s (GEMM %.3f, attention %.3f, memory-bound %.3f, "
+           "optimizer %.3f), communication %.3f s at %.1f GB/s bus bandwidth of which %.3f s exposed -> %.3f s per "
+           "step, %.0f tokens/s, MFU %.1f%%\n",
+           est.compute_s, est.gemm_s, est.attention_s, est.memory_s, est.optimizer_s, est.comm_s, est.busbw / 1e9,
+           est.exposed_comm_s, est.step_s, est.tokens_per_s, 100.0 * est.mfu);
     free_plan(&p);
     return FS_EXIT_OK;
 }

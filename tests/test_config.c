@@ -326,16 +326,40 @@ static void test_step_time_by_hand(void) {
 
     /* FLOPs, N = B*T = 32 tokens: a block's forward 2 N (matmul weights 36864) + 2 N C (T+1);
      * the head's 2 N C V; backward twice the forward; block 0 (checkpointed) forward again */
-    const double Fb = 2.0 * 32 * 36864 + 2.0 * 32 * 64 * 17, Fh = 2.0 * 32 * 64 * 100;
+    const double Fa = 2.0 * 32 * 64 * 17; /* a block forward's attention (T^2 part) */
+    const double Fb = 2.0 * 32 * 36864 + Fa, Fh = 2.0 * 32 * 64 * 100;
     const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh), model = 2 * (6 * Fb + 3 * Fh);
     CHECK_REL(e.flops, flops, "flops");
-    const double rate = 312e12 * 0.5; /* bf16 peak x utilisation */
-    CHECK_REL(e.compute_s, flops / rate, "compute");
+    CHECK_REL(e.attention_flops, 2 * (4 * Fa + 3 * Fa), "attention flops");
+    /* memory-bound bytes per token, in activation elements (C 64, FF 128, HS 16, q and k
+     * QK = (4 + 2) x 16 = 96, QKV = 128), docs/planner.md:
+     *   block forward 8C + 2QK + 3FF = 1088, backward 12C + 9FF + QKV + 2QK = 2240, recomputed
+     *   6C + 2QK + 3FF = 960; head (one chunk of V 100, first and last) forward V + 2C = 228,
+     *   backward 2V + 7C = 648; embedding forward 2C = 128, backward 3C = 192;
+     * and after every op's backward its unit's gradient rounded for the bf16 wire: 4 + 2
+     * bytes per element of the unit (embedding and head 6400, a block 36864) */
+    const double tok = 32, wire_e = 6.0 * 6400, wire_b = 6.0 * 36864, wire_h = 6.0 * 6400;
+#define OP_BYTES(act)                                                                           \
+    (tok * (act) * (128 + 192 + (1088 + 2240 + 960) + (1088 + 2240) + (228 + 648)) + wire_e + \
+     2 * wire_b + wire_h)
+    CHECK_REL(e.memory_bytes, 2 * OP_BYTES(2.0), "memory-bound bytes (2 micro-batches, bf16 activations)");
+    /* after backward, per shard element (86912 / 4 ranks): sum of squares 4, scaling 8, AdamW
+     * 28, the bf16 copy 2 */
+    CHECK(plan.shard_numel == (6400 + 2 * 36864 + 6400 + 384) / 4, "shard %lld", (long long)plan.shard_numel);
+    const double opt = (double)plan.shard_numel * 42;
+    CHECK_REL(e.optimizer_bytes, opt, "optimizer bytes");
+    const double rate = 312e12 * 0.5, hbm = 2039e9; /* bf16 peak x utilisation; HBM2e */
+    CHECK_REL(e.gemm_s, (flops - 14 * Fa) / rate, "GEMM time");
+    CHECK_REL(e.attention_s, 14 * Fa / rate, "attention at the GEMM rate on a GPU");
+    CHECK_REL(e.memory_s, 2 * OP_BYTES(2.0) / hbm, "memory-bound time");
+    CHECK_REL(e.optimizer_s, opt / hbm, "optimizer time");
+    const double compute = flops / rate + (2 * OP_BYTES(2.0) + opt) / hbm;
+    CHECK_REL(e.compute_s, compute, "compute");
     /* ops: embed, block 0, block 1, head; forward and backward compute per op */
-    const double cf0 = 0, cf1 = Fb / rate, cf2 = Fb / rate;
-    const double cb0 = 0, cb1 = 3 * Fb / rate, cb2 = 2 * Fb / rate;
-    (void)cf0;
-    (void)cb0;
+    const double cf0 = tok * 2 * 128 / hbm, cf1 = Fb / rate + tok * 2 * 1088 / hbm, cf2 = cf1;
+    const double cb0 = (tok * 2 * 192 + wire_e) / hbm;
+    const double cb1 = 3 * Fb / rate + (tok * 2 * (2240 + 960) + wire_b) / hbm;
+    const double cb2 = 2 * Fb / rate + (tok * 2 * 2240 + wire_b) / hbm;
     /* collectives at 240 GB/s (4 ranks: one node), 50 us each, (W-1)/W = 3/4 on the wire;
      * weights bf16 (2 bytes), unit gradients bf16 on the wire (fs_plan_bf16_grad_wire), the
      * norm group's fp32; units padded to multiples of 4 x 32 */
@@ -361,9 +385,9 @@ static void test_step_time_by_hand(void) {
 #undef AG
     CHECK_REL(e.comm_s, comm, "communication");
     CHECK_REL(e.exposed_comm_s, exposed, "exposed communication");
-    CHECK_REL(e.step_s, flops / rate + exposed, "step");
-    CHECK_REL(e.tokens_per_s, 4.0 * 2 * 2 * 16 / (flops / rate + exposed), "tokens/s");
-    CHECK_REL(e.mfu, model / (312e12 * (flops / rate + exposed)), "MFU");
+    CHECK_REL(e.step_s, compute + exposed, "step");
+    CHECK_REL(e.tokens_per_s, 4.0 * 2 * 2 * 16 / (compute + exposed), "tokens/s");
+    CHECK_REL(e.mfu, model / (312e12 * (compute + exposed)), "MFU");
     CHECK(e.busbw == 240e9, "busbw %g", e.busbw);
     CHECK(e.comm.count[FS_EST_ALL_GATHER] == 12 && e.comm.count[FS_EST_REDUCE_SCATTER] == 9 &&
               e.comm.count[FS_EST_ALL_REDUCE] == 0,
@@ -376,28 +400,33 @@ static void test_step_time_by_hand(void) {
     CHECK(e.comm.bytes[FS_EST_REDUCE_SCATTER] == rs_bytes, "reduce-scatter bytes %.0f, expected %.0f",
           e.comm.bytes[1], rs_bytes);
 
-    /* The same plan on a calibrated CPU (fs_hardware_from_calibration, fixed figures): rates
-     * from the GEMMs x step efficiency, busbw = memcpy x 0.4, collectives on the compute
-     * cores: nothing hidden */
-    fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .copy_bytes_per_s = 10e9};
+    /* The same plan on a calibrated CPU (fs_hardware_from_calibration, fixed figures): GEMMs at
+     * the measured GEMM rate, attention at the measured attention rate, memory-bound work at
+     * AdamW's bytes/s with activations of 4 bytes, busbw = memcpy x 0.4, collectives on the
+     * compute cores: nothing hidden */
+    fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .attention_flops = 5e9,
+                          .adamw_bytes_per_s = 20e9, .copy_bytes_per_s = 10e9};
     fs_hardware cpu;
     fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 2, &cpu);
     CHECK(cpu.peak_flops_fp32 == 100e9 && cpu.peak_flops_bf16 == 50e9, "peaks are the GEMM rates");
-    CHECK(cpu.utilisation_fp32 == 0.87 && cpu.utilisation_bf16 == 0.80, "step efficiencies %g %g",
-          cpu.utilisation_fp32, cpu.utilisation_bf16);
+    CHECK(cpu.utilisation_fp32 == 1 && cpu.utilisation_bf16 == 1, "utilisations %g %g", cpu.utilisation_fp32,
+          cpu.utilisation_bf16);
+    CHECK(cpu.attention_flops_fp32 == 5e9 && cpu.attention_flops_bf16 == 5e9 && cpu.memory_bw == 20e9,
+          "attention %g %g, memory %g", cpu.attention_flops_fp32, cpu.attention_flops_bf16, cpu.memory_bw);
     CHECK(cpu.intra_busbw == 4e9 && cpu.inter_busbw == 4e9, "busbw %g %g", cpu.intra_busbw, cpu.inter_busbw);
     CHECK(cpu.devices_per_node == 2 && cpu.memory_bytes == 24.0 * 1073741824.0 && cpu.comm_on_compute_cores &&
               cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
           "the machine's figures");
     fs_estimate_step(&plan, &cpu, 2, &e);
-    const double cpu_rate = 50e9 * 0.80;
+    const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * OP_BYTES(4.0) + opt) / 20e9;
+#undef OP_BYTES
     /* 21 collectives, one piece each */
     const double cpu_comm = 21 * 50e-6 + 0.75 * (ag_bytes + rs_bytes) / 4e9;
-    CHECK_REL(e.compute_s, flops / cpu_rate, "cpu compute");
+    CHECK_REL(e.compute_s, cpu_compute, "cpu compute");
     CHECK_REL(e.comm_s, cpu_comm, "cpu communication");
     CHECK_REL(e.exposed_comm_s, cpu_comm, "cpu: all communication exposed");
-    CHECK_REL(e.step_s, flops / cpu_rate + cpu_comm, "cpu step");
-    CHECK_REL(e.mfu, model / (50e9 * (flops / cpu_rate + cpu_comm)), "cpu MFU");
+    CHECK_REL(e.step_s, cpu_compute + cpu_comm, "cpu step");
+    CHECK_REL(e.mfu, model / (50e9 * (cpu_compute + cpu_comm)), "cpu MFU");
     fs_plan_free(&plan);
     fs_layout_free(&l);
 }
@@ -431,9 +460,11 @@ static void test_calibration_and_cache(void) {
     fs_calibration m;
     CHECK_OK(fs_calibration_measure(&m));
     CHECK(m.gemm_fp32_flops > 1e8 && m.gemm_fp32_flops < 1e14 && m.gemm_bf16_flops > 1e7 &&
-              m.gemm_bf16_flops < 1e14 && m.copy_bytes_per_s > 1e8 && m.copy_bytes_per_s < 1e13,
-          "measured figures are plausible: %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
-          m.copy_bytes_per_s);
+              m.gemm_bf16_flops < 1e14 && m.attention_flops > 1e7 && m.attention_flops < 1e14 &&
+              m.adamw_bytes_per_s > 1e8 && m.adamw_bytes_per_s < 1e13 && m.copy_bytes_per_s > 1e8 &&
+              m.copy_bytes_per_s < 1e13,
+          "measured figures are plausible: %g %g %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
+          m.attention_flops, m.adamw_bytes_per_s, m.copy_bytes_per_s);
     CHECK(strcmp(m.key, key) == 0 && strlen(m.date) == 19, "key and date recorded: %s", m.date);
 
     /* round trip, bit for bit (%.17g) */
@@ -447,14 +478,23 @@ static void test_calibration_and_cache(void) {
               strstr(fs_error_message(), "another machine"),
           "a different key: %s", fs_error_message());
     /* corrupt files: refused, *out untouched */
+#define V2 "flatshard calibration 2\nkey K\ndate D\n"
+#define FIGURES "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\n"
     static const char *const corrupt[] = {
-        "", "flatshard calibration 2\n", "garbage\n",
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\n",
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops nan\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops -1\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11x\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10", /* cut */
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\nextra 1\n",
+        "", "flatshard calibration 3\n", "garbage\n",
+        /* version 1 (no attention or AdamW figures, forward-only GEMMs): measured again */
+        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
+        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n", /* no attention, AdamW */
+        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\ncopy_bytes_per_s 1e10\n",
+        V2 FIGURES,
+        V2 "gemm_fp32_flops nan\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\n"
+           "copy_bytes_per_s 1e10\n",
+        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops -1\nadamw_bytes_per_s 2e10\n"
+           "copy_bytes_per_s 1e10\n",
+        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10x\n"
+           "copy_bytes_per_s 1e10\n",
+        V2 FIGURES "copy_bytes_per_s 1e10", /* cut */
+        V2 FIGURES "copy_bytes_per_s 1e10\nextra 1\n",
     };
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         write_text(path, corrupt[i]);
@@ -464,10 +504,14 @@ static void test_calibration_and_cache(void) {
               "corrupt case %zu: %s %s", i, fs_status_name(st), fs_error_message());
         CHECK(memcmp(&before, &r, sizeof r) == 0, "corrupt case %zu leaves *out alone", i);
     }
-    write_text(path, "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\n"
-                     "copy_bytes_per_s 1e10\n");
+    write_text(path, V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\nattention_flops 3e10\nadamw_bytes_per_s 4e10\n"
+                        "copy_bytes_per_s 1e10\n");
+#undef V2
+#undef FIGURES
     CHECK_OK(fs_calibration_read(path, "K", &r));
-    CHECK(r.gemm_bf16_flops == 2e11 && strcmp(r.date, "D") == 0, "a hand-written cache parses");
+    CHECK(r.gemm_bf16_flops == 2e11 && r.attention_flops == 3e10 && r.adamw_bytes_per_s == 4e10 &&
+              strcmp(r.date, "D") == 0,
+          "a hand-written cache parses");
     unlink(path);
     CHECK(fs_calibration_read(path, "K", &r) == FS_ERR_IO, "a missing cache");
 
@@ -479,11 +523,14 @@ static void test_calibration_and_cache(void) {
         CHECK(hw->origin == FS_HW_MEASURED && strstr(hw->origin_note, "measured now") &&
                   strstr(hw->origin_note, path),
               "a corrupt cache is ignored: %s", hw->origin_note);
-        CHECK(strcmp(hw->name, "this-machine") == 0 && hw->comm_on_compute_cores &&
-                  hw->utilisation_fp32 == FS_CPU_STEP_EFFICIENCY_FP32 && hw->peak_flops_fp32 > 0,
+        CHECK(strcmp(hw->name, "this-machine") == 0 && hw->comm_on_compute_cores && hw->utilisation_fp32 == 1 &&
+                  hw->peak_flops_fp32 > 0,
               "this-machine figures");
+        CHECK(strstr(hw->description, "attention") && strstr(hw->description, "AdamW"),
+              "the device line names the new figures: %s", hw->description);
         CHECK_OK(fs_calibration_read(path, key, &r));
-        CHECK(r.gemm_fp32_flops == hw->peak_flops_fp32 && r.gemm_bf16_flops == hw->peak_flops_bf16,
+        CHECK(r.gemm_fp32_flops == hw->peak_flops_fp32 && r.gemm_bf16_flops == hw->peak_flops_bf16 &&
+                  r.attention_flops == hw->attention_flops_bf16 && r.adamw_bytes_per_s == hw->memory_bw,
               "and rewritten with the figures in use");
     }
     const fs_hardware *again = NULL;

@@ -5,9 +5,14 @@
  * the engine allocates by.
  *
  * The model (docs/planner.md has the formulas, the hardware figures and their sources):
- *   compute   model FLOPs of each op (forward 2x matmul parameters x tokens + causal
- *             attention; backward twice that; a checkpointed block's forward once more)
- *             over the device's sustained rate for the precision (peak x utilisation);
+ *   compute   of each op, three kinds of work at three rates, because they are bound by
+ *             different things: the GEMMs' FLOPs (forward 2 x matmul parameters x tokens;
+ *             backward twice that; a checkpointed block's forward once more) over the
+ *             precision's sustained GEMM rate (peak x utilisation); causal attention's T^2
+ *             FLOPs over the attention rate; and the bytes the memory-bound kernels read and
+ *             write (norms, RoPE, SwiGLU, residual copies, cross-entropy, gradient casts)
+ *             over the memory bandwidth. After backward, the optimizer's bytes (gradient
+ *             norm, scaling, AdamW over the rank's shard) over the memory bandwidth too;
  *   comm      every collective's bytes on the wire per device, nccl-tests style
  *             (all-gather and reduce-scatter (W-1)/W of the full size, all-reduce twice
  *             that), over the bus bandwidth of the slowest link the ring crosses (inside a
@@ -49,6 +54,10 @@ typedef struct fs_hardware {
     double peak_flops_bf16;
     double utilisation_fp32; /* sustained / peak for the fp32 policy's compute */
     double utilisation_bf16; /* the same for bf16 (of the bf16 peak) */
+    double attention_flops_fp32; /* FLOP/s of causal attention's T^2 part (scores and their
+                                    products, forward and backward) under the fp32 policy */
+    double attention_flops_bf16; /* the same under bf16 */
+    double memory_bw;        /* bytes/s read + written by the memory-bound kernels */
     int comm_on_compute_cores; /* collectives take the compute cores' time: no overlap */
     double intra_busbw;      /* bytes/s per device, ring collectives inside a node */
     double inter_busbw;      /* bytes/s per device, ring collectives across nodes */
@@ -65,19 +74,26 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 0.1-0.7 s): flatshard's own fp32 GEMM (fs_matmul_forward, OpenBLAS
- * sgemm) and bf16 GEMM (fs_matmul_forward_bf16) on one thread at a block-sized shape, and a
- * one-thread memcpy (each the fastest of seven runs). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * calibration (calibrate.c, 0.4-1.5 s): flatshard's own fp32 GEMM (OpenBLAS sgemm) and bf16
+ * GEMM, a linear layer's forward and both backward products on one thread at a block-sized
+ * shape; its attention forward and backward; its AdamW; and a one-thread memcpy (each the
+ * fastest of seven runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes the core for up to ~0.7 s). */
+ * one thread, before training starts (never inside a step: it takes the core for up to ~1.5 s). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
                                 OpenBLAS's core, the build flavour, threads: the figures are
                                 valid while it holds */
     char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
-    double gemm_fp32_flops;  /* fs_matmul_forward, one thread, (256, 768) @ (1024, 768)^T */
-    double gemm_bf16_flops;  /* fs_matmul_forward_bf16, the same shape */
+    double gemm_fp32_flops;  /* fs_matmul_forward + fs_matmul_backward (dinp and dweight), one
+                                thread, (256, 768) @ (1024, 768)^T: 3 x 0.4 GFLOP */
+    double gemm_bf16_flops;  /* fs_matmul_forward_bf16 + fs_matmul_backward_bf16, the same */
+    double attention_flops;  /* fs_attention_forward + fs_attention_backward, B 1, T 256,
+                                12 heads / 4 kv heads of 64: 3 x 2 N C (T+1) FLOPs */
+    double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 1 Mi elements, its
+                                operands flushed from the caches first: 30 bytes per element
+                                (param, m, v read and written, grad read, bf16 written) */
     double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
 } fs_calibration;
 
@@ -88,7 +104,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (0.1-0.7 s of one core); fills key and date too. */
+/* Measures the running machine (0.4-1.5 s of one core); fills key and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
@@ -100,8 +116,13 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
  * reader sees the old file or the new one, never a part. */
 fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
 /* The hardware figures a calibration stands for (a pure function, docs/planner.md):
- *   peak_flops_fp32/bf16  the measured GEMM rates (what a core sustains on a block's GEMM)
- *   utilisation_fp32/bf16 FS_CPU_STEP_EFFICIENCY_FP32/BF16: a whole step's rate over its GEMMs'
+ *   peak_flops_fp32/bf16  the measured GEMM rates (what a core sustains on a block's GEMMs,
+ *                         forward and backward)
+ *   utilisation_fp32/bf16 1: those rates are already what a step's GEMMs sustain
+ *   attention_flops_fp32/bf16  attention_flops, both (flatshard's CPU attention computes in
+ *                         fp32 under both policies)
+ *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
+ *                         kernel of a step)
  *   intra/inter_busbw     copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR
  *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
  * name, description and origin_note are left NULL for the caller. */
@@ -111,11 +132,6 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
  * until the next call. A cache that cannot be written is not an error (origin_note says so). */
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out);
 
-/* Step rate over GEMM rate, measured on the Zen 5 VM (BENCHMARKS.md, issue 7 table: fp32 step
- * 172.8 GFLOP/s against sgemm 198.4 over the same step's GEMMs; bf16 256.3 against 321.3):
- * attention, SwiGLU, norms and the optimizer run below the GEMM rate. */
-#define FS_CPU_STEP_EFFICIENCY_FP32 0.87
-#define FS_CPU_STEP_EFFICIENCY_BF16 0.80
 /* Ring busbw over one thread's memcpy rate, measured on the Zen 5 VM: the ring all-gather and
  * reduce-scatter through the worker reach 6 GB/s on 2 ranks at 64 MiB against ~15 GB/s
  * memcpy (MACHINE.md); the ring copies, sums and synchronises. */
@@ -134,7 +150,14 @@ typedef struct fs_step_comm {
 
 typedef struct fs_step_estimate {
     double flops;            /* model FLOPs per device per step, recomputation included */
-    double compute_s;
+    double attention_flops;  /* the part of flops that is attention's T^2 */
+    double memory_bytes;     /* read + written by the memory-bound kernels of the ops */
+    double optimizer_bytes;  /* read + written after backward: norm, scaling, AdamW */
+    double gemm_s;           /* (flops - attention_flops) / GEMM rate */
+    double attention_s;      /* attention_flops / attention rate */
+    double memory_s;         /* memory_bytes / memory_bw */
+    double optimizer_s;      /* optimizer_bytes / memory_bw */
+    double compute_s;        /* the four above */
     double comm_s;           /* all collectives, back to back */
     double exposed_comm_s;   /* what the schedule does not hide */
     double step_s;           /* compute + exposed comm */

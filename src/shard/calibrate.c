@@ -3,16 +3,29 @@
  * runs on (contract in estimate.h, formulas in docs/planner.md), and its cache file.
  *
  * What is measured, on one thread (a rank's compute thread), each the fastest of seven timed
- * runs after one warm-up (the fastest, not the median: the machine may be shared, and the
- * figure is what a core can do, not what it did while something else ran):
- *   - flatshard's fp32 GEMM, fs_matmul_forward (OpenBLAS sgemm), on (256, 768) @ (1024, 768)^T:
- *     a micro-batch of 256 tokens through a block's projection (0.4 GFLOP);
- *   - the bf16 GEMM, fs_matmul_forward_bf16, on the same shape, on the path in use (oneDNN's
- *     on AMX, kernels.h), its staging and primitive created by the warm-up run;
+ * runs after one warm-up, timed by the thread's CPU time (the fastest, and CPU time, not the
+ * median of wall-clock times: the machine may be shared, and the figure is what a core can
+ * do, not what it did while something else ran):
+ *   - flatshard's fp32 GEMM (OpenBLAS sgemm): a linear layer's three products, forward
+ *     (fs_matmul_forward) and backward (fs_matmul_backward, dinp and dweight), on
+ *     (256, 768) @ (1024, 768)^T: a micro-batch of 256 tokens through a block's projection
+ *     (3 x 0.4 GFLOP). The backward products matter: the weight gradient (dout^T inp) runs
+ *     at half the forward's rate on oneDNN's AMX path (bench gemm), and a step is two thirds
+ *     backward;
+ *   - the bf16 GEMM, fs_matmul_forward_bf16 and fs_matmul_backward_bf16, on the same shape,
+ *     on the path in use (oneDNN's on AMX, kernels.h), its staging and primitives created by
+ *     the warm-up run;
+ *   - flatshard's attention, fs_attention_forward and fs_attention_backward, on 1 x 256 tokens,
+ *     12 query heads and 4 kv heads of 64 (`small`'s block): the T^2 work no GEMM rate
+ *     describes (online softmax, exp, the causal loop; 3 x 2 N C (T+1) FLOPs);
+ *   - AdamW, fs_adamw_update with the bf16 copy, over 1 Mi elements (18 MiB), its operands
+ *     flushed from the caches before each run (clflush; the step's shards and activations
+ *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
+ *     and the rate the estimate gives all of them;
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 0.1-0.7 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s). The
- * buffers (16 MiB at most at once) are freed before it returns.
+ * 0.4-1.5 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the
+ * flushes take ~0.2 s). The buffers (18 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level and bf16 GEMM path, OpenBLAS core, build
@@ -35,8 +48,17 @@
 #include "flatshard/estimate.h"
 #include "flatshard/kernels.h"
 
-/* the calibration's GEMM: N tokens, IC inputs, OC outputs */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* _mm_clflush, _mm_mfence: SSE2, in every x86-64 */
+#endif
+
+/* the calibration's GEMM: N tokens, IC inputs, OC outputs; its attention: T tokens of one
+ * sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
 enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
+enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
+/* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
+ * written), grad (read), the bf16 copy (written) */
+#define CAL_ADAMW_BYTES_PER_NUMEL (3.0 * 8.0 + 4.0 + 2.0)
 
 /* The build that measured: a sanitized or -O0 build runs flatshard's own kernels several
  * times slower, and its figures must never stand for the release build's (they did: a
@@ -46,7 +68,8 @@ enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_R
 #define FS_BUILD_FLAVOR "unknown"
 #endif
 
-#define CACHE_MAGIC "flatshard calibration 1"
+/* 2: the GEMMs forward and backward, attention and AdamW added (a version 1 cache is re-measured) */
+#define CACHE_MAGIC "flatshard calibration 2"
 
 /* FNV-1a of a string: the flags line is long, the key keeps its hash. */
 static uint64_t fnv1a(const char *s) {
@@ -92,6 +115,17 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
              fs_gemm_path_name(fs_gemm_path_in_use()), fs_kernels_blas_corename(), FS_BUILD_FLAVOR);
 }
 
+/* The calling thread's CPU time, the clock every figure is timed with: on a shared machine a
+ * run that is descheduled midway would count the time it waited (with other engineers'
+ * builds on both cores, wall-clock runs of attention's 13 ms took 68-97 ms, its CPU time
+ * 12.8-15 ms). Every kernel timed here runs on the calling thread alone (pool NULL; oneDNN's
+ * calls are single-threaded: the process's CPU time equals the thread's). */
+static double thread_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -102,19 +136,19 @@ static double fastest(double t[CAL_REPS]) {
     return t[0];
 }
 
-fs_status fs_calibration_measure(fs_calibration *out) {
-    fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
+/* The three products of a linear layer, fp32 and bf16: FLOP/s over their fastest times. */
+static fs_status measure_gemms(fs_calibration *c) {
     const size_t n_in = (size_t)CAL_N * CAL_IC, n_w = (size_t)CAL_OC * CAL_IC;
     const size_t n_out = (size_t)CAL_N * CAL_OC;
     float *inp = malloc(n_in * sizeof *inp), *w = malloc(n_w * sizeof *w);
-    float *o = malloc(n_out * sizeof *o);
+    float *o = malloc(n_out * sizeof *o), *dinp = malloc(n_in * sizeof *dinp);
+    float *dw = malloc(n_w * sizeof *dw);
     uint16_t *wb = malloc(n_w * sizeof *wb);
     fs_status st = FS_OK;
-    if (!inp || !w || !o || !wb) st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the GEMM operands");
-    double t[CAL_REPS];
+    if (!inp || !w || !o || !dinp || !dw || !wb)
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the GEMM operands");
+    double tf[CAL_REPS], tb[CAL_REPS];
     const double flops = 2.0 * CAL_N * CAL_IC * CAL_OC;
-    fs_calibration c;
-    memset(&c, 0, sizeof c);
     if (st == FS_OK) {
         /* small values of both signs: no denormals, no overflow, nothing a kernel shortcuts */
         for (size_t i = 0; i < n_in; i++) inp[i] = (float)((int)(i % 17) - 8) * 0.0625f;
@@ -124,53 +158,175 @@ fs_status fs_calibration_measure(fs_calibration *out) {
             memcpy(&bits, &w[i], sizeof bits);
             wb[i] = (uint16_t)(bits >> 16); /* exact: the values have few mantissa bits */
         }
+        /* the output gradient is the forward's output (|values| < 100: nothing overflows) */
         memset(o, 0, n_out * sizeof *o);
         for (int r = -1; r < CAL_REPS; r++) {
-            double t0 = fs_now();
+            double t0 = thread_seconds();
             fs_matmul_forward(NULL, o, inp, w, CAL_N, CAL_IC, CAL_OC, 0);
-            if (r >= 0) t[r] = fs_now() - t0;
+            double t1 = thread_seconds();
+            fs_matmul_backward(NULL, dinp, dw, o, inp, w, CAL_N, CAL_IC, CAL_OC, 0, 0);
+            if (r >= 0) {
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
+            }
         }
-        c.gemm_fp32_flops = flops / fastest(t);
+        c->gemm_fp32_flops = 3.0 * flops / (fastest(tf) + fastest(tb));
         for (int r = -1; r < CAL_REPS; r++) {
-            double t0 = fs_now();
+            double t0 = thread_seconds();
             fs_matmul_forward_bf16(NULL, NULL, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0);
-            if (r >= 0) t[r] = fs_now() - t0;
+            double t1 = thread_seconds();
+            fs_matmul_backward_bf16(NULL, NULL, dinp, dw, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0, 0);
+            if (r >= 0) {
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
+            }
         }
-        c.gemm_bf16_flops = flops / fastest(t);
+        c->gemm_bf16_flops = 3.0 * flops / (fastest(tf) + fastest(tb));
     }
     free(inp);
     free(w);
     free(o);
+    free(dinp);
+    free(dw);
     free(wb);
-    if (st != FS_OK) return st;
+    return st;
+}
 
+/* Causal attention forward and backward on one sequence, q, k, v in one fused activation
+ * as the model keeps them; FLOPs as the estimate counts them (3 x 2 N C (T+1)). */
+static fs_status measure_attention(fs_calibration *c) {
+    const int64_t N = CAL_T, C = (int64_t)CAL_NH * CAL_HS, QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS;
+    const size_t n_qkv = (size_t)(N * QKV), n_out = (size_t)(N * C), n_lse = (size_t)CAL_NH * CAL_T;
+    float *qkv = malloc(n_qkv * sizeof *qkv), *dqkv = malloc(n_qkv * sizeof *dqkv);
+    float *att = malloc(n_out * sizeof *att), *datt = malloc(n_out * sizeof *datt);
+    float *lse = malloc(n_lse * sizeof *lse);
+    fs_status st = FS_OK;
+    if (!qkv || !dqkv || !att || !datt || !lse)
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the attention operands");
+    double tf[CAL_REPS], tb[CAL_REPS];
+    if (st == FS_OK) {
+        for (size_t i = 0; i < n_qkv; i++) qkv[i] = (float)((int)(i % 19) - 9) * 0.05f;
+        for (size_t i = 0; i < n_out; i++) datt[i] = (float)((int)(i % 11) - 5) * 0.01f;
+        const float *q = qkv, *k = qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
+        float *dq = dqkv, *dk = dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
+        for (int r = -1; r < CAL_REPS; r++) {
+            memset(dqkv, 0, n_qkv * sizeof *dqkv); /* backward accumulates, as in the model */
+            double t0 = thread_seconds();
+            fs_attention_forward(NULL, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS);
+            double t1 = thread_seconds();
+            fs_attention_backward(NULL, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH,
+                                  CAL_NKV, CAL_HS);
+            if (r >= 0) {
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
+            }
+        }
+        c->attention_flops = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf) + fastest(tb));
+    }
+    free(qkv);
+    free(dqkv);
+    free(att);
+    free(datt);
+    free(lse);
+    return st;
+}
+
+/* Writes bytes at p back to memory and out of every cache level (nothing elsewhere). */
+static void evict(const void *p, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *c = p;
+    for (size_t i = 0; i < bytes; i += 64) _mm_clflush(c + i);
+    _mm_mfence();
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* AdamW with the bf16 copy, as a bf16 step runs it (fp32 skips the copy; the rate per byte is
+ * the same stream). Every run starts with its operands out of the caches, as a step's do: the
+ * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
+ * back (written a whole forward earlier) come from memory, and a loop over one buffer that
+ * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
+static fs_status measure_adamw(fs_calibration *c) {
+    const size_t n = CAL_ADAMW_NUMEL;
+    float *param = malloc(n * sizeof *param), *m = malloc(n * sizeof *m);
+    float *v = malloc(n * sizeof *v), *grad = malloc(n * sizeof *grad);
+    uint16_t *param_bf16 = malloc(n * sizeof *param_bf16);
+    fs_status st = FS_OK;
+    if (!param || !m || !v || !grad || !param_bf16)
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the AdamW state");
+    double t[CAL_REPS];
+    if (st == FS_OK) {
+        for (size_t i = 0; i < n; i++) {
+            param[i] = (float)((int)(i % 23) - 11) * 0.01f;
+            grad[i] = (float)((int)(i % 7) - 3) * 0.001f;
+        }
+        memset(m, 0, n * sizeof *m);
+        memset(v, 0, n * sizeof *v);
+        memset(param_bf16, 0, n * sizeof *param_bf16);
+        fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        for (int r = -1; r < CAL_REPS; r++) {
+            hp.step = r + 2;
+            evict(param, n * sizeof *param);
+            evict(m, n * sizeof *m);
+            evict(v, n * sizeof *v);
+            evict(grad, n * sizeof *grad);
+            evict(param_bf16, n * sizeof *param_bf16);
+            double t0 = thread_seconds();
+            fs_adamw_update(NULL, param, param_bf16, m, v, grad, (int64_t)n, hp);
+            if (r >= 0) t[r] = thread_seconds() - t0;
+        }
+        c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t);
+    }
+    free(param);
+    free(m);
+    free(v);
+    free(grad);
+    free(param_bf16);
+    return st;
+}
+
+static fs_status measure_copy(fs_calibration *c) {
     char *src = malloc(CAL_COPY_BYTES), *dst = malloc(CAL_COPY_BYTES);
     if (!src || !dst) {
         free(src);
         free(dst);
         return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the copy buffers");
     }
+    double t[CAL_REPS];
     memset(src, 1, CAL_COPY_BYTES);
     memset(dst, 2, CAL_COPY_BYTES);
     volatile char sink = 0; /* a read of each copy, so that none is optimised away */
     for (int r = -1; r < CAL_REPS; r++) {
         src[r & 1023] = (char)r;
-        double t0 = fs_now();
+        double t0 = thread_seconds();
         memcpy(dst, src, CAL_COPY_BYTES);
-        if (r >= 0) t[r] = fs_now() - t0;
+        if (r >= 0) t[r] = thread_seconds() - t0;
         sink = dst[r & 1023];
     }
     (void)sink;
     free(src);
     free(dst);
-    c.copy_bytes_per_s = (double)CAL_COPY_BYTES / fastest(t);
+    c->copy_bytes_per_s = (double)CAL_COPY_BYTES / fastest(t);
+    return FS_OK;
+}
 
+fs_status fs_calibration_measure(fs_calibration *out) {
+    fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
+    fs_calibration c;
+    memset(&c, 0, sizeof c);
+    FS_TRY(measure_gemms(&c));
+    FS_TRY(measure_attention(&c));
+    FS_TRY(measure_adamw(&c));
+    FS_TRY(measure_copy(&c));
     fs_calibration_key(c.key, sizeof c.key);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(c.date, sizeof c.date, "%Y-%m-%d %H:%M:%S", &tm);
-    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.copy_bytes_per_s)))
+    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.attention_flops) &&
+          isfinite(c.adamw_bytes_per_s) && isfinite(c.copy_bytes_per_s)))
         return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
     *out = c;
     return FS_OK;
@@ -204,7 +360,8 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     memset(&c, 0, sizeof c);
     char line[1024];
     int seen = 0, magic = 0, bad = 0;
-    enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_COPY = 16, HAVE_ALL = 31 };
+    enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_ATTENTION = 16, HAVE_ADAMW = 32,
+           HAVE_COPY = 64, HAVE_ALL = 127 };
     while (!bad && fgets(line, sizeof line, f)) {
         size_t len = strlen(line);
         if (len == 0 || line[len - 1] != '\n') { /* a line longer than any we write, or cut */
@@ -234,6 +391,10 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
             seen |= HAVE_FP32;
         } else if (strcmp(name, "gemm_bf16_flops") == 0 && parse_figure(value, &c.gemm_bf16_flops)) {
             seen |= HAVE_BF16;
+        } else if (strcmp(name, "attention_flops") == 0 && parse_figure(value, &c.attention_flops)) {
+            seen |= HAVE_ATTENTION;
+        } else if (strcmp(name, "adamw_bytes_per_s") == 0 && parse_figure(value, &c.adamw_bytes_per_s)) {
+            seen |= HAVE_ADAMW;
         } else if (strcmp(name, "copy_bytes_per_s") == 0 && parse_figure(value, &c.copy_bytes_per_s)) {
             seen |= HAVE_COPY;
         } else {
@@ -278,9 +439,11 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     if (n < 0 || (size_t)n >= sizeof tmp) return fs_errorf(FS_ERR_IO, "%s: path too long", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    fprintf(f, "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\ncopy_bytes_per_s %.17g\n",
-            CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops,
-            cal->copy_bytes_per_s);
+    fprintf(f,
+            "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_flops %.17g\n"
+            "adamw_bytes_per_s %.17g\ncopy_bytes_per_s %.17g\n",
+            CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_flops,
+            cal->adamw_bytes_per_s, cal->copy_bytes_per_s);
     int failed = ferror(f);
     failed |= fclose(f) != 0;
     if (failed || rename(tmp, path) != 0) {
@@ -297,8 +460,11 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->memory_bytes = memory_bytes;
     out->peak_flops_fp32 = cal->gemm_fp32_flops;
     out->peak_flops_bf16 = cal->gemm_bf16_flops;
-    out->utilisation_fp32 = FS_CPU_STEP_EFFICIENCY_FP32;
-    out->utilisation_bf16 = FS_CPU_STEP_EFFICIENCY_BF16;
+    out->utilisation_fp32 = 1; /* the rates are a layer's forward and backward products */
+    out->utilisation_bf16 = 1;
+    out->attention_flops_fp32 = cal->attention_flops; /* the attention kernels are fp32 under */
+    out->attention_flops_bf16 = cal->attention_flops; /* both policies */
+    out->memory_bw = cal->adamw_bytes_per_s;
     out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
     out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
     out->inter_busbw = out->intra_busbw; /* ranks of one machine: no second level */
@@ -337,9 +503,11 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     cpuinfo_field("model name", model, sizeof model);
     snprintf(description, sizeof description,
              "this machine, one core per rank (%s, %d cores): fp32 GEMM %.1f GFLOP/s (OpenBLAS core %s), "
-             "bf16 GEMM %.1f GFLOP/s (%s kernels), memcpy %.1f GB/s",
+             "bf16 GEMM %.1f GFLOP/s (%s kernels, %s), attention %.1f GFLOP/s, AdamW %.1f GB/s, "
+             "memcpy %.1f GB/s",
              model[0] ? model : "unknown CPU", hw.devices_per_node, cal.gemm_fp32_flops / 1e9,
              fs_kernels_blas_corename(), cal.gemm_bf16_flops / 1e9, fs_kernels_isa_name(fs_kernels_isa()),
+             fs_gemm_path_name(fs_gemm_path_in_use()), cal.attention_flops / 1e9, cal.adamw_bytes_per_s / 1e9,
              cal.copy_bytes_per_s / 1e9);
     if (origin == FS_HW_CACHED)
         snprintf(note, sizeof note, "cached from %s UTC (%s)", cal.date, path);

@@ -17,6 +17,9 @@
 
 /* Figures and their sources: docs/planner.md. this-machine is measured (calibrate.c). */
 #define PUBLISHED .origin = FS_HW_PUBLISHED, .origin_note = "published preset (docs/planner.md)"
+/* A GPU's attention is a fused tensor-core kernel (flash attention): its T^2 FLOPs run at the
+ * precision's sustained GEMM rate, as the published utilisations count them. */
+#define ATTENTION_AT_GEMM_RATE(fp32, bf16) .attention_flops_fp32 = (fp32), .attention_flops_bf16 = (bf16)
 static const fs_hardware a100 = {
     .name = "a100-80gb",
     PUBLISHED,
@@ -26,6 +29,8 @@ static const fs_hardware a100 = {
     .peak_flops_bf16 = 312e12, /* dense */
     .utilisation_fp32 = 0.5,
     .utilisation_bf16 = 0.5,
+    ATTENTION_AT_GEMM_RATE(156e12 * 0.5, 312e12 * 0.5),
+    .memory_bw = 2039e9, /* HBM2e */
     .intra_busbw = 240e9,
     .inter_busbw = 180e9, /* 8 x HDR 200 Gb/s per node, used by NCCL's parallel rings */
     .devices_per_node = 8,
@@ -41,6 +46,8 @@ static const fs_hardware h100 = {
     .peak_flops_bf16 = 989e12,
     .utilisation_fp32 = 0.4,
     .utilisation_bf16 = 0.4,
+    ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
+    .memory_bw = 3.35e12, /* HBM3 */
     .intra_busbw = 360e9,
     .inter_busbw = 360e9, /* 8 x NDR 400 Gb/s per node */
     .devices_per_node = 8,
@@ -56,6 +63,8 @@ static const fs_hardware h200 = {
     .peak_flops_bf16 = 989e12,
     .utilisation_fp32 = 0.4,
     .utilisation_bf16 = 0.4,
+    ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
+    .memory_bw = 4.8e12, /* HBM3e */
     .intra_busbw = 360e9,
     .inter_busbw = 360e9,
     .devices_per_node = 8,
@@ -84,29 +93,79 @@ double fs_hardware_peak(const fs_hardware *hw, fs_precision precision) {
 
 /* ------------------------------------------------------------------ per-op compute */
 
+/* One pass of an op over a micro-batch, by what bounds it. */
+typedef struct op_work {
+    double gemm;      /* FLOPs of its GEMMs */
+    double attention; /* FLOPs of causal attention's T^2 part */
+    double bytes;     /* read + written by its memory-bound kernels */
+} op_work;
+
 typedef struct op_cost {
-    double fwd, bwd; /* FLOPs per micro-batch, model (no recomputation) */
-    double recompute;
+    op_work fwd, bwd, recompute; /* model (no recomputation); the recomputation in backward */
 } op_cost;
 
-static op_cost op_flops(const fs_plan *p, int op) {
+/* The memory-bound traffic per token, in activation elements, follows src/model/llama.c's
+ * kernels (docs/planner.md lists them): with QK = (NH + NKV) HS the roped q and k,
+ *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
+ *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
+ *   block backward   zero dgu (2FF) + SwiGLU (read FF + 2FF, dgu read and written 4FF)
+ *                    + 2 rmsnorm (read dln, x; dres read and written; then dln and x again
+ *                    for the weight's gradient: 6C each) + zero dqkv (QKV) + rope in place
+ *                    (2 QK)                                         = 12C + 9FF + QKV + 2 QK
+ *   recomputation    the forward without its last copy              = 6C + 2 QK + 3FF
+ *   head chunk       forward: the final rmsnorm (2C, first chunk) + cross-entropy reads the
+ *                    logits (Vc); backward: dlogits in place (2 Vc) + zero dres and the final
+ *                    rmsnorm's backward (7C, first chunk)
+ *   embedding        forward: row read, x written (2C); backward: dres read, row read and
+ *                    written (3C)
+ * plus, where gradients travel as bf16 (fs_plan_bf16_grad_wire), each unit's fp32 gradient
+ * read and its bf16 copy written (6 bytes per element) after the op's backward. GEMMs read
+ * their operands inside the GEMM rate; attention its q, k, v inside the attention rate. */
+static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
     const fs_layout *l = p->layout;
     const fs_llama_config *c = &l->cfg;
     const fs_op *o = &l->ops[op];
     const fs_unit_info *u = &l->units[o->unit];
     const double N = (double)p->cfg.batch * (double)p->cfg.seq, C = (double)c->hidden_size;
-    op_cost k = {0, 0, 0};
+    const double HS = C / (double)c->num_attention_heads, FF = (double)c->intermediate_size;
+    const double QK = ((double)c->num_attention_heads + (double)c->num_key_value_heads) * HS;
+    const double QKV = QK + (double)c->num_key_value_heads * HS, act = hw->activation_bytes;
+    op_cost k;
+    memset(&k, 0, sizeof k);
     if (o->kind == FS_UNIT_BLOCK) {
-        double matmul = (double)u->numel; /* a block is all matmul weights (norms live apart) */
-        k.fwd = 2.0 * N * matmul + 2.0 * N * C * ((double)p->cfg.seq + 1.0);
-        k.bwd = 2.0 * k.fwd;
-        if (u->index < p->cfg.ckpt_layers) k.recompute = k.fwd;
+        k.fwd.gemm = 2.0 * N * (double)u->numel; /* a block is all matmul weights (norms live apart) */
+        k.fwd.attention = 2.0 * N * C * ((double)p->cfg.seq + 1.0);
+        k.fwd.bytes = N * (8.0 * C + 2.0 * QK + 3.0 * FF) * act;
+        k.bwd.gemm = 2.0 * k.fwd.gemm;
+        k.bwd.attention = 2.0 * k.fwd.attention;
+        k.bwd.bytes = N * (12.0 * C + 9.0 * FF + QKV + 2.0 * QK) * act;
+        if (u->index < p->cfg.ckpt_layers) {
+            k.recompute.gemm = k.fwd.gemm;
+            k.recompute.attention = k.fwd.attention;
+            k.recompute.bytes = N * (6.0 * C + 2.0 * QK + 3.0 * FF) * act;
+        }
     } else if (o->kind == FS_UNIT_HEAD) {
-        k.fwd = 2.0 * N * C * (double)u->rows;
-        k.bwd = 2.0 * k.fwd;
-        if (!o->last_of_kind) k.recompute = k.fwd; /* the logits of earlier chunks are redone */
+        const double rows = (double)u->rows;
+        k.fwd.gemm = 2.0 * N * C * rows;
+        k.fwd.bytes = N * (rows + (o->first_of_kind ? 2.0 * C : 0.0)) * act;
+        k.bwd.gemm = 2.0 * k.fwd.gemm;
+        k.bwd.bytes = N * (2.0 * rows + (o->first_of_kind ? 7.0 * C : 0.0)) * act;
+        if (!o->last_of_kind) k.recompute.gemm = k.fwd.gemm; /* the logits of earlier chunks are redone */
+    } else if (o->kind == FS_UNIT_EMBED) {
+        k.fwd.bytes = 2.0 * N * C * act;
+        k.bwd.bytes = 3.0 * N * C * act;
     }
+    if (fs_plan_bf16_grad_wire(p)) k.bwd.bytes += 6.0 * (double)p->units[o->unit].full_numel;
     return k;
+}
+
+/* Seconds of one pass on hw: each kind of work at its rate. */
+typedef struct rates {
+    double gemm, attention, memory;
+} rates;
+
+static double work_s(const op_work *w, const rates *r) {
+    return w->gemm / r->gemm + w->attention / r->attention + w->bytes / r->memory;
 }
 
 /* ------------------------------------------------------------------ collectives */
@@ -137,30 +196,47 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
     const fs_layout *l = p->layout;
     const fs_strategy s = p->cfg.strategy;
     const int W = p->cfg.world, n = l->n_ops;
-    const double csize = p->cfg.precision == FS_PRECISION_BF16 ? 2.0 : 4.0;
-    const double rate = fs_hardware_peak(hw, p->cfg.precision) *
-                        (p->cfg.precision == FS_PRECISION_BF16 ? hw->utilisation_bf16 : hw->utilisation_fp32);
+    const int bf16 = p->cfg.precision == FS_PRECISION_BF16;
+    const double csize = bf16 ? 2.0 : 4.0;
+    const rates r = {.gemm = fs_hardware_peak(hw, p->cfg.precision) * (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32),
+                     .attention = bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32,
+                     .memory = hw->memory_bw};
     comm_model m = {.bw = W > hw->devices_per_node ? hw->inter_busbw : hw->intra_busbw,
                     .latency = hw->latency_s, .world = W, .acc = &out->comm};
     out->busbw = m.bw;
     const int none = W == 1; /* nothing travels */
 
-    double model_flops = 0, exposed = 0, comm = 0, compute = 0;
+    double model_flops = 0, exposed = 0, comm = 0;
     /* per op: forward and backward compute, forward and backward gathers, reduction */
     double *cf = calloc((size_t)n * 5 + 1, sizeof *cf);
     if (!cf) return;
     double *cb = cf + n, *g = cb + n, *gb = g + n, *rs = gb + n;
+    op_work all = {0, 0, 0}; /* one micro-batch's work, every pass of every op */
     for (int i = 0; i < n; i++) {
-        op_cost k = op_flops(p, i);
-        model_flops += k.fwd + k.bwd;
-        cf[i] = k.fwd / rate;
-        cb[i] = (k.bwd + k.recompute) / rate;
-        compute += cf[i] + cb[i];
-        out->flops += k.fwd + k.bwd + k.recompute;
+        op_cost k = op_costs(p, hw, i);
+        model_flops += k.fwd.gemm + k.fwd.attention + k.bwd.gemm + k.bwd.attention;
+        cf[i] = work_s(&k.fwd, &r);
+        cb[i] = work_s(&k.bwd, &r) + work_s(&k.recompute, &r);
+        all.gemm += k.fwd.gemm + k.bwd.gemm + k.recompute.gemm;
+        all.attention += k.fwd.attention + k.bwd.attention + k.recompute.attention;
+        all.bytes += k.fwd.bytes + k.bwd.bytes + k.recompute.bytes;
     }
-    compute *= (double)n_micro;
-    out->flops *= (double)n_micro;
-    model_flops *= (double)n_micro;
+    const double micro = (double)n_micro;
+    out->flops = (all.gemm + all.attention) * micro;
+    out->attention_flops = all.attention * micro;
+    out->memory_bytes = all.bytes * micro;
+    model_flops *= micro;
+    /* after backward, over the elements the rank's optimizer updates (all of them under ddp):
+     * the gradient's sum of squares (read 4 bytes), its scaling by 1/(W x micro-batches) and
+     * the clip factor (read and write 8), AdamW (param, m, v read and written, grad read: 28)
+     * and under bf16 the compute copy AdamW writes beside (2) */
+    const double opt_numel = (double)(s == FS_STRATEGY_DDP ? p->full_numel : p->shard_numel);
+    out->optimizer_bytes = opt_numel * (4.0 + 8.0 + 28.0 + (bf16 ? 2.0 : 0.0));
+    out->gemm_s = all.gemm * micro / r.gemm;
+    out->attention_s = out->attention_flops / r.attention;
+    out->memory_s = out->memory_bytes / r.memory;
+    out->optimizer_s = out->optimizer_bytes / r.memory;
+    const double compute = out->gemm_s + out->attention_s + out->memory_s + out->optimizer_s;
 
     const int norm = l->norm_unit;
     const double norm_w = unit_bytes(p, norm, csize), norm_g = unit_bytes(p, norm, 4.0);

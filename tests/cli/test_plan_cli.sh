@@ -22,12 +22,15 @@ flavor=release
 expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
     grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
+cp "$WORK/out" "$WORK/cached.txt"
 expect "the second plan says the figures are cached, and from when" \
     grep -qE "^  device figures: cached from 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC \($CACHE\)$" "$WORK/out"
 expect "the device line names this CPU, not a preset's" grep -qF "$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')" "$WORK/out"
 
-# the estimate is the documented formula on the cached figures: compute = FLOPs / (bf16 GEMM
-# rate x 0.80); on shared cores every collective is exposed; busbw = memcpy x 0.4
+# the estimate is the documented formula on the cached figures: GEMM FLOPs over the bf16 GEMM
+# rate, attention FLOPs over the attention rate, the memory-bound and optimizer bytes over
+# AdamW's bytes/s (the optimizer: 42 bytes per shard element under bf16); on shared cores
+# every collective is exposed; busbw = memcpy x 0.4
 run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/cached.json"
 expect "the estimate uses the cached figures" $PY -c '
@@ -36,18 +39,33 @@ e = json.load(open(sys.argv[1]))
 assert e["device_figures"] == "cached", e["device_figures"]
 cal = dict(l.split(" ", 1) for l in open(sys.argv[2]).read().splitlines()[1:])
 est = e["estimate"]
-want = est["flops"] / (float(cal["gemm_bf16_flops"]) * 0.80)
-assert abs(est["compute_s"] - want) <= 1e-9 * want, (est["compute_s"], want)
+close = lambda got, want: abs(got - want) <= 1e-9 * abs(want)
+assert close(est["gemm_s"], (est["flops"] - est["attention_flops"]) / float(cal["gemm_bf16_flops"])), est
+assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_flops"])), est
+assert close(est["memory_s"], est["memory_bytes"] / float(cal["adamw_bytes_per_s"])), est
+assert est["optimizer_bytes"] == 42 * (e["bytes"]["master"] // 4), (est["optimizer_bytes"], e["bytes"]["master"])
+assert close(est["optimizer_s"], est["optimizer_bytes"] / float(cal["adamw_bytes_per_s"])), est
+assert close(est["compute_s"], est["gemm_s"] + est["attention_s"] + est["memory_s"] + est["optimizer_s"]), est
+assert 0 < est["attention_flops"] < est["flops"] and est["memory_bytes"] > 0, est
 assert abs(est["busbw"] - 0.4 * float(cal["copy_bytes_per_s"])) <= 1e-9 * est["busbw"], est["busbw"]
 assert est["exposed_comm_s"] == est["comm_s"], "shared cores hide nothing"
 assert abs(est["step_s"] - (est["compute_s"] + est["comm_s"])) <= 1e-12 * est["step_s"]
 ' "$WORK/cached.json" "$CACHE"
+expect "the device line prints every calibrated figure" grep -qE \
+    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention [0-9.]+ GFLOP/s, AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
+    "$WORK/cached.txt"
 
 # a corrupt cache is ignored and rewritten
 printf 'flatshard calibration 1\nkey nonsense\n' >"$CACHE"
 run "plan over a corrupt cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a corrupt cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
 expect "and rewritten whole" grep -q '^copy_bytes_per_s [0-9]' "$CACHE"
+# a cache of the version before (forward-only GEMM rates, no attention or AdamW figures)
+printf 'flatshard calibration 1\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n' \
+    "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
+run "plan over a version 1 cache" 0 "$FS" plan "${SMALL[@]}" --json
+expect "a version 1 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+expect "and rewritten as version 2" grep -qx 'flatshard calibration 2' "$CACHE"
 # another OpenBLAS core is another key: the cache is stale
 run "plan with another OpenBLAS core" 0 env OPENBLAS_CORETYPE=Haswell "$FS" plan "${SMALL[@]}" --json
 expect "a cache of another core is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
@@ -114,7 +132,19 @@ assert fixed + acts(fewest - 1) > 80 * 2**30, "one block fewer does not fit"
 N = 4096; fb = 2 * N * block + 2 * N * C * (4096 + 1); fh = 2 * N * C * V
 flops = L * 3 * fb + fewest * fb + 3 * fh
 assert abs(e["estimate"]["flops"] - flops) <= 1e-12 * flops, (e["estimate"]["flops"], flops)
-assert abs(e["estimate"]["compute_s"] - flops / (312e12 * 0.5)) <= 1e-9 * e["estimate"]["compute_s"]
+# memory-bound bytes (2 per activation element), per token: a block forward 8C + 2QK + 3FF,
+# backward 12C + 9FF + QKV + 2QK, recomputed 6C + 2QK + 3FF; the head forward V + 2C, backward
+# 2V + 7C; the embedding 2C + 3C; every unit gradient rounded for the bf16 wire (6 bytes per
+# element); after backward 42 bytes per shard element; all over HBM2e at 2039 GB/s
+QK = (NH + NKV) * HS
+per_token = L * ((8 * C + 2 * QK + 3 * FF) + (12 * C + 9 * FF + QKV + 2 * QK)) + \
+    fewest * (6 * C + 2 * QK + 3 * FF) + (V + 2 * C) + (2 * V + 7 * C) + 5 * C
+mem = N * per_token * 2 + 6 * (L * pad(block) + 2 * pad(V * C))
+est = e["estimate"]
+assert abs(est["memory_bytes"] - mem) <= 1e-12 * mem, (est["memory_bytes"], mem)
+assert est["optimizer_bytes"] == 42 * S, (est["optimizer_bytes"], 42 * S)
+compute = flops / (312e12 * 0.5) + (mem + 42 * S) / 2039e9
+assert abs(est["compute_s"] - compute) <= 1e-9 * compute, (est["compute_s"], compute)
 ' "$WORK/70b.json"
 
 # --- the largest accepted sizes: a config.json at every maximum plans without wrap-around
