@@ -3,8 +3,10 @@
 # --tokenizer`, 1 and 2 threads) against Hugging Face's `tokenizers` (encode_batch on all
 # threads, and on one with RAYON_NUM_THREADS=1) on ~20 MB of English text (Debian's fortunes,
 # every file concatenated REPEAT times, documents split at "%" lines), for a byte-level BPE
-# with Llama 3's split regex and a SentencePiece-style BPE with byte fallback, both trained
-# here by tools/bpe_ref.py (vocabulary 1000).
+# with Llama 3's split regex, a SentencePiece-style BPE with byte fallback (Llama 2's layout),
+# and the same layout with a model trained on words ("▁" only at token starts, as Llama 2's
+# vocabulary has it, which flatshard encodes in pieces cut before each "▁"), all trained here
+# by tools/bpe_ref.py (vocabulary 1000).
 #
 # Figures: MB/s = input file bytes / 10^6 / seconds, the median of RUNS runs (flatshard: the
 # whole command, reading, encoding and writing the token file; tokenizers: encode_batch of
@@ -14,7 +16,7 @@
 # mismatch fails the script). One table per tokenizer, then a "#json" line.
 #
 #   bench/tokenize.sh          (PY=path/to/python with tokenizers; default .venv-test)
-#   REPEAT=8 RUNS=3 OUT=out/bench-tokenize
+#   REPEAT=8 RUNS=3 OUT=out/bench-tokenize KINDS="bytelevel sentencepiece sentencepiece-words"
 set -u
 cd "$(dirname "$0")/.." || exit 2
 . bench/lib.sh
@@ -23,6 +25,7 @@ FS=${FS:-build/flatshard}
 REPEAT=${REPEAT:-8}
 RUNS=${RUNS:-3}
 OUT=${OUT:-out/bench-tokenize}
+KINDS=${KINDS:-bytelevel sentencepiece sentencepiece-words}
 if ! "$PY" -c 'import tokenizers' 2>/dev/null; then
     echo "skip: $PY has no tokenizers package (./quickstart.sh test creates .venv-test)"
     exit 0
@@ -38,7 +41,7 @@ bench_machine
 echo "# corpus: $OUT/corpus.txt, $BYTES bytes (fortunes x $REPEAT), documents split at %"
 status=0
 json=()
-for kind in bytelevel sentencepiece; do
+for kind in $KINDS; do
     tok="$OUT/$kind.json"
     ref=$(RAYON_NUM_THREADS=1 "$PY" tools/bpe_ref.py bench "$tok" "$OUT/corpus.txt" --doc-separator %)
     refall=$("$PY" tools/bpe_ref.py bench "$tok" "$OUT/corpus.txt" --doc-separator %)

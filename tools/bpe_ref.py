@@ -2,7 +2,7 @@
 """tools/bpe_ref.py — the Hugging Face `tokenizers` package as the reference for flatshard's BPE.
 
   bpe_ref.py train OUTDIR CORPUS...
-      trains two small tokenizers on the corpus files and writes them as tokenizer.json files:
+      trains five small tokenizers on the corpus files and writes them as tokenizer.json files:
         OUTDIR/bytelevel.json      byte-level BPE with Llama 3's split regex
                                    (pre_tokenizer Sequence[Split(regex), ByteLevel]), bos/eos
                                    <|begin_of_text|> / <|end_of_text|>, a TemplateProcessing
@@ -14,6 +14,11 @@
                                    fuse_unk, bos added by TemplateProcessing)
         OUTDIR/metaspace.json      the same model with the older Metaspace pre-tokenizer and
                                    decoder (prepend_scheme "first", split) in place of the normalizer
+        OUTDIR/sentencepiece-words.json  Llama 2's layout again (no pre-tokenizer), with a model
+                                   trained on words (a Metaspace pre-tokenizer that splits before
+                                   each U+2581 while training), so U+2581 is only at token starts,
+                                   as in a vocabulary SentencePiece trains with split_by_whitespace:
+                                   flatshard encodes it in pieces cut before each U+2581 (bpe.c)
   bpe_ref.py samples OUTDIR
       writes unicode.txt (CJK, emoji, combining marks, RTL, Unicode spaces, CRLF, special tokens
       inline) and hostile texts (invalid UTF-8, NUL bytes, empty, 100 k spaces, a 630 kB line)
@@ -94,6 +99,17 @@ def train(outdir, corpus):
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in byte_tokens]
     with open(f"{outdir}/sentencepiece.json", "w", encoding="utf-8") as f:
         json.dump(spec, f, ensure_ascii=False)
+    # trained without a pre-tokenizer, the model above learns tokens with "\u2581" after another
+    # character ("e\u2581", "s\u2581"); trained on words it cannot, and only its model goes into
+    # the same layout
+    words = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    words.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always",
+                                                   split=True)
+    words.train(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=["<unk>", "<s>", "</s>"]
+                                            + byte_tokens, limit_alphabet=60, show_progress=False))
+    words_spec = dict(spec, model=json.loads(words.to_str())["model"])
+    with open(f"{outdir}/sentencepiece-words.json", "w", encoding="utf-8") as f:
+        json.dump(words_spec, f, ensure_ascii=False)
     # the older form of the same tokenizer: no normalizer, a Metaspace pre-tokenizer and decoder
     spec["normalizer"] = None
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",

@@ -5,7 +5,9 @@
 # Nothing can be downloaded, so the reference trains its own small tokenizers on the fortunes
 # corpus (tools/bpe_ref.py train): byte-level BPE with Llama 3's split regex, GPT-2's ByteLevel
 # pre-tokenizer, SentencePiece-style BPE with byte fallback as transformers writes Llama 2's,
-# and the same with the older Metaspace pre-tokenizer. Each tokenizes the fortunes (documents
+# the same with the older Metaspace pre-tokenizer, and Llama 2's layout with a model trained on
+# words ("▁" only at token starts, which flatshard encodes in pieces cut before each "▁").
+# Each tokenizes the fortunes (documents
 # split at "%" lines), whole files, unicode text (CJK, emoji, combining marks, RTL, Unicode
 # spaces, CRLF, special tokens inline) and hostile text (invalid UTF-8, NUL bytes, empty,
 # whitespace runs, a 630 kB line) with both, and the ids must be identical; decoding them
@@ -29,7 +31,7 @@ fi
 REF=(env RAYON_NUM_THREADS=1 "$PY" tools/bpe_ref.py)
 T="$WORK/tok"
 mkdir -p "$T"
-run "tokenizers trains four small BPE tokenizers on the fortunes" 0 "${REF[@]}" train "$T" "$FORTUNES/fortunes" "$FORTUNES/computers"
+run "tokenizers trains five small BPE tokenizers on the fortunes" 0 "${REF[@]}" train "$T" "$FORTUNES/fortunes" "$FORTUNES/computers"
 run "the unicode and hostile samples are written" 0 "${REF[@]}" samples "$T"
 expect "the byte-level tokenizer has Llama 3's Split(regex) + ByteLevel pre-tokenizer" /usr/bin/python3 -c '
 import json, sys
@@ -39,6 +41,20 @@ expect "the SentencePiece-style tokenizer has byte fallback and all 256 byte tok
 import json, sys
 m = json.load(open(sys.argv[1]))["model"]
 sys.exit(not (m["byte_fallback"] and all(f"<0x{b:02X}>" in m["vocab"] for b in range(256))))' "$T/sentencepiece.json"
+# src/data/bpe.c cuts a piece before each run of "▁" when no merge joins a token that ends in
+# another character to one that starts with "▁" (and "▁" is a token): true of the model trained
+# on words, so these checks run with the cut; false of the one trained on whole lines
+expect "sentencepiece-words: Llama 2's layout, \"▁\" a token and only at token starts, no merge across a \"▁\"" /usr/bin/python3 -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+m, n = t["model"], t["normalizer"]["normalizers"]
+sys.exit(not (t["pre_tokenizer"] is None and n[0]["type"] == "Prepend" and m["byte_fallback"]
+              and "\u2581" in m["vocab"] and not any("\u2581" in v[1:] for v in m["vocab"])
+              and not any(b.startswith("\u2581") and not a.endswith("\u2581") for a, b in m["merges"])))' "$T/sentencepiece-words.json"
+expect "sentencepiece: its model, trained on whole lines, merges across a \"▁\" (e + ▁), so it is encoded uncut" /usr/bin/python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["model"]
+sys.exit(not any(b.startswith("\u2581") and not a.endswith("\u2581") for a, b in m["merges"]))' "$T/sentencepiece.json"
 
 # same_ids NAME TOKENIZER FLATSHARD-ARGS -- REFERENCE-ARGS — the token file flatshard writes and
 # the ids the reference computes for the same documents are identical
@@ -65,7 +81,7 @@ same_ids() {
 SAMPLES=(unicode invalid nul empty whitespace spaces longline cuttail)
 SAMPLE_FILES=()
 for s in "${SAMPLES[@]}"; do SAMPLE_FILES+=("$T/$s.txt"); done
-for kind in bytelevel gpt2 sentencepiece metaspace; do
+for kind in bytelevel gpt2 sentencepiece metaspace sentencepiece-words; do
     tok="$T/$kind.json"
     same_ids "$kind: fortunes split at % lines, bos and eos" "$tok" --doc-separator % "$FORTUNES/fortunes" "$FORTUNES/definitions" \
         -- "$FORTUNES/fortunes" "$FORTUNES/definitions" --doc-separator % --eos
@@ -110,13 +126,22 @@ json.dump(t, open(sys.argv[1] + "/metaspace-always.json", "w"))
 t = json.load(open(sys.argv[1] + "/sentencepiece.json"))
 for a in t["added_tokens"]:
     a["normalized"] = True
-json.dump(t, open(sys.argv[1] + "/sp-normalized.json", "w"), ensure_ascii=False)' "$T"
-for kind in gpt2-prefix metaspace-always sp-normalized; do
+json.dump(t, open(sys.argv[1] + "/sp-normalized.json", "w"), ensure_ascii=False)
+# the same with the model trained on words, so normalized added tokens meet the cut at "▁";
+# and ignore_merges, which looks up the whole uncut piece (a segment: "▁the" is one token)
+t = json.load(open(sys.argv[1] + "/sentencepiece-words.json"))
+for a in t["added_tokens"]:
+    a["normalized"] = True
+json.dump(t, open(sys.argv[1] + "/words-normalized.json", "w"), ensure_ascii=False)
+t = json.load(open(sys.argv[1] + "/sentencepiece-words.json"))
+t["model"]["ignore_merges"] = True
+json.dump(t, open(sys.argv[1] + "/words-ignore-merges.json", "w"), ensure_ascii=False)' "$T"
+for kind in gpt2-prefix metaspace-always sp-normalized words-normalized words-ignore-merges; do
     same_ids "$kind: unicode sample" "$T/$kind.json" "$T/unicode.txt" -- "$T/unicode.txt" --eos
     same_ids "$kind: fortunes split at % lines" "$T/$kind.json" --doc-separator % "$FORTUNES/fortunes" -- "$FORTUNES/fortunes" --doc-separator % --eos
     same_ids "$kind: 4 KiB chunks of a 240 kB document" "$T/$kind.json" --chunk-bytes 4K "$FORTUNES/computers" -- "$FORTUNES/computers" --eos
 done
-for kind in bytelevel sentencepiece; do
+for kind in bytelevel sentencepiece sentencepiece-words; do
     tok="$T/$kind.json"
     run "$kind: 1 thread" 0 "$FS" tokenize --tokenizer "$tok" --threads 1 -o "$WORK/t1.bin" "$FORTUNES/fortunes" "$FORTUNES/computers" "$FORTUNES/linux"
     run "$kind: 2 threads, 4 KiB chunks" 0 "$FS" tokenize --tokenizer "$tok" --threads 2 --chunk-bytes 4K -o "$WORK/t2.bin" "$FORTUNES/fortunes" "$FORTUNES/computers" "$FORTUNES/linux"
