@@ -491,6 +491,119 @@ static void test_normalized_added_tokens(void) {
     fs_bpe_free(bpe);
 }
 
+/* src with extra vocabulary entries (", \"x\": 9" form) and one merge of rank 0 before its
+ * own, into out. */
+static void with_merge_first(char *out, size_t cap, const char *src, const char *vocab, const char *merge) {
+    char with[512];
+    snprintf(with, sizeof with, "%s},\n   \"merges\": [%s, ", vocab, merge);
+    replace_once(out, cap, src, "},\n   \"merges\": [", with);
+}
+
+/* Random text for the cut-or-uncut comparison: h, i, runs of spaces, a newline, é and 😀 (byte
+ * fallback or unk), and </s> (an added token, so short segments such as "ih" come up). */
+static size_t random_sp_text(char *text, size_t cap) {
+    static const char *const parts[] = {"h", "i", "hi", "ih", " ", "  ", "   ", "\n", "\xC3\xA9", "\xF0\x9F\x98\x80", "</s>"};
+    size_t n = 0;
+    while (n + 8 < cap) {
+        const char *p = parts[rnd() % 11];
+        memcpy(text + n, p, strlen(p));
+        n += strlen(p);
+    }
+    return n;
+}
+
+/* The SentencePiece-style json (its first free id next) as it is, where "▁" starts tokens
+ * only, must be cut; with q▁ added (a merge q + ▁, which could join across a cut) it must
+ * not, but no text here has a q, so that is the same model encoded uncut: the same ids. */
+static void check_cut_equals_uncut(const char *what, const char *json, int32_t next) {
+    static char uncut_json[40000];
+    char vocab[128];
+    snprintf(vocab, sizeof vocab, ", \"q\": %d, \"q\xE2\x96\x81\": %d", next, next + 1);
+    with_merge_first(uncut_json, sizeof uncut_json, json, vocab, "[\"q\", \"\xE2\x96\x81\"]");
+    fs_bpe *cut = load_text("sp-cut.json", json), *uncut = load_text("sp-uncut.json", uncut_json);
+    enum { N = 6000 };
+    char *text = malloc(N);
+    int32_t *a = malloc(4 * N * sizeof *a), *b = malloc(4 * N * sizeof *b);
+    if (cut && uncut && text && a && b) {
+        CHECK(fs_bpe_split_at_metaspace(cut), "%s: \"▁\" only at token starts, so cut", what);
+        CHECK(!fs_bpe_split_at_metaspace(uncut), "%s: with a merge q + ▁, not cut", what);
+        for (int round = 0; round < 20; round++) {
+            size_t n = random_sp_text(text, N);
+            unsigned flags = round & 1 ? FS_BPE_ADD_SPECIAL : FS_BPE_CONTINUES;
+            int64_t na = encode(cut, text, n, flags, a, 4 * N), nb = encode(uncut, text, n, flags, b, 4 * N);
+            CHECK(na > 0 && same_ids(a, na, b, nb), "%s, round %d: cut %lld ids, uncut %lld", what, round,
+                  (long long)na, (long long)nb);
+        }
+    }
+    free(text);
+    free(a);
+    free(b);
+    fs_bpe_free(cut);
+    fs_bpe_free(uncut);
+}
+
+/* split_at_metaspace (bpe.c, decide_split_at_metaspace): on where no merge joins across a
+ * "▁", off where one can, and the ids the same either way, with byte fallback, fused and
+ * unfused unk, and ignore_merges */
+static void test_split_at_metaspace(void) {
+    static char json[40000];
+    make_sp_json(0, 1);
+    check_cut_equals_uncut("byte fallback", sp_json, 264);
+    make_sp_json(1, 1);
+    check_cut_equals_uncut("fused unk", sp_json, 8);
+    make_sp_json(1, 0);
+    check_cut_equals_uncut("unk", sp_json, 8);
+    /* ▁▁ (a merge ▁ + ▁ of rank 0, as Llama 2 has runs of ▁): a cut goes before a run only */
+    with_merge_first(json, sizeof json, sp_json, ", \"\xE2\x96\x81\xE2\x96\x81\": 8",
+                     "[\"\xE2\x96\x81\", \"\xE2\x96\x81\"]");
+    check_cut_equals_uncut("unk and a run of \"▁\"", json, 9);
+    /* without unk, a character outside the vocabulary is dropped, which can bring two "▁"
+     * together across a cut: "é  h" is ▁ é ▁ ▁ h, merged as ▁▁ ▁h, not ▁ | ▁▁ h. Not cut. */
+    static char no_unk[40000];
+    replace_once(no_unk, sizeof no_unk, json, "\"unk_token\": \"<unk>\"", "\"unk_token\": null");
+    fs_bpe *bpe = load_text("sp-drop.json", no_unk);
+    if (bpe) {
+        CHECK(!fs_bpe_split_at_metaspace(bpe), "characters dropped (no unk, no byte tokens): not cut");
+        CHECK_IDS(bpe, "\xC3\xA9  h", 0, 8, 6);
+        fs_bpe_free(bpe);
+    }
+    /* ignore_merges looks up the whole segment: "ih" is ▁ih (264), a token no merge makes,
+     * while in "ih ih" it is ▁ i h twice over, cut or not */
+    make_sp_json(0, 1);
+    static char with_ih[40000];
+    replace_once(json, sizeof json, sp_json, "\"byte_fallback\": true", "\"byte_fallback\": true, \"ignore_merges\": true");
+    replace_once(with_ih, sizeof with_ih, json, "},\n   \"merges\"", ", \"\xE2\x96\x81ih\": 264},\n   \"merges\"");
+    check_cut_equals_uncut("ignore_merges", with_ih, 265);
+    bpe = load_text("sp-ih.json", with_ih);
+    if (bpe) {
+        CHECK_IDS(bpe, "ih", 0, 264);
+        CHECK_IDS(bpe, "ih ih", 0, 259, 261, 260, 259, 261, 260);
+        CHECK_IDS(bpe, "hi ih", 0, 263, 259, 261, 260);
+        fs_bpe_free(bpe);
+    }
+    /* i▁ (a merge i + ▁ of rank 0, before the others) joins across a cut: not cut, and "hi hi"
+     * is ▁h i▁ h i, where cut pieces would give ▁hi ▁hi */
+    make_sp_json(0, 1);
+    with_merge_first(json, sizeof json, sp_json, ", \"i\xE2\x96\x81\": 264", "[\"i\", \"\xE2\x96\x81\"]");
+    bpe = load_text("sp-join.json", json);
+    if (bpe) {
+        CHECK(!fs_bpe_split_at_metaspace(bpe), "a merge i + ▁: not cut");
+        CHECK_IDS(bpe, "hi hi", 0, 262, 264, 260, 261);
+        fs_bpe_free(bpe);
+    }
+    /* a vocabulary without "▁", and byte-level models, are never cut */
+    make_sp_json(0, 1);
+    replace_once(json, sizeof json, sp_json, "\"\xE2\x96\x81\": 259", "\"\xE2\x96\x82\": 259");
+    replace_once(with_ih, sizeof with_ih, json, "[[\"\xE2\x96\x81\", \"h\"], [\"\xE2\x96\x81h\", \"i\"]]", "[]");
+    bpe = load_text("sp-nometa.json", with_ih);
+    CHECK(bpe && !fs_bpe_split_at_metaspace(bpe), "no \"▁\" token: not cut");
+    fs_bpe_free(bpe);
+    make_bytelevel_json();
+    bpe = load_text("bl.json", bytelevel_json);
+    CHECK(bpe && !fs_bpe_split_at_metaspace(bpe), "byte level: not cut");
+    fs_bpe_free(bpe);
+}
+
 static void test_stream_writer(void) {
     fs_tokenfile_stream w;
     const int32_t a[] = {0, 1, 69999}, b[] = {65536};
@@ -571,7 +684,8 @@ static void test_documents_and_threads(void) {
 }
 
 static void remove_test_dir(void) {
-    static const char *names[] = {"bl.json", "sp.json", "sp-unk.json", "sp-unk2.json", "spn.json", "refused.json",
+    static const char *names[] = {"bl.json", "sp.json", "sp-unk.json", "sp-unk2.json", "spn.json", "sp-cut.json", "sp-uncut.json",
+                                  "sp-ih.json", "sp-join.json", "sp-drop.json", "sp-nometa.json", "refused.json",
                                   "empty.json", "s.bin", "docs.txt", "docs.bin", "big.txt", "t1.bin", "t3.bin"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tpath(names[i]));
     rmdir(test_dir);
@@ -592,6 +706,7 @@ int main(void) {
     RUN(test_chunks_equal_whole);
     RUN(test_refusals);
     RUN(test_normalized_added_tokens);
+    RUN(test_split_at_metaspace);
     RUN(test_stream_writer);
     RUN(test_documents_and_threads);
     remove_test_dir();

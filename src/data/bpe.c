@@ -15,7 +15,9 @@
  * Speed: pieces of byte-level models never touch the vocabulary hash during the merge (each
  * byte has its symbol id precomputed), pairs are one open-addressing probe on (left << 32 |
  * right), and each encoder keeps a cache of piece bytes -> ids (reset when full: the cache
- * changes speed, never ids).
+ * changes speed, never ids). A SentencePiece-style piece (without a pre-tokenizer, a whole
+ * document) is cut before each run of "▁" when the merges cannot join across such a cut
+ * (decide_split_at_metaspace), so that it too is short pieces the cache answers.
  *
  * What it deliberately does not do: anything bpe.h lists as unsupported; it refuses those at
  * load rather than giving ids that differ from the reference.
@@ -34,6 +36,10 @@
  * (a fact about `tokenizers`' byte_level.rs). */
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+/* U+2581, SentencePiece's space, in UTF-8 */
+static const char METASPACE[] = "\xE2\x96\x81";
+enum { METASPACE_BYTES = 3 };
 
 /* ------------------------------------------------------------------ small helpers */
 
@@ -276,6 +282,9 @@ struct fs_bpe {
     /* the model */
     int32_t unk_id; /* -1: no unk_token */
     int fuse_unk, byte_fallback, ignore_merges;
+    /* pieces are cut before each run of "▁" and the parts encoded (and cached) on their own:
+     * decided at load by decide_split_at_metaspace, which gives the argument */
+    int split_at_metaspace;
     int32_t byte_fallback_id[256]; /* <0xNN> ids, -1 if absent */
     int32_t ascii_id[128];         /* the vocabulary id of each ASCII character, -1 if absent */
     /* byte level: byte -> GPT-2 character (UTF-8) and its vocabulary id */
@@ -329,6 +338,7 @@ static const struct pair_slot *pair_find(const fs_bpe *t, int32_t a, int32_t b) 
 
 int32_t fs_bpe_vocab_size(const fs_bpe *bpe) { return bpe->vocab_size; }
 int32_t fs_bpe_eos_id(const fs_bpe *bpe) { return bpe->eos_id; }
+int fs_bpe_split_at_metaspace(const fs_bpe *bpe) { return bpe->split_at_metaspace; }
 
 const char *fs_bpe_token_text(const fs_bpe *bpe, int32_t id) {
     if (id < 0 || id >= bpe->vocab_size || bpe->tok_len[id] < 0) return NULL;
@@ -752,6 +762,55 @@ static int cmp_added(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
+static int ends_with_metaspace(const fs_bpe *t, int32_t id) {
+    int32_t n = t->tok_len[id];
+    return n >= METASPACE_BYTES && memcmp(tok_text(t, id) + n - METASPACE_BYTES, METASPACE, METASPACE_BYTES) == 0;
+}
+
+/* Whether a piece may be cut before each run of "▁" (a "▁" after another character) and the
+ * parts encoded on their own, with the ids of the uncut piece. Without a pre-tokenizer
+ * (Llama 2's layout) a whole document is one piece, which costs O(n log n) in the merge heap
+ * and never hits the piece cache; cut, it is "▁word" pieces that the cache answers.
+ *
+ * The argument, for a piece cut at position i (character i is "▁", character i-1 is not):
+ *  1. The symbols of the piece are those of its two parts, one after the other. build_symbols
+ *     handles each character on its own except for a pending unk, and "▁" is required to be
+ *     in the vocabulary, so it is a symbol of its own (text "▁") that flushes any pending unk
+ *     first: no fused unk spans i, nothing is carried across it. No character may be dropped
+ *     either (else "▁▁" + dropped + "▁x" would bring two "▁" symbols together across i), so
+ *     an unk token or byte fallback with all 256 byte tokens is required.
+ *  2. A symbol's text is the concatenation of its first symbols' texts, because a merge
+ *     (a, b) gives the token whose text is text(a) text(b) (load_model_and_tokens checks it).
+ *     So a symbol that starts at i has a text starting with "▁"; one that ends at i has a
+ *     text ending with that of the last symbol before i: character i-1's own (not "▁"), a
+ *     "<0xNN>" byte token, or the unk token, whose text is required not to end with "▁".
+ *  3. So a merge across i would be a merge (a, b) with b starting with "▁" and a not ending
+ *     with it. If the merges hold none, no merge joins the parts, each part's pairs are
+ *     untouched by the other's merges, and merging by (rank, leftmost) gives the same ids
+ *     part by part as whole (merges in one part never change the order of the other's).
+ * A vocabulary that SentencePiece trained with split_by_whitespace (Llama 2's) has "▁" only
+ * at the start of a token or in a run of "▁" at its start, so it passes; one trained on whole
+ * lines ("e▁") does not, and is encoded uncut. ignore_merges looks up the whole piece, which
+ * encode_split_at_metaspace does before cutting it. Byte-level models see GPT-2 characters,
+ * not "▁", and are never cut. */
+static void decide_split_at_metaspace(fs_bpe *t) {
+    t->split_at_metaspace = 0;
+    if (t->byte_level || vocab_find(t, METASPACE, METASPACE_BYTES) < 0) return;
+    if (t->unk_id >= 0 && ends_with_metaspace(t, t->unk_id)) return;
+    int all_bytes = t->byte_fallback;
+    for (int b = 0; b < 256; b++) all_bytes &= t->byte_fallback_id[b] >= 0;
+    if (t->unk_id < 0 && !all_bytes) return;
+    for (uint64_t h = 0; h <= t->pair_mask; h++) {
+        uint64_t key = t->pairs[h].key;
+        if (key == UINT64_MAX) continue;
+        int32_t a = (int32_t)(key >> 32), b = (int32_t)(key & 0xFFFFFFFFu);
+        int b_starts = t->tok_len[b] >= METASPACE_BYTES &&
+                       memcmp(tok_text(t, b), METASPACE, METASPACE_BYTES) == 0;
+        if (b_starts && !ends_with_metaspace(t, a)) return;
+    }
+    t->split_at_metaspace = 1;
+}
+
 /* Reads the id of a vocabulary or added-token entry. */
 static fs_status get_id(const fs_bpe *t, const cJSON *v, const char *where, const char *name,
                         int32_t *out) {
@@ -989,6 +1048,7 @@ static fs_status load_model_and_tokens(fs_bpe *t, const cJSON *root) {
             t->byte_sym[b] = vocab_find(t, t->byte_char[b], t->byte_char_len[b]);
         }
     }
+    decide_split_at_metaspace(t);
     static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>", "<|eot_id|>"};
     t->eos_id = -1;
     for (int k = 0; k < 4 && t->eos_id < 0; k++)
@@ -1442,8 +1502,11 @@ static void cache_reset(fs_bpe_encoder *e) {
     e->cache_used = e->cache_key_used = e->cache_ids_used = 0;
 }
 
-/* The BPE of one piece, through the cache. */
-static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe_ids *out) {
+/* The BPE of one piece, through the cache. whole_token_first: under ignore_merges, a piece
+ * that is a whole token is that token (0 for the parts of a cut piece: the whole was looked up
+ * before the cut; an encoder caches one kind only, as a tokenizer cuts always or never). */
+static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, int whole_token_first,
+                              fs_bpe_ids *out) {
     const fs_bpe *t = e->bpe;
     uint64_t hash = 0, slot = 0;
     int cacheable = n <= CACHE_MAX_PIECE;
@@ -1460,7 +1523,7 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
     }
     int64_t first = out->n;
     int done = 0;
-    if (t->ignore_merges) { /* a piece that is a whole token is that token */
+    if (t->ignore_merges && whole_token_first) {
         const char *q = p;
         size_t qn = n;
         if (t->byte_level) {
@@ -1504,8 +1567,34 @@ static fs_status encode_piece(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe
     return FS_OK;
 }
 
-/* Normalizes, pre-tokenizes and encodes one segment (text between added tokens). at_zero: the
- * segment starts the text of a document (Metaspace's "first"). */
+/* A piece cut before each run of "▁", the parts encoded on their own: the ids of the whole
+ * piece when split_at_metaspace holds (decide_split_at_metaspace says why). */
+static fs_status encode_split_at_metaspace(fs_bpe_encoder *e, const char *p, size_t n, fs_bpe_ids *out) {
+    const fs_bpe *t = e->bpe;
+    if (t->ignore_merges) {
+        int32_t id = vocab_find(t, p, n);
+        if (id >= 0) return fs_bpe_ids_push(out, id);
+    }
+    size_t start = 0;
+    /* a "▁" at i >= 1 whose 3 bytes fit; the text is valid UTF-8, so 0xE2 is a lead byte */
+    for (size_t i = 1; i + METASPACE_BYTES <= n;) {
+        const char *hit = memchr(p + i, METASPACE[0], n - i - (METASPACE_BYTES - 1));
+        if (!hit) break;
+        size_t at = (size_t)(hit - p);
+        if (memcmp(hit, METASPACE, METASPACE_BYTES) != 0) {
+            i = at + 1;
+            continue;
+        }
+        int after_metaspace = at >= METASPACE_BYTES && memcmp(hit - METASPACE_BYTES, METASPACE, METASPACE_BYTES) == 0;
+        if (!after_metaspace) {
+            FS_TRY(encode_piece(e, p + start, at - start, 0, out));
+            start = at;
+        }
+        i = at + METASPACE_BYTES;
+    }
+    return encode_piece(e, p + start, n - start, 0, out);
+}
+
 /* The added token of the given kind (normalized or not) at s[i], the longest; or NULL. */
 static const added_token *added_at(const fs_bpe *t, const char *s, size_t n, size_t i, int normalized) {
     uint8_t b = (uint8_t)s[i];
@@ -1519,6 +1608,8 @@ static const added_token *added_at(const fs_bpe *t, const char *s, size_t n, siz
 
 static fs_status pretokenize_and_encode(fs_bpe_encoder *e, int at_zero, int no_prefix, fs_bpe_ids *out);
 
+/* Normalizes, pre-tokenizes and encodes one segment (text between added tokens). at_zero: the
+ * segment starts the text of a document (Metaspace's "first"). */
 static fs_status encode_segment(fs_bpe_encoder *e, const char *s, size_t n, int at_zero,
                                 int prepend_ok, fs_bpe_ids *out) {
     const fs_bpe *t = e->bpe;
@@ -1573,8 +1664,11 @@ static fs_status pretokenize_and_encode(fs_bpe_encoder *e, int at_zero, int no_p
         }
     }
     const char *base = e->arena[cur].p;
-    for (size_t i = 0; i < e->n_pieces[cur]; i++)
-        FS_TRY(encode_piece(e, base + e->pieces[cur][i].off, e->pieces[cur][i].len, out));
+    for (size_t i = 0; i < e->n_pieces[cur]; i++) {
+        const char *p = base + e->pieces[cur][i].off;
+        size_t n = e->pieces[cur][i].len;
+        FS_TRY(t->split_at_metaspace ? encode_split_at_metaspace(e, p, n, out) : encode_piece(e, p, n, 1, out));
+    }
     return FS_OK;
 }
 
