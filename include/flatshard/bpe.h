@@ -60,8 +60,9 @@ int32_t fs_bpe_eos_id(const fs_bpe *bpe);
 /* Whether encoding cuts each piece before every run of "▁" (U+2581) and encodes the parts on
  * their own (and through the piece cache): decided at load, true only where no merge can join
  * across such a cut, so that it changes speed, never ids (src/data/bpe.c,
- * decide_split_at_metaspace, gives the argument). True of Llama 2's vocabulary, whose tokens
- * have "▁" only at their start; false for byte-level models. For tests and benchmarks. */
+ * decide_split_at_metaspace, gives the argument). True of a vocabulary SentencePiece trained
+ * with split_by_whitespace (Llama 2's), whose tokens have "▁" only in a run at their start;
+ * false for byte-level models. For tests and benchmarks. */
 int fs_bpe_split_at_metaspace(const fs_bpe *bpe);
 
 /* A growable id array; zero-initialise it, and release it with fs_bpe_ids_free. */
