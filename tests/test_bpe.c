@@ -594,8 +594,9 @@ static void test_split_at_metaspace(void) {
     /* a vocabulary without "▁", and byte-level models, are never cut */
     make_sp_json(0, 1);
     replace_once(json, sizeof json, sp_json, "\"\xE2\x96\x81\": 259", "\"\xE2\x96\x82\": 259");
-    replace_once(with_ih, sizeof with_ih, json, "[[\"\xE2\x96\x81\", \"h\"], [\"\xE2\x96\x81h\", \"i\"]]", "[]");
-    bpe = load_text("sp-nometa.json", with_ih);
+    static char no_metaspace[40000];
+    replace_once(no_metaspace, sizeof no_metaspace, json, "[[\"\xE2\x96\x81\", \"h\"], [\"\xE2\x96\x81h\", \"i\"]]", "[]");
+    bpe = load_text("sp-nometa.json", no_metaspace);
     CHECK(bpe && !fs_bpe_split_at_metaspace(bpe), "no \"▁\" token: not cut");
     fs_bpe_free(bpe);
     make_bytelevel_json();
