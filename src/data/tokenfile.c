@@ -26,6 +26,8 @@
 #define _FILE_OFFSET_BITS 64
 #include "flatshard/data.h"
 
+#include "data_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -255,6 +257,29 @@ fs_status fs_token_data_check_vocab(const fs_token_data *d, int32_t vocab_size) 
     return FS_OK;
 }
 
+/* Makes a rename into path's directory durable: fsyncs that directory. Some file systems
+ * cannot fsync a directory (EINVAL); the data is on disk either way, so only other failures
+ * are reported. path is shorter than FS_TMP_PATH_BYTES (its writer checked at open). */
+fs_status fs_data_sync_parent_dir(const char *path) {
+    char dir[FS_TMP_PATH_BYTES];
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        strcpy(dir, ".");
+    } else {
+        size_t len = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        int e = fsync(dfd) == 0 ? 0 : errno;
+        close(dfd);
+        if (e != 0 && e != EINVAL)
+            return fs_errorf(FS_ERR_IO, "%s: fsync of the directory %s failed: %s", path, dir, strerror(e));
+    }
+    return FS_OK;
+}
+
 fs_status fs_token_data_check_length(const fs_token_data *d, int64_t T) {
     if (T <= 0)
         return fs_errorf(FS_ERR_USAGE, "%s: sequence length T = %lld is not positive", d->path,
@@ -352,26 +377,7 @@ static fs_status writer_commit(tmp_writer *w) {
         unlink(w->tmp_path);
         return st;
     }
-    /* Make the rename itself durable. Some file systems cannot fsync a directory (EINVAL);
-     * the data is on disk either way, so only other failures are reported. */
-    char dir[FS_TMP_PATH_BYTES];
-    const char *slash = strrchr(w->path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else {
-        size_t len = slash == w->path ? 1 : (size_t)(slash - w->path);
-        memcpy(dir, w->path, len); /* len < strlen(path) < sizeof dir (checked at open) */
-        dir[len] = '\0';
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        int e = fsync(dfd) == 0 ? 0 : errno;
-        close(dfd);
-        if (e != 0 && e != EINVAL)
-            return fs_errorf(FS_ERR_IO, "%s: fsync of the directory %s failed: %s", w->path, dir,
-                             strerror(e));
-    }
-    return FS_OK;
+    return fs_data_sync_parent_dir(w->path);
 }
 
 fs_status fs_tokenfile_write(const char *path, const int32_t *tokens, int64_t n_tokens,

@@ -25,6 +25,8 @@
 
 #include "flatshard/data.h"
 
+#include "data_internal.h"
+
 #define HEADER_BYTES (FS_TOKENFILE_HEADER_INTS * 4)
 #define MAX_TOKENS ((int64_t)INT32_MAX)
 
@@ -124,24 +126,7 @@ fs_status fs_tokenfile_stream_commit(fs_tokenfile_stream *w) {
         unlink(w->tmp_path);
         return st;
     }
-    /* the rename is durable once the directory is synced */
-    char dir[512];
-    const char *slash = strrchr(w->path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else {
-        size_t len = slash == w->path ? 1 : (size_t)(slash - w->path);
-        memcpy(dir, w->path, len);
-        dir[len] = '\0';
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        int e = fsync(dfd) == 0 ? 0 : errno;
-        close(dfd);
-        if (e != 0 && e != EINVAL)
-            return fs_errorf(FS_ERR_IO, "%s: fsync of the directory %s failed: %s", w->path, dir, strerror(e));
-    }
-    return FS_OK;
+    return fs_data_sync_parent_dir(w->path); /* the rename is durable once the directory is synced */
 }
 
 /* ------------------------------------------------------------------ jobs */
