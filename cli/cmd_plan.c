@@ -28,9 +28,16 @@ static const fs_command_help plan_help = {
         "docs/planner.md) or this-machine: this machine, one core per rank, measured by a\n"
         "short calibration (GEMMs forward and backward, attention, AdamW, memcpy) that is\n"
         "cached in $XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the\n"
-        "figures came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.",
+        "figures came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
+        "--shard-group auto plans every group size G that divides W (hybrid sharding: shard\n"
+        "within groups of G, all-reduce the gradient shards over the W/G replicas), each with\n"
+        "its own --ckpt-layers, prints a table of them and the full plan of the fastest that\n"
+        "fits. The presets' interconnect is NCCL bus bandwidth: NVLink inside a node of 8, one\n"
+        "InfiniBand NIC per GPU between nodes.",
     .epilog = "examples:\n"
               "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
+              "  flatshard plan --model llama3-70b --world 256 --seq 4096 --device h100-80gb --ckpt-layers auto \\\n"
+              "      --shard-group auto\n"
               "  flatshard plan --model small --world 2 --batch 4 --seq 256 --device this-machine",
 };
 
@@ -67,15 +74,59 @@ static void free_plan(planned *p) {
     fs_layout_free(&p->layout);
 }
 
+/* The plan of tc (with auto_ckpt, the fewest checkpointed blocks that fit `capacity`, or all
+ * of them: tc->ckpt_layers says which; *needed is -1 when even all do not fit). */
+static fs_status plan_fitting(planned *p, const fs_llama_config *mc, fs_train_config *tc, int world,
+                              const fs_hardware *hw, int auto_ckpt, double capacity, int64_t *needed) {
+    *needed = -1;
+    if (auto_ckpt) tc->ckpt_layers = 0;
+    fs_status st = make_plan(p, mc, tc, world, hw);
+    /* auto: the fewest checkpointed blocks that fit (memory falls as blocks are added) */
+    for (int64_t n = 0; st == FS_OK && auto_ckpt && n <= mc->num_hidden_layers; n++) {
+        if (n > 0) {
+            free_plan(p);
+            tc->ckpt_layers = n;
+            st = make_plan(p, mc, tc, world, hw);
+        }
+        if (st == FS_OK && (double)p->total <= capacity) {
+            *needed = n;
+            break;
+        }
+    }
+    return st;
+}
+
+/* One row of --shard-group auto. */
+typedef struct group_row {
+    int group;
+    fs_status status; /* FS_OK, or why this G cannot be planned (message below) */
+    char error[256];
+    int64_t ckpt_layers;
+    uint64_t total;
+    int fits;
+    fs_step_estimate est;
+} group_row;
+
+static void print_json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 int fs_cmd_plan(int argc, char **argv) {
     const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
-    const char *ckpt = "0";
-    int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0, shard_group = 0;
+    const char *ckpt = "0", *shard_group_arg = "0";
+    int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0;
     int json = 0, recalibrate = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or a Hugging Face config.json", NULL, 0, 0},
         {"world", 'w', FS_OPT_INT, &world, "W", "ranks (devices)", NULL, 1, 1 << 20},
-        {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding: shard within groups of G ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
+        {"shard-group", 0, FS_OPT_STRING, &shard_group_arg, "G|auto", "hybrid sharding: shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W); auto: plan every G dividing W and show the fastest that fits", NULL, 0, 0},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per device", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
         {"grad-accum", 0, FS_OPT_INT, &grad_accum, "K", "micro-batches per optimizer step", NULL, 1, 1 << 20},
@@ -97,6 +148,11 @@ int fs_cmd_plan(int argc, char **argv) {
     long long ckpt_n = auto_ckpt ? 0 : strtoll(ckpt, &end, 10);
     if (!auto_ckpt && (end == ckpt || *end || ckpt_n < 0))
         return fs_usage_error("plan", "--ckpt-layers: expected a number of blocks or 'auto', got '%s'", ckpt);
+    const int auto_group = strcmp(shard_group_arg, "auto") == 0;
+    long long shard_group = auto_group ? 0 : strtoll(shard_group_arg, &end, 10);
+    if (!auto_group && (end == shard_group_arg || *end || shard_group < 0 || shard_group > (1 << 20)))
+        return fs_usage_error("plan", "--shard-group: expected a group size G (0 <= G <= 1048576) or 'auto', got '%s'",
+                              shard_group_arg);
 
     fs_llama_config mc;
     const fs_hardware *hw = NULL;
@@ -119,23 +175,58 @@ int fs_cmd_plan(int argc, char **argv) {
     tc.grad_accum = grad_accum;
     tc.ckpt_layers = ckpt_n;
     tc.shard_group = (int)shard_group;
+    if (auto_group && (tc.strategy == FS_STRATEGY_DDP || tc.strategy == FS_STRATEGY_ZERO3_PARAM))
+        return fs_usage_error("plan", "--shard-group auto: hybrid sharding is supported with yafsdp, zero1, zero2, not %s",
+                              strategy);
+
+    /* --shard-group auto: every G dividing W, each with its own checkpointing; the fastest
+     * that fits (a tie goes to the larger G: less state held twice); if none fits, the one
+     * needing the least memory */
+    group_row *rows = NULL;
+    int n_rows = 0, chosen = -1;
+    if (auto_group) {
+        rows = calloc((size_t)world, sizeof *rows); /* at most W divisors; W <= 2^20 */
+        if (!rows) return fs_cli_report("plan", fs_errorf(FS_ERR_NOMEM, "--shard-group auto: %lld rows", (long long)world));
+        for (int64_t g = 1; g <= world; g++) {
+            if (world % g) continue;
+            group_row *r = &rows[n_rows++];
+            r->group = (int)g;
+            fs_train_config t = tc;
+            t.shard_group = (int)g;
+            planned q;
+            int64_t need;
+            r->status = plan_fitting(&q, &mc, &t, (int)world, hw, auto_ckpt, capacity, &need);
+            if (r->status != FS_OK) {
+                snprintf(r->error, sizeof r->error, "%s", fs_error_message());
+                continue;
+            }
+            r->ckpt_layers = t.ckpt_layers;
+            r->total = q.total;
+            r->fits = (double)q.total <= capacity;
+            fs_estimate_step(&q.plan, hw, grad_accum, &r->est);
+            free_plan(&q);
+        }
+        for (int i = 0; i < n_rows; i++)
+            if (rows[i].status == FS_OK && rows[i].fits && (chosen < 0 || rows[i].est.step_s <= rows[chosen].est.step_s))
+                chosen = i;
+        for (int i = 0; i < n_rows && !(chosen >= 0 && rows[chosen].fits); i++)
+            if (rows[i].status == FS_OK && (chosen < 0 || rows[i].total <= rows[chosen].total)) chosen = i;
+        if (chosen < 0) { /* no G can be planned at all: the reason of G = W */
+            fs_status st_w = rows[n_rows - 1].status;
+            fs_errorf(st_w, "%s", rows[n_rows - 1].error);
+            free(rows);
+            return fs_cli_report("plan", st_w);
+        }
+        tc.shard_group = rows[chosen].group;
+    }
 
     planned p;
-    st = make_plan(&p, &mc, &tc, (int)world, hw);
-    /* auto: the fewest checkpointed blocks that fit (memory falls as blocks are added) */
     int64_t needed = -1;
-    for (int64_t n = 0; st == FS_OK && auto_ckpt && n <= mc.num_hidden_layers; n++) {
-        if (n > 0) {
-            free_plan(&p);
-            tc.ckpt_layers = n;
-            st = make_plan(&p, &mc, &tc, (int)world, hw);
-        }
-        if (st == FS_OK && (double)p.total <= capacity) {
-            needed = n;
-            break;
-        }
+    st = plan_fitting(&p, &mc, &tc, (int)world, hw, auto_ckpt, capacity, &needed);
+    if (st != FS_OK) {
+        free(rows);
+        return fs_cli_report("plan", st);
     }
-    if (st != FS_OK) return fs_cli_report("plan", st);
     fs_step_estimate est;
     fs_estimate_step(&p.plan, hw, grad_accum, &est);
     const int fits = (double)p.total <= capacity;
@@ -160,12 +251,58 @@ int fs_cmd_plan(int argc, char **argv) {
         printf("},\"estimate\":{\"compute_s\":%.17g,\"gemm_s\":%.17g,\"attention_s\":%.17g,\"memory_s\":%.17g,"
                "\"optimizer_s\":%.17g,\"comm_s\":%.17g,\"exposed_comm_s\":%.17g,\"step_s\":%.17g,"
                "\"tokens_per_s\":%.17g,\"mfu\":%.17g,\"busbw\":%.17g,\"flops\":%.17g,\"attention_flops\":%.17g,"
-               "\"memory_bytes\":%.17g,\"optimizer_bytes\":%.17g}}\n",
+               "\"memory_bytes\":%.17g,\"optimizer_bytes\":%.17g,\"replica_busbw\":%.17g}",
                est.compute_s, est.gemm_s, est.attention_s, est.memory_s, est.optimizer_s, est.comm_s,
                est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw, est.flops, est.attention_flops,
-               est.memory_bytes, est.optimizer_bytes);
+               est.memory_bytes, est.optimizer_bytes, est.replica_busbw);
+        if (auto_group) {
+            printf(",\"shard_group_auto\":{\"chosen\":%d,\"fits\":%s,\"candidates\":[", rows[chosen].group,
+                   rows[chosen].fits ? "true" : "false");
+            for (int i = 0; i < n_rows; i++) {
+                const group_row *r = &rows[i];
+                printf("%s{\"shard_group\":%d,", i ? "," : "", r->group);
+                if (r->status != FS_OK) {
+                    printf("\"error\":");
+                    print_json_string(r->error);
+                    printf("}");
+                    continue;
+                }
+                printf("\"ckpt_layers\":%" PRId64 ",\"total\":%" PRIu64 ",\"fits\":%s,\"step_s\":%.17g,"
+                       "\"exposed_comm_s\":%.17g,\"comm_s\":%.17g,\"tokens_per_s\":%.17g,\"mfu\":%.17g}",
+                       r->ckpt_layers, r->total, r->fits ? "true" : "false", r->est.step_s, r->est.exposed_comm_s,
+                       r->est.comm_s, r->est.tokens_per_s, r->est.mfu);
+            }
+            printf("]}");
+        }
+        printf("}\n");
+        free(rows);
         free_plan(&p);
         return FS_EXIT_OK;
+    }
+    if (auto_group) {
+        printf("--shard-group auto: every G dividing the %" PRId64 " ranks, each with %s (docs/planner.md)\n", world,
+               auto_ckpt ? "the fewest checkpointed blocks that fit" : "--ckpt-layers as given");
+        printf("  %7s %7s %6s %11s %-12s %9s %10s %12s %6s\n", "G", "groups", "ckpt", "memory GiB", "fits",
+               "step s", "exposed s", "tokens/s", "MFU");
+        for (int i = 0; i < n_rows; i++) {
+            const group_row *r = &rows[i];
+            if (r->status != FS_OK) {
+                printf("  %7d %7" PRId64 "   cannot be planned: %s\n", r->group, world / r->group, r->error);
+                continue;
+            }
+            printf("  %7d %7" PRId64 " %6" PRId64 " %11.3f %-12s %9.3f %10.3f %12.0f %5.1f%%%s\n", r->group,
+                   world / r->group, r->ckpt_layers, (double)r->total / 1073741824.0,
+                   r->fits ? "fits" : "DOES NOT FIT", r->est.step_s, r->est.exposed_comm_s, r->est.tokens_per_s,
+                   100.0 * r->est.mfu, i == chosen ? "  <-" : "");
+        }
+        if (rows[chosen].fits)
+            printf("  fastest that fits: G = %d%s, %.3f s per step; its plan:\n", rows[chosen].group,
+                   rows[chosen].group == world ? " (plain sharding, no replicas)" : "", rows[chosen].est.step_s);
+        else
+            printf("  no G fits the device; the plan of the one needing the least memory, G = %d:\n",
+                   rows[chosen].group);
+        free(rows);
+        rows = NULL;
     }
     char desc[256];
     fs_cli_describe_model(&p.layout, desc, sizeof desc);
@@ -176,8 +313,8 @@ int fs_cmd_plan(int argc, char **argv) {
            tc.ckpt_layers == 1 ? "" : "s");
     if (p.plan.cfg.replicas > 1)
         printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across (the bytes "
-               "below are a %d-way shard)\n",
-               p.plan.cfg.replicas, p.plan.cfg.world, p.plan.cfg.world);
+               "below are a %d-way shard; the replicas' all-reduce at %.1f GB/s bus bandwidth)\n",
+               p.plan.cfg.replicas, p.plan.cfg.world, p.plan.cfg.world, est.replica_busbw / 1e9);
     printf("  device %s: %s\n", hw->name, hw->description);
     printf("  device figures: %s\n", hw->origin_note);
     printf("memory per device, GiB (rank 0; activations at %.0f bytes per element on this device):\n",

@@ -413,7 +413,7 @@ static void test_step_time_by_hand(void) {
           cpu.utilisation_bf16);
     CHECK(cpu.attention_flops_fp32 == 5e9 && cpu.attention_flops_bf16 == 5e9 && cpu.memory_bw == 20e9,
           "attention %g %g, memory %g", cpu.attention_flops_fp32, cpu.attention_flops_bf16, cpu.memory_bw);
-    CHECK(cpu.intra_busbw == 4e9 && cpu.inter_busbw == 4e9, "busbw %g %g", cpu.intra_busbw, cpu.inter_busbw);
+    CHECK(cpu.intra_busbw == 4e9 && cpu.nic_busbw == 4e9, "busbw %g %g", cpu.intra_busbw, cpu.nic_busbw);
     CHECK(cpu.devices_per_node == 2 && cpu.memory_bytes == 24.0 * 1073741824.0 && cpu.comm_on_compute_cores &&
               cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
           "the machine's figures");
@@ -427,6 +427,140 @@ static void test_step_time_by_hand(void) {
     CHECK_REL(e.exposed_comm_s, cpu_comm, "cpu: all communication exposed");
     CHECK_REL(e.step_s, cpu_compute + cpu_comm, "cpu step");
     CHECK_REL(e.mfu, model / (50e9 * (cpu_compute + cpu_comm)), "cpu MFU");
+    fs_plan_free(&plan);
+    fs_layout_free(&l);
+}
+
+/* The presets' rings as NCCL runs them: NVLink inside a node, m NICs' worth across nodes for a
+ * ring with m of its ranks on each node (docs/planner.md). */
+static void test_ring_busbw(void) {
+    const fs_hardware *h100 = NULL, *a100 = NULL;
+    CHECK_OK(fs_hardware_find("h100-80gb", &h100));
+    CHECK_OK(fs_hardware_find("a100-80gb", &a100));
+    if (!h100 || !a100) return;
+    CHECK(h100->intra_busbw == 360e9 && h100->nic_busbw == 45e9 && h100->devices_per_node == 8,
+          "h100: NVLink 4 at 360 GB/s, NDR at 45 GB/s per GPU, 8 per node");
+    CHECK(a100->intra_busbw == 240e9 && a100->nic_busbw == 22.5e9 && a100->devices_per_node == 8,
+          "a100: NVLink 3 at 240 GB/s, HDR at 22.5 GB/s per GPU, 8 per node");
+    static const struct {
+        const char *hw;
+        int world, ranks, stride;
+        double want;
+        const char *what;
+    } cases[] = {
+        {"h100", 8, 8, 1, 360e9, "one node, every GPU: NVLink"},
+        {"h100", 256, 8, 1, 360e9, "groups of 8 on nodes of 8: NVLink"},
+        {"h100", 8, 2, 4, 360e9, "a replica pair 4 apart inside a node"},
+        {"h100", 256, 256, 1, 360e9, "the whole world: 8 NICs a node, as fast as NVLink"},
+        {"h100", 256, 32, 8, 45e9, "replica sets of groups of 8: one rank a node, one NIC"},
+        {"h100", 64, 16, 4, 90e9, "replica sets of groups of 4: two ranks a node, two NICs"},
+        {"a100", 256, 16, 1, 180e9, "groups of 16 span two nodes: 8 x 22.5 GB/s, under NVLink's 240"},
+        {"a100", 256, 8, 1, 240e9, "groups of 8: NVLink"},
+        {"a100", 24, 12, 1, 90e9, "groups of 12 straddle nodes: their smallest piece has 4 ranks"},
+        {"a100", 24, 3, 1, 22.5e9, "groups of 3 straddle nodes with one rank on a side"},
+        {"a100", 256, 2, 128, 22.5e9, "two replicas 128 ranks apart"},
+        {"a100", 256, 1, 1, 240e9, "a ring of one moves nothing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const fs_hardware *hw = strcmp(cases[i].hw, "h100") == 0 ? h100 : a100;
+        double got = fs_hardware_ring_busbw(hw, cases[i].world, cases[i].ranks, cases[i].stride);
+        CHECK(got == cases[i].want, "%s W %d, %d ranks %d apart (%s): %g, expected %g", cases[i].hw,
+              cases[i].world, cases[i].ranks, cases[i].stride, cases[i].what, got, cases[i].want);
+    }
+}
+
+/* Hybrid sharding by hand: the model of test_step_time_by_hand in groups of 4 with 4 replicas
+ * (W = 16) on H100s, 8 per node. The groups' collectives run inside a node at NVLink's 360
+ * GB/s; each replica set (ranks 4 apart: two on each of two nodes) all-reduces at 2 NICs x 45
+ * GB/s = 90 GB/s; each unit's fp32 gradient shard once, in the last micro-batch, queued after
+ * its reduce-scatter and overlapping the next op's backward like it; the norm group's after
+ * backward; the (loss, norm) exchange over all 16 ranks. */
+static void test_hsdp_step_by_hand(void) {
+    fs_llama_config c;
+    fs_layout l;
+    fs_plan plan;
+    CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": 2}", &c));
+    CHECK_OK(fs_layout_init(&l, &c, 0));
+    fs_plan_config pc = {.world = 4, .rank = 0, .replicas = 4, .strategy = FS_STRATEGY_YAFSDP,
+                         .precision = FS_PRECISION_BF16, .batch = 2, .seq = 16, .ckpt_layers = 1,
+                         .comm_bytes = 0};
+    CHECK_OK(fs_plan_init(&plan, &l, pc));
+    const fs_hardware *hw = NULL;
+    CHECK_OK(fs_hardware_find("h100-80gb", &hw));
+    if (!hw) return;
+    fs_step_estimate e;
+    fs_estimate_step(&plan, hw, 2, &e);
+    CHECK(e.busbw == 360e9 && e.replica_busbw == 90e9, "busbw %g, replicas %g", e.busbw, e.replica_busbw);
+
+    /* compute as in test_step_time_by_hand, at the H100's rates */
+    const double Fa = 2.0 * 32 * 64 * 17, Fb = 2.0 * 32 * 36864 + Fa, Fh = 2.0 * 32 * 64 * 100;
+    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh);
+    const double tok = 32, wire_e = 6.0 * 6400, wire_b = 6.0 * 36864, wire_h = 6.0 * 6400;
+    const double op_bytes = tok * 2 * (128 + 192 + (1088 + 2240 + 960) + (1088 + 2240) + (228 + 648)) + wire_e +
+                            2 * wire_b + wire_h;
+    const double rate = 989e12 * 0.4, hbm = 3.35e12, opt = (86912 / 4) * 42.0;
+    const double compute = flops / rate + (2 * op_bytes + opt) / hbm;
+    CHECK_REL(e.compute_s, compute, "hsdp compute");
+    const double cf0 = tok * 2 * 128 / hbm, cf1 = Fb / rate + tok * 2 * 1088 / hbm, cf2 = cf1;
+    const double cb0 = (tok * 2 * 192 + wire_e) / hbm;
+    const double cb1 = 3 * Fb / rate + (tok * 2 * (2240 + 960) + wire_b) / hbm;
+    const double cb2 = 2 * Fb / rate + (tok * 2 * 2240 + wire_b) / hbm;
+    const double lat = 50e-6;
+#define AG(bytes) (lat + 0.75 * (bytes) / 360e9)      /* in the group of 4, one node */
+#define AR(bytes) (lat + 2 * 0.75 * (bytes) / 90e9)   /* over the 4 replicas, 2 nodes */
+    const double E = 6400 * 2, Bk = 36864 * 2, H = 6400 * 2, Eg = E, Bg = Bk, Hg = H;
+    const double Nw = 384 * 2, Ng = 384 * 4;
+    /* the replicas' all-reduce of each unit's fp32 shard (a quarter of the unit) */
+    const double Es = 1600 * 4, Bs = 9216 * 4, Hs = 1600 * 4, Ns = 96 * 4;
+    const double X = 16 * 16; /* the exchange: 16 bytes of each of the 16 ranks */
+    /* micro-batch 0: as without replicas */
+    double exposed = AG(E) + fmax(0, AG(Bk) - cf0) + fmax(0, AG(Bk) - cf1) + fmax(0, AG(H) - cf2);
+    exposed += fmax(0, AG(Bk) + AG(Hg) - cb2) + fmax(0, AG(E) + AG(Bg) - cb1) + fmax(0, AG(Bg) - cb0) + AG(Eg);
+    /* micro-batch 1 (the last): each op's all-reduce follows its reduce-scatter */
+    exposed += fmax(0, AG(Bk) - cf1) + fmax(0, AG(H) - cf2);
+    exposed += fmax(0, AG(Bk) + AG(Hg) + AR(Hs) - cb2) + fmax(0, AG(E) + AG(Bg) + AR(Bs) - cb1) +
+               fmax(0, AG(Bg) + AR(Bs) - cb0) + AG(Eg) + AR(Es);
+    /* after backward: norm gather and reduce-scatter, its replicas' all-reduce, the exchange
+     * over the 16 ranks (a ring of two full nodes: 8 NICs a node, 360 GB/s) */
+    const double end = AG(Nw) + AG(Ng) + AR(Ns) + (lat + (15.0 / 16) * X / 360e9);
+    exposed += end;
+    const double comm = (AG(E) + 2 * AG(Bk) + AG(H)) + (AG(E) + AG(Bk)) + (AG(Bk) + AG(H)) + (AG(E) + AG(Bk)) +
+                        2 * (AG(Eg) + 2 * AG(Bg) + AG(Hg)) + AR(Es) + 2 * AR(Bs) + AR(Hs) + end;
+    CHECK_REL(e.comm_s, comm, "hsdp communication");
+    /* at these sizes every collective outlasts the compute beside it; with GEMMs a million
+     * times slower the blocks' and the head's backward hide what runs beside them — the head's
+     * and block 1's all-reduces included, which the embedding's short backward cannot */
+    fs_hardware slow = *hw;
+    slow.utilisation_bf16 = 0.4e-6;
+    slow.attention_flops_bf16 = 989e12 * 0.4e-6;
+    fs_step_estimate es;
+    fs_estimate_step(&plan, &slow, 2, &es);
+    const double cb0_slow = cb0; /* the embedding's backward is memory-bound only */
+    const double hidden = AG(E) + (AG(Bk) - cf0) + (AG(Bg) - cb0_slow) + AG(Eg) +  /* micro-batch 0 */
+                          (AG(Bg) + AR(Bs) - cb0_slow) + AG(Eg) + AR(Es) + end;    /* micro-batch 1 */
+    CHECK_REL(es.exposed_comm_s, hidden, "hsdp exposed with slow GEMMs: the all-reduces overlap backward");
+#undef AG
+#undef AR
+    CHECK_REL(e.exposed_comm_s, exposed, "hsdp exposed communication");
+    CHECK_REL(e.step_s, compute + exposed, "hsdp step");
+    CHECK_REL(e.tokens_per_s, 16.0 * 2 * 2 * 16 / (compute + exposed), "hsdp tokens/s: all 16 ranks");
+    CHECK(e.comm.count[FS_EST_ALL_REDUCE] == 5 && e.comm.bytes[FS_EST_ALL_REDUCE] == Es + 2 * Bs + Hs + Ns &&
+              e.comm.wire[FS_EST_ALL_REDUCE] == 1.5 * (Es + 2 * Bs + Hs + Ns),
+          "all-reduces %lld, %.0f bytes, %.0f sent", (long long)e.comm.count[FS_EST_ALL_REDUCE],
+          e.comm.bytes[FS_EST_ALL_REDUCE], e.comm.wire[FS_EST_ALL_REDUCE]);
+    /* groups of 1 (everything replicated, yafsdp in place): no gathers or reduce-scatters,
+     * only the replicas' all-reduces, over all 16 ranks (8 a node: 360 GB/s) */
+    fs_plan_free(&plan);
+    pc.world = 1;
+    pc.replicas = 16;
+    CHECK_OK(fs_plan_init(&plan, &l, pc));
+    fs_estimate_step(&plan, hw, 2, &e);
+    CHECK(e.replica_busbw == 360e9 && e.comm.count[FS_EST_ALL_GATHER] == 1 && e.comm.count[FS_EST_REDUCE_SCATTER] == 0 &&
+              e.comm.count[FS_EST_ALL_REDUCE] == 5,
+          "groups of 1: %g GB/s, counts %lld %lld %lld", e.replica_busbw / 1e9, (long long)e.comm.count[0],
+          (long long)e.comm.count[1], (long long)e.comm.count[2]);
+    CHECK(e.comm.bytes[FS_EST_ALL_REDUCE] == 4.0 * (6400 + 2 * 36864 + 6400 + 320),
+          "groups of 1 all-reduce every gradient once (%.0f bytes)", e.comm.bytes[FS_EST_ALL_REDUCE]);
     fs_plan_free(&plan);
     fs_layout_free(&l);
 }
@@ -632,6 +766,8 @@ int main(void) {
     RUN(test_config_limits_name_the_field);
     RUN(test_largest_plan_has_no_wrap);
     RUN(test_step_time_by_hand);
+    RUN(test_ring_busbw);
+    RUN(test_hsdp_step_by_hand);
     RUN(test_calibration_and_cache);
     RUN(test_safetensors_hostile_headers);
     RUN(test_safetensors_files);

@@ -14,12 +14,16 @@
  *             over the memory bandwidth. After backward, the optimizer's bytes (gradient
  *             norm, scaling, AdamW over the rank's shard) over the memory bandwidth too;
  *   comm      every collective's bytes on the wire per device, nccl-tests style
- *             (all-gather and reduce-scatter (W-1)/W of the full size, all-reduce twice
- *             that), over the bus bandwidth of the slowest link the ring crosses (inside a
- *             node, or between nodes once W exceeds the devices of a node), plus a latency
- *             per collective;
+ *             (all-gather and reduce-scatter (n-1)/n of the full size, all-reduce twice
+ *             that, n the collective's ranks), over the bus bandwidth of its ring
+ *             (fs_hardware_ring_busbw: NVLink inside a node; across nodes the NICs the
+ *             ring can use), plus a latency per collective. Under hybrid sharding the
+ *             gathers and reduce-scatters run in the shard group of G ranks, and each unit's
+ *             gradient shard is all-reduced over the W/G replicas, queued in the same FIFO
+ *             right after the unit's last reduce-scatter of the step;
  *   overlap   as the engine schedules it: the gather of op i+1 runs while op i computes,
- *             a unit's reduce-scatter while the next op's backward computes; what exceeds
+ *             a unit's reduce-scatter (and, under hybrid sharding, its replica
+ *             all-reduce) while the next op's backward computes; what exceeds
  *             the compute it runs beside is exposed, as are the first gather, the last
  *             reduce-scatter and everything after backward (norm-group reduction, the
  *             loss/norm exchange, the optimizer, zero1/zero2's weight all-gather).
@@ -59,12 +63,28 @@ typedef struct fs_hardware {
     double attention_flops_bf16; /* the same under bf16 */
     double memory_bw;        /* bytes/s read + written by the memory-bound kernels */
     int comm_on_compute_cores; /* collectives take the compute cores' time: no overlap */
-    double intra_busbw;      /* bytes/s per device, ring collectives inside a node */
-    double inter_busbw;      /* bytes/s per device, ring collectives across nodes */
+    double intra_busbw;      /* NCCL busbw of a ring inside a node (NVLink), bytes/s */
+    double nic_busbw;        /* NCCL busbw one device reaches through its own NIC to other
+                                nodes, bytes/s: a ring across nodes with m of its ranks on
+                                each node runs at min(intra_busbw, m x nic_busbw) */
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
 } fs_hardware;
+
+/* The bus bandwidth (nccl-tests' busbw, bytes/s) of the ring collectives among `ranks`
+ * devices whose ranks lie `stride` apart — a shard group: stride 1; a replica set: stride G —
+ * in a world of `world` ranks placed devices_per_node to a node in rank order:
+ *   - all of them on one node (a group of G dividing devices_per_node, or a world that fits
+ *     one node): intra_busbw;
+ *   - across nodes: NCCL runs one ring per NIC, each leaving a node through its own NIC,
+ *     so a ring with m of its ranks on every node it spans moves m NICs' worth:
+ *     min(intra_busbw, m x nic_busbw), where m is the fewest of its ranks any node holds:
+ *     gcd(ranks, devices_per_node) for consecutive ranks (a group that straddles nodes counts
+ *     at its smallest piece), devices_per_node / stride for ranks stride < devices_per_node
+ *     apart (stride dividing it; else 1), 1 for ranks a node or more apart.
+ * docs/planner.md gives the figures and their sources. */
+double fs_hardware_ring_busbw(const fs_hardware *hw, int world, int ranks, int stride);
 
 /* The published presets (a100-80gb, h100-80gb, h200), NULL-terminated. */
 const fs_hardware *const *fs_hardware_presets(void);
@@ -123,7 +143,8 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *                         fp32 under both policies)
  *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
  *                         kernel of a step)
- *   intra/inter_busbw     copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR
+ *   intra/nic_busbw       copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR (one machine: the
+ *                         "NIC" figure is the same memory)
  *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
  * name, description and origin_note are left NULL for the caller. */
 void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
@@ -163,7 +184,8 @@ typedef struct fs_step_estimate {
     double step_s;           /* compute + exposed comm */
     double tokens_per_s;     /* of the whole world */
     double mfu;              /* model FLOPs (without recomputation) / (peak x time) */
-    double busbw;            /* the bus bandwidth the ring runs at */
+    double busbw;            /* the bus bandwidth the (shard group's) ring runs at */
+    double replica_busbw;    /* hybrid sharding: the replica sets' ring; else 0 */
     fs_step_comm comm;
 } fs_step_estimate;
 

@@ -467,7 +467,7 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->memory_bw = cal->adamw_bytes_per_s;
     out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
     out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
-    out->inter_busbw = out->intra_busbw; /* ranks of one machine: no second level */
+    out->nic_busbw = out->intra_busbw; /* ranks of one machine: no second level */
     out->devices_per_node = devices_per_node > 0 ? devices_per_node : 1;
     out->latency_s = 50e-6;      /* one collective through the worker, 35-60 us (BENCHMARKS.md) */
     out->activation_bytes = 4;   /* flatshard's CPU kernels keep activations in fp32 */

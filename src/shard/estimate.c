@@ -31,8 +31,8 @@ static const fs_hardware a100 = {
     .utilisation_bf16 = 0.5,
     ATTENTION_AT_GEMM_RATE(156e12 * 0.5, 312e12 * 0.5),
     .memory_bw = 2039e9, /* HBM2e */
-    .intra_busbw = 240e9,
-    .inter_busbw = 180e9, /* 8 x HDR 200 Gb/s per node, used by NCCL's parallel rings */
+    .intra_busbw = 240e9, /* NVLink 3: 300 GB/s per direction, ~80% as NCCL's busbw */
+    .nic_busbw = 22.5e9,  /* HDR 200 Gb/s = 25 GB/s per GPU; 8 of them: 180 GB/s per ring */
     .devices_per_node = 8,
     .latency_s = 50e-6,
     .activation_bytes = 2,
@@ -48,8 +48,8 @@ static const fs_hardware h100 = {
     .utilisation_bf16 = 0.4,
     ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
     .memory_bw = 3.35e12, /* HBM3 */
-    .intra_busbw = 360e9,
-    .inter_busbw = 360e9, /* 8 x NDR 400 Gb/s per node */
+    .intra_busbw = 360e9, /* NVLink 4: 450 GB/s per direction, ~80% as NCCL's busbw */
+    .nic_busbw = 45e9,    /* NDR 400 Gb/s = 50 GB/s per GPU; 8 of them: 360 GB/s per ring */
     .devices_per_node = 8,
     .latency_s = 50e-6,
     .activation_bytes = 2,
@@ -65,8 +65,8 @@ static const fs_hardware h200 = {
     .utilisation_bf16 = 0.4,
     ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
     .memory_bw = 4.8e12, /* HBM3e */
-    .intra_busbw = 360e9,
-    .inter_busbw = 360e9,
+    .intra_busbw = 360e9, /* NVLink 4, as the H100 */
+    .nic_busbw = 45e9,    /* NDR 400 Gb/s per GPU, as the H100 */
     .devices_per_node = 8,
     .latency_s = 50e-6,
     .activation_bytes = 2,
@@ -85,6 +85,29 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out) {
             return FS_OK;
         }
     return fs_errorf(FS_ERR_USAGE, "unknown device '%s' (one of: this-machine, a100-80gb, h100-80gb, h200)", name);
+}
+
+static int gcd(int a, int b) {
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+double fs_hardware_ring_busbw(const fs_hardware *hw, int world, int ranks, int stride) {
+    const int d = hw->devices_per_node > 0 ? hw->devices_per_node : 1;
+    if (ranks <= 1 || world <= d) return hw->intra_busbw; /* nothing moves, or one node */
+    int per_node; /* the fewest of the ring's ranks on a node it spans */
+    if (stride <= 1) {
+        if (d % ranks == 0) return hw->intra_busbw; /* every group inside one node */
+        per_node = gcd(ranks, d);
+    } else {
+        per_node = stride < d && d % stride == 0 ? d / stride : 1;
+    }
+    if (per_node > ranks) per_node = ranks;
+    return fmin(hw->intra_busbw, (double)per_node * hw->nic_busbw);
 }
 
 double fs_hardware_peak(const fs_hardware *hw, fs_precision precision) {
@@ -201,16 +224,31 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
     const rates r = {.gemm = fs_hardware_peak(hw, p->cfg.precision) * (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32),
                      .attention = bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32,
                      .memory = hw->memory_bw};
-    comm_model m = {.bw = W > hw->devices_per_node ? hw->inter_busbw : hw->intra_busbw,
-                    .latency = hw->latency_s, .world = W, .acc = &out->comm};
+    /* hybrid sharding: W ranks per group (the plan's world), R groups, W x R in all; the
+     * groups are consecutive ranks, a replica set ranks W apart */
+    const int R = p->cfg.replicas > 1 ? p->cfg.replicas : 1, ranks = W * R;
+    comm_model m = {.bw = fs_hardware_ring_busbw(hw, ranks, W, 1), .latency = hw->latency_s, .world = W,
+                    .acc = &out->comm};
+    comm_model rm = {.bw = fs_hardware_ring_busbw(hw, ranks, R, W), .latency = hw->latency_s, .world = R,
+                     .acc = &out->comm};
     out->busbw = m.bw;
-    const int none = W == 1; /* nothing travels */
+    out->replica_busbw = R > 1 ? rm.bw : 0;
+    const int none = W == 1; /* nothing travels within the group */
 
     double model_flops = 0, exposed = 0, comm = 0;
     /* per op: forward and backward compute, forward and backward gathers, reduction */
-    double *cf = calloc((size_t)n * 5 + 1, sizeof *cf);
-    if (!cf) return;
-    double *cb = cf + n, *g = cb + n, *gb = g + n, *rs = gb + n;
+    /* per op: forward and backward compute, forward and backward gathers, reduction, the
+     * replicas' all-reduce; and each unit's last op in backward order (its lowest index) */
+    double *cf = calloc((size_t)n * 6 + 1, sizeof *cf);
+    int *last_bwd = calloc((size_t)l->n_units + 1, sizeof *last_bwd);
+    if (!cf || !last_bwd) {
+        free(cf);
+        free(last_bwd);
+        return;
+    }
+    double *cb = cf + n, *g = cb + n, *gb = g + n, *rs = gb + n, *ar = rs + n;
+    for (int u = 0; u < l->n_units; u++) last_bwd[u] = -1;
+    for (int i = n - 1; i >= 0; i--) last_bwd[l->ops[i].unit] = i;
     op_work all = {0, 0, 0}; /* one micro-batch's work, every pass of every op */
     for (int i = 0; i < n; i++) {
         op_cost k = op_costs(p, hw, i);
@@ -240,73 +278,84 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
 
     const int norm = l->norm_unit;
     const double norm_w = unit_bytes(p, norm, csize), norm_g = unit_bytes(p, norm, 4.0);
-    for (int k = 0; k < n_micro && !none; k++) {
+    /* which strategies reduce within the group per unit during backward, and whether the
+     * replicas' all-reduce follows each unit's last one (zero1 reduces after backward) */
+    const int reduces = !none && (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2 || s == FS_STRATEGY_ZERO3_PARAM);
+    const int replicates = R > 1 && (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
+    for (int k = 0; k < n_micro && (!none || replicates); k++) {
         const int last = k == n_micro - 1;
         /* per-op gather and reduction times (accounted only when they happen) */
         for (int i = 0; i < n; i++) {
             int u = l->ops[i].unit, pieces = p->units[u].n_pieces;
             g[i] = 0;
             rs[i] = 0;
-            int gathered = s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO3_PARAM;
+            ar[i] = 0;
+            int gathered = !none && (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO3_PARAM);
             if (gathered) {
                 /* yafsdp: ops 0 and 1 are resident after the previous micro-batch's backward */
                 int resident_fwd = s == FS_STRATEGY_YAFSDP && k > 0 && i < 2;
                 if (!resident_fwd) g[i] = coll(&m, FS_EST_ALL_GATHER, unit_bytes(p, u, csize), pieces);
             }
-            if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2 || s == FS_STRATEGY_ZERO3_PARAM)
+            if (reduces)
                 rs[i] = coll(&m, FS_EST_REDUCE_SCATTER, unit_bytes(p, u, fs_plan_bf16_grad_wire(p) ? 2.0 : 4.0), pieces);
-            else if (s == FS_STRATEGY_DDP && last)
+            else if (!none && s == FS_STRATEGY_DDP && last)
                 rs[i] = coll(&m, FS_EST_ALL_REDUCE, unit_bytes(p, u, 4.0), 1);
+            /* hybrid sharding: the unit's fp32 gradient shard over the replicas, one
+             * all-reduce per unit, queued after its last reduce-scatter of the step */
+            if (replicates && last && last_bwd[u] == i)
+                ar[i] = coll(&rm, FS_EST_ALL_REDUCE, (double)p->units[u].shard_numel * 4.0, 1);
         }
         /* forward: op i+1's gather beside op i's compute */
         exposed += g[0];
         for (int i = 0; i + 1 < n; i++) exposed += fmax(0.0, g[i + 1] - cf[i]);
         /* backward: gathers again (yafsdp keeps the last two resident), and each op's
-         * reduction beside the next op's backward */
+         * reduction (and the replicas' all-reduce queued after it: one FIFO) beside the next
+         * op's backward */
         for (int i = 0; i < n; i++) {
             gb[i] = 0;
             int u = l->ops[i].unit, pieces = p->units[u].n_pieces;
-            if ((s == FS_STRATEGY_YAFSDP && i < n - 2) || s == FS_STRATEGY_ZERO3_PARAM)
+            if (!none && ((s == FS_STRATEGY_YAFSDP && i < n - 2) || s == FS_STRATEGY_ZERO3_PARAM))
                 gb[i] = coll(&m, FS_EST_ALL_GATHER, unit_bytes(p, u, csize), pieces);
         }
         exposed += gb[n - 1];
         for (int i = n - 1; i >= 0; i--) {
-            double beside = (i > 0 ? gb[i - 1] : 0.0) + (i + 1 < n ? rs[i + 1] : 0.0);
+            double beside = (i > 0 ? gb[i - 1] : 0.0) + (i + 1 < n ? rs[i + 1] + ar[i + 1] : 0.0);
             exposed += fmax(0.0, beside - cb[i]);
         }
-        exposed += rs[0];
-        for (int i = 0; i < n; i++) comm += g[i] + gb[i] + rs[i];
+        exposed += rs[0] + ar[0];
+        for (int i = 0; i < n; i++) comm += g[i] + gb[i] + rs[i] + ar[i];
     }
-    if (!none) {
+    /* after backward, all exposed: the norm group's reduction (and its replicas' all-reduce),
+     * zero1's reductions, zero1/zero2's weight all-gather (within the group), and the
+     * (sum of squares, loss) exchange over every rank of the world */
+    if (!none || R > 1) {
         double end = 0;
-        if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO3_PARAM) {
-            end += coll(&m, FS_EST_ALL_GATHER, norm_w, 1) + coll(&m, FS_EST_REDUCE_SCATTER, norm_g, 1);
-        } else if (s == FS_STRATEGY_ZERO2) {
-            end += coll(&m, FS_EST_REDUCE_SCATTER, norm_g, 1);
-        } else if (s == FS_STRATEGY_DDP) {
-            end += coll(&m, FS_EST_ALL_REDUCE, norm_g, 1);
+        const double norm_shard = (double)p->units[norm].shard_numel * 4.0;
+        if (!none) {
+            if (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO3_PARAM) {
+                end += coll(&m, FS_EST_ALL_GATHER, norm_w, 1) + coll(&m, FS_EST_REDUCE_SCATTER, norm_g, 1);
+            } else if (s == FS_STRATEGY_ZERO2) {
+                end += coll(&m, FS_EST_REDUCE_SCATTER, norm_g, 1);
+            } else if (s == FS_STRATEGY_DDP) {
+                end += coll(&m, FS_EST_ALL_REDUCE, norm_g, 1);
+            }
+            if (s == FS_STRATEGY_ZERO1) /* every piece's gradient, after backward */
+                end += coll(&m, FS_EST_REDUCE_SCATTER, (double)p->full_numel * 4.0, p->n_pieces);
         }
-        if (s == FS_STRATEGY_ZERO1) /* every piece's gradient, after backward */
-            end += coll(&m, FS_EST_REDUCE_SCATTER, (double)p->full_numel * 4.0, p->n_pieces);
-        if (s == FS_STRATEGY_ZERO1 || s == FS_STRATEGY_ZERO2) /* the updated weights */
+        if (R > 1 && s == FS_STRATEGY_ZERO1) /* after each piece's reduce-scatter, its shard */
+            end += coll(&rm, FS_EST_ALL_REDUCE, (double)p->shard_numel * 4.0, p->n_pieces);
+        else if (replicates)
+            end += coll(&rm, FS_EST_ALL_REDUCE, norm_shard, 1);
+        if (!none && (s == FS_STRATEGY_ZERO1 || s == FS_STRATEGY_ZERO2)) /* the updated weights */
             end += coll(&m, FS_EST_ALL_GATHER, (double)p->full_numel * csize, p->n_pieces);
-        end += coll(&m, FS_EST_ALL_GATHER, 16.0 * W, 1); /* (sum of squares, loss) per rank */
+        comm_model wm = {.bw = fs_hardware_ring_busbw(hw, ranks, ranks, 1), .latency = hw->latency_s,
+                         .world = ranks, .acc = &out->comm};
+        end += coll(&wm, FS_EST_ALL_GATHER, 16.0 * ranks, 1); /* (sum of squares, loss) per rank */
         exposed += end;
         comm += end;
     }
-    /* hybrid sharding: every piece's gradient shard all-reduced over the R replicas (which
-     * sit G ranks apart: across nodes once W exceeds a node). The engine overlaps them with
-     * backward; counted exposed here, an upper bound */
-    const int R = p->cfg.replicas > 1 ? p->cfg.replicas : 1;
-    if (R > 1) {
-        comm_model rm = m;
-        rm.world = R;
-        rm.bw = W * R > hw->devices_per_node ? hw->inter_busbw : hw->intra_busbw;
-        double t = coll(&rm, FS_EST_ALL_REDUCE, (double)p->shard_numel * 4.0, p->n_pieces);
-        exposed += t;
-        comm += t;
-    }
     free(cf);
+    free(last_bwd);
     if (hw->comm_on_compute_cores) exposed = comm;
     out->compute_s = compute;
     out->comm_s = comm;
