@@ -290,13 +290,13 @@ int fs_cmd_plan(int argc, char **argv) {
                 printf("  %7d %7" PRId64 "   cannot be planned: %s\n", r->group, world / r->group, r->error);
                 continue;
             }
-            printf("  %7d %7" PRId64 " %6" PRId64 " %11.3f %-12s %9.3f %10.3f %12.0f %5.1f%%%s\n", r->group,
+            printf("  %7d %7" PRId64 " %6" PRId64 " %11.3f %-12s %9.4f %10.4f %12.0f %5.1f%%%s\n", r->group,
                    world / r->group, r->ckpt_layers, (double)r->total / 1073741824.0,
                    r->fits ? "fits" : "DOES NOT FIT", r->est.step_s, r->est.exposed_comm_s, r->est.tokens_per_s,
                    100.0 * r->est.mfu, i == chosen ? "  <-" : "");
         }
         if (rows[chosen].fits)
-            printf("  fastest that fits: G = %d%s, %.3f s per step; its plan:\n", rows[chosen].group,
+            printf("  fastest that fits: G = %d%s, %.4f s per step; its plan:\n", rows[chosen].group,
                    rows[chosen].group == world ? " (plain sharding, no replicas)" : "", rows[chosen].est.step_s);
         else
             printf("  no G fits the device; the plan of the one needing the least memory, G = %d:\n",

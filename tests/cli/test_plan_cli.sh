@@ -2,8 +2,10 @@
 # tests/cli/test_plan_cli.sh — `flatshard plan`: this-machine's figures measured and cached
 # (where they came from, a corrupt or stale cache, --recalibrate), the estimate computed from
 # exactly those figures, Llama 2 70B on 256 A100s checked category by category against
-# docs/planner.md's formulas computed here from the parameter count, and the largest accepted
-# sizes planned without wrap-around while one past them is refused naming the field.
+# docs/planner.md's formulas computed here from the parameter count, --shard-group auto (every
+# G against its own plan, the choice on cases whose answer is known, Llama 3 70B on 256 H100s),
+# the presets' ring bandwidths, refusals, and the largest accepted sizes planned without
+# wrap-around while one past them is refused naming the field.
 . "$(dirname "$0")/lib.sh"
 
 PY=/usr/bin/python3
@@ -146,6 +148,97 @@ assert est["optimizer_bytes"] == 42 * S, (est["optimizer_bytes"], 42 * S)
 compute = flops / (312e12 * 0.5) + (mem + 42 * S) / 2039e9
 assert abs(est["compute_s"] - compute) <= 1e-9 * compute, (est["compute_s"], compute)
 ' "$WORK/70b.json"
+
+# --- --shard-group auto: every G dividing W planned on its own, the fastest that fits chosen.
+# tiny at 32 tokens on 16 A100s is all latency (50 us a collective, bytes and compute next to
+# nothing): G = 1 issues only the replicas' all-reduce of each unit, no gathers and no
+# reduce-scatters, so it is fastest; without room for its whole state, G = 16 (no replica
+# all-reduces at all) is
+TINY16=(--model tiny --world 16 --seq 32 --device a100-80gb)
+run "plan --shard-group auto, tiny on 16 A100s" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --json
+cp "$WORK/out" "$WORK/auto.json"
+for G in 1 2 4 8 16; do
+    run "plan --shard-group $G, tiny on 16 A100s" 0 "$FS" plan "${TINY16[@]}" --shard-group $G --json
+    cp "$WORK/out" "$WORK/g$G.json"
+done
+expect "auto lists every divisor of W with the figures of its own plan, and chooses G = 1" $PY -c '
+import json, sys
+auto = json.load(open(sys.argv[1]))
+a = auto["shard_group_auto"]
+rows = {r["shard_group"]: r for r in a["candidates"]}
+assert sorted(rows) == [1, 2, 4, 8, 16], sorted(rows)
+for g, r in rows.items():
+    e = json.load(open(sys.argv[2] + "/g%d.json" % g))
+    assert e["shard_group"] == g, (g, e["shard_group"])
+    assert r["total"] == e["bytes"]["total"] and r["fits"] == e["fits"] and r["ckpt_layers"] == e["ckpt_layers"], (g, r)
+    assert r["step_s"] == e["estimate"]["step_s"] and r["exposed_comm_s"] == e["estimate"]["exposed_comm_s"], (g, r)
+assert all(r["fits"] for r in rows.values())
+fastest = min(rows, key=lambda g: rows[g]["step_s"])
+assert a["chosen"] == fastest == 1, (a["chosen"], fastest, {g: r["step_s"] for g, r in rows.items()})
+assert auto["shard_group"] == 1 and auto["estimate"]["step_s"] == rows[1]["step_s"], "the plan printed is the chosen one"
+assert json.load(open(sys.argv[2] + "/g1.json"))["comm"]["reduce_scatter"]["count"] == 0, "G = 1 reduces nothing in a group"
+' "$WORK/auto.json" "$WORK"
+mid=$($PY -c 'import json,sys; print((json.load(open(sys.argv[1]))["bytes"]["total"] + json.load(open(sys.argv[2]))["bytes"]["total"]) // 2)' "$WORK/g1.json" "$WORK/g2.json")
+run "plan --shard-group auto with room for G >= 2 only" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --device-mem "$mid" --json
+expect "G = 1 does not fit, and G = 16 (no replica all-reduce) is then fastest" $PY -c '
+import json, sys
+a = json.load(open(sys.argv[1]))["shard_group_auto"]
+rows = {r["shard_group"]: r for r in a["candidates"]}
+assert not rows[1]["fits"] and all(rows[g]["fits"] for g in (2, 4, 8, 16)), rows
+assert a["chosen"] == 16 and a["fits"], a["chosen"]
+assert rows[16]["step_s"] < min(rows[g]["step_s"] for g in (2, 4, 8)), rows
+assert rows[1]["step_s"] < rows[16]["step_s"], "the excluded G = 1 was faster"
+' "$WORK/out"
+run "plan --shard-group auto as text" 0 "$FS" plan "${TINY16[@]}" --shard-group auto
+expect_all "the text has the table and names the choice" \
+    'grep -qE "^ +16 +1 +0 +[0-9.]+ fits +[0-9.]+ " "$WORK/out"' \
+    'grep -qE "^ +1 +16 +0 +[0-9.]+ fits .*<-$" "$WORK/out"' \
+    'grep -q "^  fastest that fits: G = 1, " "$WORK/out"' \
+    'grep -q "^  hybrid sharding: 16 groups of 1 ranks" "$WORK/out"'
+
+# Llama 3 70B on 256 H100s at 4096 tokens (docs/planner.md's table): groups of 16 or fewer do
+# not fit 80 GiB even with every block checkpointed; among those that fit, G = 256
+run "plan Llama 3 70B on 256 H100s, --shard-group auto" 0 "$FS" plan --model llama3-70b --world 256 --seq 4096 \
+    --device h100-80gb --ckpt-layers auto --shard-group auto --json
+expect "Llama 3 70B: G <= 16 does not fit, G = 256 is fastest, smaller groups checkpoint more" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+C, FF, L, NH, NKV, V = 8192, 28672, 80, 64, 8, 128256   # Meta-Llama-3-70B config.json, untied
+QKV = (NH + 2 * NKV) * (C // NH)
+assert e["params"] == L * (C * QKV + C * C + 3 * C * FF) + 2 * V * C + (2 * L + 1) * C == 70553706496, e["params"]
+a = e["shard_group_auto"]
+rows = {r["shard_group"]: r for r in a["candidates"]}
+assert sorted(rows) == [2**k for k in range(9)], sorted(rows)
+assert all(not rows[g]["fits"] and rows[g]["ckpt_layers"] == 80 for g in (1, 2, 4, 8, 16)), rows
+assert all(rows[g]["fits"] for g in (32, 64, 128, 256)), rows
+ck = [rows[g]["ckpt_layers"] for g in (32, 64, 128, 256)]
+assert ck == sorted(ck, reverse=True) and ck[0] > ck[-1], ck
+assert a["chosen"] == 256 and e["shard_group"] == 256, a["chosen"]
+' "$WORK/out"
+
+# --- the presets'"'"' interconnect: a ring across nodes runs at the NICs it can use
+run "plan 16 A100s in groups of 8" 0 "$FS" plan --model tiny --world 16 --shard-group 8 --device a100-80gb --json
+expect "groups of 8 on NVLink (240 GB/s), replica pairs one rank a node: one HDR NIC (22.5 GB/s)" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))["estimate"]
+assert e["busbw"] == 240e9 and e["replica_busbw"] == 22.5e9, (e["busbw"], e["replica_busbw"])
+' "$WORK/out"
+run "plan 16 A100s unsplit" 0 "$FS" plan --model tiny --world 16 --device a100-80gb --json
+expect "one ring over two nodes: 8 NICs a node, 180 GB/s; no replicas" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))["estimate"]
+assert e["busbw"] == 180e9 and e["replica_busbw"] == 0, (e["busbw"], e["replica_busbw"])
+' "$WORK/out"
+
+# --- refusals: one line each, exit 2
+refuse "an unknown device preset" 2 "--device: 'tpu' is not one of: this-machine, a100-80gb, h100-80gb, h200" \
+    "$FS" plan --device tpu
+refuse "a group size that does not divide W" 2 "--shard-group 3 must divide the 4 ranks" \
+    "$FS" plan --model tiny --world 4 --shard-group 3 --device h100-80gb
+refuse "--shard-group auto under ddp" 2 "--shard-group auto: hybrid sharding is supported with yafsdp, zero1, zero2, not ddp" \
+    "$FS" plan --model tiny --world 4 --strategy ddp --shard-group auto --device h100-80gb
+refuse "--shard-group neither a number nor auto" 2 "--shard-group: expected a group size G .* or 'auto', got 'eight'" \
+    "$FS" plan --model tiny --world 4 --shard-group eight --device h100-80gb
 
 # --- the largest accepted sizes: a config.json at every maximum plans without wrap-around
 cat >"$WORK/max.json" <<'EOF'
