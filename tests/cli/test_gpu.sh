@@ -72,10 +72,10 @@ for precision in fp32 bf16; do
     # ~1e-6 per step's loss), and training amplifies differences slowly over 50 steps at
     # lr 3e-4; 2e-3 leaves room for that drift, while a wrong kernel (a transposed operand,
     # a missing accumulation) changes the loss by > 1e-2 within the first steps. bf16: the
-    # operands are rounded to 8 bits of mantissa (2^-9 relative), and a rounding that
+    # operands are rounded to 8 significant bits (2^-8 relative), and a rounding that
     # differs flips one bf16 ulp; 2e-2 bounds that over 50 steps. The GPU's bf16 attention
     # (tensor cores) also rounds q, k, v, p and ds to bf16 where the CPU's attention is fp32:
-    # the same 2^-9 per operand as the GEMMs, which hold most of the FLOPs and gave 2.1e-3
+    # the same 2^-8 per operand as the GEMMs, which hold most of the FLOPs and gave 2.1e-3
     # with the fp32 attention on an H200 (2026-12-04), so 2e-2 stays ~10x what the GEMMs'
     # rounding alone moved, unwidened; a wrong attention kernel moves the loss by far more.
     tol=$([ "$precision" = fp32 ] && echo 2e-3 || echo 2e-2)
