@@ -422,10 +422,11 @@ static void test_cuda_attention_shapes(void) {
  * The first four bounds are computed per element in double (cuda_att_tc_bounds, from the
  * exact softmax of the same inputs) and added to the fp32 part. They are worst cases (every
  * rounding in the same direction), nearly reached only by rows with a few keys, where one
- * rounding dominates: a host emulation of these kernels (one thread per GPU thread, the
- * PTX fragment layouts; not part of the suite) on the shapes below came to 0.36-0.80 of
- * them, and 0.01 of the lse tolerance. Still ~2^-8 of the result's scale: a wrong mask,
- * head, tile offset or rescale moves an element by a large fraction of its size and fails.
+ * rounding dominates: a host emulation of these kernels (tools/attention_tc_emu: one
+ * thread per GPU thread, the PTX fragment layouts) on shapes like those below came to
+ * 0.36-0.80 of them, and 0.01 of the lse tolerance. Still ~2^-8 of the result's scale: a
+ * wrong mask, head, tile offset or rescale moves an element by a large fraction of its
+ * size and fails.
  */
 #define CUDA_ATT_BF16_U 0x1p-8 /* bf16's unit roundoff (8 significant bits, to nearest) */
 #define CUDA_ATT_TC_FP32_FACTOR 4.0
