@@ -9,7 +9,10 @@
  *      stride whose padding columns must come back bit for bit;
  *   3. determinism: two runs give the same bits (no atomics, no dependence on the order in
  *      which blocks run);
- *   4. a long sequence (T = 2048), and the shapes the kernels refuse.
+ *   4. a long sequence (T = 2048), and the shapes the kernels refuse;
+ *   5. the same for the tensor-core kernels (attention_tc.cu, the bf16 policy's), on bf16
+ *      inputs and within per-element bounds of their own bf16 rounding ("tensor cores",
+ *      near the end, says how they are derived).
  *
  * Shapes are awkward on purpose: T = 1, 7, 13, 70 (two 64-key tiles), 97, 300 (partial last
  * tiles of 32 and 64); HS = 6, 8, 64, 128, 200 and 256 (the kernels' three instances, with
@@ -21,7 +24,7 @@
  * NULL after a recorded failure), dev_download (synchronous), dev_free and fill_uniform.
  * Everything here is static and named cuda_att_*, apart from the test functions.
  *
- * Tolerances. u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
+ * Tolerances (of the fp32 kernels). u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
  * other orders (the GPU's dot products in column order with fmaf, the CPU's in 8 or 16 lanes;
  * the GPU's online softmax rescales per 64 keys, the CPU's per 64 or 16), so they differ by
  * about the sum of two rounding errors, ~sqrt(K) u times the size of the partial sums of a
