@@ -19,7 +19,7 @@
 #include "flatshard/device.h"
 
 #define FS_CUDA_LIBRARY "libflatshard-cuda.so"
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v1"
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v2" /* v2: reserve_scratch takes the policy (bf16) */
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */
