@@ -7,6 +7,11 @@
 #   small-bf16   the `small` preset (104M), batch 16 x seq 1024, bf16
 #   1b-bf16      bench/llama-1b.json (1.1B, the TinyLlama shape), batch 4 x seq 2048, bf16
 #   small-fp32   the `small` preset, batch 16 x seq 1024, fp32
+# Attention: the bf16 rows run flatshard's tensor-core attention (attention_tc.cu, the bf16
+# policy's default); each configuration named in ATT_COMPARE also runs flatshard with the fp32
+# attention kernel (FLATSHARD_CUDA_ATTENTION=fp32) right after each default run, as a row
+# "..., fp32 attention" of its own against the same PyTorch figures, and the table's notes
+# give the ratio of the two (docs/gpu.md, "Attention").
 # Each configuration runs RUNS times (RUNS_1B for the 1B), flatshard and PyTorch alternating:
 # the PyTorch peer is one process per configuration that builds, compiles and warms up once
 # and then measures one block of STEPS steps each time flatshard has run (--serve; it waits
@@ -27,6 +32,8 @@
 #   RUNS [3]  RUNS_1B [2]  STEPS [10]  WARMUP [3]  OUT [out/bench-gpu]
 #   CONFIGS ["small-bf16 1b-bf16 small-fp32"]   BATCH_SMALL [16] SEQ_SMALL [1024]
 #   MODEL_1B [bench/llama-1b.json] BATCH_1B [4] SEQ_1B [2048]
+#   ATT_COMPARE ["small-bf16"]: configurations that also run with the fp32 attention kernel
+#     (one more flatshard run per run, ~15 s each for small; "" for none)
 #   PEER_ARGS [""]: more options for the peer, e.g. "--no-compile" or "--gqa native"
 #   BUDGET [540]: seconds; no configuration starts after BUDGET-150 s, and no further run
 #     of one when a run as long as its last would end past BUDGET, so that the whole stays
@@ -54,6 +61,7 @@ MODEL_1B=${MODEL_1B:-bench/llama-1b.json}
 BATCH_1B=${BATCH_1B:-4}
 SEQ_1B=${SEQ_1B:-2048}
 PEER_ARGS=${PEER_ARGS:-}
+ATT_COMPARE=${ATT_COMPARE-small-bf16}
 BUDGET=${BUDGET:-540}
 FS_TIMEOUT=${FS_TIMEOUT:-240}
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}
@@ -120,7 +128,8 @@ esac
 {
     bench_machine
     echo "# GPU: $gpu (compute mode ${compute_mode:-unknown}); driver CUDA ${driver_cuda:-unknown};" \
-         "PyTorch: $torch_info; flatshard: ${fs_cudart:+links ${fs_cudart% }, }${fs_cuda:-no nvcc} on PATH"
+         "PyTorch: $torch_info; flatshard: ${fs_cudart:+links ${fs_cudart% }, }${fs_cuda:-no nvcc} on PATH;" \
+         "FLATSHARD_CUDA_ATTENTION=${FLATSHARD_CUDA_ATTENTION:-unset (bf16: tensor cores, fp32: fp32)}"
 } | tee "$OUT/header.txt"
 "$TORCH_PYTHON" tools/bench_torch_gpu.py --config small --write-config "$OUT/small.json"
 
@@ -248,11 +257,18 @@ peer_stop() {
 }
 
 # ---- one configuration -----------------------------------------------------------------
+att_compare() { # NAME — true when NAME also runs with the fp32 attention kernel
+    [[ " $ATT_COMPARE " == *" $1 "* ]]
+}
 run_config() { # NAME MODEL BATCH SEQ PRECISION RUNS
     local name=$1 model=$2 batch=$3 seq=$4 precision=$5 runs=$6 base=$OUT/$1 r rc why
     : >"$base.fs.jsonl"
     : >"$base.peer.jsonl"
     echo "$model $batch $seq $precision $runs" >"$base.config"
+    if att_compare "$name"; then
+        : >"$base-fp32att.fs.jsonl"
+        echo "$model $batch $seq $precision $runs" >"$base-fp32att.config"
+    fi
     if ! budget_ok 150; then
         echo "not run: the time budget (BUDGET=$BUDGET s) was spent" >"$base.note"
         say "$name: skipped, time budget spent"
@@ -274,6 +290,7 @@ run_config() { # NAME MODEL BATCH SEQ PRECISION RUNS
     {
         echo "# $name"
         quote "${fs_cmd[@]}"
+        if att_compare "$name"; then quote env FLATSHARD_CUDA_ATTENTION=fp32 "${fs_cmd[@]}"; fi
         if [ "$ALTERNATE" -eq 1 ]; then quote "${peer_cmd[@]}" --serve; else quote "${peer_cmd[@]}" --runs "$runs"; fi
     } >>"$OUT/commands.txt"
     say "$name: $(quote "${fs_cmd[@]}")"
@@ -287,6 +304,7 @@ run_config() { # NAME MODEL BATCH SEQ PRECISION RUNS
             fi
             t_run=$SECONDS
             fs_run "$base" "$r" "${fs_cmd[@]}"
+            if att_compare "$name"; then fs_run "$base-fp32att" "$r" env FLATSHARD_CUDA_ATTENTION=fp32 "${fs_cmd[@]}"; fi
             peer_block "$base" "$r"
             last=$((SECONDS - t_run))
         done
@@ -300,6 +318,7 @@ run_config() { # NAME MODEL BATCH SEQ PRECISION RUNS
             fi
             t_run=$SECONDS
             fs_run "$base" "$r" "${fs_cmd[@]}"
+            if att_compare "$name"; then fs_run "$base-fp32att" "$r" env FLATSHARD_CUDA_ATTENTION=fp32 "${fs_cmd[@]}"; fi
             last=$((SECONDS - t_run))
         done
         rc=0
@@ -353,18 +372,27 @@ print("| config | precision | flatshard tokens/s | PyTorch tokens/s | flatshard 
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 fs_any = False
 notes = []
+tps_of = {}
+default_att = os.environ.get("FLATSHARD_CUDA_ATTENTION", "")
 for name in names:
     base = f"{out}/{name}"
+    fp32att = name.endswith("-fp32att")
+    main = name[: -len("-fp32att")] if fp32att else name
     cfg = open(base + ".config").read().split() if os.path.exists(base + ".config") else ["?"] * 5
     model, batch, seq, precision = cfg[0], cfg[1], cfg[2], cfg[3]
-    fs, peer = summary(lines(base + ".fs.jsonl")), summary(lines(base + ".peer.jsonl"))
+    # the fp32-attention row is measured against its configuration's PyTorch runs
+    fs, peer = summary(lines(base + ".fs.jsonl")), summary(lines(f"{out}/{main}.peer.jsonl"))
+    tps_of[name] = fs["tps"] if fs else None
     fs_any = fs_any or fs is not None
     params = (fs or peer or {}).get("params")
     size = "" if not params else f" ({params / 1e9:.2f}B)" if params >= 1e9 else f" ({params / 1e6:.3g}M)"
-    label = f"{name.rsplit('-', 1)[0]}{size}, batch {batch} x seq {seq}"
-    fs_err, peer_err, note = text(base + ".fs.error"), text(base + ".peer.error"), text(base + ".note")
-    ready = lines(base + ".peer.ready")
-    prow = (lines(base + ".peer.jsonl") or ready or [{}])[0]
+    label = f"{main.rsplit('-', 1)[0]}{size}, batch {batch} x seq {seq}"
+    if precision == "bf16":
+        label += ", fp32 attention" if fp32att or default_att == "fp32" else ", tensor-core attention"
+    fs_err, note = text(base + ".fs.error"), text(f"{out}/{main}.note")
+    peer_err = text(f"{out}/{main}.peer.error")
+    ready = lines(f"{out}/{main}.peer.ready")
+    prow = (lines(f"{out}/{main}.peer.jsonl") or ready or [{}])[0]
     if prow.get("compile") is True:
         mode = "torch.compile"
     elif prow.get("compile") is False:
@@ -383,9 +411,9 @@ for name in names:
     ratio = f"{fs['tps'] / peer['tps']:.2f}x" if fs and peer else "—"
     runs = f"{fs['runs'] if fs else 0}, {peer['runs'] if peer else 0}"
     print(f"| {label} | {precision} | {fs_tps} | {p_tps} | {ratio} | {fs_mfu} | {p_mfu} | {fs_mem} | {p_mem} | {runs} | {mode} |")
-    if note and (fs or peer):
+    if note and (fs or peer) and not fp32att:
         notes.append(f"{name}: {note}")
-    if fs and peer_err:
+    if fs and peer_err and not fp32att:
         notes.append(f"{name}: PyTorch: {peer_err}")
     if peer and fs_err:
         notes.append(f"{name}: flatshard: {fs_err}")
@@ -394,6 +422,13 @@ print("Medians over the runs of each run's median step; tokens/s = batch x seq /
       " FLOPs per token (6 x matmul parameters incl. the LM head + 6 x L x C x (T+1)) x tokens/s over the"
       " data-sheet peak (bf16 989.4, fp32 66.9 TFLOP/s). PyTorch: fp32 weights, bf16 autocast (fp32 rows: TF32"
       " off), SDPA, fused AdamW, gradient clipping 1.0; peak = max_memory_allocated (max_memory_reserved).")
+print("bf16 rows: flatshard's attention on the tensor cores (attention_tc.cu) by default, or on CUDA cores in fp32"
+      " (attention.cu) in the rows marked fp32 attention (FLATSHARD_CUDA_ATTENTION=fp32); fp32 rows: the fp32 kernel.")
+for name in names:
+    if name.endswith("-fp32att"):
+        tc, f32 = tps_of.get(name[: -len("-fp32att")]), tps_of.get(name)
+        if tc and f32:
+            notes.append(f"{name[: -len('-fp32att')]}: tensor-core attention / fp32 attention = {tc / f32:.2f}x tokens/s")
 for n in notes:
     print(f"- {n}")
 print(f"\ntotal {seconds} s")
@@ -416,6 +451,7 @@ for c in $CONFIGS; do
     1b-*) run_config "$c" "$MODEL_1B" "$BATCH_1B" "$SEQ_1B" "${c#1b-}" "$RUNS_1B" ;;
     esac
     DONE+=("$c")
+    if att_compare "$c"; then DONE+=("$c-fp32att"); fi
     make_table || true
 done
 rc=0

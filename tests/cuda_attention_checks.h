@@ -9,7 +9,10 @@
  *      stride whose padding columns must come back bit for bit;
  *   3. determinism: two runs give the same bits (no atomics, no dependence on the order in
  *      which blocks run);
- *   4. a long sequence (T = 2048), and the shapes the kernels refuse.
+ *   4. a long sequence (T = 2048), and the shapes the kernels refuse;
+ *   5. the same for the tensor-core kernels (attention_tc.cu, the bf16 policy's), on bf16
+ *      inputs and within per-element bounds of their own bf16 rounding ("tensor cores",
+ *      near the end, says how they are derived).
  *
  * Shapes are awkward on purpose: T = 1, 7, 13, 70 (two 64-key tiles), 97, 300 (partial last
  * tiles of 32 and 64); HS = 6, 8, 64, 128, 200 and 256 (the kernels' three instances, with
@@ -21,7 +24,7 @@
  * NULL after a recorded failure), dev_download (synchronous), dev_free and fill_uniform.
  * Everything here is static and named cuda_att_*, apart from the test functions.
  *
- * Tolerances. u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
+ * Tolerances (of the fp32 kernels). u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
  * other orders (the GPU's dot products in column order with fmaf, the CPU's in 8 or 16 lanes;
  * the GPU's online softmax rescales per 64 keys, the CPU's per 64 or 16), so they differ by
  * about the sum of two rounding errors, ~sqrt(K) u times the size of the partial sums of a
@@ -105,7 +108,14 @@ static float *cuda_att_alloc(int64_t n) {
     return p;
 }
 
-static void cuda_att_make(cuda_att_case *c, cuda_att_shape s) {
+/* x rounded to bf16 in place (to nearest even, as the tensor-core kernels stage their inputs):
+ * the inputs the tensor-core checks give both sides, so that the staging is exact and only
+ * the kernels' own roundings (of p and ds) differ from the CPU. */
+static void cuda_att_round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = fs_bf16_to_fp32(fs_fp32_to_bf16(x[i]));
+}
+
+static void cuda_att_make(cuda_att_case *c, cuda_att_shape s, int bf16) {
     c->s = s;
     c->N = s.B * s.T;
     c->C = s.NH * s.HS;
@@ -119,12 +129,14 @@ static void cuda_att_make(cuda_att_case *c, cuda_att_shape s) {
         if (n % s.T >= 64)
             for (int64_t col = c->C; col < (s.NH + s.NKV) * s.HS; col++)
                 c->qkv[n * c->ld + col] *= 3.0f;
+    if (bf16) cuda_att_round_bf16(c->qkv, c->N * c->ld);
     c->out = cuda_att_alloc(c->N * c->C);
     c->lse = cuda_att_alloc(s.B * s.NH * s.T);
     fs_attention_forward(NULL, c->out, c->lse, c->qkv, c->qkv + c->C,
                          c->qkv + (s.NH + s.NKV) * s.HS, c->ld, s.B, s.T, s.NH, s.NKV, s.HS);
     c->dout = cuda_att_alloc(c->N * c->C);
     fill_uniform(c->dout, c->N * c->C, -1.0f, 1.0f);
+    if (bf16) cuda_att_round_bf16(c->dout, c->N * c->C);
     c->g0 = cuda_att_alloc(c->N * c->ldd);
     fill_uniform(c->g0, c->N * c->ldd, -1.0f, 1.0f);
 }
@@ -189,16 +201,19 @@ static void cuda_att_sync(void) {
 /* The CUDA forward of c on device copies: out (N C + guard) and lse (B NH T + guard) are
  * uploaded from the host buffers (their starting values and guards) and downloaded back
  * into them. Returns 0 if an upload failed (recorded by dev_upload). */
-static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse) {
+static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse, int tc) {
     const cuda_att_shape s = c->s;
     const int64_t nout = c->N * c->C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
     float *d_qkv = dev_upload(c->qkv, c->N * c->ld);
     float *d_out = dev_upload(out, nout), *d_lse = dev_upload(lse, nlse);
     const int ok = d_qkv && d_out && d_lse;
     if (ok) {
-        CHECK_OK(fs_cuda_attention_forward(NULL, d_out, d_lse, d_qkv, d_qkv + c->C,
-                                           d_qkv + (s.NH + s.NKV) * s.HS, c->ld, s.B, s.T,
-                                           s.NH, s.NKV, s.HS));
+        fs_status (*forward)(void *, float *, float *, const float *, const float *,
+                             const float *, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             int64_t) =
+            tc ? fs_cuda_attention_tc_forward : fs_cuda_attention_forward;
+        CHECK_OK(forward(NULL, d_out, d_lse, d_qkv, d_qkv + c->C, d_qkv + (s.NH + s.NKV) * s.HS,
+                         c->ld, s.B, s.T, s.NH, s.NKV, s.HS));
         cuda_att_sync();
         dev_download(out, d_out, nout);
         dev_download(lse, d_lse, nlse);
@@ -212,7 +227,7 @@ static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse) 
 /* The CUDA backward of c from the CPU forward's out and lse, into g (N ldd + guard), which is
  * uploaded (the starting gradient and guard) and downloaded back. Returns 0 if an upload
  * failed (recorded by dev_upload). */
-static int cuda_att_run_backward(const cuda_att_case *c, float *g) {
+static int cuda_att_run_backward(const cuda_att_case *c, float *g, int tc) {
     const cuda_att_shape s = c->s;
     const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
     float *d_qkv = dev_upload(c->qkv, c->N * c->ld), *d_out = dev_upload(c->out, c->N * c->C);
@@ -221,9 +236,13 @@ static int cuda_att_run_backward(const cuda_att_case *c, float *g) {
     float *d_g = dev_upload(g, c->N * c->ldd + CUDA_ATT_GUARD);
     const int ok = d_qkv && d_out && d_lse && d_dout && d_g;
     if (ok) {
-        CHECK_OK(fs_cuda_attention_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout,
-                                            d_qkv, d_qkv + kcol, d_qkv + vcol, c->ld, d_out,
-                                            d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
+        fs_status (*backward)(void *, float *, float *, float *, int64_t, const float *,
+                              const float *, const float *, const float *, int64_t,
+                              const float *, const float *, int64_t, int64_t, int64_t, int64_t,
+                              int64_t) =
+            tc ? fs_cuda_attention_tc_backward : fs_cuda_attention_backward;
+        CHECK_OK(backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout, d_qkv, d_qkv + kcol,
+                          d_qkv + vcol, c->ld, d_out, d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
         cuda_att_sync();
         dev_download(g, d_g, c->N * c->ldd + CUDA_ATT_GUARD);
     }
@@ -245,7 +264,7 @@ static void cuda_att_check_forward(const cuda_att_case *c) {
     float *lse0 = cuda_att_alloc(nlse + CUDA_ATT_GUARD);
     memcpy(out0, out, (size_t)(nout + CUDA_ATT_GUARD) * sizeof(float));
     memcpy(lse0, lse, (size_t)(nlse + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_forward(c, out, lse)) {
+    if (cuda_att_run_forward(c, out, lse, 0)) {
         const double f = cuda_att_length_factor(s.T);
         cuda_att_close("out", &s, out, c->out, nout, CUDA_ATT_OUT_ATOL * f, CUDA_ATT_OUT_RTOL * f);
         cuda_att_close("lse", &s, lse, c->lse, nlse, CUDA_ATT_LSE_ATOL * f, CUDA_ATT_LSE_RTOL * f);
@@ -273,7 +292,7 @@ static void cuda_att_check_backward(const cuda_att_case *c) {
                           s.NKV, s.HS);
     float *g = cuda_att_guarded(c->g0, ng), *g0 = cuda_att_alloc(ng + CUDA_ATT_GUARD);
     memcpy(g0, g, (size_t)(ng + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_backward(c, g)) {
+    if (cuda_att_run_backward(c, g, 0)) {
         const double f = cuda_att_length_factor(s.T);
         const struct {
             const char *what;
@@ -304,7 +323,7 @@ static void cuda_att_check_backward(const cuda_att_case *c) {
 static void test_cuda_attention_forward(void) {
     for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
         cuda_att_case c;
-        cuda_att_make(&c, cuda_att_shapes[i]);
+        cuda_att_make(&c, cuda_att_shapes[i], 0);
         cuda_att_check_forward(&c);
         cuda_att_free(&c);
     }
@@ -313,7 +332,7 @@ static void test_cuda_attention_forward(void) {
 static void test_cuda_attention_backward(void) {
     for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
         cuda_att_case c;
-        cuda_att_make(&c, cuda_att_shapes[i]);
+        cuda_att_make(&c, cuda_att_shapes[i], 0);
         cuda_att_check_backward(&c);
         cuda_att_free(&c);
     }
@@ -325,7 +344,7 @@ static void test_cuda_attention_long(void) {
     static const cuda_att_shape shapes[] = {{1, 2048, 2, 1, 64, 0, 0}, {1, 2048, 2, 2, 128, 4, 0}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         cuda_att_case c;
-        cuda_att_make(&c, shapes[i]);
+        cuda_att_make(&c, shapes[i], 0);
         cuda_att_check_forward(&c);
         cuda_att_check_backward(&c);
         cuda_att_free(&c);
@@ -338,7 +357,7 @@ static void test_cuda_attention_deterministic(void) {
     static const cuda_att_shape shapes[] = {{2, 300, 6, 2, 64, 3, 1}, {1, 200, 3, 1, 128, 0, 0}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         cuda_att_case c;
-        cuda_att_make(&c, shapes[i]);
+        cuda_att_make(&c, shapes[i], 0);
         const cuda_att_shape s = c.s;
         const int64_t nout = c.N * c.C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
         const int64_t ng = c.N * c.ldd + CUDA_ATT_GUARD;
@@ -348,7 +367,8 @@ static void test_cuda_attention_deterministic(void) {
             out[r] = cuda_att_guarded(NULL, c.N * c.C);
             lse[r] = cuda_att_guarded(NULL, s.B * s.NH * s.T);
             g[r] = cuda_att_guarded(c.g0, c.N * c.ldd);
-            ok = ok && cuda_att_run_forward(&c, out[r], lse[r]) && cuda_att_run_backward(&c, g[r]);
+            ok = ok && cuda_att_run_forward(&c, out[r], lse[r], 0) &&
+                 cuda_att_run_backward(&c, g[r], 0);
         }
         char name[192];
         cuda_att_name(name, sizeof name, "run twice", &s);
@@ -382,6 +402,306 @@ static void test_cuda_attention_shapes(void) {
     CHECK_OK(fs_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, NULL, 24, 1, 0, 1, 1, 8));
     CHECK_OK(fs_cuda_attention_backward(NULL, NULL, NULL, NULL, 24, NULL, NULL, NULL, NULL, 24,
                                         NULL, NULL, 0, 5, 1, 1, 8));
+    cuda_att_sync();
+}
+
+/* ------------------------------------------------------------------ tensor cores
+ * The tensor-core kernels (attention_tc.cu, the bf16 policy's) against the CPU kernels on
+ * inputs that are bf16 numbers already: q, k, v and dout are rounded to bf16 here, before
+ * the CPU forward and backward see them, so the kernels' staging (which rounds to bf16) is
+ * exact and the CPU computes in fp32 exactly what an exact kernel would. What is left is
+ * what the kernels round themselves, and the order of their fp32 sums:
+ *   - out = sum_u p_u v_u / l with each (unnormalised) p_u rounded to bf16 before the
+ *     product: bf16 keeps 8 significant bits, so rounding to nearest moves p_u by at most
+ *     2^-8 p_u, and |out err| <= 2^-8 sum_u p_u |v_u| (p normalised), per element;
+ *   - dv = sum_t p_tu dout_t with p rounded: |err| <= 2^-8 sum_t p_tu |dout_t|;
+ *   - dq = scale sum_u ds_tu k_u and dk = scale sum_t ds_tu q_t with ds (fp32, from the fp32
+ *     p, dp and D) rounded to bf16: |err| <= 2^-8 scale sum |ds| |k| (resp. |q|);
+ *   - lse, and the scores, p, dp and D under everything above, differ from the CPU only by
+ *     fp32 rounding in other orders: the fp32 kernel's tolerances (header comment), times 4,
+ *     since the tensor cores' fp32 accumulation is not specified to round to nearest like an
+ *     IEEE add (its alignment may truncate), and the kernels use exp2 of a score scaled by
+ *     log2(e), which adds a few fp32 ulps of the exponent.
+ * The first four bounds are computed per element in double (cuda_att_tc_bounds, from the
+ * exact softmax of the same inputs) and added to the fp32 part. They are worst cases (every
+ * rounding in the same direction), nearly reached only by rows with a few keys, where one
+ * rounding dominates: a host emulation of these kernels (tools/attention_tc_emu: one
+ * thread per GPU thread, the PTX fragment layouts) on shapes like those below came to
+ * 0.36-0.80 of them, and 0.01 of the lse tolerance. Still ~2^-8 of the result's scale: a
+ * wrong mask, head, tile offset or rescale moves an element by a large fraction of its
+ * size and fails.
+ */
+#define CUDA_ATT_BF16_U 0x1p-8 /* bf16's unit roundoff (8 significant bits, to nearest) */
+#define CUDA_ATT_TC_FP32_FACTOR 4.0
+
+static const cuda_att_shape cuda_att_tc_shapes[] = {
+    {1, 1, 1, 1, 64, 0, 0},    /* T = 1: one key, p = 1 */
+    {2, 7, 3, 1, 64, 0, 2},    /* GQA 3/1, B = 2, one partial tile */
+    {1, 70, 4, 1, 128, 3, 1},  /* GQA 4/1 at HS = 128, a second tile of 6 keys */
+    {2, 300, 6, 2, 64, 7, 3},  /* GQA 3/1 twice, five tiles, the last one partial */
+    {1, 97, 3, 3, 128, 0, 5},  /* GQA 1/1 (plain multi-head) at HS = 128 */
+    {2, 129, 4, 4, 64, 1, 0},  /* one row past two full tiles */
+    {1, 64, 2, 1, 128, 0, 0},  /* exactly one tile: the diagonal mask alone */
+};
+
+/* The per-element bounds of what the tensor-core kernels round (see above), in double:
+ * bout (N, C) for out, bg (N, ldd) for dq, dk, dv in the gradient's layout (padding 0). */
+static void cuda_att_tc_bounds(const cuda_att_case *c, double *bout, double *bg) {
+    const cuda_att_shape s = c->s;
+    const int64_t HS = s.HS, T = s.T, group = s.NH / s.NKV, ld = c->ld, ldd = c->ldd;
+    const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * HS;
+    const double scale = 1.0 / sqrt((double)HS), ub = CUDA_ATT_BF16_U;
+    memset(bout, 0, (size_t)(c->N * c->C) * sizeof(double));
+    memset(bg, 0, (size_t)(c->N * ldd) * sizeof(double));
+    double *p = malloc((size_t)T * sizeof(double)), *ds = malloc((size_t)T * sizeof(double));
+    double *o = malloc((size_t)HS * sizeof(double));
+    if (!p || !ds || !o) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    for (int64_t b = 0; b < s.B; b++)
+        for (int64_t h = 0; h < s.NH; h++) {
+            const int64_t kv = h / group;
+            for (int64_t t = 0; t < T; t++) {
+                const float *qt = c->qkv + (b * T + t) * ld + h * HS;
+                const float *dot = c->dout + (b * T + t) * c->C + h * HS;
+                double mx = -INFINITY, sum = 0.0, D = 0.0;
+                for (int64_t u = 0; u <= t; u++) {
+                    const float *ku = c->qkv + (b * T + u) * ld + kcol + kv * HS;
+                    double d = 0.0;
+                    for (int64_t col = 0; col < HS; col++) d += (double)qt[col] * ku[col];
+                    p[u] = scale * d;
+                    if (p[u] > mx) mx = p[u];
+                }
+                for (int64_t u = 0; u <= t; u++) sum += exp(p[u] - mx);
+                const double lse = mx + log(sum);
+                for (int64_t col = 0; col < HS; col++) o[col] = 0.0;
+                for (int64_t u = 0; u <= t; u++) {
+                    p[u] = exp(p[u] - lse);
+                    const float *vu = c->qkv + (b * T + u) * ld + vcol + kv * HS;
+                    for (int64_t col = 0; col < HS; col++) o[col] += p[u] * vu[col];
+                }
+                for (int64_t col = 0; col < HS; col++) D += (double)dot[col] * o[col];
+                double *bo = bout + (b * T + t) * c->C + h * HS;
+                double *bq = bg + (b * T + t) * ldd + h * HS;
+                for (int64_t u = 0; u <= t; u++) {
+                    const float *ku = c->qkv + (b * T + u) * ld + kcol + kv * HS;
+                    const float *vu = c->qkv + (b * T + u) * ld + vcol + kv * HS;
+                    double dp = 0.0;
+                    for (int64_t col = 0; col < HS; col++) dp += (double)dot[col] * vu[col];
+                    ds[u] = fabs(p[u] * (dp - D));
+                    double *bk = bg + (b * T + u) * ldd + kcol + kv * HS;
+                    double *bv = bg + (b * T + u) * ldd + vcol + kv * HS;
+                    for (int64_t col = 0; col < HS; col++) {
+                        bo[col] += ub * p[u] * fabs((double)vu[col]);
+                        bq[col] += ub * scale * ds[u] * fabs((double)ku[col]);
+                        bk[col] += ub * scale * ds[u] * fabs((double)qt[col]);
+                        bv[col] += ub * p[u] * fabs((double)dot[col]);
+                    }
+                }
+            }
+        }
+    free(p), free(ds), free(o);
+}
+
+/* got against want, element i within bound[i] + atol + rtol |want[i]|; the worst element is
+ * reported with its bound. */
+static void cuda_att_close_bounded(const char *what, const cuda_att_shape *s, const float *got,
+                                   const float *want, const double *bound, int64_t n,
+                                   double atol, double rtol) {
+    int64_t worst = -1;
+    double worst_excess = 0.0, max_err = 0.0, max_ratio = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = got[i], w = want[i], tol = bound[i] + atol + rtol * fabs(w);
+        const double err = fabs(g - w);
+        const double excess = isfinite(g) ? err - tol : INFINITY;
+        if (isfinite(err) && err > max_err) max_err = err;
+        if (isfinite(err) && err / tol > max_ratio) max_ratio = err / tol;
+        if (excess > 0 && (worst < 0 || excess > worst_excess)) worst = i, worst_excess = excess;
+    }
+    char name[192];
+    cuda_att_name(name, sizeof name, what, s);
+    if (worst >= 0)
+        CHECK(0,
+              "%s: element %lld is %.9g, expected %.9g (|err| %.3g > bf16 bound %.3g + atol %.3g "
+              "+ rtol %.3g*|want|); max |err| %.3g over %lld elements",
+              name, (long long)worst, (double)got[worst], (double)want[worst],
+              fabs((double)got[worst] - want[worst]), bound[worst], atol, rtol, max_err,
+              (long long)n);
+    else
+        printf("     (%s: max |err| %.3g, at most %.2f of its tolerance)\n", name, max_err,
+               max_ratio);
+}
+
+/* One case (made with bf16 inputs) through the tensor-core forward and backward, against the
+ * CPU: out, lse, dq, dk, dv within their bounds; the guards and the gradient's padding
+ * columns untouched. */
+static void cuda_att_tc_check(const cuda_att_case *c) {
+    const cuda_att_shape s = c->s;
+    const int64_t nout = c->N * c->C, nlse = s.B * s.NH * s.T, ng = c->N * c->ldd;
+    const int64_t kv = s.NKV * s.HS, kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
+    const double f = cuda_att_length_factor(s.T), k = CUDA_ATT_TC_FP32_FACTOR;
+    double *bout = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(double));
+    double *bg = malloc((size_t)(ng > 0 ? ng : 1) * sizeof(double));
+    if (!bout || !bg) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    cuda_att_tc_bounds(c, bout, bg);
+    char name[192];
+
+    float *out = cuda_att_guarded(NULL, nout), *lse = cuda_att_guarded(NULL, nlse);
+    float *out0 = cuda_att_alloc(nout + CUDA_ATT_GUARD);
+    float *lse0 = cuda_att_alloc(nlse + CUDA_ATT_GUARD);
+    memcpy(out0, out, (size_t)(nout + CUDA_ATT_GUARD) * sizeof(float));
+    memcpy(lse0, lse, (size_t)(nlse + CUDA_ATT_GUARD) * sizeof(float));
+    if (cuda_att_run_forward(c, out, lse, 1)) {
+        cuda_att_close_bounded("tc out", &s, out, c->out, bout, nout,
+                               k * CUDA_ATT_OUT_ATOL * f, k * CUDA_ATT_OUT_RTOL * f);
+        cuda_att_close("tc lse", &s, lse, c->lse, nlse, k * CUDA_ATT_LSE_ATOL * f,
+                       k * CUDA_ATT_LSE_RTOL * f);
+        cuda_att_name(name, sizeof name, "tc forward", &s);
+        CHECK(memcmp(out + nout, out0 + nout, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of out", name);
+        CHECK(memcmp(lse + nlse, lse0 + nlse, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of lse", name);
+    }
+
+    float *want = cuda_att_alloc(ng);
+    memcpy(want, c->g0, (size_t)ng * sizeof(float));
+    fs_attention_backward(NULL, want, want + kcol, want + vcol, c->ldd, c->dout, c->qkv,
+                          c->qkv + kcol, c->qkv + vcol, c->ld, c->out, c->lse, s.B, s.T, s.NH,
+                          s.NKV, s.HS);
+    float *g = cuda_att_guarded(c->g0, ng), *g0 = cuda_att_alloc(ng + CUDA_ATT_GUARD);
+    memcpy(g0, g, (size_t)(ng + CUDA_ATT_GUARD) * sizeof(float));
+    if (cuda_att_run_backward(c, g, 1)) {
+        const struct {
+            const char *what;
+            int64_t col, width;
+        } parts[3] = {{"tc dq", 0, c->C}, {"tc dk", kcol, kv}, {"tc dv", vcol, kv}};
+        for (int p = 0; p < 3; p++) {
+            float *got_p = cuda_att_columns(g, c->N, c->ldd, parts[p].col, parts[p].width);
+            float *want_p = cuda_att_columns(want, c->N, c->ldd, parts[p].col, parts[p].width);
+            double *b_p = malloc((size_t)(c->N * parts[p].width > 0 ? c->N * parts[p].width : 1) *
+                                 sizeof(double));
+            if (!b_p) {
+                fprintf(stderr, "test_cuda: out of memory\n");
+                exit(2);
+            }
+            for (int64_t n = 0; n < c->N; n++)
+                memcpy(b_p + n * parts[p].width, bg + n * c->ldd + parts[p].col,
+                       (size_t)parts[p].width * sizeof(double));
+            cuda_att_close_bounded(parts[p].what, &s, got_p, want_p, b_p,
+                                   c->N * parts[p].width, k * CUDA_ATT_GRAD_ATOL * f,
+                                   k * CUDA_ATT_GRAD_RTOL * f);
+            free(got_p), free(want_p), free(b_p);
+        }
+        cuda_att_name(name, sizeof name, "tc backward", &s);
+        int64_t touched = 0;
+        for (int64_t n = 0; n < c->N; n++)
+            if (memcmp(g + n * c->ldd + vcol + kv, g0 + n * c->ldd + vcol + kv,
+                       (size_t)s.dpad * sizeof(float)) != 0)
+                touched++;
+        CHECK(touched == 0, "%s: the padding columns of %lld gradient rows changed", name,
+              (long long)touched);
+        CHECK(memcmp(g + ng, g0 + ng, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of the gradient", name);
+    }
+    free(out), free(lse), free(out0), free(lse0), free(want), free(g), free(g0);
+    free(bout), free(bg);
+}
+
+static void test_cuda_attention_tc(void) {
+    for (size_t i = 0; i < sizeof cuda_att_tc_shapes / sizeof cuda_att_tc_shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, cuda_att_tc_shapes[i], 1);
+        cuda_att_tc_check(&c);
+        cuda_att_free(&c);
+    }
+}
+
+/* Training lengths at both head sizes: 32 (16) key tiles per row, the dk/dv blocks walk 64
+ * (32) query tiles per head. */
+static void test_cuda_attention_tc_long(void) {
+    static const cuda_att_shape shapes[] = {{1, 2048, 2, 1, 64, 0, 0}, {1, 1024, 2, 2, 128, 4, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, shapes[i], 1);
+        cuda_att_tc_check(&c);
+        cuda_att_free(&c);
+    }
+}
+
+/* Two runs of the tensor-core kernels give the same bits (on inputs that are not bf16
+ * numbers, so the staging's rounding runs too). */
+static void test_cuda_attention_tc_deterministic(void) {
+    static const cuda_att_shape shapes[] = {{2, 300, 6, 2, 64, 3, 1}, {1, 200, 4, 1, 128, 0, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cuda_att_case c;
+        cuda_att_make(&c, shapes[i], 0);
+        const cuda_att_shape s = c.s;
+        const int64_t nout = c.N * c.C, nlse = s.B * s.NH * s.T, ng = c.N * c.ldd;
+        float *out[2], *lse[2], *g[2];
+        int ok = 1;
+        for (int r = 0; r < 2; r++) {
+            out[r] = cuda_att_guarded(NULL, nout);
+            lse[r] = cuda_att_guarded(NULL, nlse);
+            g[r] = cuda_att_guarded(c.g0, ng);
+            ok = ok && cuda_att_run_forward(&c, out[r], lse[r], 1) &&
+                 cuda_att_run_backward(&c, g[r], 1);
+        }
+        char name[192];
+        cuda_att_name(name, sizeof name, "tc run twice", &s);
+        CHECK(!ok || memcmp(out[0], out[1], (size_t)nout * sizeof(float)) == 0,
+              "%s: out differs", name);
+        CHECK(!ok || memcmp(lse[0], lse[1], (size_t)nlse * sizeof(float)) == 0,
+              "%s: lse differs", name);
+        CHECK(!ok || memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0,
+              "%s: dq, dk, dv differ", name);
+        /* and they are the attention at all: near the fp32 kernel's output. The inputs are
+         * not bf16 numbers here, so the staging's rounding of q and k moves each score by
+         * ~2^-8 |q_c k_c| scale sqrt(HS) / sqrt(3), ~1e-2 at the k x 3 past position 64,
+         * and out by less than that relative (4.5e-3 in the host emulation); 5e-2 of the
+         * norm leaves 10x, and anything but attention (a wrong head, mask or scale) is off
+         * by a large fraction of it */
+        if (ok) {
+            float *ref = cuda_att_guarded(NULL, nout), *rlse = cuda_att_guarded(NULL, nlse);
+            if (cuda_att_run_forward(&c, ref, rlse, 0)) {
+                double dd = 0.0, rr = 0.0;
+                for (int64_t e = 0; e < nout; e++) {
+                    const double d = (double)out[0][e] - ref[e];
+                    dd += d * d;
+                    rr += (double)ref[e] * ref[e];
+                }
+                const double rel = sqrt(dd / (rr > 0.0 ? rr : 1.0));
+                CHECK(rel < 0.05, "%s: out is %.3g (relative, L2) from the fp32 kernel's", name,
+                      rel);
+            }
+            free(ref), free(rlse);
+        }
+        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(g[r]);
+        cuda_att_free(&c);
+    }
+}
+
+/* The tensor-core kernels take head sizes 64 and 128 only, and refuse the rest before
+ * launching anything; an empty batch launches nothing. */
+static void test_cuda_attention_tc_shapes(void) {
+    CHECK(fs_cuda_attention_tc_supported(64) && fs_cuda_attention_tc_supported(128) &&
+              !fs_cuda_attention_tc_supported(96) && !fs_cuda_attention_tc_supported(8) &&
+              !fs_cuda_attention_tc_supported(256),
+          "fs_cuda_attention_tc_supported: 64 and 128 only");
+    CHECK(fs_cuda_attention_tc_forward(NULL, NULL, NULL, NULL, NULL, NULL, 288, 1, 4, 1, 1, 96) ==
+              FS_ERR_USAGE,
+          "tc: HS = 96 accepted");
+    CHECK(strstr(fs_error_message(), "attention_tc") != NULL, "message '%s' names no kernel",
+          fs_error_message());
+    CHECK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, 448,
+                                        NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
+          "tc: NH = 3, NKV = 2 accepted");
+    CHECK_OK(fs_cuda_attention_tc_forward(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
+    CHECK_OK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
+                                           512, NULL, NULL, 0, 5, 1, 1, 128));
     cuda_att_sync();
 }
 

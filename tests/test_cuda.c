@@ -1135,6 +1135,10 @@ int main(void) {
     RUN_SEEDED(test_cuda_attention_long);
     RUN_SEEDED(test_cuda_attention_deterministic);
     RUN_SEEDED(test_cuda_attention_shapes);
+    RUN_SEEDED(test_cuda_attention_tc);
+    RUN_SEEDED(test_cuda_attention_tc_long);
+    RUN_SEEDED(test_cuda_attention_tc_deterministic);
+    RUN_SEEDED(test_cuda_attention_tc_shapes);
     cudaStreamDestroy(test_stream);
     return fs_test_summary();
 }

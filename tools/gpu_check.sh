@@ -10,8 +10,15 @@
 #                                  Fortran runtime, zlib), the test corpus (Debian's fortunes file),
 #                                  and a build made here (MPI=none ONEDNN=0 CUDA=1, stripped)
 #                                  that is used only if the build there fails
-#   tools/gpu_check.sh [STAGE...]  there: STAGE is env, build, test, e2e, bench (default: env
-#                                  build test e2e, then bench if all passed and time is left)
+#   tools/gpu_check.sh [STAGE...]  there: STAGE is env, build, test, attn, e2e, bench (default:
+#                                  env build test attn e2e, then bench if all passed and time
+#                                  is left)
+# attn (~1-2 min) times flatshard's bf16 step with each attention kernel, the tensor-core one
+# (attention_tc.cu) and the fp32 one (FLATSHARD_CUDA_ATTENTION=fp32), on `small` 16 x 1024
+# (the shape of bench/gpu.sh's first row, whose PyTorch figure BENCHMARKS.md has) and on a
+# 2-layer cut of bench/llama-1b.json at 4 x 2048 (the 1B's attention shape without its
+# start-up), and prints tokens/s, MFU and the ratio: which attention wins, even when the
+# bench does not run.
 # Each stage prints "== stage: ok" or "== stage: FAILED (exit N)"; the script exits non-zero
 # if any failed. A stage that fails does not stop the next (one run must say everything it
 # can). Outputs go to $OUT (default out/gpu-check), so a device tool can fetch them.
@@ -79,7 +86,7 @@ fi
 
 stages=("$@")
 auto_bench=0
-if [ ${#stages[@]} -eq 0 ]; then stages=(env build test e2e); auto_bench=1; fi
+if [ ${#stages[@]} -eq 0 ]; then stages=(env build test attn e2e); auto_bench=1; fi
 failed=0
 T_END=$(($(date +%s) + DEADLINE))
 left() { echo $((T_END - $(date +%s))); }
@@ -127,16 +134,47 @@ cuda_tests() {
     fi
     return "$rc"
 }
-export -f left show_env build cuda_tests
-export T_END DEPS nvcc_path cuda_home
+att_speed() { # the bf16 step with each attention kernel: tokens/s, MFU, the ratio
+    local data=/usr/share/games/fortunes/fortunes rc=0 a line tps mfu model batch seq steps
+    local -A got=()
+    [ -r "$data" ] || data=README.md
+    python3 -c 'import json, sys
+c = json.load(open("bench/llama-1b.json")); c["num_hidden_layers"] = 2
+json.dump(c, open(sys.argv[1], "w"))' "$OUT/llama-1b-2layers.json" || return 1
+    for cfg in "small 16 1024 5" "$OUT/llama-1b-2layers.json 4 2048 3"; do
+        read -r model batch seq steps <<<"$cfg"
+        for a in tc fp32; do
+            line=$(FLATSHARD_CUDA_ATTENTION=$a timeout -k 5 150 build/flatshard bench step --device cuda \
+                --model "$model" --batch "$batch" --seq "$seq" --precision bf16 --steps "$steps" --warmup 2 \
+                --data "$data" --json 2>"$OUT/attn-$a.err" | grep -m 1 '^{"bench":"step"') || line=
+            if [ -z "$line" ]; then
+                echo "$(basename "$model" .json) ${batch}x$seq bf16, attention $a: FAILED: $(tail -n 1 "$OUT/attn-$a.err")"
+                rc=1
+                continue
+            fi
+            tps=$(sed -n 's/.*"tokens_per_s": *\([0-9.]*\).*/\1/p' <<<"$line")
+            mfu=$(sed -n 's/.*"mfu": *\([0-9.e-]*\).*/\1/p' <<<"$line")
+            got[$a]=$tps
+            echo "$(basename "$model" .json) ${batch}x$seq bf16, attention $a: $tps tokens/s, MFU $mfu   $line"
+        done
+        if [ -n "${got[tc]:-}" ] && [ -n "${got[fp32]:-}" ]; then
+            echo "$(basename "$model" .json) ${batch}x$seq bf16: tensor-core / fp32 attention = $(python3 -c "print('%.2fx' % (${got[tc]} / ${got[fp32]}))") tokens/s"
+        fi
+        got=()
+    done
+    return $rc
+}
+export -f left show_env build cuda_tests att_speed
+export T_END DEPS nvcc_path cuda_home OUT
 for s in "${stages[@]}"; do
     case $s in
     env) stage env show_env ;;
     build) stage build build ;;
     test) stage test cuda_tests ;;
+    attn) stage attn att_speed ;;
     e2e) stage e2e env FLATSHARD_BUILD=build bash tests/cli/test_gpu.sh ;;
     bench) stage bench env OUT="${BENCH_OUT:-$OUT/bench}" BUDGET="$(($(left) - 15))" bench/gpu.sh ;;
-    *) echo "tools/gpu_check.sh: unknown stage '$s' (env, build, test, e2e, bench)"; exit 2 ;;
+    *) echo "tools/gpu_check.sh: unknown stage '$s' (env, build, test, attn, e2e, bench)"; exit 2 ;;
     esac
 done
 if [ "$auto_bench" = 1 ]; then

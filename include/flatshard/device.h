@@ -188,7 +188,8 @@ const fs_kernel_table *fs_device_kernels(const fs_device *dev);
  * widest IC + OC of the model's linear layers) x 2), allocated once from `mem` before the
  * first step (fs_acts_init calls it). The GPU always has one (cuBLASLt takes one input type
  * for both operands); the CPU only under bf16 (`bf16`) on the oneDNN GEMM path, as the bf16
- * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). */
+ * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). The GPU also takes `bf16` as
+ * the policy its attention kernels follow (tensor cores under bf16, docs/gpu.md). */
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
 /* Returns the scratch to its allocator: call before that allocator is freed (closing the
  * device does it too, if it has not been done). */

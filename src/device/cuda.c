@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v1; only CUDA builds compile this file.
+ * table, fs_cuda_api_v2; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -40,7 +40,16 @@ struct fs_device_impl {
     uint16_t *scratch;       /* bf16 operands of the linear layers */
     size_t scratch_bytes;
     double peak_bf16, peak_fp32;
+    int attention_mode;      /* FLATSHARD_CUDA_ATTENTION: ATT_AUTO, ATT_TC or ATT_FP32 */
+    int policy_bf16;         /* the precision policy, from reserve_scratch (0 until then) */
 };
+
+/* Which attention kernels run (docs/gpu.md, "Attention"): by default the tensor-core ones
+ * (attention_tc.cu) under the bf16 policy, whose GEMM operands are bf16 already, and the
+ * fp32 ones (attention.cu) under fp32, which match the CPU to fp32 rounding;
+ * FLATSHARD_CUDA_ATTENTION=tc|fp32 forces one. A head size the tensor-core kernels do not
+ * have (not 64 or 128) uses the fp32 kernels either way. */
+enum { ATT_AUTO, ATT_TC, ATT_FP32 };
 
 struct fs_device_event {
     cudaEvent_t ev;
@@ -95,9 +104,23 @@ static fs_status fs_cuda_device_open(fs_device *dev, int ordinal) {
     if (n == 0) return fs_errorf(FS_ERR_USAGE, "--device cuda: no CUDA GPU found (%s)", why);
     if (ordinal < 0 || ordinal >= n)
         return fs_errorf(FS_ERR_USAGE, "--device cuda: GPU %d does not exist (%d found)", ordinal, n);
+    int attention_mode = ATT_AUTO;
+    const char *att = getenv("FLATSHARD_CUDA_ATTENTION");
+    if (att && *att) {
+        if (strcmp(att, "tc") == 0)
+            attention_mode = ATT_TC;
+        else if (strcmp(att, "fp32") == 0)
+            attention_mode = ATT_FP32;
+        else
+            return fs_errorf(FS_ERR_USAGE,
+                             "FLATSHARD_CUDA_ATTENTION='%s': expected tc (tensor cores, bf16) or "
+                             "fp32 (unset: tc under --precision bf16, fp32 under fp32)",
+                             att);
+    }
     fs_device_impl *g = calloc(1, sizeof *g);
     if (!g) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the CUDA device");
     g->ordinal = ordinal;
+    g->attention_mode = attention_mode;
     dev->impl = g;
     dev->kernels = &fs_cuda_kernel_table;
     struct cudaDeviceProp p;
@@ -239,8 +262,9 @@ static fs_status fs_cuda_add_on(fs_device *dev, fs_stream stream, float *dst, co
     return fs_cuda_add(dev->impl->streams[stream], dst, src, n);
 }
 
-static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, size_t bytes) {
+static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
     fs_device_impl *g = dev->impl;
+    g->policy_bf16 = bf16; /* the attention kernels' choice (att_tc) follows the policy */
     if (g->scratch_mem && g->scratch_bytes >= bytes) return FS_OK;
     release_scratch(g);
     fs_status st = fs_mem_alloc(mem, FS_MEM_OTHER, FS_CUDA_GEMM_WORKSPACE_BYTES, "cuBLASLt workspace",
@@ -373,10 +397,20 @@ static void cuda_rope_backward(fs_device *d, float *dx, int64_t ld, const float 
     LAUNCH(d, fs_cuda_rope_backward(STREAM(d), dx, ld, cos_table, sin_table, B, T, n_heads, HS));
 }
 
+/* The tensor-core attention for this call (see ATT_AUTO). */
+static int att_tc(const fs_device *d, int64_t HS) {
+    const fs_device_impl *g = d->impl;
+    const int want = g->attention_mode == ATT_TC || (g->attention_mode == ATT_AUTO && g->policy_bf16);
+    return want && fs_cuda_attention_tc_supported(HS);
+}
+
 static void cuda_attention_forward(fs_device *d, float *out, float *lse, const float *q,
                                    const float *k, const float *v, int64_t ld_qkv, int64_t B,
                                    int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    LAUNCH(d, fs_cuda_attention_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
+    if (att_tc(d, HS))
+        LAUNCH(d, fs_cuda_attention_tc_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
+    else
+        LAUNCH(d, fs_cuda_attention_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
 }
 
 static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
@@ -384,8 +418,12 @@ static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *d
                                     const float *v, int64_t ld_qkv, const float *out,
                                     const float *lse, int64_t B, int64_t T, int64_t NH,
                                     int64_t NKV, int64_t HS) {
-    LAUNCH(d, fs_cuda_attention_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out,
-                                         lse, B, T, NH, NKV, HS));
+    if (att_tc(d, HS))
+        LAUNCH(d, fs_cuda_attention_tc_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv,
+                                                out, lse, B, T, NH, NKV, HS));
+    else
+        LAUNCH(d, fs_cuda_attention_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out,
+                                             lse, B, T, NH, NKV, HS));
 }
 
 static void cuda_swiglu_forward(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF) {
@@ -482,8 +520,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v1;
-const fs_cuda_api fs_cuda_api_v1 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v2;
+const fs_cuda_api fs_cuda_api_v2 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

@@ -210,7 +210,7 @@ size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_byt
 }
 
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
-    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bytes);
+    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bf16, bytes);
     const size_t need = fs_device_scratch_bytes(dev->kind, bf16, bytes);
     if (need == 0 || dev->stage.data) return FS_OK;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_OTHER, need, "bf16 GEMM staging", &dev->stage.data));

@@ -7,8 +7,12 @@
 #   - 50 steps of `small` on cuda and on cpu, fp32 and bf16: the losses agree step by step
 #     within a stated tolerance (the kernels sum in other orders, so the runs drift apart
 #     slowly; a wrong kernel moves the loss by far more in the first steps);
+#   - the same bf16 run with the fp32 attention kernel (FLATSHARD_CUDA_ATTENTION=fp32) in
+#     place of the tensor-core one, against the same cpu run; a bad FLATSHARD_CUDA_ATTENTION
+#     is one line and a non-zero exit;
 #   - bit-exact resume on the GPU: 3 steps, save, 3 more from the checkpoint, equal bit for
-#     bit to 6 uninterrupted steps (the saved weights compared with cmp);
+#     bit to 6 uninterrupted steps (the saved weights compared with cmp), in fp32 and in bf16
+#     (the tensor-core attention: tiny's head size is 64);
 #   - a checkpoint saved on the GPU resumes on the CPU at world size 2, and one saved by the
 #     CPU at world size 2 resumes on the GPU;
 #   - --memory on the GPU: the measured peak per category within the plan.
@@ -68,19 +72,36 @@ for precision in fp32 bf16; do
     # ~1e-6 per step's loss), and training amplifies differences slowly over 50 steps at
     # lr 3e-4; 2e-3 leaves room for that drift, while a wrong kernel (a transposed operand,
     # a missing accumulation) changes the loss by > 1e-2 within the first steps. bf16: the
-    # operands are rounded to 8 bits of mantissa (2^-9 relative), and a rounding that
-    # differs flips one bf16 ulp; 2e-2 bounds that over 50 steps.
+    # operands are rounded to 8 significant bits (2^-8 relative), and a rounding that
+    # differs flips one bf16 ulp; 2e-2 bounds that over 50 steps. The GPU's bf16 attention
+    # (tensor cores) also rounds q, k, v, p and ds to bf16 where the CPU's attention is fp32:
+    # the same 2^-8 per operand as the GEMMs, which hold most of the FLOPs and gave 2.1e-3
+    # with the fp32 attention on an H200 (2026-12-04), so 2e-2 stays ~10x what the GEMMs'
+    # rounding alone moved, unwidened; a wrong attention kernel moves the loss by far more.
     tol=$([ "$precision" = fp32 ] && echo 2e-3 || echo 2e-2)
     d=$(max_rel_diff "$WORK/cuda-$precision.jsonl" "$WORK/cpu-$precision.jsonl" 2>&1)
     echo "     ($precision: the largest relative loss difference over 50 steps is $d)"
     expect "cuda and cpu losses agree within $tol ($precision)" python3 -c "import sys; sys.exit(0 if float('$d') <= $tol else 1)"
 done
+# bf16 with the fp32 attention kernel: the figure the tensor-core one is compared with
+run "50 steps of small on cuda (bf16, fp32 attention)" 0 env FLATSHARD_CUDA_ATTENTION=fp32 "$FS" train --device cuda --precision bf16 --metrics "$WORK/cuda-bf16-att32.jsonl" "${SMALL[@]}"
+d=$(max_rel_diff "$WORK/cuda-bf16-att32.jsonl" "$WORK/cpu-bf16.jsonl" 2>&1)
+echo "     (bf16, fp32 attention: the largest relative loss difference over 50 steps is $d)"
+expect "cuda (fp32 attention) and cpu losses agree within 2e-2 (bf16)" python3 -c "import sys; sys.exit(0 if float('$d') <= 2e-2 else 1)"
+FLATSHARD_CUDA_ATTENTION=bogus "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT" >"$WORK/out" 2>"$WORK/err"
+att_rc=$?
+expect_all "a bad FLATSHARD_CUDA_ATTENTION is one line and a non-zero exit" \
+    '[ "$att_rc" -ne 0 ]' '[ "$(wc -l <"$WORK/err")" -eq 1 ]' "grep -q \"FLATSHARD_CUDA_ATTENTION='bogus': expected tc\" '$WORK/err'"
 
 TINY=(--model tiny --batch 2 --seq 64 --lr 1e-3 --progress lines --data "$TEXT")
 run "6 steps on the GPU, uninterrupted" 0 "$FS" train --device cuda "${TINY[@]}" --steps 6 --out "$WORK/straight.safetensors"
 run "3 steps on the GPU, saved" 0 "$FS" train --device cuda "${TINY[@]}" --steps 3 --save "$WORK/ck" --out "$WORK/half.safetensors"
 run "resumed on the GPU to step 6" 0 "$FS" train --device cuda "${TINY[@]}" --steps 6 --resume "$WORK/ck" --out "$WORK/resumed.safetensors"
 expect "resume on the GPU is bit-exact" cmp -s "$WORK/straight.safetensors" "$WORK/resumed.safetensors"
+run "6 steps on the GPU in bf16, uninterrupted" 0 "$FS" train --device cuda --precision bf16 "${TINY[@]}" --steps 6 --out "$WORK/straight16.safetensors"
+run "3 steps on the GPU in bf16, saved" 0 "$FS" train --device cuda --precision bf16 "${TINY[@]}" --steps 3 --save "$WORK/ck16" --out "$WORK/half16.safetensors"
+run "resumed on the GPU in bf16 to step 6" 0 "$FS" train --device cuda --precision bf16 "${TINY[@]}" --steps 6 --resume "$WORK/ck16" --out "$WORK/resumed16.safetensors"
+expect "resume on the GPU in bf16 (tensor-core attention) is bit-exact" cmp -s "$WORK/straight16.safetensors" "$WORK/resumed16.safetensors"
 run "the GPU's checkpoint resumed on the CPU with 2 ranks" 0 "$FS" train --device cpu --ranks 2 --batch 1 --model tiny --seq 64 --lr 1e-3 --data "$TEXT" --steps 5 --resume "$WORK/ck" --save "$WORK/ck2" --out "$WORK/cpu2.safetensors"
 run "the CPU's 2-rank checkpoint resumed on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --lr 1e-3 --data "$TEXT" --steps 6 --resume "$WORK/ck2" --out "$WORK/back.safetensors"
 expect "the GPU run went on from the CPU's step 5 (step 6 of 6, and no step before it)" bash -c "grep -qE '^step +6/6 ' '$WORK/out' && ! grep -qE '^step +[1-5]/' '$WORK/out'"

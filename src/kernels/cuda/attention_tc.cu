@@ -1,0 +1,559 @@
+/*
+ * attention_tc.cu — causal GQA attention on the GPU's tensor cores (bf16 x bf16 -> fp32),
+ * FlashAttention-2 style: the attention of the bf16 precision policy.
+ *
+ * The contract is fs_cuda_attention_forward's and fs_cuda_attention_backward's (attention.cu,
+ * cuda_kernels.h): the same fp32 inputs (q, k, v inside the saved qkv rows, q and k after
+ * RoPE), the same fp32 outputs (out (N, C), lse (B, NH, T) in natural log), the same
+ * accumulate-into-dq/dk/dv rule. What differs is the arithmetic: every tile of q, k, v and
+ * dout is rounded to bf16 (round to nearest even) when it is staged into shared memory, and
+ * the softmax weights p and the score gradients ds are rounded to bf16 before they multiply
+ * v, dout, q or k, all products are summed in fp32 by the tensor cores (mma.sync m16n8k16).
+ * The bf16 policy already rounds every GEMM operand to bf16 (cuda.c's linear layers), so
+ * this is the same precision contract applied to attention. Row statistics (max, sum, lse,
+ * D = dout . out) stay fp32, from the fp32 inputs.
+ *
+ * Kernels, 128 threads (4 warps) per block, each warp owning 16 rows of the block's tile:
+ *   forward  one block per (batch, query head, 64-query tile), longest tiles first; 64-key
+ *            tiles of k (row-major) and v (transposed) pass through shared memory; s = q k^T
+ *            by mma into registers, an online softmax on the registers (running max and sum
+ *            per row, in the exp2 domain), p rounded to bf16 straight from the accumulator
+ *            registers into the A operand of o += p v. Writes out = o / sum and
+ *            lse = max ln 2 + ln(sum).
+ *   dq       one block per (batch, query head, 64-query tile): q and dout stay; per 64-key
+ *            tile s = q k^T and dp = dout v^T, p = exp(s scale - lse) (from the forward's
+ *            lse), ds = scale p (dp - D), dq += ds k.
+ *   dk, dv   one block per (batch, kv head, 64-key tile): k and v stay; the block walks the
+ *            query heads of its group in order, and each one's query tiles (64 at HS 64, 32
+ *            at HS 128, to keep the accumulators in registers) in position order from the
+ *            block's first key: s^T = k q^T, dp^T = v dout^T, dv += p^T dout, dk += ds^T q.
+ * D = dout . out is summed in fp32 per row by one warp (lanes over columns, then a butterfly)
+ * in both backward kernels, the same bits in each. Every element of dq, dk and dv belongs to
+ * one thread of one block and is summed in a fixed order (the mma's own order is fixed by the
+ * hardware), then added to memory once: no atomics, the same bits on every run.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + tq. A (16 x 16,
+ * row-major): registers (row g, cols 2tq..+1), (g + 8, 2tq..), (g, 2tq + 8..), (g + 8,
+ * 2tq + 8..). B (16 x 8, k x n): (k 2tq..+1, n g), (k 2tq + 8.., n g). C (16 x 8, fp32):
+ * (g, 2tq), (g, 2tq + 1), (g + 8, 2tq), (g + 8, 2tq + 1). A B operand is therefore read from
+ * a shared array that holds B^T row-major (row n, columns k): k, q, v and dout as they are for
+ * s, dp and their transposes, and transposed copies (v^T, k^T, dout^T, q^T) where they are the
+ * right-hand operand of a product over keys or queries. Two C tiles side by side (16 x 16) are
+ * exactly the A registers of the next product, which is how p and ds never leave registers.
+ * Shared rows are HS + 8 (or tile + 8) bf16 apart: a multiple of 4 words plus 4, so the 8
+ * rows x 4 words a fragment load touches fall in 32 different banks.
+ *
+ * Masks and tails: rows past T are staged as zeros (finite arithmetic, nothing added) and are
+ * never written. Causality is masked only on the diagonal tile (key tiles are aligned with
+ * query tiles, so no other visited tile holds a key after a query of the block, nor a key past
+ * T); the dk/dv kernel masks every tile (t >= u and t < T), which is cheap there. In the
+ * forward every real row sees key 0 of its first tile, but a row whose tile is all masked is
+ * still guarded (its reference max is 0, not -inf).
+ *
+ * Shared memory per block (bytes): forward (128 (HS + 8) + 72 HS) 2: HS 64 27 KiB, 128
+ * 52 KiB; dq (256 (HS + 8) + 72 HS) 2: 45 / 86 KiB; dk, dv (2 (64 + BQ) (HS + 8) +
+ * 2 HS (BQ + 8)) 2 + 8 BQ: 54.5 KiB (HS 64, BQ 64) / 71.3 KiB (HS 128, BQ 32).
+ *
+ * What it does not do: head sizes other than 64 and 128 (fs_cuda_attention_tc_supported;
+ * the device falls back to the fp32 kernel), masks other than causal, dropout, splitting one
+ * row's keys over blocks, asynchronous copies or wgmma (sm_90's TMA/wgmma path is not used:
+ * mma.sync runs on every architecture from sm_80).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+
+#define TC_THREADS 128 /* 4 warps */
+#define TC_BQ 64       /* forward, dq: queries per block (16 per warp) */
+#define TC_BK 64       /* forward, dq: keys per tile; dk/dv: keys per block (16 per warp) */
+#define TC_PAD 8       /* bf16 after each shared row */
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+typedef __nv_bfloat16 tc_bf16;
+
+/* dk/dv query tile: 64 rows at HS 64; 32 at HS 128, where two (16 x HS) fp32 accumulators
+ * per warp already take 128 registers a thread */
+template <int HS> struct tc_dkdv_tile {
+    static constexpr int BQ = HS <= 64 ? 64 : 32;
+};
+
+static_assert(TC_BQ == TC_BK, "the diagonal-tile mask assumes aligned query and key tiles");
+
+/* ------------------------------------------------------------------ device helpers */
+
+__device__ __forceinline__ uint32_t tc_ld32(const tc_bf16 *p) {
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+/* Two floats as a bf16 pair in one register, lo in the low half (the lower column). */
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* d += a b, a 16 x 16 bf16, b 16 x 8 bf16, d 16 x 8 fp32. */
+__device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* acc (16 x 8 NT) += A (16 x 16 KS) B, A = rows [ra, ra + 16) of sA (row-major, pitch pa),
+ * B^T = rows [0, 8 NT) of sB (row-major, pitch pb): both over columns [0, 16 KS). */
+template <int NT, int KS>
+__device__ __forceinline__ void tc_gemm_ss(float (&acc)[NT][4], const tc_bf16 *sA, int pa,
+                                           int ra, const tc_bf16 *sB, int pb, int g, int tq) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        const tc_bf16 *a = sA + (ra + g) * pa + 16 * ks + 2 * tq;
+        const uint32_t a0 = tc_ld32(a), a1 = tc_ld32(a + 8 * pa), a2 = tc_ld32(a + 8),
+                       a3 = tc_ld32(a + 8 * pa + 8);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const tc_bf16 *bp = sB + (8 * j + g) * pb + 16 * ks + 2 * tq;
+            tc_mma(acc[j], a0, a1, a2, a3, tc_ld32(bp), tc_ld32(bp + 8));
+        }
+    }
+}
+
+/* acc (16 x 8 NT) += A B with A the 16 x 16 KS fp32 C tiles a (2 KS tiles of 8 columns),
+ * rounded to bf16, and B^T = rows [0, 8 NT) of sB (pitch pb) over columns [0, 16 KS). */
+template <int NT, int KS>
+__device__ __forceinline__ void tc_gemm_rs(float (&acc)[NT][4], const float (&a)[2 * KS][4],
+                                           const tc_bf16 *sB, int pb, int g, int tq) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        const uint32_t a0 = tc_pack(a[2 * ks][0], a[2 * ks][1]);
+        const uint32_t a1 = tc_pack(a[2 * ks][2], a[2 * ks][3]);
+        const uint32_t a2 = tc_pack(a[2 * ks + 1][0], a[2 * ks + 1][1]);
+        const uint32_t a3 = tc_pack(a[2 * ks + 1][2], a[2 * ks + 1][3]);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const tc_bf16 *bp = sB + (8 * j + g) * pb + 16 * ks + 2 * tq;
+            tc_mma(acc[j], a0, a1, a2, a3, tc_ld32(bp), tc_ld32(bp + 8));
+        }
+    }
+}
+
+/* Rows [row0, row0 + rows) of one head's fp32 (T, HS) slice x (row stride ld), rounded to
+ * bf16, into sN (row-major, pitch pN) and/or sT (transposed: sT[c pT + r], pitch pT); NULL
+ * skips one. Rows at or past T are zeros. A thread takes a pair of rows at one column, so the
+ * transposed store is one 32-bit word; consecutive threads read consecutive columns. */
+template <int HS>
+__device__ __forceinline__ void tc_stage(tc_bf16 *sN, int pN, tc_bf16 *sT, int pT,
+                                         const float *__restrict__ x, int64_t ld, int row0,
+                                         int rows, int T) {
+    const int n = (rows / 2) * HS;
+    for (int i = (int)threadIdx.x; i < n; i += TC_THREADS) {
+        const int r = 2 * (i / HS), c = i % HS, t = row0 + r;
+        const float v0 = t < T ? x[(int64_t)t * ld + c] : 0.0f;
+        const float v1 = t + 1 < T ? x[(int64_t)(t + 1) * ld + c] : 0.0f;
+        if (sN) {
+            sN[r * pN + c] = __float2bfloat16_rn(v0);
+            sN[(r + 1) * pN + c] = __float2bfloat16_rn(v1);
+        }
+        if (sT) *reinterpret_cast<__nv_bfloat162 *>(sT + c * pT + r) = __floats2bfloat162_rn(v0, v1);
+    }
+}
+
+/* D = dout . out of row t (0 past T), fp32, summed by one warp: lane-strided columns, then
+ * a butterfly that leaves the same bits in every lane. Every lane of the warp must call it. */
+template <int HS>
+__device__ __forceinline__ float tc_row_d(const float *__restrict__ do_rows,
+                                          const float *__restrict__ o_rows, int64_t C, int t,
+                                          int T, int lane) {
+    float part = 0.0f;
+    if (t < T) {
+        const float *dr = do_rows + (int64_t)t * C, *orow = o_rows + (int64_t)t * C;
+#pragma unroll
+        for (int c = lane; c < HS; c += 32) part = fmaf(dr[c], orow[c], part);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    return part;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_forward_kernel(float *__restrict__ out, float *__restrict__ lse,
+                      const float *__restrict__ q, const float *__restrict__ k,
+                      const float *__restrict__ v, int64_t ld, int T, int NH, int group,
+                      float scale_log2) {
+    constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sK = sQ + TC_BQ * P,
+            *sVt = sK + TC_BK * P;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    const int g = lane / 4, tq = lane % 4, r0 = 16 * warp;
+    const int b = (int)blockIdx.x / NH, h = (int)blockIdx.x % NH, kvh = h / group;
+    const int q0 = (int)(gridDim.y - 1 - blockIdx.y) * TC_BQ;
+    const int qend = min(q0 + TC_BQ, T);
+    const int64_t C = (int64_t)NH * HS;
+    const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
+    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+
+    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
+    const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8}; /* the positions of the thread's rows */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+    for (int k0 = 0; k0 < qend; k0 += TC_BK) { /* block-uniform bounds: same barriers */
+        __syncthreads(); /* the last tile is read (first pass: nothing yet) */
+        tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T);
+        tc_stage<HS>(nullptr, 0, sVt, PT, vb, ld, k0, TC_BK, T);
+        __syncthreads(); /* q, k, v^T are in */
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        tc_gemm_ss<NT, HS / 16>(s, sQ, P, r0, sK, P, g, tq);
+        const bool diag = k0 + TC_BK > q0; /* the one tile with keys after some query */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int u = k0 + 8 * j + 2 * tq + e;
+                    float x = s[j][2 * hf + e] * scale_log2;
+                    if (diag && u > tr[hf]) x = -INFINITY;
+                    s[j][2 * hf + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[hf], mx);
+            const float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: sum and o stay 0 */
+            const float corr = exp2f(m[hf] - ref);          /* 0 on the first tile */
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = exp2f(s[j][2 * hf + e] - ref); /* masked: 0 */
+                    s[j][2 * hf + e] = p;
+                    sum += p;
+                }
+            l[hf] = l[hf] * corr + sum; /* this thread's columns; summed over the quad at the end */
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                o[d][2 * hf] *= corr;
+                o[d][2 * hf + 1] *= corr;
+            }
+            m[hf] = mn;
+        }
+        tc_gemm_rs<ND, TC_BK / 16>(o, s, sVt, PT, g, tq);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float sum = l[hf];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int t = tr[hf];
+        if (t < T) {
+            float *orow = out + ((int64_t)b * T + t) * C + (int64_t)h * HS;
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                orow[8 * d + 2 * tq] = o[d][2 * hf] / sum;
+                orow[8 * d + 2 * tq + 1] = o[d][2 * hf + 1] / sum;
+            }
+            if (tq == 0) lse[((int64_t)b * NH + h) * T + t] = m[hf] * TC_LN2 + logf(sum);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ backward: dq */
+
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_dq_kernel(float *__restrict__ dq, int64_t ldd, const float *__restrict__ dout,
+                 const float *__restrict__ q, const float *__restrict__ k,
+                 const float *__restrict__ v, int64_t ld, const float *__restrict__ out,
+                 const float *__restrict__ lse, int T, int NH, int group, float scale,
+                 float scale_log2) {
+    constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sdO = sQ + TC_BQ * P,
+            *sK = sdO + TC_BQ * P, *sV = sK + TC_BK * P, *sKt = sV + TC_BK * P;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    const int g = lane / 4, tq = lane % 4, r0 = 16 * warp;
+    const int b = (int)blockIdx.x / NH, h = (int)blockIdx.x % NH, kvh = h / group;
+    const int q0 = (int)(gridDim.y - 1 - blockIdx.y) * TC_BQ;
+    const int qend = min(q0 + TC_BQ, T);
+    const int64_t C = (int64_t)NH * HS;
+    const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
+    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
+    const float *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
+
+    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
+    tc_stage<HS>(sdO, P, nullptr, 0, dob, C, q0, TC_BQ, T);
+    const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8};
+    /* D and lse (in log2 units) of the thread's two rows; past T both 0, where the zero rows
+     * of q and dout make p (dp - D) = 0 */
+    float Dr[2] = {0.0f, 0.0f}, Lr[2];
+    for (int i = 0; i < 16; i++) { /* warp-uniform: every lane joins each row's butterfly */
+        const float d = tc_row_d<HS>(dob, ob, C, q0 + r0 + i, T, lane);
+        if (i == g) Dr[0] = d;
+        if (i == g + 8) Dr[1] = d;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+        Lr[hf] = tr[hf] < T ? lse[((int64_t)b * NH + h) * T + tr[hf]] * TC_LOG2E : 0.0f;
+    float acc[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+
+    for (int k0 = 0; k0 < qend; k0 += TC_BK) {
+        __syncthreads(); /* the last tile is read (first pass: q, dout being staged) */
+        tc_stage<HS>(sK, P, sKt, PT, kb, ld, k0, TC_BK, T);
+        tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T);
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+        tc_gemm_ss<NT, HS / 16>(s, sQ, P, r0, sK, P, g, tq);
+        tc_gemm_ss<NT, HS / 16>(dp, sdO, P, r0, sV, P, g, tq);
+        const bool diag = k0 + TC_BK > q0;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hf = e / 2, u = k0 + 8 * j + 2 * tq + (e & 1);
+                const float p =
+                    diag && u > tr[hf] ? 0.0f : exp2f(s[j][e] * scale_log2 - Lr[hf]);
+                s[j][e] = scale * (p * (dp[j][e] - Dr[hf])); /* ds, scaled for dq = ds k */
+            }
+        tc_gemm_rs<ND, TC_BK / 16>(acc, s, sKt, PT, g, tq);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int t = tr[hf];
+        if (t < T) {
+            float *row = dq + ((int64_t)b * T + t) * ldd + (int64_t)h * HS;
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                row[8 * d + 2 * tq] += acc[d][2 * hf];
+                row[8 * d + 2 * tq + 1] += acc[d][2 * hf + 1];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ backward: dk, dv */
+
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_dkdv_kernel(float *__restrict__ dk, float *__restrict__ dv, int64_t ldd,
+                   const float *__restrict__ dout, const float *__restrict__ q,
+                   const float *__restrict__ k, const float *__restrict__ v, int64_t ld,
+                   const float *__restrict__ out, const float *__restrict__ lse, int T, int NH,
+                   int NKV, int group, float scale, float scale_log2) {
+    constexpr int BQ = tc_dkdv_tile<HS>::BQ;
+    constexpr int P = HS + TC_PAD, PQ = BQ + TC_PAD, NT = BQ / 8, ND = HS / 8;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    tc_bf16 *sK = reinterpret_cast<tc_bf16 *>(tc_smem), *sV = sK + TC_BK * P,
+            *sQ = sV + TC_BK * P, *sdO = sQ + BQ * P, *sQt = sdO + BQ * P, *sdOt = sQt + HS * PQ;
+    float *sL = reinterpret_cast<float *>(sdOt + HS * PQ), *sD = sL + BQ;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    const int g = lane / 4, tq = lane % 4, r0 = 16 * warp;
+    const int b = (int)blockIdx.x / NKV, kvh = (int)blockIdx.x % NKV;
+    const int k0 = (int)blockIdx.y * TC_BK;
+    const int64_t C = (int64_t)NH * HS;
+    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+
+    tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T);
+    tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T);
+    const int ur[2] = {k0 + r0 + g, k0 + r0 + g + 8}; /* the positions of the thread's keys */
+    float ak[ND][4], av[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[d][e] = av[d][e] = 0.0f;
+
+    /* the group's query heads in order, each one's tiles in position order from the first
+     * query that sees these keys (k0 is a multiple of BQ): a fixed order, so fixed bits */
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
+        const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
+        const float *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
+        const float *lb = lse + ((int64_t)b * NH + h) * T;
+        for (int t0 = k0; t0 < T; t0 += BQ) { /* block-uniform bounds */
+            __syncthreads(); /* the last tile is read */
+            tc_stage<HS>(sQ, P, sQt, PQ, qb, ld, t0, BQ, T);
+            tc_stage<HS>(sdO, P, sdOt, PQ, dob, C, t0, BQ, T);
+            for (int r = warp; r < BQ; r += TC_THREADS / 32) { /* warp-uniform */
+                const float d = tc_row_d<HS>(dob, ob, C, t0 + r, T, lane);
+                if (lane == 0) {
+                    sD[r] = d;
+                    sL[r] = t0 + r < T ? lb[t0 + r] * TC_LOG2E : 0.0f;
+                }
+            }
+            __syncthreads(); /* q, dout (both ways), D and lse are in */
+            float s[NT][4], dp[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            tc_gemm_ss<NT, HS / 16>(s, sK, P, r0, sQ, P, g, tq);    /* s^T = k q^T */
+            tc_gemm_ss<NT, HS / 16>(dp, sV, P, r0, sdO, P, g, tq); /* dp^T = v dout^T */
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int tt = 8 * j + 2 * tq + (e & 1), t = t0 + tt, u = ur[e / 2];
+                    const float p =
+                        t >= u && t < T ? exp2f(s[j][e] * scale_log2 - sL[tt]) : 0.0f;
+                    s[j][e] = p;
+                    dp[j][e] = scale * (p * (dp[j][e] - sD[tt])); /* ds^T, scaled */
+                }
+            tc_gemm_rs<ND, BQ / 16>(av, s, sdOt, PQ, g, tq);  /* dv += p^T dout */
+            tc_gemm_rs<ND, BQ / 16>(ak, dp, sQt, PQ, g, tq);  /* dk += ds^T q */
+        }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int u = ur[hf];
+        if (u < T) {
+            float *dkr = dk + ((int64_t)b * T + u) * ldd + (int64_t)kvh * HS;
+            float *dvr = dv + ((int64_t)b * T + u) * ldd + (int64_t)kvh * HS;
+#pragma unroll
+            for (int d = 0; d < ND; d++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    dkr[8 * d + 2 * tq + e] += ak[d][2 * hf + e];
+                    dvr[8 * d + 2 * tq + e] += av[d][2 * hf + e];
+                }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ launches */
+
+template <int HS> static size_t tc_forward_smem() {
+    return sizeof(tc_bf16) * ((size_t)(TC_BQ + TC_BK) * (HS + TC_PAD) + (size_t)HS * (TC_BK + TC_PAD));
+}
+template <int HS> static size_t tc_dq_smem() {
+    return sizeof(tc_bf16) *
+           ((size_t)(2 * TC_BQ + 2 * TC_BK) * (HS + TC_PAD) + (size_t)HS * (TC_BK + TC_PAD));
+}
+template <int HS> static size_t tc_dkdv_smem() {
+    constexpr int BQ = tc_dkdv_tile<HS>::BQ;
+    return sizeof(tc_bf16) * ((size_t)(2 * TC_BK + 2 * BQ) * (HS + TC_PAD) +
+                              (size_t)2 * HS * (BQ + TC_PAD)) +
+           sizeof(float) * 2 * BQ;
+}
+
+static fs_status tc_cuda_error(const char *name, cudaError_t err) {
+    return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s: %s", name, cudaGetErrorString(err));
+}
+
+static fs_status tc_launched(const char *name) {
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? FS_OK : tc_cuda_error(name, err);
+}
+
+static fs_status tc_check_shape(const char *name, int64_t B, int64_t T, int64_t NH,
+                                int64_t NKV, int64_t HS) {
+    if (B < 0 || T < 0 || NH < 0 || NKV <= 0 || NH % NKV != 0 ||
+        !fs_cuda_attention_tc_supported(HS) || T > (int64_t)65535 * TC_BQ ||
+        B * (NH > NKV ? NH : NKV) > INT32_MAX)
+        return fs_errorf(FS_ERR_USAGE,
+                         "cuda kernel %s: unsupported shape B=%lld T=%lld NH=%lld NKV=%lld "
+                         "HS=%lld (NH a multiple of NKV, HS 64 or 128, T <= %d)",
+                         name, (long long)B, (long long)T, (long long)NH, (long long)NKV,
+                         (long long)HS, 65535 * TC_BQ);
+    return FS_OK;
+}
+
+template <int HS>
+static fs_status tc_forward_launch(cudaStream_t st, float *out, float *lse, const float *q,
+                                   const float *k, const float *v, int64_t ld, int B, int T,
+                                   int NH, int NKV, float scale) {
+    const char *name = "attention_tc_forward";
+    const size_t smem = tc_forward_smem<HS>();
+    cudaError_t err = cudaFuncSetAttribute(tc_forward_kernel<HS>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return tc_cuda_error(name, err);
+    const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
+    tc_forward_kernel<HS><<<grid, TC_THREADS, smem, st>>>(out, lse, q, k, v, ld, T, NH, NH / NKV,
+                                                          scale * TC_LOG2E);
+    return tc_launched(name);
+}
+
+template <int HS>
+static fs_status tc_backward_launch(cudaStream_t st, float *dq, float *dk, float *dv,
+                                    int64_t ldd, const float *dout, const float *q,
+                                    const float *k, const float *v, int64_t ld, const float *out,
+                                    const float *lse, int B, int T, int NH, int NKV,
+                                    float scale) {
+    const char *name = "attention_tc_backward_dq";
+    size_t smem = tc_dq_smem<HS>();
+    cudaError_t err = cudaFuncSetAttribute(tc_dq_kernel<HS>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return tc_cuda_error(name, err);
+    const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
+    tc_dq_kernel<HS><<<grid_q, TC_THREADS, smem, st>>>(dq, ldd, dout, q, k, v, ld, out, lse, T,
+                                                       NH, NH / NKV, scale, scale * TC_LOG2E);
+    FS_TRY(tc_launched(name));
+
+    name = "attention_tc_backward_dkdv";
+    smem = tc_dkdv_smem<HS>();
+    err = cudaFuncSetAttribute(tc_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)smem);
+    if (err != cudaSuccess) return tc_cuda_error(name, err);
+    const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
+    tc_dkdv_kernel<HS><<<grid_kv, TC_THREADS, smem, st>>>(dk, dv, ldd, dout, q, k, v, ld, out,
+                                                          lse, T, NH, NKV, NH / NKV, scale,
+                                                          scale * TC_LOG2E);
+    return tc_launched(name);
+}
+
+extern "C" int fs_cuda_attention_tc_supported(int64_t HS) { return HS == 64 || HS == 128; }
+
+extern "C" fs_status fs_cuda_attention_tc_forward(void *stream, float *out, float *lse,
+                                                  const float *q, const float *k,
+                                                  const float *v, int64_t ld_qkv, int64_t B,
+                                                  int64_t T, int64_t NH, int64_t NKV,
+                                                  int64_t HS) {
+    FS_TRY(tc_check_shape("attention_tc_forward", B, T, NH, NKV, HS));
+    if (B == 0 || T == 0 || NH == 0) return FS_OK; /* an empty grid is an error */
+    const cudaStream_t st = (cudaStream_t)stream;
+    const float scale = (float)(1.0 / sqrt((double)HS));
+    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
+    if (HS == 64) return tc_forward_launch<64>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
+    return tc_forward_launch<128>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
+}
+
+extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk,
+                                                   float *dv, int64_t ld_dqkv,
+                                                   const float *dout, const float *q,
+                                                   const float *k, const float *v,
+                                                   int64_t ld_qkv, const float *out,
+                                                   const float *lse, int64_t B, int64_t T,
+                                                   int64_t NH, int64_t NKV, int64_t HS) {
+    FS_TRY(tc_check_shape("attention_tc_backward", B, T, NH, NKV, HS));
+    if (B == 0 || T == 0 || NH == 0) return FS_OK;
+    const cudaStream_t st = (cudaStream_t)stream;
+    const float scale = (float)(1.0 / sqrt((double)HS));
+    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
+    if (HS == 64)
+        return tc_backward_launch<64>(st, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse,
+                                      b, t, nh, nkv, scale);
+    return tc_backward_launch<128>(st, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, b,
+                                   t, nh, nkv, scale);
+}

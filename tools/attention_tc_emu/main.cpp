@@ -1,0 +1,193 @@
+/*
+ * tools/attention_tc_emu/main.cpp — runs the device code of src/kernels/cuda/attention_tc.cu
+ * on the host (shim.h: one OS thread per GPU thread, mma.sync by the PTX ISA's fragment
+ * layouts) and checks it against a double-precision reference on bf16 inputs, with the
+ * per-element bounds of tests/cuda_attention_checks.h (2^-8 of the rounded p and ds, plus 4x
+ * the fp32 tolerances). A check of the kernels' index arithmetic, masks, tiles, GQA mapping
+ * and fragment plumbing without a GPU; not of the hardware's arithmetic, timing or memory
+ * model. Built and run by run.sh; exits 1 if an element is outside its bound, non-finite,
+ * or written where it must not be.
+ */
+#include "kernels.h"
+#include <cstdio>
+#include <random>
+static int failures;
+struct Shape {
+    int B, T, NH, NKV, HS, pad, dpad;
+};
+static float rb(float x) { return emu_b2f(emu_f2b(x)); }
+template <int HS> static void run(Shape s, unsigned seed) {
+    const int N = s.B * s.T, C = s.NH * HS, ld = (s.NH + 2 * s.NKV) * HS + s.pad,
+              ldd = (s.NH + 2 * s.NKV) * HS + s.dpad;
+    const int kcol = C, vcol = (s.NH + s.NKV) * HS, group = s.NH / s.NKV;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> U(-2, 2), U1(-1, 1);
+    std::vector<float> qkv((size_t)N * ld), dout((size_t)N * C), g0((size_t)N * ldd);
+    for (auto &x : qkv)
+        x = rb(U(rng));
+    for (int n = 0; n < N; n++)
+        if (n % s.T >= 64)
+            for (int c = C; c < vcol; c++)
+                qkv[(size_t)n * ld + c] = rb(qkv[(size_t)n * ld + c] * 3);
+    for (auto &x : dout)
+        x = rb(U1(rng));
+    for (auto &x : g0)
+        x = U1(rng);
+    // double reference
+    const double scale = 1.0 / sqrt((double)HS);
+    std::vector<double> out((size_t)N * C), lse((size_t)s.B * s.NH * s.T), gr((size_t)N * ldd, 0.0);
+    std::vector<double> p(s.T), o(HS);
+    std::vector<double> bo((size_t)N * C, 0.0), bgr((size_t)N * ldd, 0.0);
+    const double ub = 1.0 / 256;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            const int kv = h / group;
+            for (int t = 0; t < s.T; t++) {
+                const float *q = &qkv[(size_t)(b * s.T + t) * ld + h * HS];
+                const float *dO = &dout[(size_t)(b * s.T + t) * C + h * HS];
+                double mx = -INFINITY, sum = 0;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = &qkv[(size_t)(b * s.T + u) * ld + kcol + kv * HS];
+                    double d = 0;
+                    for (int c = 0; c < HS; c++)
+                        d += (double)q[c] * k[c];
+                    p[u] = d * scale;
+                    mx = std::max(mx, p[u]);
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += exp(p[u] - mx);
+                const double L = mx + log(sum);
+                lse[((size_t)b * s.NH + h) * s.T + t] = L;
+                for (int c = 0; c < HS; c++)
+                    o[c] = 0;
+                for (int u = 0; u <= t; u++) {
+                    p[u] = exp(p[u] - L);
+                    const float *v = &qkv[(size_t)(b * s.T + u) * ld + vcol + kv * HS];
+                    for (int c = 0; c < HS; c++)
+                        o[c] += p[u] * v[c];
+                }
+                double D = 0;
+                for (int c = 0; c < HS; c++) {
+                    out[(size_t)(b * s.T + t) * C + h * HS + c] = o[c];
+                    D += dO[c] * (double)(float)o[c];
+                }
+                for (int u = 0; u <= t; u++) {
+                    const float *k = &qkv[(size_t)(b * s.T + u) * ld + kcol + kv * HS],
+                                *v = &qkv[(size_t)(b * s.T + u) * ld + vcol + kv * HS];
+                    double dp = 0;
+                    for (int c = 0; c < HS; c++)
+                        dp += (double)dO[c] * v[c];
+                    const double ds = p[u] * (dp - D) * scale;
+                    for (int c = 0; c < HS; c++) {
+                        bo[(size_t)(b * s.T + t) * C + h * HS + c] += ub * p[u] * fabs(v[c]);
+                        bgr[(size_t)(b * s.T + t) * ldd + h * HS + c] += ub * fabs(ds) * fabs(k[c]);
+                        bgr[(size_t)(b * s.T + u) * ldd + kcol + kv * HS + c] +=
+                            ub * fabs(ds) * fabs(q[c]);
+                        bgr[(size_t)(b * s.T + u) * ldd + vcol + kv * HS + c] +=
+                            ub * p[u] * fabs(dO[c]);
+                        gr[(size_t)(b * s.T + t) * ldd + h * HS + c] += ds * k[c];
+                        gr[(size_t)(b * s.T + u) * ldd + kcol + kv * HS + c] += ds * q[c];
+                        gr[(size_t)(b * s.T + u) * ldd + vcol + kv * HS + c] += p[u] * dO[c];
+                    }
+                }
+            }
+        }
+    // emulated kernels; out/lse start as NaN so an unwritten element shows
+    const int G = 64;
+    std::vector<float> eo((size_t)N * C + G, NAN), el((size_t)s.B * s.NH * s.T + G, NAN),
+        eg((size_t)N * ldd + G);
+    for (int i = 0; i < G; i++)
+        eo[(size_t)N * C + i] = 7, el[(size_t)s.B * s.NH * s.T + i] = 7;
+    std::copy(g0.begin(), g0.end(), eg.begin());
+    for (int i = 0; i < G; i++)
+        eg[(size_t)N * ldd + i] = 7;
+    const float sc = (float)(1.0 / sqrt((double)HS)), sl = sc * TC_LOG2E;
+    const int qt = (s.T + TC_BQ - 1) / TC_BQ;
+    emu_launch(dim3(s.B * s.NH, qt), [&] {
+        tc_forward_kernel<HS>(eo.data(), el.data(), qkv.data(), qkv.data() + kcol,
+                              qkv.data() + vcol, ld, s.T, s.NH, group, sl);
+    });
+    // the backward from the reference's out and lse, rounded to float, as the test feeds it
+    std::vector<float> ro(out.begin(), out.end()), rl(lse.begin(), lse.end());
+    emu_launch(dim3(s.B * s.NH, qt), [&] {
+        tc_dq_kernel<HS>(eg.data(), ldd, dout.data(), qkv.data(), qkv.data() + kcol,
+                         qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
+    });
+    emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
+        tc_dkdv_kernel<HS>(eg.data() + kcol, eg.data() + vcol, ldd, dout.data(), qkv.data(),
+                           qkv.data() + kcol, qkv.data() + vcol, ld, ro.data(), rl.data(), s.T,
+                           s.NH, s.NKV, group, sc, sl);
+    });
+    const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
+    auto cmp = [&](const char *w, const float *got, const double *want, size_t n,
+                   const double *base, const double *bnd, double atol, double rtol) {
+        double me = 0, mw = 0, mr = 0;
+        size_t bad = 0, worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            double g = got[i] - (base ? base[i] : 0);
+            double e = fabs(g - want[i]);
+            double tol = (bnd ? bnd[i] : 0) + 4 * lf * (atol + rtol * fabs(want[i]));
+            if (std::isfinite(e))
+                mr = std::max(mr, e / tol);
+            if (!std::isfinite(e)) {
+                bad++;
+                continue;
+            }
+            if (e > me)
+                me = e, worst = i;
+            mw = std::max(mw, fabs(want[i]));
+        }
+        printf("  %-4s max|err| %.3g (at %zu) max|want| %.3g rel %.3g nonfinite %zu  max err/tol "
+               "%.3f\n",
+               w, me, worst, mw, me / (mw > 0 ? mw : 1), bad, mr);
+        if (bad || !(mr <= 1.0))
+            failures++;
+    };
+    printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d\n", s.B, s.T, s.NH, s.NKV, HS, s.pad,
+           s.dpad);
+    cmp("out", eo.data(), out.data(), (size_t)N * C, nullptr, bo.data(), 2e-5, 1e-5);
+    cmp("lse", el.data(), lse.data(), lse.size(), nullptr, nullptr, 2e-5, 1e-6);
+    std::vector<double> g0d(g0.begin(), g0.end());
+    // split the gradient into dq, dk, dv and padding
+    std::vector<float> gq, gk, gv;
+    std::vector<double> wq, wk, wv, bq, bk, bv, tq, tk, tv;
+    size_t padbad = 0;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < ldd; c++) {
+            size_t i = (size_t)n * ldd + c;
+            if (c < kcol)
+                gq.push_back(eg[i]), wq.push_back(gr[i]), bq.push_back(g0[i]), tq.push_back(bgr[i]);
+            else if (c < vcol)
+                gk.push_back(eg[i]), wk.push_back(gr[i]), bk.push_back(g0[i]), tk.push_back(bgr[i]);
+            else if (c < vcol + s.NKV * HS)
+                gv.push_back(eg[i]), wv.push_back(gr[i]), bv.push_back(g0[i]), tv.push_back(bgr[i]);
+            else if (eg[i] != g0[i])
+                padbad++;
+        }
+    cmp("dq", gq.data(), wq.data(), gq.size(), bq.data(), tq.data(), 5e-5, 2e-5);
+    cmp("dk", gk.data(), wk.data(), gk.size(), bk.data(), tk.data(), 5e-5, 2e-5);
+    cmp("dv", gv.data(), wv.data(), gv.size(), bv.data(), tv.data(), 5e-5, 2e-5);
+    int guard = 0;
+    for (int i = 0; i < G; i++)
+        guard += eo[(size_t)N * C + i] != 7 || el[(size_t)s.B * s.NH * s.T + i] != 7 ||
+                 eg[(size_t)N * ldd + i] != 7;
+    printf("  padding changed %zu, guards changed %d\n", padbad, guard);
+    if (padbad || guard)
+        failures++;
+}
+int main(int argc, char **argv) {
+    int which = argc > 1 ? atoi(argv[1]) : -1;
+    Shape sh[] = {{1, 1, 1, 1, 64, 0, 0},    {2, 7, 3, 1, 64, 0, 2},   {1, 70, 4, 1, 128, 3, 1},
+                  {2, 130, 6, 2, 64, 7, 3},  {1, 97, 3, 3, 128, 0, 5}, {1, 64, 2, 1, 128, 0, 0},
+                  {1, 200, 4, 1, 128, 0, 0}, {2, 300, 6, 2, 64, 3, 1}};
+    for (int i = 0; i < 8; i++) {
+        if (which >= 0 && i != which)
+            continue;
+        if (sh[i].HS == 64)
+            run<64>(sh[i], 1 + i);
+        else
+            run<128>(sh[i], 1 + i);
+    }
+    printf("%s\n", failures ? "FAILED" : "ok: every element within its bound");
+    return failures ? 1 : 0;
+}
