@@ -28,5 +28,5 @@ open(sys.argv[2], "w").write('#include "shim.h"\n' + head + body)
 PY
 cp tools/attention_tc_emu/shim.h tools/attention_tc_emu/main.cpp "$tmp/"
 g++ -std=c++20 -O2 -ffp-contract=off -fno-strict-aliasing -pthread -Wall -Wno-unknown-pragmas \
-    -Wno-unused-function "$tmp/main.cpp" -o "$tmp/emu"
+    -Wno-unused-function ${EMU_CXXFLAGS:-} "$tmp/main.cpp" -o "$tmp/emu"
 "$tmp/emu" "${1:--1}"
