@@ -104,12 +104,20 @@ typedef struct fs_engine_config {
     uint64_t seed;          /* weight initialisation */
     fs_on_nan on_nan;
     /* Where the training state lives and the optimizer runs. NULL: the CPU, on the pool
-     * given to fs_engine_init. A GPU (one rank alone for now; several need NCCL): mem is
-     * the GPU's allocator (fs_mem_init_device), host_mem the rank's host allocator for the
-     * engine's bookkeeping, and the collectives are device copies on the gather and reduce
-     * streams, ordered by events (the GPU protocol in the DESIGN comment). */
+     * given to fs_engine_init. A GPU: mem is the GPU's allocator (fs_mem_init_device),
+     * host_mem the rank's host allocator for the engine's bookkeeping, and the collectives
+     * run on the gather and reduce streams, ordered by events (the GPU protocol in the DESIGN
+     * comment): device copies for a rank alone, or data_comm's. */
     fs_device *device;
     fs_mem *host_mem;       /* NULL: mem (the CPU) */
+    /* A GPU rank under MPI: the data communicator (fs_comm_nccl_init over the engine's comm,
+     * which stays the control communicator: the end-of-step exchange, agree). The engine's
+     * gathers, reduce-scatters and all-reduces of device memory are its calls, enqueued on
+     * the device's gather and reduce streams; gradients go as fp32 (NCCL sums in the data
+     * type) and an accumulating reduce-scatter is NCCL's in place into the rank's chunk of
+     * the gradient buffer, then an add into the shard. Its world must be the plan's. NULL:
+     * one GPU rank alone (device copies) or the CPU. Not owned. */
+    fs_comm *data_comm;
 } fs_engine_config;
 
 /* The queue capacity fs_engine_init uses when worker_capacity is 0, and the bytes the
