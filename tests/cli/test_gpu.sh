@@ -23,7 +23,7 @@ if [ ! -r "$TEXT" ]; then
 fi
 
 refuse "an unknown --device" 2 "--device: 'tpu' is not one of: cpu, cuda" "$FS" train --device tpu --data "$TEXT" --steps 1 --no-save
-refuse "--device cuda with --ranks 2" 2 "one rank per GPU, as MPI processes (mpirun -np W), not --ranks 2 threads" "$FS" train --device cuda --ranks 2 --data "$TEXT" --steps 1 --no-save
+refuse "--device cuda with --ranks 2" 2 "one rank per GPU, as MPI processes \(mpirun -np W\), not --ranks 2 threads" "$FS" train --device cuda --ranks 2 --data "$TEXT" --steps 1 --no-save
 
 # is there a GPU? the probe is the program itself: without one it must say so in one line
 "$FS" train --device cuda --model tiny --steps 1 --batch 1 --seq 16 --no-save --data "$TEXT" >"$WORK/probe.out" 2>"$WORK/probe.err"
