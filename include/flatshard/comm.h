@@ -1,7 +1,8 @@
 /*
  * flatshard/comm.h — collectives over a communicator: all-gather, reduce-scatter (with an
- * fp32-accumulating variant for bf16 data), all-reduce, broadcast and barrier, on two
- * backends, plus the per-rank communication worker that runs them in FIFO order.
+ * fp32-accumulating variant for bf16 data), all-reduce, broadcast and barrier, on two host
+ * backends and NCCL for GPUs, plus the per-rank communication worker that runs them in FIFO
+ * order.
  *
  * Backends (one opaque handle type, fs_comm, carrying rank, world size and backend; there is
  * no global communicator):
@@ -11,6 +12,9 @@
  *   - mpi: one rank per process, launched by mpirun (OpenMPI or MPICH) or a scheduler's
  *     launcher. MPI is initialised by fs_comm_mpi_init, not before, so a program that never
  *     asks for it runs without mpirun.
+ *   - nccl: GPU ranks, device memory, calls enqueued on device streams (see "The NCCL
+ *     backend" below; what follows about algorithms, the debug check and the timeout is the
+ *     host backends').
  *
  * Algorithms (per communicator, and per call through fs_comm_op.algo):
  *   - ring (default): flatshard's own algorithms, written once over the backends'

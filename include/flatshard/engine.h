@@ -67,7 +67,9 @@
  * last reader is done), and records an event the compute stream waits on before it uses the
  * result. The host never waits inside a step; it waits once in end_step, for the gradient
  * norm and the loss. A rank alone gathers through the ring all the same (fs_plan_config's
- * always_ring), so the buffers, events and overlap are those of the multi-GPU engine.
+ * always_ring), so the buffers, events and overlap are those of the multi-GPU engine. With
+ * several GPU ranks (cfg.data_comm, NCCL) the collectives are NCCL's calls on those streams;
+ * the end-of-step exchange stays the worker's, on the control communicator (comm).
  *
  * With overlap off every collective is waited for right after it is enqueued: the same
  * collectives in the same order on the same data, so the results are bitwise identical;
