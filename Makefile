@@ -271,6 +271,18 @@ $(BUILD)/tests/test_cuda: $(BUILD)/obj/tests/test_cuda.o $(LIB) $(CUDA_SO)
 	    -Wl,-rpath,'$$ORIGIN/..' $(LDLIBS) $(CUDA_LIBS) -o $@
 endif
 
+# the NCCL test programs load libflatshard-nccl.so, which resolves flatshard's functions
+# (fs_now, ...) against the program: they link all of libflatshard.a, not only what they call
+$(BUILD)/tests/test_nccl: $(BUILD)/obj/tests/test_nccl.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) -o $@
+
+$(BUILD)/mpi_tests/test_nccl_mpi: $(BUILD)/obj/tests/mpi/test_nccl_mpi.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) -o $@
+
 # MPI, part 3: the test program that tests/cli/test_comm_mpi.sh runs under mpirun.
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB)
 	@mkdir -p $(dir $@)
