@@ -273,10 +273,12 @@ endif
 
 # the NCCL test programs load libflatshard-nccl.so, which resolves flatshard's functions
 # (fs_now, ...) against the program: they link all of libflatshard.a, not only what they call
+# (test_nccl also calls cudart itself, in its watchdog test, when NCCL=1)
 $(BUILD)/tests/test_nccl: $(BUILD)/obj/tests/test_nccl.o $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) -o $@
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) \
+	    $(if $(filter 1,$(NCCL)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart) -o $@
 
 $(BUILD)/mpi_tests/test_nccl_mpi: $(BUILD)/obj/tests/mpi/test_nccl_mpi.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -108,7 +108,9 @@ static void nccl_check_collectives(fs_comm *c, fs_device *dev) {
     for (size_t i = 0; i < n; i++) bad += g[i] != (float)(tri * (r * (int)n + (int)i + 1));
     CHECK(bad == 0, "reduce_scatter fp32 in place: %d of %zu elements wrong", bad, n);
 
-    /* reduce-scatter avg: the sum / W within one rounding or two (NCCL may pre-scale) */
+    /* reduce-scatter avg: the sum / W within 1e-6 relative: NCCL may scale each input by 1/W
+     * before summing (W + 1 roundings of 2^-24 each, 5.4e-7 at W = 8); a sum left undivided
+     * or a wrong chunk is off by far more */
     CHECK_OK(fs_device_upload(dev, d_send, h, wn * sizeof(float)));
     CHECK_OK(nccl_run_on(c, fs_comm_op_reduce_scatter(d_send, d_recv, n, FS_DTYPE_FP32, FS_REDOP_AVG),
                          FS_STREAM_COMPUTE));
@@ -116,9 +118,9 @@ static void nccl_check_collectives(fs_comm *c, fs_device *dev) {
     bad = 0;
     for (size_t i = 0; i < n; i++) {
         double want = (double)tri * (double)(r * (int)n + (int)i + 1) / W;
-        bad += fabs(g[i] - want) > 4e-7 * fabs(want);
+        bad += fabs(g[i] - want) > 1e-6 * fabs(want);
     }
-    CHECK(bad == 0, "reduce_scatter fp32 avg: %d of %zu elements off by more than 4e-7", bad, n);
+    CHECK(bad == 0, "reduce_scatter fp32 avg: %d of %zu elements off by more than 1e-6 relative", bad, n);
 
     /* bf16: an all-gather and a sum of small integers, exact in bf16 (NCCL sums bf16 in
      * bf16; these sums need no rounding) */

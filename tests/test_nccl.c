@@ -18,6 +18,13 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if FS_HAVE_NCCL
+/* the watchdog test holds a stream with a host function (the program links cudart then) */
+#include <cuda_runtime_api.h>
+#endif
 
 /* A fake environment: names[i] = values[i], the rest unset. */
 typedef struct fake_env {
@@ -142,11 +149,67 @@ static void test_nccl_one_rank(void) {
     fs_comm_free(c[0]);
 }
 
+#if FS_HAVE_NCCL
+static void CUDART_CB sleep_two_seconds(void *arg) {
+    (void)arg;
+    sleep(2);
+}
+#endif
+
+/* A call that cannot complete within the timeout (its stream held for 2 s by a host
+ * function, with a 0.5 s timeout): the watchdog aborts the communicator and records the
+ * failure, which fs_comm_async_status and every later call return, naming the rank and the
+ * call. */
+static void test_nccl_watchdog_timeout(void) {
+#if !FS_HAVE_NCCL
+    SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
+#else
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0.5;
+    fs_comm *c[1] = {NULL}, *nccl = NULL;
+    fs_device *dev = NULL;
+    float *d = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, cfg, NULL, c));
+    CHECK_OK(fs_device_open(&dev, FS_DEVICE_CUDA, 0, NULL));
+    if (c[0] && dev) CHECK_OK(fs_comm_nccl_init(c[0], dev, &nccl));
+    if (nccl) CHECK_OK(fs_device_alloc(dev, 64 * sizeof(float), (void **)&d));
+    if (nccl && d) {
+        cudaStream_t s = (cudaStream_t)fs_device_stream_handle(dev, FS_STREAM_REDUCE);
+        CHECK(cudaLaunchHostFunc(s, sleep_two_seconds, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+        fs_comm_op op = fs_comm_op_all_reduce(d, d, 64, FS_DTYPE_FP32, FS_REDOP_SUM);
+        op.stream = FS_STREAM_REDUCE;
+        op.tag = 4; /* "for unit 3" */
+        CHECK_OK(fs_comm_run(nccl, &op));
+        fs_status st = FS_OK;
+        for (int i = 0; i < 1000 && st == FS_OK; i++) { /* 10 s at most; expected after ~0.5 s */
+            st = fs_comm_async_status(nccl);
+            if (st == FS_OK) nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+        }
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "rank 0: NCCL all_reduce (for unit 3) made no "
+                                                            "progress for 0.5 s"),
+              "the watchdog: status %d: %s", (int)st, fs_error_message());
+        st = fs_comm_run(nccl, &op);
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "made no progress"),
+              "a call after the abort: status %d: %s", (int)st, fs_error_message());
+        CHECK(fs_comm_is_failed(nccl), "the communicator is not marked failed");
+        fs_device_sync(dev); /* the host function ends; the aborted NCCL kernel returns */
+    }
+    if (d) fs_device_free(dev, d);
+    fs_comm_free(nccl);
+    fs_device_close(dev);
+    fs_comm_free(c[0]);
+#endif
+}
+
 int main(void) {
+    alarm(300); /* a watchdog that never fires must fail the program, not hang it */
     RUN(test_local_rank_from_the_environment);
     RUN(test_gpu_ordinal);
     RUN(test_host_backends_capabilities);
     RUN(test_nccl_init_refusals);
     RUN(test_nccl_one_rank);
+    RUN(test_nccl_watchdog_timeout);
     return fs_test_summary();
 }
