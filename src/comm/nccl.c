@@ -415,6 +415,7 @@ static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
         else n->watchdog_started = 1;
     }
     if (st != FS_OK) {
+        n->failed = st; /* a communicator made but not finished is aborted, not finalized */
         nccl_destroy(c);
         return st;
     }
