@@ -787,7 +787,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
         {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
         {"on-nan", 0, FS_OPT_STRING, &on_nan, "stop|skip", "a step whose loss or gradient norm is NaN or Inf: stop (exit 1, weights untouched) or skip its update", on_nan_choices, 0, 0},
-        {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever)", NULL, 0, 0},
+        {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever; on GPUs the NCCL watchdog's limit)", NULL, 0, 0},
         {"debug-collectives", 0, FS_OPT_FLAG, &debug_collectives, NULL, "check every collective's arguments across ranks (names the first that differs; slower)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
         {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
