@@ -294,6 +294,14 @@ fs_status fs_comm_nccl_init(fs_comm *control, fs_device *dev, fs_comm **out);
 /* Whether this build has the NCCL backend (make NCCL=1). */
 int fs_comm_nccl_built(void);
 
+/* For tests: a communicator with the NCCL backend's contract (stream-ordered, device memory,
+ * no conversion or accumulate, no debug check) for ranks on the emulated device
+ * (FS_DEVICE_EMULATED: host memory, streams that run at once), run by the ring algorithms on a
+ * split of host (collective over it). The trainer gives one to the engine for emulated ranks
+ * when there are several, so the engine's NCCL path runs on every machine. Its backend kind
+ * is host's. */
+fs_status fs_comm_emulated_init(fs_comm *host, fs_comm **out);
+
 /* What the backend of comm can do (fs_comm_caps). */
 fs_comm_caps fs_comm_capabilities(const fs_comm *comm);
 
