@@ -436,9 +436,10 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         else
             run->progress.tty = strcmp(run->progress_mode, "live") == 0;
         run->progress.flops_per_token = fs_layout_train_flops_per_token(&tr.layout, cfg.seq);
-        if (cfg.device != FS_DEVICE_CPU) /* the GPU's data-sheet peak (device.h) */
-            run->progress.peak_flops =
-                fs_device_peak_flops(tr.dev, cfg.precision == FS_PRECISION_BF16) * (double)world;
+        if (cfg.device != FS_DEVICE_CPU) /* the GPU's data-sheet peak (device.h): one per MPI
+                                            rank; in-process ranks share one GPU */
+            run->progress.peak_flops = fs_device_peak_flops(tr.dev, cfg.precision == FS_PRECISION_BF16) *
+                                       (fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI ? (double)world : 1.0);
         else if (fs_hardware_find("this-machine", &hw) == FS_OK)
             run->progress.peak_flops = fs_hardware_peak(hw, cfg.precision) * (double)world * (double)cfg.threads;
     }
@@ -767,7 +768,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
         {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
-        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (NVIDIA GPUs: one rank per GPU, alone or as MPI processes with NCCL; docs/gpu.md)", device_choices, 0, 0},
+        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (NVIDIA GPUs: one GPU per MPI rank over NCCL, or --ranks W sharing one GPU; docs/gpu.md)", device_choices, 0, 0},
         {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
         {"steps", 0, FS_OPT_INT, &steps, "N", "optimizer steps", NULL, 0, INT64_MAX},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per rank", NULL, 1, 1 << 20},
@@ -842,9 +843,6 @@ int fs_cmd_train(int argc, char **argv) {
     if (st == FS_OK) st = fs_device_parse(device, &c->device);
     if (st != FS_OK) return fs_cli_report("train", st);
     if (c->device == FS_DEVICE_CUDA) {
-        if (ranks > 1)
-            return fs_usage_error("train", "--device cuda runs one rank per GPU, as MPI processes (mpirun -np W), "
-                                  "not --ranks %" PRId64 " threads of one process", ranks);
         /* a build without NCCL runs one GPU rank: every rank refuses alike, rank 0 says it */
         if (mpi && !fs_comm_nccl_built() && launcher_world() > 1) {
             if (launcher_rank() == 0)

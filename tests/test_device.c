@@ -18,7 +18,7 @@
  *   3. resume on it is bit-exact, and its checkpoints load on the CPU at world size 2 (and
  *      the other way round) and continue like an uninterrupted run;
  *   4. two emulated GPU ranks train like two CPU ranks, through the engine's NCCL path with
- *      NCCL emulated (fs_comm_emulated_init).
+ *      the in-process device backend (fs_comm_device_inproc_init) as the data communicator.
  */
 #include <stdio.h>
 #include <string.h>
@@ -261,10 +261,10 @@ static void test_emulated_checkpoints(void) {
 }
 
 /* Two emulated GPU ranks: the engine's NCCL path (a stream-ordered data communicator beside
- * the control one, fs_comm_emulated_init) against two CPU ranks, every strategy, with
+ * the control one: fs_comm_device_inproc_init) against two CPU ranks, every strategy, with
  * gradient accumulation (the accumulating reduce-scatter: in place into the rank's chunk,
- * then an add). fp32: the same ring sums in the same order, so the tolerances of
- * ec_compare_runs hold with room (most configurations are bit for bit). */
+ * then an add). fp32: at W = 2 a sum of two terms is the same whatever the order, so the
+ * tolerances of ec_compare_runs hold with room (bit for bit where the plan is the same). */
 static void test_two_emulated_gpu_ranks_train_like_two_cpu_ranks(void) {
     fs_llama_config cfg = ec_model(0);
     int32_t in[ROWS * T], tg[ROWS * T];

@@ -203,6 +203,142 @@ static void test_nccl_watchdog_timeout(void) {
 #endif
 }
 
+/* ------------------------------------------------------------------ the in-process device backend
+ * W ranks as threads, each with its own device of one kind (emulated everywhere; CUDA, all on
+ * GPU 0, where one is found), through fs_comm_device_inproc_init: every collective on exactly
+ * representable data. A rank counts its wrong elements itself (the harness is one thread's)
+ * and returns an error naming the first. */
+
+typedef struct di_args {
+    fs_device_kind kind;
+} di_args;
+
+#define DI_N 37 /* not a multiple of W = 2, 3, 4: the all-reduce's chunks are uneven */
+
+static fs_status di_expect(int wrong, const char *what, int rank) {
+    (void)rank; /* fs_comm_inproc_run names the rank */
+    return wrong ? fs_errorf(FS_ERR_INTERNAL, "%s: %d elements wrong", what, wrong) : FS_OK;
+}
+
+static fs_status di_collectives(fs_comm *c, fs_device *dev) {
+    const int r = fs_comm_rank(c), W = fs_comm_world(c);
+    const size_t n = DI_N, wn = (size_t)W * n;
+    float h[4 * DI_N], g[4 * DI_N];
+    float *d_send = NULL, *d_recv = NULL;
+    FS_TRY(fs_device_alloc(dev, wn * sizeof(float), (void **)&d_send));
+    fs_status st = fs_device_alloc(dev, wn * sizeof(float), (void **)&d_recv);
+    int wrong = 0;
+#define DI_RUN(opexpr)                                                                      \
+    do {                                                                                    \
+        fs_comm_op o_ = (opexpr);                                                           \
+        o_.stream = FS_STREAM_REDUCE;                                                       \
+        if (st == FS_OK) st = fs_comm_run(c, &o_);                                          \
+        if (st == FS_OK) st = fs_device_sync(dev);                                          \
+    } while (0)
+    /* all-gather out of place, then in place */
+    for (size_t i = 0; i < n; i++) h[i] = (float)(r * 100 + (int)i);
+    if (st == FS_OK) st = fs_device_upload(dev, d_send, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_all_gather(d_send, d_recv, n, FS_DTYPE_FP32));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, wn * sizeof(float));
+    for (size_t k = 0; st == FS_OK && k < wn; k++) wrong += g[k] != (float)((int)(k / n) * 100 + (int)(k % n));
+    if (st == FS_OK) st = di_expect(wrong, "all_gather", r);
+    if (st == FS_OK) st = fs_device_upload(dev, d_recv + (size_t)r * n, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_all_gather(d_recv + (size_t)r * n, d_recv, n, FS_DTYPE_FP32));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, wn * sizeof(float));
+    for (size_t k = 0; st == FS_OK && k < wn; k++) wrong += g[k] != (float)((int)(k / n) * 100 + (int)(k % n));
+    if (st == FS_OK) st = di_expect(wrong, "all_gather in place", r);
+    /* reduce-scatter: send[k] = (r+1)(k+1); recv[i] = W(W+1)/2 (r n + i + 1); then in place */
+    for (size_t k = 0; k < wn; k++) h[k] = (float)((r + 1) * (int)(k + 1));
+    const int tri = W * (W + 1) / 2;
+    for (int in_place = 0; in_place <= 1; in_place++) {
+        float *out = in_place ? d_send + (size_t)r * n : d_recv;
+        if (st == FS_OK) st = fs_device_upload(dev, d_send, h, wn * sizeof(float));
+        DI_RUN(fs_comm_op_reduce_scatter(d_send, out, n, FS_DTYPE_FP32, FS_REDOP_SUM));
+        if (st == FS_OK) st = fs_device_download(dev, g, out, n * sizeof(float));
+        for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)(tri * (r * (int)n + (int)i + 1));
+        if (st == FS_OK) st = di_expect(wrong, in_place ? "reduce_scatter in place" : "reduce_scatter", r);
+    }
+    /* all-reduce in place and out of place: sum of (r + i) = W i + W(W-1)/2 */
+    for (int in_place = 0; in_place <= 1; in_place++) {
+        for (size_t i = 0; i < n; i++) h[i] = (float)(r + (int)i);
+        float *src = in_place ? d_recv : d_send;
+        if (st == FS_OK) st = fs_device_upload(dev, src, h, n * sizeof(float));
+        DI_RUN(fs_comm_op_all_reduce(src, d_recv, n, FS_DTYPE_FP32, FS_REDOP_SUM));
+        if (st == FS_OK) st = fs_device_download(dev, g, d_recv, n * sizeof(float));
+        for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)(W * (int)i + W * (W - 1) / 2);
+        if (st == FS_OK) st = di_expect(wrong, in_place ? "all_reduce in place" : "all_reduce", r);
+    }
+    /* broadcast from the last rank, in place; a barrier */
+    for (size_t i = 0; i < n; i++) h[i] = (float)(r * 7 + (int)i);
+    if (st == FS_OK) st = fs_device_upload(dev, d_recv, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_broadcast(d_recv, d_recv, n, FS_DTYPE_FP32, W - 1));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, n * sizeof(float));
+    for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)((W - 1) * 7 + (int)i);
+    if (st == FS_OK) st = di_expect(wrong, "broadcast", r);
+    DI_RUN(fs_comm_op_barrier());
+    /* NCCL's contract: no conversion, no accumulate (refused alike on every rank) */
+    if (st == FS_OK) {
+        fs_comm_op o = fs_comm_op_reduce_scatter_ex(d_send, d_recv, n, FS_DTYPE_FP32, FS_DTYPE_FP32, FS_REDOP_SUM, 1);
+        fs_status e = fs_comm_run(c, &o);
+        if (e != FS_ERR_USAGE || !strstr(fs_error_message(), "accumulate"))
+            st = fs_errorf(FS_ERR_INTERNAL, "rank %d: accumulate was not refused (status %d)", r, (int)e);
+    }
+#undef DI_RUN
+    fs_device_free(dev, d_send);
+    fs_device_free(dev, d_recv);
+    return st;
+}
+
+static fs_status di_rank(fs_comm *host, void *arg) {
+    const di_args *a = arg;
+    fs_device *dev = NULL;
+    fs_comm *c = NULL;
+    fs_status st = fs_device_open(&dev, a->kind, 0, NULL);
+    if (st == FS_OK) st = fs_comm_device_inproc_init(host, dev, &c);
+    if (st == FS_OK) {
+        fs_comm_caps caps = fs_comm_capabilities(c);
+        if (!caps.stream_ordered || caps.convert_accumulate)
+            st = fs_errorf(FS_ERR_INTERNAL, "capabilities: stream_ordered %d convert_accumulate %d",
+                           caps.stream_ordered, caps.convert_accumulate);
+    }
+    if (st == FS_OK) st = di_collectives(c, dev);
+    fs_comm_free(c);
+    fs_device_close(dev);
+    return st;
+}
+
+static void test_device_inproc_emulated(void) {
+    di_args a = {.kind = FS_DEVICE_EMULATED};
+    for (int W = 1; W <= 4; W++) {
+        fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), di_rank, &a);
+        CHECK(st == FS_OK, "W=%d: %s", W, fs_error_message());
+    }
+}
+
+static void test_device_inproc_one_gpu(void) {
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    di_args a = {.kind = FS_DEVICE_CUDA};
+    for (int W = 1; W <= 4; W++) {
+        fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), di_rank, &a);
+        CHECK(st == FS_OK, "W=%d ranks on GPU 0: %s", W, fs_error_message());
+    }
+}
+
+static void test_device_inproc_refusals(void) {
+    fs_comm *c[1] = {NULL}, *d = (fs_comm *)&d;
+    fs_device *cpu = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    CHECK_OK(fs_device_open(&cpu, FS_DEVICE_CPU, 0, NULL));
+    if (c[0] && cpu) {
+        fs_status st = fs_comm_device_inproc_init(c[0], cpu, &d);
+        CHECK(st == FS_ERR_USAGE && d == NULL && strstr(fs_error_message(), "a GPU (or emulated) device"),
+              "a CPU device: status %d: %s", (int)st, fs_error_message());
+    }
+    fs_device_close(cpu);
+    fs_comm_free(c[0]);
+}
+
 int main(void) {
     alarm(300); /* a watchdog that never fires must fail the program, not hang it */
     RUN(test_local_rank_from_the_environment);
@@ -211,5 +347,8 @@ int main(void) {
     RUN(test_nccl_init_refusals);
     RUN(test_nccl_one_rank);
     RUN(test_nccl_watchdog_timeout);
+    RUN(test_device_inproc_refusals);
+    RUN(test_device_inproc_emulated);
+    RUN(test_device_inproc_one_gpu);
     return fs_test_summary();
 }

@@ -294,13 +294,16 @@ fs_status fs_comm_nccl_init(fs_comm *control, fs_device *dev, fs_comm **out);
 /* Whether this build has the NCCL backend (make NCCL=1). */
 int fs_comm_nccl_built(void);
 
-/* For tests: a communicator with the NCCL backend's contract (stream-ordered, device memory,
- * no conversion or accumulate, no debug check) for ranks on the emulated device
- * (FS_DEVICE_EMULATED: host memory, streams that run at once), run by the ring algorithms on a
- * split of host (collective over it). The trainer gives one to the engine for emulated ranks
- * when there are several, so the engine's NCCL path runs on every machine. Its backend kind
- * is host's. */
-fs_status fs_comm_emulated_init(fs_comm *host, fs_comm **out);
+/* The in-process device backend: a communicator with the NCCL backend's contract
+ * (stream-ordered, device memory, no conversion or accumulate, no debug check; sums of fp32
+ * only) for the W ranks of an in-process group (host, collective over it) whose devices share
+ * one GPU, or are emulated (FS_DEVICE_EMULATED: how the tests run the engine's multi-GPU path
+ * on every machine). dev is this rank's device. A rank reads its peers' buffers with device
+ * copies on its own stream, the streams ordered by events exchanged at host rendezvous
+ * between the phases of each collective (src/comm/device_inproc.c says how). Its backend
+ * kind is inproc; its rendezvous run on a split of host, whose staging comes from host's
+ * allocator. */
+fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **out);
 
 /* What the backend of comm can do (fs_comm_caps). */
 fs_comm_caps fs_comm_capabilities(const fs_comm *comm);

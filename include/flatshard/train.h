@@ -89,9 +89,9 @@ typedef struct fs_trainer {
     fs_engine *engine;
     fs_comm *comm;             /* not owned */
     fs_comm *nccl;             /* a GPU rank under MPI in a build with NCCL: the engine's data
-                                  communicator over comm (fs_comm_nccl_init); emulated ranks
-                                  (tests) when there are several: fs_comm_emulated_init; else
-                                  NULL */
+                                  communicator over comm (fs_comm_nccl_init); several GPU ranks
+                                  in process (one GPU shared, or emulated):
+                                  fs_comm_device_inproc_init; else NULL */
     const fs_token_stream *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
     fs_ckpt_lineage lineage;   /* rank 0's: the lineage its saves continue (fs_trainer_save) */

@@ -165,9 +165,10 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     if (st == FS_OK && on_gpu && fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI &&
         (world > 1 || fs_comm_nccl_built()))
         st = fs_comm_nccl_init(comm, t->dev, &t->nccl);
-    /* emulated GPU ranks (tests) take the same path with NCCL emulated over the host's ring */
-    else if (st == FS_OK && cfg->device == FS_DEVICE_EMULATED && world > 1)
-        st = fs_comm_emulated_init(comm, &t->nccl);
+    /* several GPU ranks in process share one GPU (or are emulated, in the tests): the
+     * in-process device backend, with NCCL's contract */
+    else if (st == FS_OK && on_gpu && fs_comm_backend_kind(comm) == FS_COMM_BACKEND_INPROC && world > 1)
+        st = fs_comm_device_inproc_init(comm, t->dev, &t->nccl);
     /* a GPU's state and activations are counted by its own allocator, the host's by mem */
     t->dev_mem = mem;
     if (st == FS_OK && on_gpu) {

@@ -12,6 +12,8 @@
 #     norms, to the last digit, as the run without mpirun (device copies): at W = 1 NCCL's
 #     sums are copies, so the arithmetic is the same; fp32 and bf16, with --grad-accum 2
 #     (the accumulating reduce-scatter: NCCL in place, then an add);
+#   - train --ranks 2 on one GPU (in-process ranks, the in-process device backend) against
+#     one rank on the same global batch;
 #   - with G > 1: mpirun -np G train --batch 1 against one GPU with --batch G (the same
 #     global batch) within a stated tolerance, and a rank that hangs (FLATSHARD_FAULT=hang-at)
 #     ends the job with the watchdog's line naming a rank after --comm-timeout.
@@ -82,6 +84,23 @@ for precision in fp32 bf16; do
         '[ "$(wc -l <"$WORK/plain-'"$precision"'.txt")" -eq 4 ]' \
         'cmp -s "$WORK/plain-'"$precision"'.txt" "$WORK/nccl-'"$precision"'.txt"'
 done
+
+# in-process ranks sharing this GPU (the in-process device backend): 2 ranks on batch 1 each
+# against one rank on batch 2, fp32, within the same 1e-4 as W GPUs below (another order of
+# the same sums)
+args=("${common[@]}" --device cuda --steps 4 --precision fp32)
+run "one GPU, one rank, batch 2" 0 "$FS" train "${args[@]}" --batch 2 --metrics "$WORK/r1.jsonl"
+run "one GPU, --ranks 2, batch 1" 0 "$FS" train "${args[@]}" --batch 1 --ranks 2 --metrics "$WORK/r2.jsonl"
+diff=$(python3 - "$WORK/r1.jsonl" "$WORK/r2.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 4, (len(a), len(b))
+print(max(abs(x - y) / abs(y) for x, y in zip(a, b)))
+PY
+)
+expect "  ... 2 ranks on one GPU train what one rank trains (max relative loss difference ${diff:-?} <= 1e-4)" \
+    python3 -c "import sys; sys.exit(0 if float('${diff:-1}') <= 1e-4 else 1)"
 
 if [ "$gpus" -gt 1 ]; then
     # W GPUs on batch 1 each against one GPU on batch W: the same global batch and model; the
