@@ -10,6 +10,7 @@
 #   make DEBUG=1          -O0 -g3 with FS_DEBUG: the debug-only FS_DEBUG_ASSERT checks (core.h) on
 #   make WERROR=1         warnings are errors (CI sets this)
 #   make CUDA=0           without the CUDA device (default: built when nvcc is on PATH, see below)
+#   make NCCL=0           without the NCCL backend (default: built with CUDA when nccl.h is found)
 #   make ONEDNN=0         without oneDNN's bf16 GEMM path (default: built when libdnnl-dev is in)
 #   make clean
 #
@@ -167,8 +168,39 @@ else
 $(error CUDA must be 0 or 1, not '$(CUDA)')
 endif
 
-# the CUDA device's C file goes into its library, not libflatshard.a
-LIB_SRC  := $(filter-out src/device/cuda.c,$(sort $(wildcard src/*/*.c src/*/*/*.c)))
+# ---- NCCL: the GPU collectives (src/comm/nccl.c) ----------------------------------------
+# NCCL=1 builds the NCCL comm backend into its own library, $(BUILD)/libflatshard-nccl.so,
+# which links libnccl and cudart and which the program loads (dlopen) only when a GPU run
+# under an MPI launcher asks for it (src/comm/nccl_load.c): like the CUDA device's library,
+# it keeps the program itself free of CUDA and NCCL. The default is 1 when CUDA=1 and nccl.h
+# is found (in the toolkit's include/, /usr/local/include or /usr/include); NCCL=0 leaves it
+# out, and --device cuda then refuses more than one rank. FS_HAVE_NCCL tells the C code.
+comma     := ,
+NCCL_INC  := $(firstword $(foreach d,$(if $(filter 1,$(CUDA)),$(CUDA_HOME)/include) /usr/local/include /usr/include,$(if $(wildcard $(d)/nccl.h),$(d))))
+NCCL      ?= $(if $(and $(filter 1,$(CUDA)),$(NCCL_INC)),1,0)
+ifeq ($(NCCL),1)
+ifneq ($(CUDA),1)
+$(error NCCL=1 needs the CUDA device (CUDA=1))
+endif
+ifeq ($(NCCL_INC),)
+$(error NCCL=1 but nccl.h is not found: install NCCL or build with NCCL=0)
+endif
+NCCL_LIBDIR := $(firstword $(foreach d,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib /usr/local/lib /usr/lib/x86_64-linux-gnu,$(if $(wildcard $(d)/libnccl.so*),$(d))))
+CPPFLAGS  += -DFS_HAVE_NCCL=1
+NCCL_SO   := $(BUILD)/libflatshard-nccl.so
+NCCL_OBJ  := $(BUILD)/obj/src/comm/nccl.o
+NCCL_LIBS := $(if $(NCCL_LIBDIR),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -lnccl \
+             -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+else ifeq ($(NCCL),0)
+CPPFLAGS  += -DFS_HAVE_NCCL=0
+NCCL_SO   :=
+NCCL_OBJ  :=
+else
+$(error NCCL must be 0 or 1, not '$(NCCL)')
+endif
+
+# the CUDA device's and the NCCL backend's C files go into their libraries, not libflatshard.a
+LIB_SRC  := $(filter-out src/device/cuda.c src/comm/nccl.c,$(sort $(wildcard src/*/*.c src/*/*/*.c)))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 
@@ -187,7 +219,7 @@ BIN      := $(BUILD)/flatshard
 .PHONY: all test check bench clean
 # test objects are intermediate files of the pattern rules; keep them between builds
 .SECONDARY:
-all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN) $(CUDA_SO)
+all: $(BIN) $(TEST_BIN) $(MPI_TEST_BIN) $(FUZZ_BIN) $(CUDA_SO) $(NCCL_SO)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -205,6 +237,15 @@ $(BUILD)/obj/src/device/cuda.o: CFLAGS += -fPIC
 $(CUDA_SO): $(CUDA_OBJ)
 	@echo "  LD    $@"
 	@$(CC) -shared $(LDFLAGS) $^ $(CUDA_LIBS) -o $@
+
+# the NCCL backend's C file is position-independent too; nccl.h (and the CUDA headers it
+# includes) are a system header there, so that our warnings are not applied to them
+$(BUILD)/obj/src/comm/nccl.o: CFLAGS += -fPIC
+$(BUILD)/obj/src/comm/nccl.o: CPPFLAGS += -isystem $(NCCL_INC)
+
+$(NCCL_SO): $(NCCL_OBJ)
+	@echo "  LD    $@"
+	@$(CC) -shared $(LDFLAGS) $^ $(NCCL_LIBS) -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -229,6 +270,20 @@ $(BUILD)/tests/test_cuda: $(BUILD)/obj/tests/test_cuda.o $(LIB) $(CUDA_SO)
 	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(CUDA_SO) \
 	    -Wl,-rpath,'$$ORIGIN/..' $(LDLIBS) $(CUDA_LIBS) -o $@
 endif
+
+# the NCCL test programs load libflatshard-nccl.so, which resolves flatshard's functions
+# (fs_now, ...) against the program: they link all of libflatshard.a, not only what they call
+# (test_nccl also calls cudart itself, in its watchdog test, when NCCL=1)
+$(BUILD)/tests/test_nccl: $(BUILD)/obj/tests/test_nccl.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) \
+	    $(if $(filter 1,$(NCCL)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart) -o $@
+
+$(BUILD)/mpi_tests/test_nccl_mpi: $(BUILD)/obj/tests/mpi/test_nccl_mpi.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) $(LDFLAGS_EXE) $< -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS) -o $@
 
 # MPI, part 3: the test program that tests/cli/test_comm_mpi.sh runs under mpirun.
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB)
@@ -272,7 +327,7 @@ bench: all
 clean:
 	rm -rf build build-* 
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(NCCL_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(MPI_TEST_BIN:$(BUILD)/mpi_tests/%=$(BUILD)/obj/tests/mpi/%.d)
 # the fuzz targets too: a header change (a struct that grew) must rebuild them, or the library
 # writes past a stale target's smaller struct

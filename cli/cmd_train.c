@@ -436,9 +436,10 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         else
             run->progress.tty = strcmp(run->progress_mode, "live") == 0;
         run->progress.flops_per_token = fs_layout_train_flops_per_token(&tr.layout, cfg.seq);
-        if (cfg.device != FS_DEVICE_CPU) /* the GPU's data-sheet peak (device.h) */
-            run->progress.peak_flops =
-                fs_device_peak_flops(tr.dev, cfg.precision == FS_PRECISION_BF16) * (double)world;
+        if (cfg.device != FS_DEVICE_CPU) /* the GPU's data-sheet peak (device.h): one per MPI
+                                            rank; in-process ranks share one GPU */
+            run->progress.peak_flops = fs_device_peak_flops(tr.dev, cfg.precision == FS_PRECISION_BF16) *
+                                       (fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI ? (double)world : 1.0);
         else if (fs_hardware_find("this-machine", &hw) == FS_OK)
             run->progress.peak_flops = fs_hardware_peak(hw, cfg.precision) * (double)world * (double)cfg.threads;
     }
@@ -609,6 +610,17 @@ static int launcher_rank(void) {
     return 0;
 }
 
+/* The launcher's world size from its environment (what fs_comm_mpi_launched looks at), 0 when
+ * it says none: lets a refusal that depends only on it come before MPI is initialised. */
+static int launcher_world(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
 /* --metrics: a fresh run truncates the file; a resumed run keeps the rows up to the step it
  * resumes from and drops the rest (rows of steps the resumed run does again, or of another
  * run), so the file always describes one history. A row cut short by a crash ends what is
@@ -686,6 +698,35 @@ static void report_stop(train_run *run) {
     fflush(stderr);
 }
 
+/* --device cuda under an MPI launcher: one process per GPU, the GPU numbered by the rank's
+ * local rank (comm.h, "ranks and GPUs": OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+ * MPI_LOCALRANKID, else the rank among the processes sharing this host). Refuses several
+ * ranks in a build without NCCL (rank 0 says so) and more ranks on a host than GPUs (the
+ * ranks without a GPU say so); every rank learns of a refusal, so none goes on alone into
+ * NCCL's bootstrap. Collective over comm. Returns FS_EXIT_OK, with c->device_ordinal set, or
+ * the exit code of the refusal. */
+static int cuda_under_mpi(fs_comm *comm, fs_train_config *c) {
+    const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
+    if (world > 1 && !fs_comm_nccl_built()) {
+        if (rank == 0)
+            fs_usage_error("train", "--device cuda with %d MPI ranks needs NCCL, and this build has none "
+                                    "(make NCCL=1, with NCCL's nccl.h installed)", world);
+        return FS_EXIT_USAGE;
+    }
+    int env_rank = -1, local_rank = -1, local_size = 0, ordinal = -1;
+    fs_status st = fs_comm_mpi_local(comm, &local_rank, &local_size);
+    if (st == FS_OK) st = fs_comm_env_local_rank(NULL, NULL, &env_rank, NULL);
+    if (st == FS_OK && env_rank >= 0) local_rank = env_rank;
+    if (st == FS_OK) st = fs_comm_gpu_ordinal(rank, local_rank, local_size, fs_device_cuda_count(NULL), &ordinal);
+    int32_t refused = st != FS_OK;
+    fs_status ast = fs_comm_all_reduce(&refused, &refused, 1, FS_DTYPE_INT32, FS_REDOP_SUM, comm);
+    if (st != FS_OK) return fs_cli_report("train", st);
+    if (ast != FS_OK) return fs_cli_report("train", ast);
+    if (refused) return FS_EXIT_USAGE;
+    c->device_ordinal = ordinal;
+    return FS_EXIT_OK;
+}
+
 /* Ranks of this job on this machine, for the default thread count. */
 static int local_ranks(int world) {
     const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
@@ -727,7 +768,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
         {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
-        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (one NVIDIA GPU, one rank; docs/gpu.md)", device_choices, 0, 0},
+        {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (NVIDIA GPUs: one GPU per MPI rank over NCCL, or --ranks W sharing one GPU; docs/gpu.md)", device_choices, 0, 0},
         {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
         {"steps", 0, FS_OPT_INT, &steps, "N", "optimizer steps", NULL, 0, INT64_MAX},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per micro-batch per rank", NULL, 1, 1 << 20},
@@ -747,7 +788,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "embedding/LM head chunk rows (0: chunks no larger than a block)", NULL, 0, INT64_MAX},
         {"max-mem", 0, FS_OPT_BYTES, &max_mem, "BYTES", "refuse to start if a rank's plan needs more memory (0: no limit)", NULL, 0, 0},
         {"on-nan", 0, FS_OPT_STRING, &on_nan, "stop|skip", "a step whose loss or gradient norm is NaN or Inf: stop (exit 1, weights untouched) or skip its update", on_nan_choices, 0, 0},
-        {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever)", NULL, 0, 0},
+        {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever; on GPUs the NCCL watchdog's limit)", NULL, 0, 0},
         {"debug-collectives", 0, FS_OPT_FLAG, &debug_collectives, NULL, "check every collective's arguments across ranks (names the first that differs; slower)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
         {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
@@ -802,9 +843,13 @@ int fs_cmd_train(int argc, char **argv) {
     if (st == FS_OK) st = fs_device_parse(device, &c->device);
     if (st != FS_OK) return fs_cli_report("train", st);
     if (c->device == FS_DEVICE_CUDA) {
-        if (ranks > 1)
-            return fs_usage_error("train", "--device cuda trains on one GPU with one rank, not --ranks %" PRId64
-                                  " (several GPUs need NCCL under the engine)", ranks);
+        /* a build without NCCL runs one GPU rank: every rank refuses alike, rank 0 says it */
+        if (mpi && !fs_comm_nccl_built() && launcher_world() > 1) {
+            if (launcher_rank() == 0)
+                fs_usage_error("train", "--device cuda with %d MPI ranks needs NCCL, and this build has none "
+                                        "(make NCCL=1, with NCCL's nccl.h installed)", launcher_world());
+            return FS_EXIT_USAGE;
+        }
         /* before anything is locked or read: no GPU is a fact of the machine, exit 1 */
         const char *why = NULL;
         if (fs_device_cuda_count(&why) == 0) {
@@ -902,13 +947,15 @@ int fs_cmd_train(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
+    int refused = FS_EXIT_OK; /* cuda_under_mpi's exit code */
     if (mpi) {
         fs_mem *mem = NULL;
         fs_comm *comm = NULL;
         st = fs_mem_init(&mem, 0);
         if (st == FS_OK) fs_mem_fail_after(mem, (uint64_t)fs_fault_value("alloc-fail"));
         if (st == FS_OK) st = fs_comm_mpi_init(run.comm_cfg, mem, &comm);
-        if (st == FS_OK) {
+        if (st == FS_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);
+        if (st == FS_OK && refused == FS_EXIT_OK) {
             run.ranks_here = local_ranks(fs_comm_world(comm));
             if (fs_comm_rank(comm) != 0 && run.metrics) { /* rank 0 alone writes */
                 fclose(run.metrics);
@@ -940,6 +987,7 @@ int fs_cmd_train(int argc, char **argv) {
         for (int r = 0; r < world; r++) fs_mem_free(mems[r]);
     }
     int exit_code = st == FS_OK ? FS_EXIT_OK : fs_cli_report("train", st);
+    if (refused != FS_EXIT_OK) exit_code = refused; /* its line is printed */
     if (st == FS_OK && run.stopped_at_step > 0) {
         if (!mpi) report_stop(&run); /* under MPI rank 0 printed it */
         exit_code = 128 + run.stopped_by;

@@ -165,12 +165,21 @@ json.dump(c, open(sys.argv[1], "w"))' "$OUT/llama-1b-2layers.json" || return 1
     return $rc
 }
 export -f left show_env build cuda_tests att_speed
+# the NCCL backend at W = 1 on this GPU (tests/test_nccl.c: bootstrapped over an in-process
+# control communicator, so this MPI=none build runs it); W = GPUs needs an MPI build and
+# mpirun: tests/cli/test_nccl.sh
+nccl_tests() {
+    make -j"$(nproc)" WERROR=1 BUILD=build MPI=none ONEDNN=0 CUDA=1 ${cuda_home:+CUDA_HOME=$cuda_home} \
+        build/tests/test_nccl build/libflatshard-nccl.so || return 1
+    build/tests/test_nccl
+}
+export -f nccl_tests
 export T_END DEPS nvcc_path cuda_home OUT
 for s in "${stages[@]}"; do
     case $s in
     env) stage env show_env ;;
     build) stage build build ;;
-    test) stage test cuda_tests ;;
+    test) stage test cuda_tests; stage test-nccl nccl_tests ;;
     attn) stage attn att_speed ;;
     e2e) stage e2e env FLATSHARD_BUILD=build bash tests/cli/test_gpu.sh ;;
     bench) stage bench env OUT="${BENCH_OUT:-$OUT/bench}" BUDGET="$(($(left) - 15))" bench/gpu.sh ;;

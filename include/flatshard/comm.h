@@ -1,7 +1,8 @@
 /*
  * flatshard/comm.h — collectives over a communicator: all-gather, reduce-scatter (with an
- * fp32-accumulating variant for bf16 data), all-reduce, broadcast and barrier, on two
- * backends, plus the per-rank communication worker that runs them in FIFO order.
+ * fp32-accumulating variant for bf16 data), all-reduce, broadcast and barrier, on two host
+ * backends and NCCL for GPUs, plus the per-rank communication worker that runs them in FIFO
+ * order.
  *
  * Backends (one opaque handle type, fs_comm, carrying rank, world size and backend; there is
  * no global communicator):
@@ -11,6 +12,9 @@
  *   - mpi: one rank per process, launched by mpirun (OpenMPI or MPICH) or a scheduler's
  *     launcher. MPI is initialised by fs_comm_mpi_init, not before, so a program that never
  *     asks for it runs without mpirun.
+ *   - nccl: GPU ranks, device memory, calls enqueued on device streams (see "The NCCL
+ *     backend" below; what follows about algorithms, the debug check and the timeout is the
+ *     host backends').
  *
  * Algorithms (per communicator, and per call through fs_comm_op.algo):
  *   - ring (default): flatshard's own algorithms, written once over the backends'
@@ -112,7 +116,23 @@ typedef enum fs_comm_algo {
 typedef enum fs_comm_backend {
     FS_COMM_BACKEND_INPROC,
     FS_COMM_BACKEND_MPI,
+    FS_COMM_BACKEND_NCCL, /* GPUs: see "The NCCL backend" below */
 } fs_comm_backend;
+
+/* What a backend can do, so that callers ask instead of testing the backend's kind
+ * (DESIGN.md section 12). inproc and mpi: host memory, synchronous, every op, both
+ * algorithms, the debug check and the timeout inside a call. nccl: device memory,
+ * stream-ordered, no conversion or accumulate, NCCL's own algorithms, no debug check, and a
+ * watchdog in place of the in-call timeout. */
+typedef struct fs_comm_caps {
+    int device_memory;  /* buffers are GPU memory (of the device the communicator was made
+                           for), not host memory */
+    int stream_ordered; /* a call returns once enqueued on a device stream (fs_comm_op.stream);
+                           it has finished only when that stream's later work may start */
+    int convert_accumulate; /* reduce_scatter_ex's bf16 -> fp32 and accumulate */
+    int ring;           /* flatshard's ring algorithms (else only the backend's own) */
+    int debug_check;    /* the cross-rank argument check (fs_comm_set_debug) runs */
+} fs_comm_caps;
 
 typedef enum fs_coll {
     FS_COLL_ALL_GATHER,
@@ -205,6 +225,94 @@ void fs_comm_mpi_finalize(void);
  * OMPI_COMM_WORLD_SIZE, PMI_SIZE from MPICH's hydra or srun's PMI-2, PMIX_RANK from PMIx). */
 int fs_comm_mpi_launched(void);
 
+/* ------------------------------------------------------------------ ranks and GPUs
+ * One process per GPU: a rank uses the GPU numbered by its local rank (its index among the
+ * job's processes on this host), as the launcher says, checked in this order:
+ *   1. OMPI_COMM_WORLD_LOCAL_RANK   (Open MPI's mpirun)
+ *   2. SLURM_LOCALID                (srun)
+ *   3. MPI_LOCALRANKID              (MPICH's hydra mpiexec)
+ *   4. none of them: the rank within MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), i.e. among
+ *      the processes that share this host's memory (fs_comm_mpi_local).
+ * CUDA_VISIBLE_DEVICES is honoured by CUDA itself: the ordinal counts the visible GPUs. */
+
+/* The environment lookup of fs_comm_env_local_rank (getenv's contract; ctx is passed on). */
+typedef const char *(*fs_env_fn)(const char *name, void *ctx);
+
+/* The local rank from the launcher's variables (1 to 3 above, in that order) read through
+ * get (NULL: getenv). *out is the rank, or -1 when none of them is set; *var (when not
+ * NULL) the variable it came from, or NULL. A variable that is set but not a number in
+ * [0, 65535] is FS_ERR_USAGE naming it. */
+fs_status fs_comm_env_local_rank(fs_env_fn get, void *ctx, int *out, const char **var);
+
+/* The GPU a rank uses: its local rank, when the host has more GPUs than that; otherwise
+ * FS_ERR_USAGE "rank R is local rank L of N on this host, which has G GPUs: more ranks
+ * than GPUs (one process per GPU)". local_size is the number of the job's processes on the
+ * host (every one of them refuses when it exceeds the GPUs, so that none waits for the
+ * others in NCCL's bootstrap). */
+fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int *ordinal);
+
+/* Collective over an mpi communicator: this process's rank and the number of processes
+ * among the ranks of comm that share this host (MPI_Comm_split_type with
+ * MPI_COMM_TYPE_SHARED). FS_ERR_USAGE for another backend or a build without MPI. */
+fs_status fs_comm_mpi_local(fs_comm *comm, int *local_rank, int *local_size);
+
+/* ------------------------------------------------------------------ the NCCL backend
+ * Built with make NCCL=1 (the default when CUDA=1 and nccl.h is found) into its own library,
+ * libflatshard-nccl.so, which links libnccl and which the program loads only when it is
+ * asked for, like the CUDA device (the program runs on machines without CUDA or NCCL).
+ *
+ *   - Bootstrap: collective over `control` (an mpi communicator, or any other whose ranks
+ *     are one GPU each): rank 0 calls ncclGetUniqueId, a broadcast over control hands the
+ *     id to every rank (MPI_Bcast: the builtin algorithm), each calls ncclCommInitRank with
+ *     control's rank and world size on the GPU of `dev` (a CUDA device: cudaSetDevice of
+ *     its ordinal first). The NCCL communicator has control's rank and world size.
+ *   - Calls: all-gather, reduce-scatter, all-reduce and broadcast of device memory,
+ *     enqueued on the device stream op.stream of `dev` (ncclAllGather, ncclReduceScatter,
+ *     ncclAllReduce, ncclBroadcast); fs_comm_run returns once the call is enqueued. fp32,
+ *     bf16, int32, int64 and bytes; sum and avg (ncclAvg). NCCL reduces in the data type:
+ *     bf16 sums are rounded to bf16 along the way (NCCL has no fp32-accumulating bf16
+ *     reduction), so reduce_scatter_ex's bf16 -> fp32 and accumulate are refused
+ *     (FS_ERR_USAGE); the engine sends fp32 gradients to NCCL (docs/comm.md). Barrier is
+ *     an all-reduce of one int32 on the stream. The debug check is not run (its exchange
+ *     would be host memory on another thread); the engine's schedule hash still compares
+ *     every rank's collectives at each step (fs_comm_worker_note).
+ *   - Errors: a failed call returns FS_ERR_IO (FS_ERR_USAGE for ncclInvalidArgument and
+ *     ncclInvalidUsage) with "rank R: ncclAllGather: <ncclGetErrorString>: <ncclGetLastError>".
+ *   - Watchdog: a thread per communicator polls ncclCommGetAsyncError and the completion of
+ *     every call (a CUDA event recorded after it). An asynchronous error, or a call that
+ *     has not completed cfg.timeout_s after it was issued and after the previous call
+ *     completed (<= 0: no timeout), makes it call ncclCommAbort and record the failure,
+ *     which every later call and fs_comm_async_status return ("rank R: NCCL all_gather
+ *     (for unit U) made no progress for T s (a peer dead or hung; --comm-timeout sets this
+ *     limit): communicator aborted"). If the owner does not return that error within a
+ *     grace period (it may be blocked in a CUDA wait that never ends) the watchdog prints
+ *     that line itself and aborts control (MPI_Abort: the launcher ends every process).
+ * FS_ERR_USAGE with one line saying why when this build has no NCCL, dev is not a CUDA
+ * device, or the library cannot be loaded (FLATSHARD_NCCL_LIB names it explicitly). */
+typedef struct fs_device fs_device;
+fs_status fs_comm_nccl_init(fs_comm *control, fs_device *dev, fs_comm **out);
+/* Whether this build has the NCCL backend (make NCCL=1). */
+int fs_comm_nccl_built(void);
+
+/* The in-process device backend: a communicator with the NCCL backend's contract
+ * (stream-ordered, device memory, no conversion or accumulate, no debug check; sums of fp32
+ * only) for the W ranks of an in-process group (host, collective over it) whose devices share
+ * one GPU, or are emulated (FS_DEVICE_EMULATED: how the tests run the engine's multi-GPU path
+ * on every machine). dev is this rank's device. A rank reads its peers' buffers with device
+ * copies on its own stream, the streams ordered by events exchanged at host rendezvous
+ * between the phases of each collective (src/comm/device_inproc.c says how). Its backend
+ * kind is inproc; its rendezvous run on a split of host, whose staging comes from host's
+ * allocator. */
+fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **out);
+
+/* What the backend of comm can do (fs_comm_caps). */
+fs_comm_caps fs_comm_capabilities(const fs_comm *comm);
+
+/* Stream-ordered backends: the first failure found after a call returned (an NCCL
+ * asynchronous error, the watchdog's timeout), with its message; FS_OK when none. Host
+ * backends: FS_OK (their failures are the calls' own). Thread-safe. */
+fs_status fs_comm_async_status(fs_comm *comm);
+
 /* Releases the staging and, with the last communicator of a group, the group. Must not be
  * called while a collective is in flight on it. NULL is a no-op. */
 void fs_comm_free(fs_comm *comm);
@@ -270,6 +378,8 @@ typedef struct fs_comm_op {
     fs_comm *comm;       /* a worker's job: the communicator it runs on (one split from the
                             worker's, say: hybrid sharding's group and replica collectives go
                             through one FIFO); NULL: the worker's own. fs_comm_run ignores it */
+    int stream;          /* stream-ordered backends (nccl): the device stream (fs_stream of
+                            device.h) the call is enqueued on; host backends ignore it */
 } fs_comm_op;
 
 fs_comm_op fs_comm_op_all_gather(const void *send, void *recv, size_t sendcount, fs_dtype dtype);
@@ -368,6 +478,11 @@ void fs_comm_worker_free(fs_comm_worker *w);
  * their number. Ranks that enqueued the same collectives in the same order have the same
  * pair; the engine compares them at every step boundary (engine.h). Owner thread only. */
 void fs_comm_worker_schedule(const fs_comm_worker *w, uint64_t *hash, uint64_t *count);
+
+/* Counts op into the schedule hash as if it had been enqueued, without running it: for a
+ * collective the owner issues itself on a stream-ordered backend (the engine's NCCL calls),
+ * so the step-boundary guard covers those too. Owner thread only. */
+void fs_comm_worker_note(fs_comm_worker *w, const fs_comm_op *op);
 
 /* Called on the worker thread after each job with its start and end times (fs_now()):
  * op is the collective, or NULL for a function job (then fn_arg is its argument). For

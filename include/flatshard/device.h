@@ -213,6 +213,11 @@ struct fs_device {
     char failure[1024];        /* its message */
     char name[320];            /* fs_device_name */
 };
+/* A CUDA device's cudaStream_t for `stream` (NULL for other kinds): for the NCCL backend,
+ * which enqueues on the device's streams. */
+void *fs_device_stream_handle(fs_device *dev, fs_stream stream);
+/* A CUDA device's ordinal (its cudaSetDevice number); -1 for other kinds. */
+int fs_device_cuda_ordinal(const fs_device *dev);
 /* Records a failure (the first wins) from fs_error_message(). */
 void fs_device_fail(fs_device *dev, fs_status st);
 extern const fs_kernel_table fs_cpu_kernel_table;

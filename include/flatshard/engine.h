@@ -67,7 +67,9 @@
  * last reader is done), and records an event the compute stream waits on before it uses the
  * result. The host never waits inside a step; it waits once in end_step, for the gradient
  * norm and the loss. A rank alone gathers through the ring all the same (fs_plan_config's
- * always_ring), so the buffers, events and overlap are those of the multi-GPU engine.
+ * always_ring), so the buffers, events and overlap are those of the multi-GPU engine. With
+ * several GPU ranks (cfg.data_comm, NCCL) the collectives are NCCL's calls on those streams;
+ * the end-of-step exchange stays the worker's, on the control communicator (comm).
  *
  * With overlap off every collective is waited for right after it is enqueued: the same
  * collectives in the same order on the same data, so the results are bitwise identical;
@@ -104,12 +106,20 @@ typedef struct fs_engine_config {
     uint64_t seed;          /* weight initialisation */
     fs_on_nan on_nan;
     /* Where the training state lives and the optimizer runs. NULL: the CPU, on the pool
-     * given to fs_engine_init. A GPU (one rank alone for now; several need NCCL): mem is
-     * the GPU's allocator (fs_mem_init_device), host_mem the rank's host allocator for the
-     * engine's bookkeeping, and the collectives are device copies on the gather and reduce
-     * streams, ordered by events (the GPU protocol in the DESIGN comment). */
+     * given to fs_engine_init. A GPU: mem is the GPU's allocator (fs_mem_init_device),
+     * host_mem the rank's host allocator for the engine's bookkeeping, and the collectives
+     * run on the gather and reduce streams, ordered by events (the GPU protocol in the DESIGN
+     * comment): device copies for a rank alone, or data_comm's. */
     fs_device *device;
     fs_mem *host_mem;       /* NULL: mem (the CPU) */
+    /* A GPU rank under MPI: the data communicator (fs_comm_nccl_init over the engine's comm,
+     * which stays the control communicator: the end-of-step exchange, agree). The engine's
+     * gathers, reduce-scatters and all-reduces of device memory are its calls, enqueued on
+     * the device's gather and reduce streams; gradients go as fp32 (NCCL sums in the data
+     * type) and an accumulating reduce-scatter is NCCL's in place into the rank's chunk of
+     * the gradient buffer, then an add into the shard. Its world must be the plan's. NULL:
+     * one GPU rank alone (device copies) or the CPU. Not owned. */
+    fs_comm *data_comm;
 } fs_engine_config;
 
 /* The queue capacity fs_engine_init uses when worker_capacity is 0, and the bytes the

@@ -102,6 +102,9 @@ typedef struct fs_plan_config {
     int always_ring;          /* 1: a rank alone still gathers through the ring (a GPU: the
                                  streams-and-events protocol of the multi-GPU engine) */
     size_t device_bytes;      /* a GPU's scratch (fs_device_scratch_bytes), in other */
+    int fp32_grad_wire;       /* 1: gradients travel as fp32 even under bf16 (a GPU: NCCL sums
+                                 in the data type, so a bf16 wire would accumulate in bf16;
+                                 fs_plan_bf16_grad_wire is then 0) */
 } fs_plan_config;
 
 typedef struct fs_plan {
@@ -154,7 +157,7 @@ int fs_plan_in_place(const fs_plan *plan);
  * reduce-scatter sums the W bf16 pieces in fp32 into the fp32 shard (fs_comm_reduce_scatter_ex
  * bf16 -> fp32): half the bytes of an fp32 reduce-scatter, at one bf16 rounding (2^-8
  * relative) of each rank's contribution. The norm group's gradients stay fp32 (they are
- * small and feed the norm weights directly). */
+ * small and feed the norm weights directly). Never with cfg.fp32_grad_wire (GPUs). */
 int fs_plan_bf16_grad_wire(const fs_plan *plan);
 
 /* Which arrays a strategy keeps in full (1) or sharded (0). */

@@ -51,6 +51,8 @@ typedef struct fs_train_config {
     int64_t ckpt_layers;      /* activation checkpointing of the first N blocks */
     fs_on_nan on_nan;         /* a step whose loss or gradient norm is not finite: stop or skip */
     fs_device_kind device;    /* where the model computes (device.h); cuda: one rank per GPU */
+    int device_ordinal;       /* cuda: which GPU (under MPI the launcher's local rank, chosen by
+                                 the CLI with fs_comm_env_local_rank / fs_comm_gpu_ordinal) */
     int shard_group;          /* G, hybrid sharding (HSDP): the W ranks form W/G groups of G
                                  consecutive ranks, the state sharded within a group and
                                  replicated across groups (engine.h); 0: G = W, plain sharding */
@@ -86,6 +88,10 @@ typedef struct fs_trainer {
     fs_acts acts;
     fs_engine *engine;
     fs_comm *comm;             /* not owned */
+    fs_comm *nccl;             /* a GPU rank under MPI in a build with NCCL: the engine's data
+                                  communicator over comm (fs_comm_nccl_init); several GPU ranks
+                                  in process (one GPU shared, or emulated):
+                                  fs_comm_device_inproc_init; else NULL */
     const fs_token_stream *data; /* not owned; NULL: only explicit batches */
     int64_t step;              /* optimizer steps taken */
     fs_ckpt_lineage lineage;   /* rank 0's: the lineage its saves continue (fs_trainer_save) */

@@ -171,6 +171,59 @@ fs_status fs_comm_no_progress(const fs_comm *c, int peer) {
                      peer, c->cfg.timeout_s);
 }
 
+fs_comm_caps fs_comm_capabilities(const fs_comm *comm) {
+    if (comm->ops->stream_ordered)
+        return (fs_comm_caps){.device_memory = 1, .stream_ordered = 1};
+    return (fs_comm_caps){.convert_accumulate = 1, .ring = 1, .debug_check = 1};
+}
+
+fs_status fs_comm_async_status(fs_comm *comm) {
+    return comm->ops->async_status ? comm->ops->async_status(comm) : FS_OK;
+}
+
+/* ------------------------------------------------------------------ ranks and GPUs */
+
+static const char *plain_getenv(const char *name, void *ctx) {
+    (void)ctx;
+    return getenv(name);
+}
+
+fs_status fs_comm_env_local_rank(fs_env_fn get, void *ctx, int *out, const char **var) {
+    /* the order is the header's (and docs/comm.md's): Open MPI, Slurm, MPICH */
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                                       "MPI_LOCALRANKID"};
+    if (!get) get = plain_getenv;
+    *out = -1;
+    if (var) *var = NULL;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = get(vars[i], ctx);
+        if (!v) continue;
+        char *end = NULL;
+        long r = strtol(v, &end, 10);
+        if (*v < '0' || *v > '9' || !end || *end || r < 0 || r > 65535) /* digits only */
+            return fs_errorf(FS_ERR_USAGE, "%s=%s: not a local rank (a number from 0 to 65535)",
+                             vars[i], v);
+        *out = (int)r;
+        if (var) *var = vars[i];
+        return FS_OK;
+    }
+    return FS_OK;
+}
+
+fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int *ordinal) {
+    *ordinal = -1;
+    if (local_rank < 0)
+        return fs_errorf(FS_ERR_USAGE, "rank %d: no local rank (the launcher set none)", rank);
+    if (local_size <= local_rank) local_size = local_rank + 1;
+    if (local_size > gpus)
+        return fs_errorf(FS_ERR_USAGE,
+                         "rank %d is local rank %d of %d on this host, which has %d GPU%s: more "
+                         "ranks than GPUs (one process per GPU)",
+                         rank, local_rank, local_size, gpus, gpus == 1 ? "" : "s");
+    *ordinal = local_rank;
+    return FS_OK;
+}
+
 int fs_comm_mpi_launched(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL ||
            getenv("PMIX_RANK") != NULL;
@@ -441,6 +494,12 @@ fs_status fs_comm_run(fs_comm *comm, const fs_comm_op *op) {
                          (int)o.algo);
     if (o.algo == FS_COMM_ALGO_DEFAULT) o.algo = comm->cfg.algo;
     fs_status st = validate(comm, &o);
+    if (comm->ops->stream_ordered) { /* nccl: no host exchange, NCCL's own algorithms */
+        if (st != FS_OK) return st;
+        if (o.coll != FS_COLL_BARRIER && o.count == 0) return FS_OK;
+        st = comm->ops->builtin(comm, &o);
+        return st == FS_OK ? FS_OK : fs_error_wrap(st, "%s (nccl)", coll_fn_name(o.coll));
+    }
     if (comm->cfg.debug && (int)o.coll >= 0 && o.coll < FS_COLL_N) st = debug_check(comm, &o, st);
     if (st != FS_OK) return st;
     if (o.coll != FS_COLL_BARRIER && o.count == 0) return FS_OK;

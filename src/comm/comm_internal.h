@@ -30,6 +30,11 @@ typedef struct fs_comm_backend_ops {
     fs_status (*split)(fs_comm *c, int color, int key, fs_comm **out);
     /* Releases the backend state of c (not the staging, not c itself). */
     void (*destroy)(fs_comm *c);
+    /* Stream-ordered backends (nccl): fs_comm_async_status; NULL for the host backends. */
+    fs_status (*async_status)(fs_comm *c);
+    /* 1: the backend is stream-ordered on device memory (nccl): fs_comm_run skips the debug
+     * check and the ring and calls builtin, which enqueues and returns (fs_comm_caps). */
+    int stream_ordered;
 } fs_comm_backend_ops;
 
 /* What every rank contributes to the debug check; fields that do not apply to the
@@ -41,6 +46,8 @@ typedef struct fs_comm_check {
 
 struct fs_comm {
     int rank, world;
+    /* nccl: the control communicator it was bootstrapped over (not owned); else NULL */
+    fs_comm *control;
     fs_comm_backend backend;
     const fs_comm_backend_ops *ops;
     void *impl;               /* the backend's state */
@@ -51,6 +58,20 @@ struct fs_comm {
     fs_comm_check *check_buf; /* (world) the debug check's exchange */
     char describe[160];
 };
+
+/* ------------------------------------------------------------------ the NCCL backend
+ * src/comm/nccl.c is built into its own library, libflatshard-nccl.so (it links libnccl and
+ * cudart, which the program itself must not: comm.h, "The NCCL backend"); nccl_load.c, in
+ * the program, loads it on the first fs_comm_nccl_init and calls this table, its one
+ * exported symbol. The library reaches the device's streams through the program's exported
+ * fs_device_stream_handle. */
+#define FS_NCCL_LIBRARY "libflatshard-nccl.so"
+#define FS_NCCL_API_SYMBOL "fs_nccl_api_v1"
+
+typedef struct fs_nccl_api {
+    /* fs_comm_nccl_init after its checks (a CUDA device, the library loaded) */
+    fs_status (*init)(fs_comm *control, fs_device *dev, fs_comm **out);
+} fs_nccl_api;
 
 /* The error of a rank that waited cfg.timeout_s for `peer` without progress (FS_ERR_IO,
  * "no progress from rank P for T s (dead or hung ...)"). */

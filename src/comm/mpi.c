@@ -428,6 +428,20 @@ fs_status fs_comm_mpi_init(fs_comm_config cfg, fs_mem *mem, fs_comm **out) {
     return FS_OK;
 }
 
+fs_status fs_comm_mpi_local(fs_comm *comm, int *local_rank, int *local_size) {
+    if (comm->backend != FS_COMM_BACKEND_MPI)
+        return fs_errorf(FS_ERR_USAGE, "fs_comm_mpi_local: not an mpi communicator");
+    MPI_Comm shared = MPI_COMM_NULL;
+    MPI_TRY(MPI_Comm_split_type(impl_of(comm)->comm, MPI_COMM_TYPE_SHARED, comm->rank,
+                                MPI_INFO_NULL, &shared),
+            "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    int rc = MPI_Comm_rank(shared, local_rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(shared, local_size);
+    MPI_Comm_free(&shared);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Comm_rank/size of the host's ranks");
+    return FS_OK;
+}
+
 void fs_comm_mpi_finalize(void) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -446,5 +460,12 @@ fs_status fs_comm_mpi_init(fs_comm_config cfg, fs_mem *mem, fs_comm **out) {
 }
 
 void fs_comm_mpi_finalize(void) {}
+
+fs_status fs_comm_mpi_local(fs_comm *comm, int *local_rank, int *local_size) {
+    (void)comm;
+    *local_rank = -1;
+    *local_size = 0;
+    return fs_errorf(FS_ERR_USAGE, "fs_comm_mpi_local: this build has no MPI (make MPI=none)");
+}
 
 #endif /* FS_HAVE_MPI */

@@ -172,6 +172,11 @@ fs_status fs_comm_worker_enqueue(fs_comm_worker *w, const fs_comm_op *op, uint64
     return enqueue(w, &job, ticket);
 }
 
+void fs_comm_worker_note(fs_comm_worker *w, const fs_comm_op *op) {
+    w->schedule_hash = schedule_mix(w->schedule_hash, op);
+    w->schedule_count++;
+}
+
 fs_status fs_comm_worker_enqueue_fn(fs_comm_worker *w, fs_comm_job_fn fn, void *arg,
                                     uint64_t *ticket) {
     if (!w || !fn)

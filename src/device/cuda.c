@@ -262,6 +262,12 @@ static fs_status fs_cuda_add_on(fs_device *dev, fs_stream stream, float *dst, co
     return fs_cuda_add(dev->impl->streams[stream], dst, src, n);
 }
 
+static void *fs_cuda_stream_handle(fs_device *dev, fs_stream stream) {
+    return (void *)dev->impl->streams[stream];
+}
+
+static int fs_cuda_ordinal(const fs_device *dev) { return dev->impl->ordinal; }
+
 static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
     fs_device_impl *g = dev->impl;
     g->policy_bf16 = bf16; /* the attention kernels' choice (att_tc) follows the policy */
@@ -540,4 +546,6 @@ const fs_cuda_api fs_cuda_api_v2 = {
     .reserve_scratch = fs_cuda_reserve_scratch,
     .release_scratch = fs_cuda_release_scratch,
     .scratch_bytes = fs_cuda_scratch_bytes,
+    .stream_handle = fs_cuda_stream_handle,
+    .ordinal = fs_cuda_ordinal,
 };

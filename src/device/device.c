@@ -282,6 +282,14 @@ fs_status fs_device_copy_on(fs_device *dev, fs_stream stream, void *dst, const v
     return st;
 }
 
+void *fs_device_stream_handle(fs_device *dev, fs_stream stream) {
+    return dev && dev->kind == FS_DEVICE_CUDA ? CU()->stream_handle(dev, stream) : NULL;
+}
+
+int fs_device_cuda_ordinal(const fs_device *dev) {
+    return dev && dev->kind == FS_DEVICE_CUDA ? CU()->ordinal(dev) : -1;
+}
+
 fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const float *src,
                            int64_t n) {
     NOT_ON_CPU(dev, "fs_device_add_on");

@@ -40,6 +40,11 @@ typedef struct fs_cuda_api {
     fs_status (*reserve_scratch)(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
     void (*release_scratch)(fs_device *dev);
     size_t (*scratch_bytes)(size_t operand_bytes);
+    /* the cudaStream_t behind a stream, for the NCCL backend (libflatshard-nccl.so), which
+     * enqueues its collectives on the device's gather and reduce streams */
+    void *(*stream_handle)(fs_device *dev, fs_stream stream);
+    /* the GPU's CUDA ordinal (cudaSetDevice's argument) */
+    int (*ordinal)(const fs_device *dev);
 } fs_cuda_api;
 
 #endif /* FLATSHARD_DEVICE_INTERNAL_H */

@@ -75,6 +75,8 @@ struct fs_engine {
     fs_comm *group;       /* the shard group's: gathers, reduce-scatters (comm itself, or a
                              split of it under hybrid sharding) */
     fs_comm *replica;     /* hybrid sharding: the ranks that hold the same shard; else NULL */
+    fs_comm *data;        /* a GPU under MPI: cfg.data_comm (NCCL), the group's device
+                             collectives; else NULL */
     int replica_index;    /* this rank's group, 0 .. R-1 */
     int ranks;            /* W = world x replicas */
     fs_comm_worker *worker;
@@ -149,17 +151,41 @@ static fs_status wait_ticket(fs_engine *e, uint64_t ticket) {
     return st;
 }
 
-/* A collective of device memory on a GPU rank alone (world 1): a copy or an add on the
- * gather or reduce stream, after the compute stream's work so far (which wrote the source and
- * last read the destination), ending with the ticket's event. A reduce-scatter that adds
- * (accumulate) sums into the shard; an all-reduce of one rank is its input. */
+/* A collective of device memory under NCCL (e->data) on stream s, already ordered after the
+ * compute stream. NCCL reduces in the data type and cannot add into its output: gradients
+ * reach it as fp32, and an accumulating reduce-scatter sums in place into this rank's chunk
+ * of the send buffer (a gradient buffer whose content is spent once it is reduced), which
+ * is then added into the shard on the same stream. The call is counted into the worker's
+ * schedule hash, so the step-boundary guard compares the NCCL calls of every rank too. */
+static fs_status nccl_collective(fs_engine *e, const fs_comm_op *op, fs_stream s) {
+    fs_comm_op o = *op;
+    o.comm = NULL;
+    o.stream = (int)s;
+    fs_comm_worker_note(e->worker, &o);
+    if (o.coll == FS_COLL_REDUCE_SCATTER && o.accumulate) {
+        FS_ASSERT(o.dtype == FS_DTYPE_FP32 && o.recv_dtype == FS_DTYPE_FP32);
+        float *mine = (float *)o.send + (size_t)fs_comm_rank(e->data) * o.count;
+        o.recv = mine;
+        o.accumulate = 0;
+        FS_TRY(fs_comm_run(e->data, &o));
+        return fs_device_add_on(e->dev, s, op->recv, mine, (int64_t)o.count);
+    }
+    return fs_comm_run(e->data, &o);
+}
+
+/* A collective of device memory on a GPU: after the compute stream's work so far (which
+ * wrote the source and last read the destination), on the gather or reduce stream, ending
+ * with the ticket's event. Under NCCL (e->data) NCCL's call; a rank alone (world 1): a copy
+ * or an add — a reduce-scatter that adds (accumulate) sums into the shard, an all-reduce of
+ * one rank is its input. */
 static fs_status device_collective(fs_engine *e, const fs_comm_op *op, uint64_t *ticket) {
     const fs_stream s = op->coll == FS_COLL_ALL_GATHER ? FS_STREAM_GATHER : FS_STREAM_REDUCE;
     const size_t bytes = op->count * fs_dtype_size(op->dtype);
     const uint64_t t = ++e->dev_ticket;
     FS_TRY(fs_device_record(e->dev, FS_STREAM_COMPUTE, e->mark));
     FS_TRY(fs_device_wait_event(e->dev, s, e->mark));
-    switch (op->coll) {
+    if (e->data) FS_TRY(nccl_collective(e, op, s));
+    else switch (op->coll) {
     case FS_COLL_ALL_GATHER:
     case FS_COLL_ALL_REDUCE:
         FS_TRY(fs_device_copy_on(e->dev, s, op->recv, op->send, bytes));
@@ -205,6 +231,7 @@ static fs_status enqueue_fn(fs_engine *e, fs_comm_job_fn fn, void *arg, uint64_t
 static fs_status flush(fs_engine *e) {
     if (e->on_gpu)
         for (int k = 0; k < 2; k++) FS_TRY(fs_device_wait_event(e->dev, FS_STREAM_COMPUTE, e->stream_end[k]));
+    if (e->data) FS_TRY(fs_comm_async_status(e->data)); /* the NCCL watchdog's verdict */
     double t0 = fs_now();
     fs_status st = fs_comm_worker_flush(e->worker);
     e->wait_s += fs_now() - t0;
@@ -494,16 +521,28 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     }
     e->K = fs_device_kernels(e->dev);
     e->on_gpu = fs_device_kind_of(e->dev) != FS_DEVICE_CPU;
-    if (e->on_gpu && plan->cfg.world != 1) {
+    /* several GPU ranks: NCCL (a stream-ordered communicator of device memory) of the plan's
+     * world; one GPU rank alone may have one too (mpirun -np 1) or use device copies */
+    const int data_ok = !cfg.data_comm ||
+                        (e->on_gpu && fs_comm_capabilities(cfg.data_comm).stream_ordered &&
+                         fs_comm_world(cfg.data_comm) == plan->cfg.world &&
+                         fs_comm_rank(cfg.data_comm) == plan->cfg.rank);
+    if ((e->on_gpu && plan->cfg.world != 1 && !cfg.data_comm) || !data_ok) {
         fs_device_close(e->own_dev);
         if (e->group != comm) fs_comm_free(e->group);
         fs_comm_free(e->replica);
         free(e);
+        if (!data_ok)
+            return fs_errorf(FS_ERR_USAGE,
+                             "the engine's data communicator must be a GPU's stream-ordered one "
+                             "(NCCL) with the plan's rank %d of %d",
+                             plan->cfg.rank, plan->cfg.world);
         return fs_errorf(FS_ERR_USAGE,
-                         "--device %s trains on one GPU (one rank) for now, not %d ranks: several "
-                         "GPUs need NCCL under the engine",
+                         "--device %s with %d ranks needs NCCL (a data communicator): one GPU "
+                         "per MPI process, in a build with NCCL",
                          fs_device_kind_name(fs_device_kind_of(cfg.device)), plan->cfg.world);
     }
+    e->data = cfg.data_comm;
     e->strategy = s;
     e->world = plan->cfg.world;
     e->rank = plan->cfg.rank;
@@ -907,6 +946,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     step_record mine = {.sumsq = e->K->sum_squares(e->dev, grads, n_grads), .loss = local_loss,
                         .stop = e->stop_requested};
     FS_TRY(fs_device_check(e->dev));
+    if (e->data) FS_TRY(fs_comm_async_status(e->data)); /* sum_squares waited for NCCL's work */
     fs_comm_worker_schedule(e->worker, &mine.schedule_hash, &mine.schedule_count);
     e->stop_requested = 0;
     uint64_t t;

@@ -122,6 +122,8 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         /* a GPU gathers through the ring even alone (engine.h); a GPU, and the CPU's oneDNN
          * GEMM under bf16, have a GEMM scratch */
         .always_ring = cfg->device != FS_DEVICE_CPU,
+        /* a GPU's gradients go to NCCL, which sums in the data type: fp32 (docs/comm.md) */
+        .fp32_grad_wire = cfg->device != FS_DEVICE_CPU,
         .device_bytes = fs_device_scratch_bytes(cfg->device, cfg->precision == FS_PRECISION_BF16,
                                                 fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
     };
@@ -157,7 +159,16 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     t->mem = mem;
     const int on_gpu = cfg->device != FS_DEVICE_CPU;
     fs_status st = fs_pool_init(&t->pool, t->cfg.threads);
-    if (st == FS_OK) st = fs_device_open(&t->dev, cfg->device, 0, t->pool);
+    if (st == FS_OK) st = fs_device_open(&t->dev, cfg->device, on_gpu ? cfg->device_ordinal : 0, t->pool);
+    /* GPU ranks under MPI talk through NCCL (one rank too, when this build has it: the same
+     * path as many); the MPI communicator stays the control one */
+    if (st == FS_OK && on_gpu && fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI &&
+        (world > 1 || fs_comm_nccl_built()))
+        st = fs_comm_nccl_init(comm, t->dev, &t->nccl);
+    /* several GPU ranks in process share one GPU (or are emulated, in the tests): the
+     * in-process device backend, with NCCL's contract */
+    else if (st == FS_OK && on_gpu && fs_comm_backend_kind(comm) == FS_COMM_BACKEND_INPROC && world > 1)
+        st = fs_comm_device_inproc_init(comm, t->dev, &t->nccl);
     /* a GPU's state and activations are counted by its own allocator, the host's by mem */
     t->dev_mem = mem;
     if (st == FS_OK && on_gpu) {
@@ -176,7 +187,7 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
         fs_kernels_init();
         fs_engine_config ec = {.overlap = cfg->overlap, .adamw = cfg->adamw, .clip = cfg->clip,
                                .worker_capacity = 0, .seed = cfg->seed, .on_nan = cfg->on_nan,
-                               .device = t->dev, .host_mem = mem};
+                               .device = t->dev, .host_mem = mem, .data_comm = t->nccl};
         st = fs_engine_init(&t->engine, &t->plan, comm, t->dev_mem, t->pool, ec);
     }
     if (st != FS_OK) {
@@ -197,6 +208,7 @@ void fs_trainer_free(fs_trainer *t) {
         fs_trace_free(&t->trace_comm, t->mem);
     }
     if (t->dev_mem) fs_acts_free(&t->acts, t->dev_mem);
+    fs_comm_free(t->nccl); /* before the device: its calls ran on the device's streams */
     fs_device_release_scratch(t->dev); /* before its allocator goes */
     if (t->dev_mem && t->dev_mem != t->mem) fs_mem_free(t->dev_mem);
     if (t->mem) fs_mem_release(t->mem, t->host_batch);

@@ -1,0 +1,270 @@
+/*
+ * device_inproc.c — a stream-ordered communicator for W in-process ranks (threads) whose
+ * devices share one GPU (or are emulated): the NCCL backend's contract (comm.h) without NCCL,
+ * for `train --ranks W --device cuda` and for the tests, which run the engine's multi-GPU
+ * path on emulated devices on every machine.
+ *
+ * DESIGN. Every rank's device memory is in one address space (one GPU context, or host memory
+ * for the emulated device), so a rank can read a peer's buffer with a device copy on its own
+ * stream. What must be ordered is who touches which buffer when, and the streams of
+ * different ranks know nothing of each other; so a collective is a sequence of phases, and
+ * between two phases every rank meets the others at a rendezvous:
+ *
+ *   rendezvous(p)  the rank records its event ev[p] on the call's stream, all-gathers
+ *                  (event, send, recv) with the others on the host (a split of the in-process
+ *                  communicator, shared memory), and makes its stream wait on every peer's
+ *                  ev[p]. After it, the rank's later device work runs after every rank's work
+ *                  enqueued before the rendezvous.
+ *
+ *   all-gather      R0 (sources written), copy every peer's send into my recv, R1 (peers
+ *                   done reading my send)
+ *   broadcast       R0, copy the root's buffer into mine, R1
+ *   reduce-scatter  R0, my chunk = my contribution + every peer's, in rank order of the
+ *                   peers (in place: my contribution is already there), R1
+ *   all-reduce      R0, my chunk of the sum as above into my recv, R1 (every chunk summed),
+ *                   copy every peer's chunk from its recv into mine, R2
+ *   barrier         R0, R1
+ *
+ * The host side never waits for the device: a rendezvous waits only for the other ranks'
+ * threads to issue the same call, which they do before any host wait of theirs (every rank
+ * issues the same collectives in the same order, the contract of every communicator). A
+ * phase's event is re-recorded only by a later collective, which its rank reaches after
+ * every peer has passed the next rendezvous of this one, so after every peer has waited on
+ * it: hence at least two phases per collective, and one event per phase.
+ *
+ * The events outlive their rank's communicator: a peer may still be about to wait on the
+ * last rendezvous' event when this rank frees its communicator. They belong to a table the
+ * ranks share (rank 0's allocation, its address exchanged at creation), and the last rank to
+ * free its communicator destroys all of them, with its own device (one GPU, or emulated: the
+ * event needs no other): by then every rank has left its last collective.
+ *
+ * Sums are fp32 (the engine's gradients); conversion and accumulate are refused as NCCL
+ * refuses them. What this file does not do: more than one GPU, or ranks of other processes.
+ */
+#include "comm_internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "flatshard/device.h"
+
+#define DI_PHASES 3
+
+typedef struct di_entry {
+    fs_device_event *ev;
+    const void *send;
+    void *recv;
+} di_entry;
+
+/* The ranks' events, shared (see the header comment). */
+typedef struct di_shared {
+    atomic_int refs;          /* ranks whose communicator is alive */
+    int world;
+    fs_device_event **ev;     /* (world x DI_PHASES) */
+} di_shared;
+
+typedef struct di_impl {
+    fs_comm *inner;    /* a split of the host communicator: the rendezvous */
+    fs_device *dev;
+    di_shared *shared;
+    fs_device_event *ev[DI_PHASES]; /* this rank's row of shared->ev */
+    di_entry *peers;   /* (world) the last rendezvous' entries, from the host allocator */
+    fs_mem *mem;
+} di_impl;
+
+static di_impl *impl_of(fs_comm *c) { return c->impl; }
+
+static fs_status rendezvous(fs_comm *c, int phase, fs_stream s, const void *send, void *recv) {
+    di_impl *d = impl_of(c);
+    FS_TRY(fs_device_record(d->dev, s, d->ev[phase]));
+    di_entry me = {.ev = d->ev[phase], .send = send, .recv = recv};
+    fs_comm_op op = fs_comm_op_all_gather(&me, d->peers, sizeof me, FS_DTYPE_BYTES);
+    op.algo = FS_COMM_ALGO_BUILTIN;
+    FS_TRY(fs_comm_run(d->inner, &op));
+    for (int q = 0; q < c->world; q++)
+        if (q != c->rank) FS_TRY(fs_device_wait_event(d->dev, s, d->peers[q].ev));
+    return FS_OK;
+}
+
+/* out (n fp32) = the sum over ranks of chunk `at` of their send buffers (d->peers), this
+ * rank's first, then the others in rank order; out may be this rank's own chunk (in place). */
+static fs_status sum_chunk(fs_comm *c, fs_stream s, float *out, size_t at, size_t n) {
+    di_impl *d = impl_of(c);
+    const float *own = (const float *)d->peers[c->rank].send + at;
+    if (out != own) FS_TRY(fs_device_copy_on(d->dev, s, out, own, n * sizeof(float)));
+    for (int q = 0; q < c->world; q++)
+        if (q != c->rank)
+            FS_TRY(fs_device_add_on(d->dev, s, out, (const float *)d->peers[q].send + at, (int64_t)n));
+    return FS_OK;
+}
+
+static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
+    di_impl *d = impl_of(c);
+    const int reduces = op->coll == FS_COLL_REDUCE_SCATTER || op->coll == FS_COLL_ALL_REDUCE;
+    if (op->coll == FS_COLL_REDUCE_SCATTER && (op->recv_dtype != op->dtype || op->accumulate))
+        return fs_errorf(FS_ERR_USAGE,
+                         "rank %d: NCCL reduces in the data type: reduce-scatter of %s into %s%s "
+                         "is not supported (send fp32 and add the result yourself)",
+                         c->rank, fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
+                         op->accumulate ? " with accumulate" : "");
+    if (reduces && (op->dtype != FS_DTYPE_FP32 || op->op != FS_REDOP_SUM))
+        return fs_errorf(FS_ERR_USAGE, "rank %d: the in-process device backend sums fp32 only, not "
+                                       "%s %s", c->rank, fs_dtype_name(op->dtype), fs_redop_name(op->op));
+    if (op->stream < 0 || op->stream >= FS_STREAM_N)
+        return fs_errorf(FS_ERR_USAGE, "rank %d: stream %d is not a device stream", c->rank, op->stream);
+    const fs_stream s = (fs_stream)op->stream;
+    const size_t elem = fs_dtype_size(op->dtype), n = op->count;
+    const int W = c->world, r = c->rank;
+    FS_TRY(rendezvous(c, 0, s, op->send, op->recv));
+    switch (op->coll) {
+    case FS_COLL_ALL_GATHER:
+        for (int q = 0; q < W; q++) { /* my own piece too, unless it is already in place */
+            char *dst = (char *)op->recv + (size_t)q * n * elem;
+            if (dst != (const char *)d->peers[q].send)
+                FS_TRY(fs_device_copy_on(d->dev, s, dst, d->peers[q].send, n * elem));
+        }
+        break;
+    case FS_COLL_BROADCAST:
+        if (r != op->root)
+            FS_TRY(fs_device_copy_on(d->dev, s, op->recv, d->peers[op->root].send, n * elem));
+        else if (op->recv != op->send)
+            FS_TRY(fs_device_copy_on(d->dev, s, op->recv, op->send, n * elem));
+        break;
+    case FS_COLL_REDUCE_SCATTER:
+        FS_TRY(sum_chunk(c, s, op->recv, (size_t)r * n, n));
+        break;
+    case FS_COLL_ALL_REDUCE: {
+        const fs_layout l = {n / (size_t)W, n % (size_t)W};
+        FS_TRY(sum_chunk(c, s, (float *)op->recv + fs_layout_off(l, r), fs_layout_off(l, r),
+                         fs_layout_len(l, r)));
+        FS_TRY(rendezvous(c, 1, s, op->send, op->recv));
+        for (int q = 0; q < W; q++)
+            if (q != r)
+                FS_TRY(fs_device_copy_on(d->dev, s, (float *)op->recv + fs_layout_off(l, q),
+                                         (const float *)d->peers[q].recv + fs_layout_off(l, q),
+                                         fs_layout_len(l, q) * sizeof(float)));
+        return rendezvous(c, 2, s, op->send, op->recv);
+    }
+    default: /* barrier: the two rendezvous are all of it */
+        break;
+    }
+    return rendezvous(c, 1, s, op->send, op->recv);
+}
+
+static fs_status di_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                             size_t rbytes, int src) {
+    return fs_errorf(FS_ERR_INTERNAL, "rank %d: a stream-ordered communicator has no host "
+                                      "point-to-point", c->rank);
+}
+
+static void di_abort(fs_comm *c) { fs_comm_abort(impl_of(c)->inner); }
+
+static int di_failed(fs_comm *c) { return fs_comm_is_failed(impl_of(c)->inner); }
+
+static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
+    return fs_errorf(FS_ERR_USAGE, "rank %d: stream-ordered communicators are not split", c->rank);
+}
+
+static void di_destroy(fs_comm *c) {
+    di_impl *d = impl_of(c);
+    if (d) {
+        di_shared *g = d->shared;
+        if (g && atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) {
+            for (int i = 0; i < g->world * DI_PHASES; i++) fs_device_event_destroy(d->dev, g->ev[i]);
+            free(g->ev);
+            free(g);
+        }
+        if (d->mem) fs_mem_release(d->mem, d->peers);
+        fs_comm_free(d->inner);
+        free(d);
+    }
+    free(c);
+}
+
+static const fs_comm_backend_ops di_ops = {
+    .sendrecv = di_sendrecv,
+    .builtin = di_builtin,
+    .abort = di_abort,
+    .failed = di_failed,
+    .split = di_split,
+    .destroy = di_destroy,
+    .stream_ordered = 1,
+};
+
+fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **out) {
+    if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: out is NULL");
+    *out = NULL;
+    fs_comm *inner = NULL;
+    /* collective: every rank splits first, whatever else fails here, so none waits */
+    fs_status st = fs_comm_split(host, 0, fs_comm_rank(host), &inner);
+    if (st == FS_OK && fs_comm_backend_kind(host) != FS_COMM_BACKEND_INPROC)
+        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: ranks in one process only");
+    if (st == FS_OK && (!dev || fs_device_kind_of(dev) == FS_DEVICE_CPU))
+        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: a GPU (or emulated) device is needed");
+    fs_comm *c = NULL;
+    di_impl *d = NULL;
+    if (st == FS_OK) {
+        c = calloc(1, sizeof *c);
+        d = calloc(1, sizeof *d);
+        if (!c || !d) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate a communicator");
+    }
+    if (st != FS_OK) {
+        free(c);
+        free(d);
+        fs_comm_free(inner);
+        return st;
+    }
+    fs_comm_set_algo(inner, FS_COMM_ALGO_BUILTIN); /* the rendezvous: shared memory */
+    c->rank = fs_comm_rank(host);
+    c->world = fs_comm_world(host);
+    c->backend = FS_COMM_BACKEND_INPROC;
+    c->ops = &di_ops;
+    c->impl = d;
+    c->control = host;
+    c->cfg = fs_comm_get_config(host);
+    c->cfg.algo = FS_COMM_ALGO_BUILTIN;
+    c->cfg.debug = 0;
+    d->inner = inner;
+    d->dev = dev;
+    d->mem = fs_comm_mem(host);
+    st = fs_mem_alloc(d->mem, FS_MEM_COMM, (size_t)c->world * sizeof(di_entry), "device rendezvous",
+                      (void **)&d->peers);
+    if (st != FS_OK) d->mem = NULL;
+    /* the shared table: rank 0 makes it and every rank learns its address (collective, so
+     * every rank takes part even after a local failure; a NULL address fails them all) */
+    di_shared *g = NULL;
+    if (c->rank == 0 && st == FS_OK) {
+        g = calloc(1, sizeof *g);
+        if (g) g->ev = calloc((size_t)c->world * DI_PHASES, sizeof *g->ev);
+        if (g && !g->ev) {
+            free(g);
+            g = NULL;
+        }
+        if (g) {
+            g->world = c->world;
+            atomic_init(&g->refs, c->world);
+        } else {
+            st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the device rendezvous' events");
+        }
+    }
+    fs_status bst = fs_comm_broadcast(&g, &g, sizeof g, FS_DTYPE_BYTES, 0, inner);
+    if (st == FS_OK && bst != FS_OK) st = bst;
+    if (st == FS_OK && !g) st = fs_errorf(FS_ERR_NOMEM, "rank 0 could not allocate the device rendezvous");
+    if (st == FS_OK) d->shared = g;
+    for (int p = 0; p < DI_PHASES && st == FS_OK; p++) {
+        st = fs_device_event_create(dev, &d->ev[p]);
+        if (st == FS_OK) g->ev[c->rank * DI_PHASES + p] = d->ev[p];
+    }
+    if (st != FS_OK) { /* a local failure after the split: the group is aborted, nobody waits */
+        fs_comm_abort(inner);
+        if (!d->shared) /* not in the table: this rank's own */
+            for (int p = 0; p < DI_PHASES; p++) fs_device_event_destroy(dev, d->ev[p]);
+        di_destroy(c);
+        return st;
+    }
+    snprintf(c->describe, sizeof c->describe, "device in process: %d ranks on one %s device",
+             c->world, fs_device_kind_name(fs_device_kind_of(dev)));
+    *out = c;
+    return FS_OK;
+}

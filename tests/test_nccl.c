@@ -1,0 +1,354 @@
+/*
+ * tests/test_nccl.c — the NCCL backend (comm.h, "The NCCL backend") and how ranks find their
+ * GPU ("ranks and GPUs").
+ *
+ * Everywhere: the local rank read from the launchers' variables in the documented order, the
+ * GPU ordinal and the "more ranks than GPUs" refusal, the host backends' capabilities, and
+ * fs_comm_nccl_init's refusals (a build without NCCL, a device that is not a GPU). Where a GPU
+ * is found in a build with NCCL: NCCL itself at W = 1, bootstrapped over an in-process
+ * control communicator of one rank, through tests/nccl_checks.h (every collective on exactly
+ * representable data). Without a GPU that test is one skip line; W = the number of GPUs runs
+ * under mpirun (tests/mpi/test_nccl_mpi.c, tests/cli/test_nccl.sh).
+ */
+#include "flatshard/comm.h"
+#include "flatshard/device.h"
+#include "harness.h"
+
+#include "nccl_checks.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if FS_HAVE_NCCL
+/* the watchdog test holds a stream with a host function (the program links cudart then) */
+#include <cuda_runtime_api.h>
+#endif
+
+/* A fake environment: names[i] = values[i], the rest unset. */
+typedef struct fake_env {
+    const char *names[4], *values[4];
+} fake_env;
+
+static const char *fake_getenv(const char *name, void *ctx) {
+    const fake_env *e = ctx;
+    for (int i = 0; i < 4 && e->names[i]; i++)
+        if (strcmp(e->names[i], name) == 0) return e->values[i];
+    return NULL;
+}
+
+static void test_local_rank_from_the_environment(void) {
+    int r = 99;
+    const char *var = "x";
+    fake_env none = {{NULL}, {NULL}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &none, &r, &var));
+    CHECK(r == -1 && var == NULL, "no variables: rank %d from %s", r, var ? var : "(none)");
+
+    /* the order is Open MPI, Slurm, MPICH: each wins over those after it */
+    fake_env all = {{"MPI_LOCALRANKID", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}, {"5", "4", "3"}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &all, &r, &var));
+    CHECK(r == 3 && var && strcmp(var, "OMPI_COMM_WORLD_LOCAL_RANK") == 0, "all three: %d from %s", r,
+          var ? var : "(none)");
+    fake_env slurm_mpich = {{"MPI_LOCALRANKID", "SLURM_LOCALID"}, {"5", "4"}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &slurm_mpich, &r, &var));
+    CHECK(r == 4 && var && strcmp(var, "SLURM_LOCALID") == 0, "Slurm and MPICH: %d from %s", r,
+          var ? var : "(none)");
+    fake_env mpich = {{"MPI_LOCALRANKID"}, {"7"}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &mpich, &r, &var));
+    CHECK(r == 7 && var && strcmp(var, "MPI_LOCALRANKID") == 0, "MPICH: %d from %s", r, var ? var : "(none)");
+    fake_env zero = {{"SLURM_LOCALID"}, {"0"}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &zero, &r, NULL));
+    CHECK(r == 0, "SLURM_LOCALID=0: %d", r);
+
+    /* a variable that is set but not a local rank is named, even when a later one is fine */
+    const char *bad[] = {"", "x", "1x", "-1", "65536", " 2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fake_env e = {{"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, {bad[i], "1"}};
+        fs_status st = fs_comm_env_local_rank(fake_getenv, &e, &r, &var);
+        CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "OMPI_COMM_WORLD_LOCAL_RANK="),
+              "OMPI_COMM_WORLD_LOCAL_RANK='%s': status %d: %s", bad[i], (int)st, fs_error_message());
+    }
+    fake_env big = {{"MPI_LOCALRANKID"}, {"65535"}};
+    CHECK_OK(fs_comm_env_local_rank(fake_getenv, &big, &r, NULL));
+    CHECK(r == 65535, "65535: %d", r);
+}
+
+static void test_gpu_ordinal(void) {
+    int o = 99;
+    CHECK_OK(fs_comm_gpu_ordinal(5, 1, 4, 4, &o));
+    CHECK(o == 1, "local rank 1 of 4 on 4 GPUs: GPU %d", o);
+    CHECK_OK(fs_comm_gpu_ordinal(0, 0, 1, 1, &o));
+    CHECK(o == 0, "one rank, one GPU: GPU %d", o);
+    /* more ranks on the host than GPUs: every rank of the host refuses, the first too */
+    fs_status st = fs_comm_gpu_ordinal(8, 0, 3, 2, &o);
+    CHECK(st == FS_ERR_USAGE && o == -1 &&
+              strstr(fs_error_message(), "rank 8 is local rank 0 of 3 on this host, which has 2 GPUs: more "
+                                         "ranks than GPUs"),
+          "3 ranks on 2 GPUs: status %d, GPU %d: %s", (int)st, o, fs_error_message());
+    /* a local rank beyond the size the launcher gave counts as that many ranks */
+    st = fs_comm_gpu_ordinal(2, 2, 1, 2, &o);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "local rank 2 of 3"), "local rank 2, 2 GPUs: %s",
+          fs_error_message());
+    st = fs_comm_gpu_ordinal(0, 0, 1, 0, &o);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "0 GPUs"), "no GPU: %s", fs_error_message());
+    st = fs_comm_gpu_ordinal(0, -1, 1, 4, &o);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "no local rank"), "no local rank: %s",
+          fs_error_message());
+}
+
+static void test_host_backends_capabilities(void) {
+    fs_comm *c[1] = {NULL};
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    if (!c[0]) return;
+    fs_comm_caps caps = fs_comm_capabilities(c[0]);
+    CHECK(!caps.stream_ordered && !caps.device_memory && caps.convert_accumulate && caps.ring &&
+              caps.debug_check,
+          "inproc: stream_ordered %d device_memory %d convert_accumulate %d ring %d debug_check %d",
+          caps.stream_ordered, caps.device_memory, caps.convert_accumulate, caps.ring, caps.debug_check);
+    CHECK_OK(fs_comm_async_status(c[0]));
+    fs_comm_free(c[0]);
+}
+
+static void test_nccl_init_refusals(void) {
+    fs_comm *c[1] = {NULL}, *nccl = (fs_comm *)&nccl;
+    fs_device *cpu = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    CHECK_OK(fs_device_open(&cpu, FS_DEVICE_CPU, 0, NULL));
+    if (!c[0] || !cpu) goto out;
+    fs_status st = fs_comm_nccl_init(c[0], cpu, &nccl);
+    const char *want = fs_comm_nccl_built() ? "NCCL needs a CUDA device" : "this build has no NCCL";
+    CHECK(st == FS_ERR_USAGE && nccl == NULL && strstr(fs_error_message(), want),
+          "a CPU device (NCCL built: %d): status %d, out %p: %s", fs_comm_nccl_built(), (int)st, (void *)nccl,
+          fs_error_message());
+    st = fs_comm_nccl_init(NULL, cpu, &nccl);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "control is NULL"), "no control: %s", fs_error_message());
+out:
+    fs_device_close(cpu);
+    fs_comm_free(c[0]);
+}
+
+static void test_nccl_one_rank(void) {
+    if (!fs_comm_nccl_built()) SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    fs_comm *c[1] = {NULL}, *nccl = NULL;
+    fs_device *dev = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    CHECK_OK(fs_device_open(&dev, FS_DEVICE_CUDA, 0, NULL));
+    if (c[0] && dev) CHECK_OK(fs_comm_nccl_init(c[0], dev, &nccl));
+    if (nccl) {
+        CHECK(fs_comm_rank(nccl) == 0 && fs_comm_world(nccl) == 1, "rank %d of %d", fs_comm_rank(nccl),
+              fs_comm_world(nccl));
+        CHECK(strncmp(fs_comm_describe(nccl), "nccl: NCCL ", 11) == 0, "describe: %s", fs_comm_describe(nccl));
+        nccl_check_collectives(nccl, dev);
+        fs_test_note("%s", fs_comm_describe(nccl));
+    }
+    fs_comm_free(nccl);
+    fs_device_close(dev);
+    fs_comm_free(c[0]);
+}
+
+#if FS_HAVE_NCCL
+static void CUDART_CB sleep_two_seconds(void *arg) {
+    (void)arg;
+    sleep(2);
+}
+#endif
+
+/* A call that cannot complete within the timeout (its stream held for 2 s by a host
+ * function, with a 0.5 s timeout): the watchdog aborts the communicator and records the
+ * failure, which fs_comm_async_status and every later call return, naming the rank and the
+ * call. */
+static void test_nccl_watchdog_timeout(void) {
+#if !FS_HAVE_NCCL
+    SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
+#else
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0.5;
+    fs_comm *c[1] = {NULL}, *nccl = NULL;
+    fs_device *dev = NULL;
+    float *d = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, cfg, NULL, c));
+    CHECK_OK(fs_device_open(&dev, FS_DEVICE_CUDA, 0, NULL));
+    if (c[0] && dev) CHECK_OK(fs_comm_nccl_init(c[0], dev, &nccl));
+    if (nccl) CHECK_OK(fs_device_alloc(dev, 64 * sizeof(float), (void **)&d));
+    if (nccl && d) {
+        cudaStream_t s = (cudaStream_t)fs_device_stream_handle(dev, FS_STREAM_REDUCE);
+        CHECK(cudaLaunchHostFunc(s, sleep_two_seconds, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+        fs_comm_op op = fs_comm_op_all_reduce(d, d, 64, FS_DTYPE_FP32, FS_REDOP_SUM);
+        op.stream = FS_STREAM_REDUCE;
+        op.tag = 4; /* "for unit 3" */
+        CHECK_OK(fs_comm_run(nccl, &op));
+        fs_status st = FS_OK;
+        for (int i = 0; i < 1000 && st == FS_OK; i++) { /* 10 s at most; expected after ~0.5 s */
+            st = fs_comm_async_status(nccl);
+            if (st == FS_OK) nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+        }
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "rank 0: NCCL all_reduce (for unit 3) made no "
+                                                            "progress for 0.5 s"),
+              "the watchdog: status %d: %s", (int)st, fs_error_message());
+        st = fs_comm_run(nccl, &op);
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), "made no progress"),
+              "a call after the abort: status %d: %s", (int)st, fs_error_message());
+        CHECK(fs_comm_is_failed(nccl), "the communicator is not marked failed");
+        fs_device_sync(dev); /* the host function ends; the aborted NCCL kernel returns */
+    }
+    if (d) fs_device_free(dev, d);
+    fs_comm_free(nccl);
+    fs_device_close(dev);
+    fs_comm_free(c[0]);
+#endif
+}
+
+/* ------------------------------------------------------------------ the in-process device backend
+ * W ranks as threads, each with its own device of one kind (emulated everywhere; CUDA, all on
+ * GPU 0, where one is found), through fs_comm_device_inproc_init: every collective on exactly
+ * representable data. A rank counts its wrong elements itself (the harness is one thread's)
+ * and returns an error naming the first. */
+
+typedef struct di_args {
+    fs_device_kind kind;
+} di_args;
+
+#define DI_N 37 /* not a multiple of W = 2, 3, 4: the all-reduce's chunks are uneven */
+
+static fs_status di_expect(int wrong, const char *what, int rank) {
+    (void)rank; /* fs_comm_inproc_run names the rank */
+    return wrong ? fs_errorf(FS_ERR_INTERNAL, "%s: %d elements wrong", what, wrong) : FS_OK;
+}
+
+static fs_status di_collectives(fs_comm *c, fs_device *dev) {
+    const int r = fs_comm_rank(c), W = fs_comm_world(c);
+    const size_t n = DI_N, wn = (size_t)W * n;
+    float h[4 * DI_N], g[4 * DI_N];
+    float *d_send = NULL, *d_recv = NULL;
+    FS_TRY(fs_device_alloc(dev, wn * sizeof(float), (void **)&d_send));
+    fs_status st = fs_device_alloc(dev, wn * sizeof(float), (void **)&d_recv);
+    int wrong = 0;
+#define DI_RUN(opexpr)                                                                      \
+    do {                                                                                    \
+        fs_comm_op o_ = (opexpr);                                                           \
+        o_.stream = FS_STREAM_REDUCE;                                                       \
+        if (st == FS_OK) st = fs_comm_run(c, &o_);                                          \
+        if (st == FS_OK) st = fs_device_sync(dev);                                          \
+    } while (0)
+    /* all-gather out of place, then in place */
+    for (size_t i = 0; i < n; i++) h[i] = (float)(r * 100 + (int)i);
+    if (st == FS_OK) st = fs_device_upload(dev, d_send, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_all_gather(d_send, d_recv, n, FS_DTYPE_FP32));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, wn * sizeof(float));
+    for (size_t k = 0; st == FS_OK && k < wn; k++) wrong += g[k] != (float)((int)(k / n) * 100 + (int)(k % n));
+    if (st == FS_OK) st = di_expect(wrong, "all_gather", r);
+    if (st == FS_OK) st = fs_device_upload(dev, d_recv + (size_t)r * n, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_all_gather(d_recv + (size_t)r * n, d_recv, n, FS_DTYPE_FP32));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, wn * sizeof(float));
+    for (size_t k = 0; st == FS_OK && k < wn; k++) wrong += g[k] != (float)((int)(k / n) * 100 + (int)(k % n));
+    if (st == FS_OK) st = di_expect(wrong, "all_gather in place", r);
+    /* reduce-scatter: send[k] = (r+1)(k+1); recv[i] = W(W+1)/2 (r n + i + 1); then in place */
+    for (size_t k = 0; k < wn; k++) h[k] = (float)((r + 1) * (int)(k + 1));
+    const int tri = W * (W + 1) / 2;
+    for (int in_place = 0; in_place <= 1; in_place++) {
+        float *out = in_place ? d_send + (size_t)r * n : d_recv;
+        if (st == FS_OK) st = fs_device_upload(dev, d_send, h, wn * sizeof(float));
+        DI_RUN(fs_comm_op_reduce_scatter(d_send, out, n, FS_DTYPE_FP32, FS_REDOP_SUM));
+        if (st == FS_OK) st = fs_device_download(dev, g, out, n * sizeof(float));
+        for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)(tri * (r * (int)n + (int)i + 1));
+        if (st == FS_OK) st = di_expect(wrong, in_place ? "reduce_scatter in place" : "reduce_scatter", r);
+    }
+    /* all-reduce in place and out of place: sum of (r + i) = W i + W(W-1)/2 */
+    for (int in_place = 0; in_place <= 1; in_place++) {
+        for (size_t i = 0; i < n; i++) h[i] = (float)(r + (int)i);
+        float *src = in_place ? d_recv : d_send;
+        if (st == FS_OK) st = fs_device_upload(dev, src, h, n * sizeof(float));
+        DI_RUN(fs_comm_op_all_reduce(src, d_recv, n, FS_DTYPE_FP32, FS_REDOP_SUM));
+        if (st == FS_OK) st = fs_device_download(dev, g, d_recv, n * sizeof(float));
+        for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)(W * (int)i + W * (W - 1) / 2);
+        if (st == FS_OK) st = di_expect(wrong, in_place ? "all_reduce in place" : "all_reduce", r);
+    }
+    /* broadcast from the last rank, in place; a barrier */
+    for (size_t i = 0; i < n; i++) h[i] = (float)(r * 7 + (int)i);
+    if (st == FS_OK) st = fs_device_upload(dev, d_recv, h, n * sizeof(float));
+    DI_RUN(fs_comm_op_broadcast(d_recv, d_recv, n, FS_DTYPE_FP32, W - 1));
+    if (st == FS_OK) st = fs_device_download(dev, g, d_recv, n * sizeof(float));
+    for (size_t i = 0; st == FS_OK && i < n; i++) wrong += g[i] != (float)((W - 1) * 7 + (int)i);
+    if (st == FS_OK) st = di_expect(wrong, "broadcast", r);
+    DI_RUN(fs_comm_op_barrier());
+    /* NCCL's contract: no conversion, no accumulate (refused alike on every rank) */
+    if (st == FS_OK) {
+        fs_comm_op o = fs_comm_op_reduce_scatter_ex(d_send, d_recv, n, FS_DTYPE_FP32, FS_DTYPE_FP32, FS_REDOP_SUM, 1);
+        fs_status e = fs_comm_run(c, &o);
+        if (e != FS_ERR_USAGE || !strstr(fs_error_message(), "accumulate"))
+            st = fs_errorf(FS_ERR_INTERNAL, "rank %d: accumulate was not refused (status %d)", r, (int)e);
+    }
+#undef DI_RUN
+    fs_device_free(dev, d_send);
+    fs_device_free(dev, d_recv);
+    return st;
+}
+
+static fs_status di_rank(fs_comm *host, void *arg) {
+    const di_args *a = arg;
+    fs_device *dev = NULL;
+    fs_comm *c = NULL;
+    fs_status st = fs_device_open(&dev, a->kind, 0, NULL);
+    if (st == FS_OK) st = fs_comm_device_inproc_init(host, dev, &c);
+    if (st == FS_OK) {
+        fs_comm_caps caps = fs_comm_capabilities(c);
+        if (!caps.stream_ordered || caps.convert_accumulate)
+            st = fs_errorf(FS_ERR_INTERNAL, "capabilities: stream_ordered %d convert_accumulate %d",
+                           caps.stream_ordered, caps.convert_accumulate);
+    }
+    if (st == FS_OK) st = di_collectives(c, dev);
+    fs_comm_free(c);
+    fs_device_close(dev);
+    return st;
+}
+
+static void test_device_inproc_emulated(void) {
+    di_args a = {.kind = FS_DEVICE_EMULATED};
+    for (int W = 1; W <= 4; W++) {
+        fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), di_rank, &a);
+        CHECK(st == FS_OK, "W=%d: %s", W, fs_error_message());
+    }
+}
+
+static void test_device_inproc_one_gpu(void) {
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    di_args a = {.kind = FS_DEVICE_CUDA};
+    for (int W = 1; W <= 4; W++) {
+        fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), di_rank, &a);
+        CHECK(st == FS_OK, "W=%d ranks on GPU 0: %s", W, fs_error_message());
+    }
+}
+
+static void test_device_inproc_refusals(void) {
+    fs_comm *c[1] = {NULL}, *d = (fs_comm *)&d;
+    fs_device *cpu = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    CHECK_OK(fs_device_open(&cpu, FS_DEVICE_CPU, 0, NULL));
+    if (c[0] && cpu) {
+        fs_status st = fs_comm_device_inproc_init(c[0], cpu, &d);
+        CHECK(st == FS_ERR_USAGE && d == NULL && strstr(fs_error_message(), "a GPU (or emulated) device"),
+              "a CPU device: status %d: %s", (int)st, fs_error_message());
+    }
+    fs_device_close(cpu);
+    fs_comm_free(c[0]);
+}
+
+int main(void) {
+    alarm(300); /* a watchdog that never fires must fail the program, not hang it */
+    RUN(test_local_rank_from_the_environment);
+    RUN(test_gpu_ordinal);
+    RUN(test_host_backends_capabilities);
+    RUN(test_nccl_init_refusals);
+    RUN(test_nccl_one_rank);
+    RUN(test_nccl_watchdog_timeout);
+    RUN(test_device_inproc_refusals);
+    RUN(test_device_inproc_emulated);
+    RUN(test_device_inproc_one_gpu);
+    return fs_test_summary();
+}
