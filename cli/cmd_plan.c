@@ -174,6 +174,9 @@ int fs_cmd_plan(int argc, char **argv) {
     tc.seq = seq;
     tc.grad_accum = grad_accum;
     tc.ckpt_layers = ckpt_n;
+    /* a published preset is a GPU: plan flatshard's GPU path (the ring even alone, fp32
+     * gradients on the wire, since NCCL sums in the data type: docs/comm.md) */
+    if (hw->origin == FS_HW_PUBLISHED) tc.device = FS_DEVICE_CUDA;
     tc.shard_group = (int)shard_group;
     if (auto_group && (tc.strategy == FS_STRATEGY_DDP || tc.strategy == FS_STRATEGY_ZERO3_PARAM))
         return fs_usage_error("plan", "--shard-group auto: hybrid sharding is supported with yafsdp, zero1, zero2, not %s",
