@@ -147,6 +147,10 @@ struct fs_gemm_stage {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC);
 /* How many oneDNN primitives this process has created (tests: none inside a step). */
 uint64_t fs_gemm_primitives_created(void);
+/* How many of them are not an AMX kernel on a CPU where oneDNN runs AMX (0 elsewhere): the
+ * operand layouts it is given must keep every product on its AMX brgemm ("gemm:jit", its
+ * fallback for a transposed source, ran a third as fast). Tests. */
+uint64_t fs_gemm_primitives_not_amx(void);
 
 /* ------------------------------------------------------------------ instruction sets
  * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,
