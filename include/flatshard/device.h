@@ -154,12 +154,12 @@ typedef struct fs_kernel_table {
                           int64_t HS);
     void (*attention_forward)(fs_device *d, float *out, float *lse, const float *q,
                               const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                              int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+                              int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16);
     void (*attention_backward)(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                const float *dout, const float *q, const float *k,
                                const float *v, int64_t ld_qkv, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH,
-                               int64_t NKV, int64_t HS);
+                               int64_t NKV, int64_t HS, int bf16);
     void (*swiglu_forward)(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF);
     void (*swiglu_backward)(fs_device *d, float *dgu, const float *dout, const float *gu,
                             int64_t N, int64_t FF);

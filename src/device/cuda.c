@@ -375,7 +375,8 @@ static void cuda_rope_backward(fs_device *d, float *dx, int64_t ld, const float 
 
 static void cuda_attention_forward(fs_device *d, float *out, float *lse, const float *q,
                                    const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16) {
+    (void)bf16; /* the GPU's attention stays fp32 under both policies (docs/gpu.md) */
     LAUNCH(d, fs_cuda_attention_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
 }
 
@@ -383,7 +384,8 @@ static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *d
                                     const float *dout, const float *q, const float *k,
                                     const float *v, int64_t ld_qkv, const float *out,
                                     const float *lse, int64_t B, int64_t T, int64_t NH,
-                                    int64_t NKV, int64_t HS) {
+                                    int64_t NKV, int64_t HS, int bf16) {
+    (void)bf16;
     LAUNCH(d, fs_cuda_attention_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out,
                                          lse, B, T, NH, NKV, HS));
 }

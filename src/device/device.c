@@ -346,17 +346,24 @@ static void cpu_rope_backward(fs_device *d, float *dx, int64_t ld, const float *
 
 static void cpu_attention_forward(fs_device *d, float *out, float *lse, const float *q,
                                   const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    fs_attention_forward(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
+                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16) {
+    if (bf16) /* the bf16 policy's products on bf16 operands (kernels.h) */
+        fs_attention_forward_bf16(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
+    else
+        fs_attention_forward(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
 }
 
 static void cpu_attention_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                    const float *dout, const float *q, const float *k,
                                    const float *v, int64_t ld_qkv, const float *out,
                                    const float *lse, int64_t B, int64_t T, int64_t NH,
-                                   int64_t NKV, int64_t HS) {
-    fs_attention_backward(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T,
-                          NH, NKV, HS);
+                                   int64_t NKV, int64_t HS, int bf16) {
+    if (bf16)
+        fs_attention_backward_bf16(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B,
+                                   T, NH, NKV, HS);
+    else
+        fs_attention_backward(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T,
+                              NH, NKV, HS);
 }
 
 static void cpu_swiglu_forward(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF) {
