@@ -1406,6 +1406,52 @@ static void test_adamw_writes_the_bf16_copy(void) {
     free(p), free(m), free(v), free(g), free(copy);
 }
 
+/* fs_cast_fp32_to_bf16 is fs_fp32_to_bf16 element by element on every path (the AVX-512 loop
+ * rounds in integer steps: vcvtneps2bf16 would flush subnormal inputs): random values and the
+ * delicate ones (ties both ways, overflow to infinity, infinities, NaNs, subnormals, signed
+ * zeros), lengths that end inside a masked tail, offsets that split a vector between threads;
+ * and the widening back is exact. */
+static void test_cast_bf16(void) {
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0x7f7f8000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xff800001u,
+                                       0x00000001u, 0x00808000u, 0x00018000u, 0x80000000u, 0x00000000u,
+                                       0x3f80ffffu, 0x3f807fffu};
+    static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    static const int64_t lengths[] = {1, 15, 16, 17, 31, 32, 33, 47, 16384 * 3 + 37};
+    const int64_t nmax = 16384 * 3 + 37, ns = (int64_t)(sizeof special / sizeof special[0]);
+    float *x = fnew(nmax), *back = fnew(nmax);
+    uint16_t *out = calloc((size_t)nmax, sizeof *out);
+    fill_normal(x, nmax, 1.0f);
+    for (int64_t i = 0; i < nmax; i += 3) memcpy(&x[i], &special[(i / 3) % ns], sizeof(float));
+    isa_paths ps = paths_begin();
+    for (int li = 0; li < 2; li++) {
+        if (!paths_use(&ps, levels[li])) continue;
+        for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++)
+            for (int p = 0; p < N_POOLS; p++) {
+                const int64_t n = lengths[k];
+                memset(out, 0xab, (size_t)nmax * sizeof *out);
+                fs_cast_fp32_to_bf16(pools[p], out, x, n);
+                int64_t bad = 0, first = -1;
+                for (int64_t i = 0; i < n; i++)
+                    if (out[i] != fs_fp32_to_bf16(x[i]) && bad++ == 0) first = i;
+                CHECK(bad == 0, "%s n=%lld pool %d: %lld casts differ (first [%lld]: 0x%04x, want 0x%04x)",
+                      fs_kernels_isa_name(levels[li]), (long long)n, pool_sizes[p], (long long)bad, (long long)first,
+                      first < 0 ? 0 : out[first], first < 0 ? 0 : fs_fp32_to_bf16(x[first]));
+                CHECK(n == nmax || out[n] == 0xabab, "%s n=%lld: wrote past the end", fs_kernels_isa_name(levels[li]),
+                      (long long)n);
+                fs_cast_bf16_to_fp32(pools[p], back, out, n);
+                bad = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    const float want = fs_bf16_to_fp32(out[i]);
+                    bad += memcmp(&back[i], &want, sizeof want) != 0;
+                }
+                CHECK(bad == 0, "n=%lld: %lld widened values differ", (long long)n, (long long)bad);
+            }
+    }
+    paths_end(&ps);
+    free(x), free(back), free(out);
+}
+
 /* The AVX-512 SwiGLU (vectorised exp) against the portable one (libm expf), over every
  * magnitude of the gate, -100 to 100, including where exp overflows: within 4 ulp of the
  * larger output (plus, for the gate gradient, 8 ulp of |dy u| where it cancels), and the
@@ -1505,6 +1551,7 @@ int main(void) {
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);
     RUN_SEEDED(test_attention_bf16);
+    RUN_SEEDED(test_cast_bf16);
     RUN_SEEDED(test_swiglu);
     RUN_SEEDED(test_xent);
     RUN_SEEDED(test_backward_kernels_accumulate);
