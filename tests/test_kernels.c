@@ -1524,6 +1524,17 @@ static void test_sum_squares_and_scale(void) {
             CHECK(memcmp(&got[p], &got[0], sizeof(double)) == 0,
                   "sum_squares n=%lld: pool %d gives %.17g, pool 1 gives %.17g", (long long)n,
                   fs_pool_size(all[p]), got[p], got[0]);
+        /* the AVX-512 lanes are the portable loop's lanes: the same bits on both paths */
+        isa_paths ps = paths_begin();
+        double by_path[2] = {0, 0};
+        const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+        int ran = 0;
+        for (int li = 0; li < 2; li++)
+            if (paths_use(&ps, levels[li])) by_path[li] = fs_sum_squares(pools[1], x, n), ran |= 1 << li;
+        fs_kernels_set_isa(ps.before);
+        if (ran == 3)
+            CHECK(memcmp(&by_path[0], &by_path[1], sizeof(double)) == 0,
+                  "sum_squares n=%lld: avx512 %.17g, portable %.17g", (long long)n, by_path[1], by_path[0]);
         /* scale: one rounded product per element, so exact equality with x * alpha */
         float *y = fcopy(x, n);
         fs_scale(pools[1], y, n, 0.3f);
