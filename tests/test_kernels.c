@@ -690,6 +690,146 @@ static void test_attention(void) {
     paths_end(&ps);
 }
 
+/* The bf16 policy's attention (fs_attention_forward_bf16 / _backward_bf16). The reference is
+ * the double one on q, k, v already rounded to bf16, so what is left to bound is what the
+ * kernel rounds beyond its operands, each rounding to bf16 a relative error of at most
+ * u = 2^-8 (8 significant bits, round to nearest even):
+ *   out: P.V takes p rounded, so |d out| <= u sum_u p_u |v_u| / sum_u p_u <= u max|v|; plus
+ *        the fp32 kernel's 4e-6 + 1e-6 relative for the sums. lse: the scores are sums of
+ *        exact products in fp32, the fp32 kernel's 2e-6 + 1e-6 relative.
+ *   gradients vs FD of the reference loss: every term of dq, dk, dv has at most two rounded
+ *        factors (dout, and p or ds) and ds's dp sums products of rounded dout, so the error is
+ *        below 3u times the sum of the terms' magnitudes M (computed below in double:
+ *        dv: sum_t p |dout_t|; dq, dk: scale sum p (|dout|.|v| + |dout|.|o|) |k| or |q|) plus
+ *        the fp32 kernel's 2e-6 + 2e-5 relative (FD error included). M, not |gradient|,
+ *        because ds = p (dp - D) cancels. */
+static void ref_attention_bwd_magnitude(double *M, const double *qkv, const float *dy, int64_t ld, att_shape s) {
+    const int64_t T = s.T, HS = s.HS, C = s.NH * HS, group = s.NH / s.NKV;
+    const double scale = 1.0 / sqrt((double)HS);
+    memset(M, 0, (size_t)(s.B * T * ld) * sizeof(double));
+    double *out = dnew(s.B * T * C), *lse = dnew(s.B * s.NH * T);
+    ref_attention(out, lse, qkv, ld, s);
+    for (int64_t b = 0; b < s.B; b++)
+        for (int64_t h = 0; h < s.NH; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t g = h / group;
+                const double *q = qkv + (b * T + t) * ld + h * HS, *o = out + (b * T + t) * C + h * HS;
+                const float *y = dy + (b * T + t) * C + h * HS;
+                double yo = 0.0;
+                for (int64_t c = 0; c < HS; c++) yo += fabs(y[c] * o[c]);
+                for (int64_t u = 0; u <= t; u++) {
+                    const double *k = qkv + (b * T + u) * ld + (s.NH + g) * HS, *v = k + s.NKV * HS;
+                    double sc = 0.0, yv = 0.0;
+                    for (int64_t c = 0; c < HS; c++) sc += q[c] * k[c], yv += fabs(y[c] * v[c]);
+                    const double p = exp(sc * scale - lse[(b * s.NH + h) * T + t]), ds = scale * p * (yv + yo);
+                    double *mq = M + (b * T + t) * ld + h * HS, *mk = M + (b * T + u) * ld + (s.NH + g) * HS;
+                    double *mv = mk + s.NKV * HS;
+                    for (int64_t c = 0; c < HS; c++) {
+                        mq[c] += ds * fabs(k[c]);
+                        mk[c] += ds * fabs(q[c]);
+                        mv[c] += p * fabs(y[c]);
+                    }
+                }
+            }
+    free(out), free(lse);
+}
+
+static void test_attention_bf16(void) {
+    static const att_shape extra[] = {{1, 23, 2, 1, 64, 0, 1}, {2, 66, 4, 2, 64, 3, 0}};
+    const double u = 1.0 / 256.0;
+    const int fast = fs_kernels_isa() >= FS_ISA_AVX512_BF16; /* the CPU's, capped by FLATSHARD_KERNELS */
+    int ran_fast = 0, ran_fp32 = 0;
+    const size_t n_main = sizeof att_shapes / sizeof att_shapes[0];
+    for (size_t si = 0; si < n_main + sizeof extra / sizeof extra[0]; si++) {
+        att_shape s = si < n_main ? att_shapes[si] : extra[si - n_main];
+        const int64_t ld = (s.NH + 2 * s.NKV) * s.HS + s.pad, N = s.B * s.T, C = s.NH * s.HS;
+        float *qkv = fnew(N * ld), *out = fnew(N * C), *lse = fnew(s.B * s.NH * s.T);
+        float *wl = fnew(N * C), *dqkv = fnew(N * ld), *out32 = fnew(N * C), *lse32 = fnew(s.B * s.NH * s.T);
+        float *dqkv32 = fnew(N * ld);
+        fill_normal(qkv, N * ld, 1.0f);
+        for (int64_t i = 0; i < N * ld; i++) {
+            int64_t t = (i / ld) % s.T, col = i % ld;
+            if (col < s.NH * s.HS) qkv[i] *= 2.0f;
+            if (t >= 64 && col >= s.NH * s.HS && col < (s.NH + s.NKV) * s.HS) qkv[i] *= 3.0f;
+        }
+        fill_normal(wl, N * C, 1.0f);
+        const float *q = qkv, *k = qkv + s.NH * s.HS, *v = qkv + (s.NH + s.NKV) * s.HS;
+        const int bf16 = strcmp(fs_attention_bf16_path(s.HS), "avx512bf16") == 0;
+        CHECK(bf16 == (fast && s.HS % 16 == 0 && s.HS <= 64), "HS=%lld: path %s on a CPU %s AVX512-BF16",
+              (long long)s.HS, fs_attention_bf16_path(s.HS), fast ? "with" : "without");
+        char name[160];
+        if (!bf16) { /* the fallback is the fp32 kernel, bit for bit */
+            ran_fp32 = 1;
+            fs_attention_forward(pools[1], out32, lse32, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+            fs_attention_forward_bf16(pools[1], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+            CHECK(same_bits(out, out32, N * C) && same_bits(lse, lse32, s.B * s.NH * s.T),
+                  "HS=%lld: the bf16 attention's fp32 fallback is not the fp32 kernel", (long long)s.HS);
+            memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
+            memset(dqkv32, 0, (size_t)(N * ld) * sizeof(float));
+            fs_attention_backward(pools[1], dqkv32, dqkv32 + C, dqkv32 + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld,
+                                  out32, lse32, s.B, s.T, s.NH, s.NKV, s.HS);
+            fs_attention_backward_bf16(pools[1], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld,
+                                       out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
+            CHECK(same_bits(dqkv, dqkv32, N * ld), "HS=%lld: the bf16 backward's fp32 fallback differs",
+                  (long long)s.HS);
+        } else {
+            ran_fast = 1;
+            /* the reference on the operands the kernel sees */
+            double *r = dnew(N * ld), vmax = 0.0;
+            for (int64_t i = 0; i < N * ld; i++) r[i] = fs_bf16_to_fp32(fs_fp32_to_bf16(qkv[i]));
+            for (int64_t i = 0; i < N * ld; i++)
+                if (i % ld >= (s.NH + s.NKV) * s.HS && fabs(r[i]) > vmax) vmax = fabs(r[i]);
+            double *want = dnew(N * C), *want_lse = dnew(s.B * s.NH * s.T);
+            ref_attention(want, want_lse, r, ld, s);
+            for (int p = 0; p < N_POOLS; p++) {
+                fs_attention_forward_bf16(pools[p], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+                snprintf(name, sizeof name, "bf16 attention out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld (u max|v| = %.2g)",
+                         (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV, (long long)s.HS, u * vmax);
+                CHECK_CLOSE(name, out, want, N * C, 4e-6 + u * vmax, 1e-6);
+                CHECK_CLOSE("bf16 attention lse (shape above)", lse, want_lse, s.B * s.NH * s.T, 2e-6, 1e-6);
+                double e2 = 0.0, w2 = 0.0; /* independent roundings: the rms error is 0.11-0.17 u of out's (measured) */
+                for (int64_t i = 0; i < N * C; i++) e2 += (out[i] - want[i]) * (out[i] - want[i]), w2 += want[i] * want[i];
+                CHECK(sqrt(e2) <= 0.5 * u * sqrt(w2), "bf16 attention out HS=%lld: rms error %.3g of out's rms, above u/2",
+                      (long long)s.HS, sqrt(e2 / w2));
+                if (p == 0) memcpy(out32, out, (size_t)(N * C) * sizeof(float));
+                else CHECK(same_bits(out, out32, N * C), "bf16 attention forward differs between pools");
+            }
+            if (s.fd) {
+                att_ctx c = {r, dnew(N * C), wl, ld, s};
+                double *fd = dnew(N * ld), *M = dnew(N * ld);
+                fd_gradient(fd, r, N * ld, att_loss, &c);
+                ref_attention_bwd_magnitude(M, r, wl, ld, s);
+                for (int p = 0; p < N_POOLS; p++) {
+                    memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
+                    fs_attention_backward_bf16(pools[p], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k,
+                                               v, ld, out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
+                    int64_t bad = -1;
+                    for (int64_t i = 0; i < N * ld && bad < 0; i++)
+                        if (!(fabs(dqkv[i] - fd[i]) <= 3.0 * u * M[i] + 2e-6 + 2e-5 * fabs(fd[i]))) bad = i;
+                    CHECK(bad < 0, "bf16 attention dqkv B=%lld T=%lld NH=%lld NKV=%lld HS=%lld: [%lld] = %.7g, FD %.7g, "
+                          "bound 3u M = %.3g", (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV,
+                          (long long)s.HS, (long long)bad, bad < 0 ? 0.0 : dqkv[bad], bad < 0 ? 0.0 : fd[bad],
+                          bad < 0 ? 0.0 : 3.0 * u * M[bad]);
+                    /* the roundings are independent: the error's rms is about u times the
+                     * gradient's (0.4-0.8 u measured on these shapes), far below the bound */
+                    double e2 = 0.0, f2 = 0.0;
+                    for (int64_t i = 0; i < N * ld; i++) e2 += (dqkv[i] - fd[i]) * (dqkv[i] - fd[i]), f2 += fd[i] * fd[i];
+                    CHECK(sqrt(e2) <= 2.0 * u * sqrt(f2), "bf16 attention dqkv HS=%lld: rms error %.3g of the "
+                          "gradient's rms, above 2u = %.3g", (long long)s.HS, sqrt(e2 / f2), 2.0 * u);
+                    if (p == 0) memcpy(dqkv32, dqkv, (size_t)(N * ld) * sizeof(float));
+                    else CHECK(same_bits(dqkv, dqkv32, N * ld), "bf16 attention backward differs between pools");
+                }
+                free(c.out), free(fd), free(M);
+            }
+            free(r), free(want), free(want_lse);
+        }
+        free(qkv), free(out), free(lse), free(wl), free(dqkv), free(out32), free(lse32), free(dqkv32);
+    }
+    CHECK(ran_fp32, "no shape took the fp32 fallback (HS = 4, 8, 20 should)");
+    if (fast) CHECK(ran_fast, "no shape ran the avx512bf16 path on a CPU that has it");
+    fs_test_note("paths: %s%s", ran_fast ? "avx512bf16, " : "", "fp32 fallback");
+}
+
 /* ------------------------------------------------------------------ SwiGLU */
 
 static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
@@ -1266,6 +1406,52 @@ static void test_adamw_writes_the_bf16_copy(void) {
     free(p), free(m), free(v), free(g), free(copy);
 }
 
+/* fs_cast_fp32_to_bf16 is fs_fp32_to_bf16 element by element on every path (the AVX-512 loop
+ * rounds in integer steps: vcvtneps2bf16 would flush subnormal inputs): random values and the
+ * delicate ones (ties both ways, overflow to infinity, infinities, NaNs, subnormals, signed
+ * zeros), lengths that end inside a masked tail, offsets that split a vector between threads;
+ * and the widening back is exact. */
+static void test_cast_bf16(void) {
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0x7f7f8000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xff800001u,
+                                       0x00000001u, 0x00808000u, 0x00018000u, 0x80000000u, 0x00000000u,
+                                       0x3f80ffffu, 0x3f807fffu};
+    static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    static const int64_t lengths[] = {1, 15, 16, 17, 31, 32, 33, 47, 16384 * 3 + 37};
+    const int64_t nmax = 16384 * 3 + 37, ns = (int64_t)(sizeof special / sizeof special[0]);
+    float *x = fnew(nmax), *back = fnew(nmax);
+    uint16_t *out = calloc((size_t)nmax, sizeof *out);
+    fill_normal(x, nmax, 1.0f);
+    for (int64_t i = 0; i < nmax; i += 3) memcpy(&x[i], &special[(i / 3) % ns], sizeof(float));
+    isa_paths ps = paths_begin();
+    for (int li = 0; li < 2; li++) {
+        if (!paths_use(&ps, levels[li])) continue;
+        for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++)
+            for (int p = 0; p < N_POOLS; p++) {
+                const int64_t n = lengths[k];
+                memset(out, 0xab, (size_t)nmax * sizeof *out);
+                fs_cast_fp32_to_bf16(pools[p], out, x, n);
+                int64_t bad = 0, first = -1;
+                for (int64_t i = 0; i < n; i++)
+                    if (out[i] != fs_fp32_to_bf16(x[i]) && bad++ == 0) first = i;
+                CHECK(bad == 0, "%s n=%lld pool %d: %lld casts differ (first [%lld]: 0x%04x, want 0x%04x)",
+                      fs_kernels_isa_name(levels[li]), (long long)n, pool_sizes[p], (long long)bad, (long long)first,
+                      first < 0 ? 0 : out[first], first < 0 ? 0 : fs_fp32_to_bf16(x[first]));
+                CHECK(n == nmax || out[n] == 0xabab, "%s n=%lld: wrote past the end", fs_kernels_isa_name(levels[li]),
+                      (long long)n);
+                fs_cast_bf16_to_fp32(pools[p], back, out, n);
+                bad = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    const float want = fs_bf16_to_fp32(out[i]);
+                    bad += memcmp(&back[i], &want, sizeof want) != 0;
+                }
+                CHECK(bad == 0, "n=%lld: %lld widened values differ", (long long)n, (long long)bad);
+            }
+    }
+    paths_end(&ps);
+    free(x), free(back), free(out);
+}
+
 /* The AVX-512 SwiGLU (vectorised exp) against the portable one (libm expf), over every
  * magnitude of the gate, -100 to 100, including where exp overflows: within 4 ulp of the
  * larger output (plus, for the gate gradient, 8 ulp of |dy u| where it cancels), and the
@@ -1338,6 +1524,17 @@ static void test_sum_squares_and_scale(void) {
             CHECK(memcmp(&got[p], &got[0], sizeof(double)) == 0,
                   "sum_squares n=%lld: pool %d gives %.17g, pool 1 gives %.17g", (long long)n,
                   fs_pool_size(all[p]), got[p], got[0]);
+        /* the AVX-512 lanes are the portable loop's lanes: the same bits on both paths */
+        isa_paths ps = paths_begin();
+        double by_path[2] = {0, 0};
+        const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+        int ran = 0;
+        for (int li = 0; li < 2; li++)
+            if (paths_use(&ps, levels[li])) by_path[li] = fs_sum_squares(pools[1], x, n), ran |= 1 << li;
+        fs_kernels_set_isa(ps.before);
+        if (ran == 3)
+            CHECK(memcmp(&by_path[0], &by_path[1], sizeof(double)) == 0,
+                  "sum_squares n=%lld: avx512 %.17g, portable %.17g", (long long)n, by_path[1], by_path[0]);
         /* scale: one rounded product per element, so exact equality with x * alpha */
         float *y = fcopy(x, n);
         fs_scale(pools[1], y, n, 0.3f);
@@ -1364,6 +1561,8 @@ int main(void) {
     RUN_SEEDED(test_rope_table);
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);
+    RUN_SEEDED(test_attention_bf16);
+    RUN_SEEDED(test_cast_bf16);
     RUN_SEEDED(test_swiglu);
     RUN_SEEDED(test_xent);
     RUN_SEEDED(test_backward_kernels_accumulate);

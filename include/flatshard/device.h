@@ -154,12 +154,12 @@ typedef struct fs_kernel_table {
                           int64_t HS);
     void (*attention_forward)(fs_device *d, float *out, float *lse, const float *q,
                               const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                              int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+                              int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16);
     void (*attention_backward)(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                const float *dout, const float *q, const float *k,
                                const float *v, int64_t ld_qkv, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH,
-                               int64_t NKV, int64_t HS);
+                               int64_t NKV, int64_t HS, int bf16);
     void (*swiglu_forward)(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF);
     void (*swiglu_backward)(fs_device *d, float *dgu, const float *dout, const float *gu,
                             int64_t N, int64_t FF);
@@ -188,8 +188,7 @@ const fs_kernel_table *fs_device_kernels(const fs_device *dev);
  * widest IC + OC of the model's linear layers) x 2), allocated once from `mem` before the
  * first step (fs_acts_init calls it). The GPU always has one (cuBLASLt takes one input type
  * for both operands); the CPU only under bf16 (`bf16`) on the oneDNN GEMM path, as the bf16
- * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). The GPU also takes `bf16` as
- * the policy its attention kernels follow (tensor cores under bf16, docs/gpu.md). */
+ * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). */
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
 /* Returns the scratch to its allocator: call before that allocator is freed (closing the
  * device does it too, if it has not been done). */

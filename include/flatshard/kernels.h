@@ -147,6 +147,10 @@ struct fs_gemm_stage {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC);
 /* How many oneDNN primitives this process has created (tests: none inside a step). */
 uint64_t fs_gemm_primitives_created(void);
+/* How many of them are not an AMX kernel on a CPU where oneDNN runs AMX (0 elsewhere): the
+ * operand layouts it is given must keep every product on its AMX brgemm ("gemm:jit", its
+ * fallback for a transposed source, ran a third as fast). Tests. */
+uint64_t fs_gemm_primitives_not_amx(void);
 
 /* ------------------------------------------------------------------ instruction sets
  * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,
@@ -266,6 +270,25 @@ void fs_attention_backward(fs_pool *pool,
                            const float *out,  /* (N, NH*HS) forward output */
                            const float *lse,  /* (B, NH, T) */
                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+
+/* The bf16 policy's attention: the same contract, with the four products (Q.K^T, P.V and,
+ * backward, dOut.V^T, dS.K, dS^T.Q, P^T.dOut) on bf16 operands and fp32 sums, like the
+ * policy's GEMMs: q, k, v, dout, and p and ds where they are operands, rounded to bf16 (round
+ * to nearest even); the softmax, lse and D = dout . out in fp32. Runs AVX512-BF16
+ * (`vdpbf16ps`) where the CPU has it (cpuid, capped by FLATSHARD_KERNELS) and HS is a
+ * multiple of 16 up to 64; elsewhere it is fs_attention_forward / fs_attention_backward
+ * (fp32), which fs_attention_bf16_path names. The forward and backward of one step take the
+ * same path (same CPU, same HS), so the backward's recomputed scores are the forward's. */
+void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const float *q, const float *k,
+                               const float *v, int64_t ld_qkv, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t HS);
+void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, int64_t ld_dqkv,
+                                const float *dout, const float *q, const float *k, const float *v,
+                                int64_t ld_qkv, const float *out, const float *lse, int64_t B,
+                                int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+/* "avx512bf16" where the functions above run bf16 products for this HS, "fp32" where they
+ * fall back to the fp32 kernel. */
+const char *fs_attention_bf16_path(int64_t HS);
 
 /* ------------------------------------------------------------------ SwiGLU
  * gu holds the fused gate/up projection, gate in columns [0, FF), up in [FF, 2FF):

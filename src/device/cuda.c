@@ -41,7 +41,6 @@ struct fs_device_impl {
     size_t scratch_bytes;
     double peak_bf16, peak_fp32;
     int attention_mode;      /* FLATSHARD_CUDA_ATTENTION: ATT_AUTO, ATT_TC or ATT_FP32 */
-    int policy_bf16;         /* the precision policy, from reserve_scratch (0 until then) */
 };
 
 /* Which attention kernels run (docs/gpu.md, "Attention"): by default the tensor-core ones
@@ -268,9 +267,8 @@ static void *fs_cuda_stream_handle(fs_device *dev, fs_stream stream) {
 
 static int fs_cuda_ordinal(const fs_device *dev) { return dev->impl->ordinal; }
 
-static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
+static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, size_t bytes) {
     fs_device_impl *g = dev->impl;
-    g->policy_bf16 = bf16; /* the attention kernels' choice (att_tc) follows the policy */
     if (g->scratch_mem && g->scratch_bytes >= bytes) return FS_OK;
     release_scratch(g);
     fs_status st = fs_mem_alloc(mem, FS_MEM_OTHER, FS_CUDA_GEMM_WORKSPACE_BYTES, "cuBLASLt workspace",
@@ -403,17 +401,18 @@ static void cuda_rope_backward(fs_device *d, float *dx, int64_t ld, const float 
     LAUNCH(d, fs_cuda_rope_backward(STREAM(d), dx, ld, cos_table, sin_table, B, T, n_heads, HS));
 }
 
-/* The tensor-core attention for this call (see ATT_AUTO). */
-static int att_tc(const fs_device *d, int64_t HS) {
+/* The tensor-core attention for this call (see ATT_AUTO): bf16 is the model's policy, which
+ * the kernel table passes with every attention call. */
+static int att_tc(const fs_device *d, int64_t HS, int bf16) {
     const fs_device_impl *g = d->impl;
-    const int want = g->attention_mode == ATT_TC || (g->attention_mode == ATT_AUTO && g->policy_bf16);
+    const int want = g->attention_mode == ATT_TC || (g->attention_mode == ATT_AUTO && bf16);
     return want && fs_cuda_attention_tc_supported(HS);
 }
 
 static void cuda_attention_forward(fs_device *d, float *out, float *lse, const float *q,
                                    const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    if (att_tc(d, HS))
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16) {
+    if (att_tc(d, HS, bf16))
         LAUNCH(d, fs_cuda_attention_tc_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
     else
         LAUNCH(d, fs_cuda_attention_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
@@ -423,8 +422,8 @@ static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *d
                                     const float *dout, const float *q, const float *k,
                                     const float *v, int64_t ld_qkv, const float *out,
                                     const float *lse, int64_t B, int64_t T, int64_t NH,
-                                    int64_t NKV, int64_t HS) {
-    if (att_tc(d, HS))
+                                    int64_t NKV, int64_t HS, int bf16) {
+    if (att_tc(d, HS, bf16))
         LAUNCH(d, fs_cuda_attention_tc_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv,
                                                 out, lse, B, T, NH, NKV, HS));
     else

@@ -210,7 +210,7 @@ size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_byt
 }
 
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
-    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bf16, bytes);
+    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bytes);
     const size_t need = fs_device_scratch_bytes(dev->kind, bf16, bytes);
     if (need == 0 || dev->stage.data) return FS_OK;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_OTHER, need, "bf16 GEMM staging", &dev->stage.data));
@@ -354,17 +354,24 @@ static void cpu_rope_backward(fs_device *d, float *dx, int64_t ld, const float *
 
 static void cpu_attention_forward(fs_device *d, float *out, float *lse, const float *q,
                                   const float *k, const float *v, int64_t ld_qkv, int64_t B,
-                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    fs_attention_forward(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
+                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS, int bf16) {
+    if (bf16) /* the bf16 policy's products on bf16 operands (kernels.h) */
+        fs_attention_forward_bf16(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
+    else
+        fs_attention_forward(d->pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
 }
 
 static void cpu_attention_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                    const float *dout, const float *q, const float *k,
                                    const float *v, int64_t ld_qkv, const float *out,
                                    const float *lse, int64_t B, int64_t T, int64_t NH,
-                                   int64_t NKV, int64_t HS) {
-    fs_attention_backward(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T,
-                          NH, NKV, HS);
+                                   int64_t NKV, int64_t HS, int bf16) {
+    if (bf16)
+        fs_attention_backward_bf16(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B,
+                                   T, NH, NKV, HS);
+    else
+        fs_attention_backward(d->pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T,
+                              NH, NKV, HS);
 }
 
 static void cpu_swiglu_forward(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF) {

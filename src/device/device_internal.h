@@ -19,7 +19,7 @@
 #include "flatshard/device.h"
 
 #define FS_CUDA_LIBRARY "libflatshard-cuda.so"
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v2" /* v2: reserve_scratch takes the policy (bf16) */
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v2" /* v2: the attention entries take the policy (bf16) */
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */
@@ -37,7 +37,7 @@ typedef struct fs_cuda_api {
     fs_status (*wait_event)(fs_device *dev, fs_stream stream, fs_device_event *ev);
     fs_status (*copy_on)(fs_device *dev, fs_stream stream, void *dst, const void *src, size_t bytes);
     fs_status (*add_on)(fs_device *dev, fs_stream stream, float *dst, const float *src, int64_t n);
-    fs_status (*reserve_scratch)(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
+    fs_status (*reserve_scratch)(fs_device *dev, fs_mem *mem, size_t bytes);
     void (*release_scratch)(fs_device *dev);
     size_t (*scratch_bytes)(size_t operand_bytes);
     /* the cudaStream_t behind a stream, for the NCCL backend (libflatshard-nccl.so), which

@@ -312,7 +312,8 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
         K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
     PROF(m, FS_PROF_ATTENTION,
-         K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS));
+         K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS,
+                              m->bf16_weights));
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
@@ -403,7 +404,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
     PROF(m, FS_PROF_ATTENTION,
          K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
-                               d->T, d->NH, d->NKV, d->HS));
+                               d->T, d->NH, d->NKV, d->HS, m->bf16_weights));
     PROF(m, FS_PROF_ROPE, {
         K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);

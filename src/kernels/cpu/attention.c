@@ -489,3 +489,315 @@ void fs_attention_backward(fs_pool *pool, float *dq, float *dk, float *dv, int64
                  .scale = (float)(1.0 / sqrt((double)HS))};
     fs_pool_parallel_for(pool, B * NKV, 1, att_backward_groups, &j);
 }
+
+/* ------------------------------------------------------------------ the bf16 policy: AVX512-BF16
+ * fs_attention_forward_bf16 / fs_attention_backward_bf16 (kernels.h): the four products of
+ * attention as bf16 operands with fp32 sums, like the policy's GEMMs. q, k, v and dout are
+ * rounded to bf16 (round to nearest even, as fs_fp32_to_bf16); so are the probabilities p
+ * and ds = p (dp - D) where they are an operand of the next product (P.V, dS.K, dS^T.Q,
+ * P^T.dY); each bf16 x bf16 product is exact in fp32 and `vdpbf16ps` sums the two of a pair
+ * into an fp32 accumulator. The softmax (max, exp, sums, lse) and D = dout . out stay fp32.
+ *
+ * vdpbf16ps multiplies pairs, so every operand is laid out with its reduction index in pairs
+ * (one 32-bit word holds index 2j and 2j + 1):
+ *   kt2, vt2 (HS/2 x Tp words): keys/values by (head-dim pair, key): scores and dp, 16 keys
+ *            against a broadcast pair of q or dout (like the fp32 kernel's transposed keys);
+ *   vp, kp   (Tp/2 x HS words): values/keys by (key pair, head dim): P.V and dS.K, 16 head
+ *            dims against a broadcast pair of p or ds;
+ *   the tile's q and dout rows as (row pair, head dim) words for dS^T.Q and P^T.dY.
+ * Tiles of ATT_QT = 4 query rows as in the fp32 kernel; the last tile of a head repeats row
+ * T - 1 for the rows past T, masked to p = ds = 0 and not stored, so every row goes through
+ * one code path. Keys past T are zero in the packed layouts. The bits depend on neither the
+ * pool size nor the split (work is split as in the fp32 kernel). */
+
+static int att_bf16_fits(int64_t HS) {
+    return fs_kernels_isa() >= FS_ISA_AVX512_BF16 && HS % 16 == 0 && HS <= 16 * ATT_VMAX_TILED;
+}
+
+const char *fs_attention_bf16_path(int64_t HS) {
+    return att_bf16_fits(HS) ? "avx512bf16" : "fp32";
+}
+
+/* word j = (bf16(first[j]), bf16(second[j])): the pair layout from two fp32 vectors */
+FS_TARGET_AVX512BF16 static inline __m512i att_pairs(__m512 first, __m512 second) {
+    static const uint16_t idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(second, first); /* first in words 0-15 */
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)idx), x);
+}
+
+/* HS consecutive fp32 values as HS/2 words of consecutive pairs into out (HS a multiple of 16;
+ * a last 16 fill 8 words, the vector's other 8 are zero and land in out's slack) */
+FS_TARGET_AVX512BF16 static inline void att_row_pairs(uint32_t *out, const float *x, int64_t HS) {
+    for (int64_t c = 0; c < HS; c += 32) {
+        const __m512 hi = c + 32 <= HS ? _mm512_loadu_ps(x + c + 16) : _mm512_setzero_ps();
+        _mm512_storeu_si512((void *)(out + c / 2), (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(x + c)));
+    }
+}
+
+FS_TARGET_AVX512BF16 static inline __m512 att_dp(__m512 acc, uint32_t pair, __m512i y) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair), (__m512bh)y);
+}
+
+/* x rows [0, T) (stride ld, HS columns) as xt2[c2 * Tp + u] = (x[u][2c2], x[u][2c2 + 1]) and
+ * xp[u2 * HS + c] = (x[2u2][c], x[2u2 + 1][c]), each where not NULL; zero past T. */
+FS_TARGET_AVX512BF16 static void att_pack_bf16(uint32_t *xt2, uint32_t *xp, const float *x, int64_t ld, int64_t T,
+                                               int64_t Tp, int64_t HS) {
+    const int64_t H2 = HS / 2;
+    for (int64_t u = 0; xt2 && u < Tp; u++) {
+        uint32_t row[ATT_VMAX_TILED * 8 + 8];
+        if (u < T)
+            att_row_pairs(row, x + u * ld, HS);
+        else
+            memset(row, 0, sizeof row);
+        for (int64_t c2 = 0; c2 < H2; c2++) xt2[c2 * Tp + u] = row[c2];
+    }
+    if (!xp) return;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t u2 = 0; u2 < Tp / 2; u2++) {
+        const int64_t u = 2 * u2;
+        for (int64_t c = 0; c < HS; c += 16) {
+            const __m512 a = u < T ? _mm512_loadu_ps(x + u * ld + c) : zero;
+            const __m512 b = u + 1 < T ? _mm512_loadu_ps(x + (u + 1) * ld + c) : zero;
+            _mm512_storeu_si512((void *)(xp + u2 * HS + c), att_pairs(a, b));
+        }
+    }
+}
+
+/* 16 scores of ATT_QT rows (pairs x2[i][c2]) against keys u0.. (xt2 + u0): four chains a row */
+FS_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
+att_scores16_bf16(__m512 *out, uint32_t x2[ATT_QT][ATT_VMAX_TILED * 8 + 8], const uint32_t *yt2, int64_t Tp,
+                  int64_t HS) {
+    __m512 a[ATT_QT][4];
+    for (int i = 0; i < ATT_QT; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
+    for (int64_t c2 = 0; c2 < HS / 2; c2 += 4) {
+        const __m512i y0 = _mm512_loadu_si512((const void *)(yt2 + c2 * Tp));
+        const __m512i y1 = _mm512_loadu_si512((const void *)(yt2 + (c2 + 1) * Tp));
+        const __m512i y2 = _mm512_loadu_si512((const void *)(yt2 + (c2 + 2) * Tp));
+        const __m512i y3 = _mm512_loadu_si512((const void *)(yt2 + (c2 + 3) * Tp));
+        for (int i = 0; i < ATT_QT; i++) {
+            a[i][0] = att_dp(a[i][0], x2[i][c2], y0);
+            a[i][1] = att_dp(a[i][1], x2[i][c2 + 1], y1);
+            a[i][2] = att_dp(a[i][2], x2[i][c2 + 2], y2);
+            a[i][3] = att_dp(a[i][3], x2[i][c2 + 3], y3);
+        }
+    }
+    for (int i = 0; i < ATT_QT; i++)
+        out[i] = _mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]), _mm512_add_ps(a[i][2], a[i][3]));
+}
+
+/* The tile's rows t0 + i, repeating T - 1 past the end; valid[i] = 0 for a repeat. */
+static inline void att_tile_rows(int64_t rows[ATT_QT], int valid[ATT_QT], int64_t t0, int64_t T) {
+    for (int i = 0; i < ATT_QT; i++) {
+        valid[i] = t0 + i < T;
+        rows[i] = valid[i] ? t0 + i : T - 1;
+    }
+}
+
+FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const uint32_t *kt2, const uint32_t *vp,
+                                                       int64_t bh, int64_t t0, int64_t Tp) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS, NV = HS / 16;
+    const int64_t b = bh / j->NH, h = bh % j->NH;
+    int64_t rows[ATT_QT];
+    int valid[ATT_QT];
+    att_tile_rows(rows, valid, t0, T);
+    uint32_t q2[ATT_QT][ATT_VMAX_TILED * 8 + 8];
+    __m512 o[ATT_QT][ATT_VMAX_TILED];
+    float row_max[ATT_QT], row_sum[ATT_QT];
+    for (int i = 0; i < ATT_QT; i++) {
+        const float *qr = j->q + (b * T + rows[i]) * ld + h * HS;
+        att_row_pairs(q2[i], qr, HS);
+        for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_setzero_ps();
+        row_max[i] = -INFINITY;
+        row_sum[i] = 0.0f;
+    }
+    const int64_t t_last = rows[ATT_QT - 1];
+    for (int64_t u0 = 0; u0 <= t_last; u0 += 16) {
+        __m512 s[ATT_QT];
+        att_scores16_bf16(s, q2, kt2 + u0, Tp, HS);
+        uint32_t pp[ATT_QT][16];
+        for (int i = 0; i < ATT_QT; i++) {
+            const __mmask16 mask = valid[i] ? att_causal_mask(rows[i], u0) : 0;
+            if (!mask) {
+                memset(pp[i], 0, sizeof pp[i]);
+                continue;
+            }
+            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
+            const float block_max = _mm512_mask_reduce_max_ps(mask, s[i]);
+            if (block_max > row_max[i]) {
+                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
+                    const float corr = expf(row_max[i] - block_max);
+                    row_sum[i] *= corr;
+                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
+                }
+                row_max[i] = block_max;
+            }
+            const __m512 p = _mm512_maskz_mov_ps(mask, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
+            row_sum[i] += _mm512_reduce_add_ps(p);
+            /* p as 8 key pairs (words 0-7) */
+            _mm512_storeu_si512((void *)pp[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), p));
+        }
+        const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
+        for (int64_t k2 = 0; k2 < (nu + 1) / 2; k2++) {
+            const uint32_t *vr = vp + (u0 / 2 + k2) * HS;
+            __m512i vrow[ATT_VMAX_TILED];
+            for (int64_t v = 0; v < NV; v++) vrow[v] = _mm512_loadu_si512((const void *)(vr + 16 * v));
+            for (int i = 0; i < ATT_QT; i++)
+                for (int64_t v = 0; v < NV; v++) o[i][v] = att_dp(o[i][v], pp[i][k2], vrow[v]);
+        }
+    }
+    for (int i = 0; i < ATT_QT; i++) {
+        if (!valid[i]) continue;
+        float *out = j->out + (b * T + rows[i]) * C + h * HS;
+        const __m512 inv = _mm512_set1_ps(row_sum[i]);
+        for (int64_t v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(o[i][v], inv));
+        j->lse[bh * T + rows[i]] = row_max[i] + logf(row_sum[i]);
+    }
+}
+
+FS_TARGET_AVX512BF16 static void att_forward_bf16_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
+    const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)(HS * Tp) * sizeof(uint32_t)), *vp = kt2 + HS / 2 * Tp;
+    int64_t have = -1; /* the (b, g) packed */
+    for (int64_t bh = begin; bh < end; bh++) {
+        const int64_t b = bh / j->NH, h = bh % j->NH, g = h / group;
+        if (have != b * j->NKV + g) {
+            att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+            att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+            have = b * j->NKV + g;
+        }
+        for (int64_t t = 0; t < T; t += ATT_QT) att_forward_tile_bf16(j, kt2, vp, bh, t, Tp);
+    }
+}
+
+static void att_forward_heads_bf16(void *arg, int64_t begin, int64_t end, int thread) {
+    att_forward_bf16_range(arg, begin, end);
+}
+
+void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const float *q, const float *k,
+                               const float *v, int64_t ld_qkv, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t HS) {
+    if (!att_bf16_fits(HS)) {
+        fs_attention_forward(pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
+        return;
+    }
+    FS_ASSERT(NKV > 0 && NH % NKV == 0);
+    att_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .ld_qkv = ld_qkv, .B = B,
+                 .T = T, .NH = NH, .NKV = NKV, .HS = HS,
+                 .scale = (float)(1.0 / sqrt((double)HS))};
+    fs_pool_parallel_for(pool, B * NH, 1, att_forward_heads_bf16, &j);
+}
+
+/* Backward over a tile: scores and dp from the pair layouts; dq[i] += sum_u ds[i][u] k[u]
+ * over key pairs (kp); dk[u] += sum_i ds[i][u] q[i] and dv[u] += sum_i p[i][u] dout[i] over
+ * row pairs (the tile's q and dout as (row pair, head dim) words), dk[u] and dv[u] loaded and
+ * stored once per tile as in the fp32 kernel. */
+FS_TARGET_AVX512BF16 static void att_backward_tile_bf16(const att_job *j, const uint32_t *kt2, const uint32_t *vt2,
+                                                        const uint32_t *kp, int64_t b, int64_t g, int64_t h,
+                                                        int64_t t0, int64_t Tp) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, C = j->NH * HS, NV = HS / 16;
+    float *dkb = j->dk + b * T * ldd + g * HS;
+    float *dvb = j->dv + b * T * ldd + g * HS;
+    const __m512 scale = _mm512_set1_ps(j->scale);
+    int64_t rows[ATT_QT];
+    int valid[ATT_QT];
+    att_tile_rows(rows, valid, t0, T);
+    uint32_t q2[ATT_QT][ATT_VMAX_TILED * 8 + 8], dy2[ATT_QT][ATT_VMAX_TILED * 8 + 8];
+    __m512i qrp[ATT_QT / 2][ATT_VMAX_TILED], dyrp[ATT_QT / 2][ATT_VMAX_TILED]; /* (row pair, dim) */
+    __m512 lse[ATT_QT], D[ATT_QT], dq[ATT_QT][ATT_VMAX_TILED];
+    for (int i = 0; i < ATT_QT; i++) {
+        const float *qr = j->q + (b * T + rows[i]) * ld + h * HS, *dy = j->dout + (b * T + rows[i]) * C + h * HS;
+        att_row_pairs(q2[i], qr, HS);
+        att_row_pairs(dy2[i], dy, HS);
+        lse[i] = _mm512_set1_ps(j->lse_in[(b * j->NH + h) * T + rows[i]]);
+        D[i] = _mm512_set1_ps(fs_cpu_dot(dy, j->out_in + (b * T + rows[i]) * C + h * HS, HS));
+        for (int64_t v = 0; v < NV; v++) dq[i][v] = _mm512_setzero_ps();
+    }
+    for (int r = 0; r < ATT_QT / 2; r++) {
+        const float *q0 = j->q + (b * T + rows[2 * r]) * ld + h * HS, *q1 = j->q + (b * T + rows[2 * r + 1]) * ld + h * HS;
+        const float *y0 = j->dout + (b * T + rows[2 * r]) * C + h * HS, *y1 = j->dout + (b * T + rows[2 * r + 1]) * C + h * HS;
+        for (int64_t v = 0; v < NV; v++) {
+            qrp[r][v] = att_pairs(_mm512_loadu_ps(q0 + 16 * v), _mm512_loadu_ps(q1 + 16 * v));
+            dyrp[r][v] = att_pairs(_mm512_loadu_ps(y0 + 16 * v), _mm512_loadu_ps(y1 + 16 * v));
+        }
+    }
+    const int64_t t_last = rows[ATT_QT - 1];
+    for (int64_t u0 = 0; u0 <= t_last; u0 += 16) {
+        __m512 s[ATT_QT], dp[ATT_QT], p[ATT_QT], ds[ATT_QT];
+        att_scores16_bf16(s, q2, kt2 + u0, Tp, HS);
+        att_scores16_bf16(dp, dy2, vt2 + u0, Tp, HS);
+        uint32_t dsp[ATT_QT][16]; /* ds[i] as 8 key pairs */
+        for (int i = 0; i < ATT_QT; i++) {
+            const __mmask16 mask = valid[i] ? att_causal_mask(rows[i], u0) : 0;
+            p[i] = _mm512_maskz_mov_ps(mask, fs_cpu_exp16(_mm512_fmsub_ps(scale, s[i], lse[i])));
+            ds[i] = _mm512_mul_ps(scale, _mm512_mul_ps(p[i], _mm512_sub_ps(dp[i], D[i])));
+            _mm512_storeu_si512((void *)dsp[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), ds[i]));
+        }
+        /* ds and p by key u as (row pair) words: ds01[u] = (ds[0][u], ds[1][u]), ... */
+        uint32_t dsr[ATT_QT / 2][16], pr[ATT_QT / 2][16];
+        for (int r = 0; r < ATT_QT / 2; r++) {
+            _mm512_storeu_si512((void *)dsr[r], att_pairs(ds[2 * r], ds[2 * r + 1]));
+            _mm512_storeu_si512((void *)pr[r], att_pairs(p[2 * r], p[2 * r + 1]));
+        }
+        const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
+        for (int64_t k2 = 0; k2 < (nu + 1) / 2; k2++) {
+            const uint32_t *kr = kp + (u0 / 2 + k2) * HS;
+            for (int64_t v = 0; v < NV; v++) {
+                const __m512i kv = _mm512_loadu_si512((const void *)(kr + 16 * v));
+                for (int i = 0; i < ATT_QT; i++) dq[i][v] = att_dp(dq[i][v], dsp[i][k2], kv);
+            }
+        }
+        for (int64_t k = 0; k < nu; k++) {
+            float *dkr = dkb + (u0 + k) * ldd, *dvr = dvb + (u0 + k) * ldd;
+            for (int64_t v = 0; v < NV; v++) {
+                __m512 dk = _mm512_loadu_ps(dkr + 16 * v), dv = _mm512_loadu_ps(dvr + 16 * v);
+                for (int r = 0; r < ATT_QT / 2; r++) {
+                    dk = att_dp(dk, dsr[r][k], qrp[r][v]);
+                    dv = att_dp(dv, pr[r][k], dyrp[r][v]);
+                }
+                _mm512_storeu_ps(dkr + 16 * v, dk);
+                _mm512_storeu_ps(dvr + 16 * v, dv);
+            }
+        }
+    }
+    for (int i = 0; i < ATT_QT; i++) {
+        if (!valid[i]) continue;
+        float *dqt = j->dq + (b * T + rows[i]) * ldd + h * HS;
+        for (int64_t v = 0; v < NV; v++)
+            _mm512_storeu_ps(dqt + 16 * v, _mm512_add_ps(_mm512_loadu_ps(dqt + 16 * v), dq[i][v]));
+    }
+}
+
+FS_TARGET_AVX512BF16 static void att_backward_bf16_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
+    const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16, words = HS / 2 * Tp;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)(3 * words) * sizeof(uint32_t)), *vt2 = kt2 + words, *kp = vt2 + words;
+    for (int64_t bg = begin; bg < end; bg++) {
+        const int64_t b = bg / j->NKV, g = bg % j->NKV;
+        att_pack_bf16(kt2, kp, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+        att_pack_bf16(vt2, NULL, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+        for (int64_t h = g * group; h < (g + 1) * group; h++)
+            for (int64_t t = 0; t < T; t += ATT_QT) att_backward_tile_bf16(j, kt2, vt2, kp, b, g, h, t, Tp);
+    }
+}
+
+static void att_backward_groups_bf16(void *arg, int64_t begin, int64_t end, int thread) {
+    att_backward_bf16_range(arg, begin, end);
+}
+
+void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, int64_t ld_dqkv,
+                                const float *dout, const float *q, const float *k, const float *v,
+                                int64_t ld_qkv, const float *out, const float *lse, int64_t B,
+                                int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    if (!att_bf16_fits(HS)) {
+        fs_attention_backward(pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T, NH, NKV, HS);
+        return;
+    }
+    FS_ASSERT(NKV > 0 && NH % NKV == 0);
+    att_job j = {.dq = dq, .dk = dk, .dv = dv, .ld_dqkv = ld_dqkv, .dout = dout, .q = q,
+                 .k = k, .v = v, .out_in = out, .lse_in = lse, .ld_qkv = ld_qkv, .B = B,
+                 .T = T, .NH = NH, .NKV = NKV, .HS = HS,
+                 .scale = (float)(1.0 / sqrt((double)HS))};
+    fs_pool_parallel_for(pool, B * NKV, 1, att_backward_groups_bf16, &j);
+}

@@ -21,6 +21,25 @@ typedef struct sumsq_job {
     double *piece_sums; /* (FS_SUMSQ_PIECES) */
 } sumsq_job;
 
+/* The eight lanes as one vector of doubles: each step adds x[i + l]^2 to lane l, the same
+ * operations in the same order as the portable loop, so the same bits (a float's square is
+ * exact in double, so the FMA rounds once where mul + add would round the sum only). One
+ * chain of FMAs instead of the baseline build's SSE2 conversions: ~3x (bench kernels). */
+FS_TARGET_AVX512 static void sumsq_lanes_avx512(double acc[FS_CPU_LANES], const float *restrict x, int64_t len) {
+    __m512d a = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        a = _mm512_fmadd_pd(d, d, a);
+    }
+    if (i < len) { /* lanes 0 .. len - i - 1 take the tail, as in the portable loop */
+        const __mmask8 m = (__mmask8)((1u << (len - i)) - 1);
+        const __m512d d = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
+        a = _mm512_mask3_fmadd_pd(d, d, a, m);
+    }
+    _mm512_storeu_pd(acc, a);
+}
+
 static void sumsq_pieces(void *arg, int64_t begin, int64_t end, int thread) {
     const sumsq_job *j = arg;
     for (int64_t p = begin; p < end; p++) {
@@ -29,6 +48,10 @@ static void sumsq_pieces(void *arg, int64_t begin, int64_t end, int thread) {
         const int64_t len = i1 - i0;
         double acc[FS_CPU_LANES] = {0};
         int64_t i = 0;
+        if (fs_kernels_isa() >= FS_ISA_AVX512) {
+            sumsq_lanes_avx512(acc, x, len);
+            i = len;
+        }
         for (; i + FS_CPU_LANES <= len; i += FS_CPU_LANES)
             for (int l = 0; l < FS_CPU_LANES; l++)
                 acc[l] += (double)x[i + l] * (double)x[i + l];
