@@ -202,18 +202,17 @@ typedef struct fs_acts {
     float *rope_cos;     /* (T, HS/2) */
     float *rope_sin;     /* (T, HS/2) */
     /* saved by forward: the residual stream for every block, the rest per slot (S slots:
-     * one per block that is not checkpointed, plus one shared by the checkpointed ones) */
+     * one per block that is not checkpointed, plus one shared by the checkpointed ones).
+     * The RMSNorm outputs ln1, ln2 and the SwiGLU output h are not kept: backward makes them
+     * again, bit for bit, into the backward scratch (datt, dgu) from x, xmid, the rstd and gu */
     float *x;            /* (L+1, N, C) residual stream: x[l] enters block l */
-    float *ln1;          /* (S, N, C) */
     float *rstd1;        /* (S, N) */
     float *qkv;          /* (S, N, QKV) q and k after RoPE */
     float *att;          /* (S, N, C) attention output, before o_proj */
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
     float *xmid;         /* (S, N, C) residual after attention */
-    float *ln2;          /* (S, N, C) */
     float *rstd2;        /* (S, N) */
     float *gu;           /* (S, N, 2FF) gate | up */
-    float *h;            /* (S, N, FF) silu(gate) * up */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
@@ -228,8 +227,8 @@ typedef struct fs_acts {
     float *dres;         /* (N, C) gradient of the residual stream */
     float *dln;          /* (N, C) */
     float *dqkv;         /* (N, QKV) */
-    float *datt;         /* (N, C) */
-    float *dgu;          /* (N, 2FF) */
+    float *datt;         /* (N, C); also ln1 and ln2 where they are used, forward and backward */
+    float *dgu;          /* (N, 2FF); also h (its first N·FF) where it is used */
     float *dh;           /* (N, FF) */
     float *dlnf;         /* (N, C) */
 } fs_acts;

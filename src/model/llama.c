@@ -13,6 +13,15 @@
  * add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
  * every block in place, picking up the two RMSNorm input gradients on the way.
  *
+ * ln1, ln2 and h are not kept: each is only a GEMM's weight-gradient operand in backward, and
+ * is cheap to make again from what is kept (x, xmid with the saved rstd1, rstd2; gu) with the
+ * same kernel on the same inputs, so backward recomputes it into the backward scratch and gets
+ * the very bits forward had (tests/test_model.c checks the gradients bitwise against a run
+ * that keeps them). Forward writes them into that scratch too: it is free until backward.
+ * This saves 2·N·C + N·FF floats per block (a quarter of a block's activations for Llama
+ * shapes) for two RMSNorms and one SwiGLU per block in backward (memory-bound, ~1% of a step,
+ * BENCHMARKS.md).
+ *
  * Every kernel is called through the device's kernel table (device.h), so the same code runs
  * on the CPU and on a GPU; every pointer here is the device's memory.
  *
@@ -63,7 +72,7 @@ static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
 
 /* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
  * that every array starts on a cache line. */
-#define N_ACT_ARRAYS 27
+#define N_ACT_ARRAYS 24
 /* Per-block activations are stored in slots: one per block that keeps its activations, and
  * one shared by all checkpointed blocks (whose activations are recomputed in backward). */
 static int64_t n_slots(int64_t L, int64_t ckpt_layers) {
@@ -76,16 +85,13 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
     numel[i++] = d->T * (d->HS / 2);           /* rope_sin */
     numel[i++] = (d->L + 1) * d->N * d->C;     /* x */
-    numel[i++] = S * d->N * d->C;              /* ln1 */
     numel[i++] = S * d->N;                     /* rstd1 */
     numel[i++] = S * d->N * d->QKV;            /* qkv */
     numel[i++] = S * d->N * d->C;              /* att */
     numel[i++] = S * d->B * d->NH * d->T;      /* lse */
     numel[i++] = S * d->N * d->C;              /* xmid */
-    numel[i++] = S * d->N * d->C;              /* ln2 */
     numel[i++] = S * d->N;                     /* rstd2 */
     numel[i++] = S * d->N * 2 * d->FF;         /* gu */
-    numel[i++] = S * d->N * d->FF;             /* h */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
     numel[i++] = d->N * d->Vc;                 /* logits */
@@ -144,9 +150,9 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     int64_t numel[N_ACT_ARRAYS];
     act_numels(&d, ckpt_layers, numel);
     float **slots[N_ACT_ARRAYS] = {
-        &a->rope_cos, &a->rope_sin, &a->x,    &a->ln1,    &a->rstd1,   &a->qkv,
-        &a->att,      &a->lse,      &a->xmid, &a->ln2,    &a->rstd2,   &a->gu,
-        &a->h,        &a->lnf,      &a->rstdf, &a->logits, &a->row_max, &a->row_sum,
+        &a->rope_cos, &a->rope_sin, &a->x,    &a->rstd1,  &a->qkv,     &a->att,
+        &a->lse,      &a->xmid,     &a->rstd2, &a->gu,    &a->lnf,     &a->rstdf,
+        &a->logits,   &a->row_max,  &a->row_sum,
         &a->target_logit, &a->dres, &a->dln,  &a->dqkv,   &a->datt,    &a->dgu,
         &a->dh,       &a->dlnf,     (float **)&a->loss_sum,
     };
@@ -298,12 +304,16 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     block_weights bw = split_block(m, d, w);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
-    float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    float *rstd1 = a->rstd1 + sl * N;
     float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     float *lse = a->lse + sl * d->B * d->NH * d->T;
-    float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C, *rstd2 = a->rstd2 + sl * N;
-    float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
+    float *xmid = a->xmid + sl * N * C, *rstd2 = a->rstd2 + sl * N;
+    float *gu = a->gu + sl * N * 2 * FF;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+    /* ln1, ln2 and h are not kept (backward makes them again): they go to the backward
+     * scratch, unused in forward (and free between blocks when a checkpointed block is
+     * recomputed in backward) */
+    float *ln1 = a->datt, *ln2 = a->datt, *h = a->dgu;
 
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
@@ -317,8 +327,8 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    if (!write_output) return; /* h only feeds the down projection; backward makes it again */
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-    if (!write_output) return;
     PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
 }
@@ -378,21 +388,29 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     block_grads bg = split_block_grads(d, dw);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *dln1_w = norm_dw + (2 * l) * C, *dln2_w = norm_dw + (2 * l + 1) * C;
+    const float eps = (float)m->layout->cfg.rms_norm_eps;
     const float *x = a->x + l * N * C;
-    const float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    float *rstd1 = a->rstd1 + sl * N, *rstd2 = a->rstd2 + sl * N;
     const float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     const float *lse = a->lse + sl * d->B * d->NH * d->T;
-    const float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C;
-    const float *rstd2 = a->rstd2 + sl * N;
-    const float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
+    const float *xmid = a->xmid + sl * N * C;
+    const float *gu = a->gu + sl * N * 2 * FF;
     const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
+    /* ln1, ln2 and h again, as forward made them (same kernels, same inputs: the same bits;
+     * the rstd slots are rewritten with the values they hold), each into scratch that is free
+     * at that point: h into dgu (written only after h's last use), ln2 and then ln1 into datt
+     * (written by the o_proj backward after ln2's last use; ln1 after its last reader, the
+     * attention backward) */
+    float *h = a->dgu, *ln2 = a->datt, *ln1 = a->datt;
 
     /* dres = dL/dx[l+1] on entry; MLP branch */
+    PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
     PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
     PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
@@ -408,6 +426,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
     PROF(m, FS_PROF_NORM,
