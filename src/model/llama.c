@@ -72,11 +72,44 @@ static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
 
 /* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
  * that every array starts on a cache line. */
-#define N_ACT_ARRAYS 24
+#define N_ACT_ARRAYS 18
 /* Per-block activations are stored in slots: one per block that keeps its activations, and
  * one shared by all checkpointed blocks (whose activations are recomputed in backward). */
 static int64_t n_slots(int64_t L, int64_t ckpt_layers) {
     return (L - ckpt_layers) + (ckpt_layers > 0 ? 1 : 0);
+}
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Offsets (floats) of the arrays that share the scratch, each a multiple of 16. */
+typedef struct scratch_offsets {
+    int64_t dgu, dh, dln, datt, dqkv, dlnf, logits;
+} scratch_offsets;
+
+/* One region holds everything that lives only within one op: the backward's gradients of a
+ * block's inner activations (dgu, dh, dln, datt, dqkv), the activations backward makes again
+ * (h in dgu, ln2 in dh, ln1 in datt: see block_backward), the same three in forward, and the
+ * head's logits chunk and dlnf. What is live at once decides the offsets, with
+ * c = N·C, q = N·QKV, f = N·FF, g = N·2FF (each rounded to 16):
+ *   MLP backward      h [0, f) and dh [g, g+f); then dgu [0, g) and dh
+ *                     then dgu, ln2 [g, g+c) and dln; then dln alone
+ *   attention back.   datt [c, 2c) and dqkv [2c, 2c+q); then dqkv, ln1 (in datt) and dln
+ *   head              dlnf [0, c) and logits [c, c+Vc·N)
+ * dln sits above both ln2 and dqkv: at max(g + c, 2c + q). The region is the largest end:
+ * for Llama shapes g + f = 3·N·FF, against 4·N·C + N·QKV + 3·N·FF + N·Vc in arrays of their
+ * own. The logits of the last forward chunk stay there until the head's backward: nothing
+ * runs between the two (a block forward marks them gone, logits_op = -1). */
+static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
+    const int64_t c = round16(d->N * d->C), q = round16(d->N * d->QKV);
+    const int64_t f = round16(d->N * d->FF), g = round16(d->N * 2 * d->FF);
+    const int64_t v = round16(d->N * d->Vc);
+    scratch_offsets o = {.dgu = 0, .dh = g, .datt = c, .dqkv = 2 * c, .dlnf = 0, .logits = c};
+    o.dln = g + c > 2 * c + q ? g + c : 2 * c + q;
+    int64_t end = g + f;
+    if (o.dln + c > end) end = o.dln + c;
+    if (o.logits + v > end) end = o.logits + v;
+    if (out) *out = o;
+    return end;
 }
 
 static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_ARRAYS]) {
@@ -94,22 +127,14 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     numel[i++] = S * d->N * 2 * d->FF;         /* gu */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
-    numel[i++] = d->N * d->Vc;                 /* logits */
     numel[i++] = d->N;                         /* row_max */
     numel[i++] = d->N;                         /* row_sum */
     numel[i++] = d->N;                         /* target_logit */
     numel[i++] = d->N * d->C;                  /* dres */
-    numel[i++] = d->N * d->C;                  /* dln */
-    numel[i++] = d->N * d->QKV;                /* dqkv */
-    numel[i++] = d->N * d->C;                  /* datt */
-    numel[i++] = d->N * 2 * d->FF;             /* dgu */
-    numel[i++] = d->N * d->FF;                 /* dh */
-    numel[i++] = d->N * d->C;                  /* dlnf */
+    numel[i++] = scratch_numel(d, NULL);       /* the scratch: see scratch_numel */
     numel[i++] = 2;                            /* loss_sum: one double */
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
-
-static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
                    size_t *activation_bytes, size_t *other_bytes) {
@@ -149,18 +174,27 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     }
     int64_t numel[N_ACT_ARRAYS];
     act_numels(&d, ckpt_layers, numel);
+    float *scratch = NULL;
     float **slots[N_ACT_ARRAYS] = {
         &a->rope_cos, &a->rope_sin, &a->x,    &a->rstd1,  &a->qkv,     &a->att,
         &a->lse,      &a->xmid,     &a->rstd2, &a->gu,    &a->lnf,     &a->rstdf,
-        &a->logits,   &a->row_max,  &a->row_sum,
-        &a->target_logit, &a->dres, &a->dln,  &a->dqkv,   &a->datt,    &a->dgu,
-        &a->dh,       &a->dlnf,     (float **)&a->loss_sum,
+        &a->row_max,  &a->row_sum,  &a->target_logit, &a->dres, &scratch,
+        (float **)&a->loss_sum,
     };
     float *p = base;
     for (int i = 0; i < N_ACT_ARRAYS; i++) {
         *slots[i] = p;
         p += round16(numel[i]);
     }
+    scratch_offsets so;
+    scratch_numel(&d, &so);
+    a->dgu = scratch + so.dgu;
+    a->dh = scratch + so.dh;
+    a->dln = scratch + so.dln;
+    a->datt = scratch + so.datt;
+    a->dqkv = scratch + so.dqkv;
+    a->dlnf = scratch + so.dlnf;
+    a->logits = scratch + so.logits;
     a->inputs = tokens;
     a->targets = tokens + round16(d.N);
     a->B = B;
@@ -310,10 +344,11 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     float *xmid = a->xmid + sl * N * C, *rstd2 = a->rstd2 + sl * N;
     float *gu = a->gu + sl * N * 2 * FF;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
-    /* ln1, ln2 and h are not kept (backward makes them again): they go to the backward
-     * scratch, unused in forward (and free between blocks when a checkpointed block is
-     * recomputed in backward) */
-    float *ln1 = a->datt, *ln2 = a->datt, *h = a->dgu;
+    /* ln1, ln2 and h are not kept (backward makes them again): they go to the scratch where
+     * backward puts them (scratch_numel), free in forward and between blocks (when a
+     * checkpointed block is recomputed in backward) */
+    float *ln1 = a->datt, *ln2 = a->dh, *h = a->dgu;
+    a->logits_op = -1; /* the scratch held the head's logits */
 
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
@@ -399,10 +434,10 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
     /* ln1, ln2 and h again, as forward made them (same kernels, same inputs: the same bits;
      * the rstd slots are rewritten with the values they hold), each into scratch that is free
-     * at that point: h into dgu (written only after h's last use), ln2 and then ln1 into datt
-     * (written by the o_proj backward after ln2's last use; ln1 after its last reader, the
+     * at that point (scratch_numel): h into dgu (zeroed only after h's last use), ln2 into dh
+     * (after dh's last use, the SwiGLU backward), ln1 into datt (after its last reader, the
      * attention backward) */
-    float *h = a->dgu, *ln2 = a->datt, *ln1 = a->datt;
+    float *h = a->dgu, *ln2 = a->dh, *ln1 = a->datt;
 
     /* dres = dL/dx[l+1] on entry; MLP branch */
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));

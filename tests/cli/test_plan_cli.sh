@@ -111,9 +111,10 @@ def acts(k, B=2, T=4096, act_bytes=2):                  # docs/planner.md, activ
     arrays = [T * HS // 2] * 2 + [(L + 1) * N * C] + \
         [Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N * C,
          Sl * N, Sl * N * 2 * FF] + \
-        [N * C, N, N * V, N, N, N] + [N * C, N * C, N * QKV, N * C, N * 2 * FF, N * FF, N * C] + \
-        [2]                                             # the loss sum, one double
-    return sum(r(a) for a in arrays) * act_bytes
+        [N * C, N, N, N, N] + [N * C] + [2]            # head; dres; the loss sum, one double
+    c, q, f, g, v = r(N * C), r(N * QKV), r(N * FF), r(N * 2 * FF), r(N * V)
+    scratch = max(g + f, max(g + c, 2 * c + q) + c, c + v)  # shared within an op
+    return (sum(r(a) for a in arrays) + scratch) * act_bytes
 n_units, n_ops = 1 + 1 + L + 1, 1 + L + 1
 other = 2 * (-(-8192 // 16) * 16) * 4 + n_ops * 64 + n_units * 64  # inputs, targets; bookkeeping
 b = e["bytes"]
@@ -168,7 +169,8 @@ b = e["bytes"]
 assert b["master"] == 4 * P and b["grads"] == 4 * P and b["optimizer"] == 8 * P, b
 Vc = block // C                                         # the auto vocabulary chunk: one block
 acts = 2 * T * (HS // 2) + (L + 1) * N * C + L * N * (2 * C + 2 + QKV + NH + 2 * FF) \
-     + N * C + 4 * N + N * Vc + 4 * N * C + N * QKV + 3 * N * FF + 16   # 16: the loss sum
+     + N * C + 4 * N + N * C + 16                       # head, dres; 16: the loss sum
+acts += max(3 * N * FF, max(2 * N * FF + N * C, 2 * N * C + N * QKV) + N * C, N * C + N * Vc)
 assert b["activations"] == 2 * acts, (b["activations"], 2 * acts)   # h200: 2 bytes per element
 assert all(v >= 0 for v in b.values()), b
 assert b["total"] == sum(v for k, v in b.items() if k != "total") < 2**63, b["total"]
