@@ -252,7 +252,7 @@ static void test_largest_plan_has_no_wrap(void) {
          * rounding), fp32 */
         const int64_t act_numel = 2 * T * (HS / 2)         /* rope cos, sin */
                                   + (L + 1) * N * C         /* x */
-                                  + 2 * S * N * C           /* att, xmid */
+                                  + S * N * C               /* att */
                                   + 2 * S * N               /* rstd1, rstd2 */
                                   + S * N * QKV             /* qkv */
                                   + S * 1 * NH * T          /* lse */
@@ -328,22 +328,23 @@ static void test_step_time_by_hand(void) {
     fs_estimate_step(&plan, hw, 2, &e);
 
     /* FLOPs, N = B*T = 32 tokens: a block's forward 2 N (matmul weights 36864) + 2 N C (T+1);
-     * the head's 2 N C V; backward twice the forward; block 0 (checkpointed) forward again */
+     * the head's 2 N C V; backward twice the forward and the o_proj forward again (Fo, for
+     * xmid: not model FLOPs); block 0 (checkpointed) forward again */
     const double Fa = 2.0 * 32 * 64 * 17; /* a block forward's attention (T^2 part) */
-    const double Fb = 2.0 * 32 * 36864 + Fa, Fh = 2.0 * 32 * 64 * 100;
-    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh), model = 2 * (6 * Fb + 3 * Fh);
+    const double Fb = 2.0 * 32 * 36864 + Fa, Fh = 2.0 * 32 * 64 * 100, Fo = 2.0 * 32 * 64 * 64;
+    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh + 2 * Fo), model = 2 * (6 * Fb + 3 * Fh);
     CHECK_REL(e.flops, flops, "flops");
     CHECK_REL(e.attention_flops, 2 * (4 * Fa + 3 * Fa), "attention flops");
     /* memory-bound bytes per token, in activation elements (C 64, FF 128, HS 16, q and k
      * QK = (4 + 2) x 16 = 96, QKV = 128), docs/planner.md:
-     *   block forward 8C + 2QK + 3FF = 1088, backward 16C + 12FF + QKV + 2QK = 2880 (ln2, ln1
-     *   and h made again), recomputed 6C + 2QK = 576; head (one chunk of V 100, first and last) forward V + 2C = 228,
+     *   block forward 8C + 2QK + 3FF = 1088, backward 18C + 12FF + QKV + 2QK = 3008 (h, xmid,
+     *   ln2 and ln1 made again), recomputed 6C + 2QK = 576; head (one chunk of V 100, first and last) forward V + 2C = 228,
      *   backward 2V + 7C = 648; embedding forward 2C = 128, backward 3C = 192;
      * and after every op's backward its unit's gradient rounded for the bf16 wire: 4 + 2
      * bytes per element of the unit (embedding and head 6400, a block 36864) */
     const double tok = 32, wire_e = 6.0 * 6400, wire_b = 6.0 * 36864, wire_h = 6.0 * 6400;
 #define OP_BYTES(act)                                                                           \
-    (tok * (act) * (128 + 192 + (1088 + 2880 + 576) + (1088 + 2880) + (228 + 648)) + wire_e + \
+    (tok * (act) * (128 + 192 + (1088 + 3008 + 576) + (1088 + 3008) + (228 + 648)) + wire_e + \
      2 * wire_b + wire_h)
     CHECK_REL(e.memory_bytes, 2 * OP_BYTES(2.0), "memory-bound bytes (2 micro-batches, bf16 activations)");
     /* after backward, per shard element (86912 / 4 ranks): sum of squares 4, scaling 8, AdamW
@@ -361,8 +362,8 @@ static void test_step_time_by_hand(void) {
     /* ops: embed, block 0, block 1, head; forward and backward compute per op */
     const double cf0 = tok * 2 * 128 / hbm, cf1 = Fb / rate + tok * 2 * 1088 / hbm, cf2 = cf1;
     const double cb0 = (tok * 2 * 192 + wire_e) / hbm;
-    const double cb1 = 3 * Fb / rate + (tok * 2 * (2880 + 576) + wire_b) / hbm;
-    const double cb2 = 2 * Fb / rate + (tok * 2 * 2880 + wire_b) / hbm;
+    const double cb1 = (3 * Fb + Fo) / rate + (tok * 2 * (3008 + 576) + wire_b) / hbm;
+    const double cb2 = (2 * Fb + Fo) / rate + (tok * 2 * 3008 + wire_b) / hbm;
     /* collectives at 240 GB/s (4 ranks: one node), 50 us each, (W-1)/W = 3/4 on the wire;
      * weights bf16 (2 bytes), unit gradients bf16 on the wire (fs_plan_bf16_grad_wire), the
      * norm group's fp32; units padded to multiples of 4 x 32 */

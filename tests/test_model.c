@@ -8,7 +8,7 @@
  * awkward shape (C = 48, 3 heads / 1 kv head, odd T, vocabulary 61), tied embeddings split
  * into uneven vocabulary chunks, and one attention head.
  *
- * In C alone: the activations backward makes again (ln1, ln2, h) give the gradients a
+ * In C alone: the activations backward makes again (ln1, ln2, h, xmid) give the gradients a
  * backward reading kept copies gives, bit for bit (fp32 and bf16, with and without a
  * checkpointed block); vocabulary chunking changes nothing; k micro-batches of b equal one batch of
  * k*b; a training step allocates nothing; the loss falls when training on a repetitive text.
@@ -442,9 +442,9 @@ static void test_reference_model_loads_in_flatshard(void) {
 
 /* ------------------------------------------------------------------ recomputed activations */
 
-/* Block l's forward and backward as llama.c ran them while it kept ln1, ln2 and h: every
- * activation in an array of its own, read back in backward. llama.c now makes those three
- * again in backward; with the same kernels on the same inputs the gradients must be the very
+/* Block l's forward and backward as llama.c ran them while it kept ln1, ln2, h and xmid:
+ * every activation in an array of its own, read back in backward. llama.c now makes those
+ * four again in backward; with the same kernels on the same inputs the gradients must be the very
  * same bits (fp32 and bf16 policies). */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;

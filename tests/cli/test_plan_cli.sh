@@ -109,11 +109,10 @@ want = {
 def acts(k, B=2, T=4096, act_bytes=2):                  # docs/planner.md, activations
     N = B * T; Sl = (L - k) + (1 if k else 0); r = lambda n: -(-n // 16) * 16
     arrays = [T * HS // 2] * 2 + [(L + 1) * N * C] + \
-        [Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N * C,
-         Sl * N, Sl * N * 2 * FF] + \
+        [Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N, Sl * N * 2 * FF] + \
         [N * C, N, N, N, N] + [N * C] + [2]            # head; dres; the loss sum, one double
     c, q, f, g, v = r(N * C), r(N * QKV), r(N * FF), r(N * 2 * FF), r(N * V)
-    scratch = max(g + f, max(g + c, 2 * c + q) + c, c + v)  # shared within an op
+    scratch = max(g + f, max(g + 2 * c, 2 * c + q) + c, c + v)  # shared within an op
     return (sum(r(a) for a in arrays) + scratch) * act_bytes
 n_units, n_ops = 1 + 1 + L + 1, 1 + L + 1
 other = 2 * (-(-8192 // 16) * 16) * 4 + n_ops * 64 + n_units * 64  # inputs, targets; bookkeeping
@@ -128,17 +127,17 @@ fewest = next(k for k in range(L + 1) if fixed + acts(k) <= 80 * 2**30)
 assert e["ckpt_layers"] == fewest > 0, (e["ckpt_layers"], fewest)
 assert b["activations"] == acts(fewest), (b["activations"], acts(fewest))
 assert fixed + acts(fewest - 1) > 80 * 2**30, "one block fewer does not fit"
-# FLOPs: per block 3 x (2 N block + 2 N C (T+1)), again once for each checkpointed block;
-# the head 3 x 2 N C V (one chunk)
+# FLOPs: per block 3 x (2 N block + 2 N C (T+1)) and the o_proj forward again (2 N C C, for
+# xmid), again once for each checkpointed block; the head 3 x 2 N C V (one chunk)
 N = 8192; fb = 2 * N * block + 2 * N * C * (4096 + 1); fh = 2 * N * C * V
-flops = L * 3 * fb + fewest * fb + 3 * fh
+flops = L * (3 * fb + 2 * N * C * C) + fewest * fb + 3 * fh
 assert abs(e["estimate"]["flops"] - flops) <= 1e-12 * flops, (e["estimate"]["flops"], flops)
 # memory-bound bytes (2 per activation element), per token: a block forward 8C + 2QK + 3FF,
-# backward 16C + 12FF + QKV + 2QK, recomputed 6C + 2QK; the head forward V + 2C, backward
+# backward 18C + 12FF + QKV + 2QK, recomputed 6C + 2QK; the head forward V + 2C, backward
 # 2V + 7C; the embedding 2C + 3C; every unit gradient rounded for the bf16 wire (6 bytes per
 # element); after backward 42 bytes per shard element; all over HBM2e at 2039 GB/s
 QK = (NH + NKV) * HS
-per_token = L * ((8 * C + 2 * QK + 3 * FF) + (16 * C + 12 * FF + QKV + 2 * QK)) + \
+per_token = L * ((8 * C + 2 * QK + 3 * FF) + (18 * C + 12 * FF + QKV + 2 * QK)) + \
     fewest * (6 * C + 2 * QK) + (V + 2 * C) + (2 * V + 7 * C) + 5 * C
 mem = N * per_token * 2 + 6 * (L * pad(block) + 2 * pad(V * C))
 est = e["estimate"]
@@ -168,9 +167,9 @@ assert e["params"] == P, (e["params"], P)
 b = e["bytes"]
 assert b["master"] == 4 * P and b["grads"] == 4 * P and b["optimizer"] == 8 * P, b
 Vc = block // C                                         # the auto vocabulary chunk: one block
-acts = 2 * T * (HS // 2) + (L + 1) * N * C + L * N * (2 * C + 2 + QKV + NH + 2 * FF) \
+acts = 2 * T * (HS // 2) + (L + 1) * N * C + L * N * (C + 2 + QKV + NH + 2 * FF) \
      + N * C + 4 * N + N * C + 16                       # head, dres; 16: the loss sum
-acts += max(3 * N * FF, max(2 * N * FF + N * C, 2 * N * C + N * QKV) + N * C, N * C + N * Vc)
+acts += max(3 * N * FF, max(2 * N * FF + 2 * N * C, 2 * N * C + N * QKV) + N * C, N * C + N * Vc)
 assert b["activations"] == 2 * acts, (b["activations"], 2 * acts)   # h200: 2 bytes per element
 assert all(v >= 0 for v in b.values()), b
 assert b["total"] == sum(v for k, v in b.items() if k != "total") < 2**63, b["total"]
