@@ -10,10 +10,12 @@
 #           the plan's and the measured bytes per category (rank 0) and each rank's peak RSS
 #           (/usr/bin/time %M), RUNS runs;
 #   speed   `bench step` of small, batch 4 x seq 256, one process, 1 thread, bf16 and fp32,
-#           STEPS measured steps after 1 warm-up: the process's CPU time (user + sys, the same
-#           start-up work on both sides) and the bench's median step, RUNS rounds.
-# Prints the medians. On a shared machine the CPU times are the figures to read (wall-clock
-# steps move with the other processes' load).
+#           STEPS measured steps after 1 warm-up: the process's CPU time (user + sys: it
+#           includes start-up, where the base first-touches more pages), the bench's median
+#           step and its per-kernel profile per step (gemm, rmsnorm, swiglu: what the change
+#           adds to), RUNS rounds.
+# Prints the medians. On a shared machine wall-clock steps move with the other processes'
+# load: read the kernel columns side by side within a round's conditions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -77,14 +79,17 @@ for r in $(seq "$RUNS"); do
     done
 done
 echo
-echo "bench step, one process, 1 thread, $STEPS steps + 1 warm-up, $RUNS alternating rounds: medians (min-max)"
-printf '%-6s %-5s %22s %22s\n' policy side "process CPU s" "median step s"
+echo "bench step, one process, 1 thread, $STEPS steps + 1 warm-up, $RUNS alternating rounds: medians (min-max);"
+echo "kernel columns: the step's per-kernel profile, seconds per measured step"
+printf '%-6s %-5s %22s %22s %8s %8s %8s\n' policy side "process CPU s" "median step s" gemm rmsnorm swiglu
 for p in bf16 fp32; do
     for side in base new; do
         cpu=$(cat "$WORK"/step-$p-$side-*.txt | awk '$1 == "cpu_s" {print $2 + $3}')
         step=$(cat "$WORK"/step-$p-$side-*.txt | awk '$1 == "step" && $2 == "time" {print $4}')
-        printf '%-6s %-5s %22s %22s\n' "$p" "$side" \
+        kern() { cat "$WORK"/step-$p-$side-*.txt | awk -v k="$1" -v n="$STEPS" '$1 == k && $3 == "s" && NF == 6 {printf "%.4f\n", $2 / n}' | median; }
+        printf '%-6s %-5s %22s %22s %8s %8s %8s\n' "$p" "$side" \
             "$(echo "$cpu" | median) ($(echo "$cpu" | sort -g | head -n1)-$(echo "$cpu" | sort -g | tail -n1))" \
-            "$(echo "$step" | median) ($(echo "$step" | sort -g | head -n1)-$(echo "$step" | sort -g | tail -n1))"
+            "$(echo "$step" | median) ($(echo "$step" | sort -g | head -n1)-$(echo "$step" | sort -g | tail -n1))" \
+            "$(kern gemm)" "$(kern rmsnorm)" "$(kern swiglu)"
     done
 done
