@@ -8,7 +8,9 @@
  * awkward shape (C = 48, 3 heads / 1 kv head, odd T, vocabulary 61), tied embeddings split
  * into uneven vocabulary chunks, and one attention head.
  *
- * In C alone: vocabulary chunking changes nothing; k micro-batches of b equal one batch of
+ * In C alone: the activations backward makes again (ln1, ln2, h, xmid) give the gradients a
+ * backward reading kept copies gives, bit for bit (fp32 and bf16, with and without a
+ * checkpointed block); vocabulary chunking changes nothing; k micro-batches of b equal one batch of
  * k*b; a training step allocates nothing; the loss falls when training on a repetitive text.
  */
 #include <stdio.h>
@@ -438,6 +440,145 @@ static void test_reference_model_loads_in_flatshard(void) {
 
 /* ------------------------------------------------------------------ C-only invariants */
 
+/* ------------------------------------------------------------------ recomputed activations */
+
+/* Block l's forward and backward as llama.c ran them while it kept ln1, ln2, h and xmid:
+ * every activation in an array of its own, read back in backward. llama.c now makes those
+ * four again in backward; with the same kernels on the same inputs the gradients must be the very
+ * same bits (fp32 and bf16 policies). */
+typedef struct kept_block {
+    float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
+    float *dres, *dln, *dqkv, *datt, *dgu, *dh;
+} kept_block;
+
+static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, const void *w,
+                                const float *norm_w, const float *dres_in, kept_block *k,
+                                float *dw, float *dnorm /* (2C): ln1's, ln2's */) {
+    fs_device *dev = m->dev;
+    const fs_kernel_table *K = fs_device_kernels(dev);
+    const fs_llama_config *c = &m->layout->cfg;
+    const int64_t B = a->B, T = a->T, N = a->N, C = c->hidden_size, FF = c->intermediate_size;
+    const int64_t NH = c->num_attention_heads, NKV = c->num_key_value_heads, HS = C / NH;
+    const int64_t QKV = (NH + 2 * NKV) * HS;
+    const float eps = (float)c->rms_norm_eps;
+    const int bf16 = m->bf16_weights;
+    const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const char *wq = w, *wo = wq + (size_t)(QKV * C) * es, *wgu = wo + (size_t)(C * C) * es;
+    const char *wd = wgu + (size_t)(2 * FF * C) * es;
+    float *gq = dw, *go = gq + QKV * C, *ggu = go + C * C, *gd = ggu + 2 * FF * C;
+    const float *ln1_w = norm_w + 2 * l * C, *ln2_w = ln1_w + C;
+    const float *x = a->x + l * N * C;
+    float *q = k->qkv, *kk = q + NH * HS, *v = kk + NKV * HS;
+    float *dq = k->dqkv, *dk = dq + NH * HS, *dv = dk + NKV * HS;
+    K->rmsnorm_forward(dev, k->ln1, k->rstd1, x, ln1_w, N, C, eps);
+    K->linear_forward(dev, k->qkv, k->ln1, wq, bf16, N, C, QKV, 0);
+    K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, B, T, NH, HS);
+    K->rope_forward(dev, kk, QKV, a->rope_cos, a->rope_sin, B, T, NKV, HS);
+    K->attention_forward(dev, k->att, k->lse, q, kk, v, QKV, B, T, NH, NKV, HS, bf16);
+    K->copy(dev, k->xmid, x, (size_t)(N * C) * sizeof(float));
+    K->linear_forward(dev, k->xmid, k->att, wo, bf16, N, C, C, 1);
+    K->rmsnorm_forward(dev, k->ln2, k->rstd2, k->xmid, ln2_w, N, C, eps);
+    K->linear_forward(dev, k->gu, k->ln2, wgu, bf16, N, C, 2 * FF, 0);
+    K->swiglu_forward(dev, k->h, k->gu, N, FF);
+    memcpy(k->dres, dres_in, (size_t)(N * C) * sizeof(float));
+    memset(dnorm, 0, (size_t)(2 * C) * sizeof(float));
+    K->linear_backward(dev, k->dh, gd, k->dres, k->h, wd, bf16, N, FF, C, 0, 0);
+    K->zero(dev, k->dgu, (size_t)(N * 2 * FF) * sizeof(float));
+    K->swiglu_backward(dev, k->dgu, k->dh, k->gu, N, FF);
+    K->linear_backward(dev, k->dln, ggu, k->dgu, k->ln2, wgu, bf16, N, C, 2 * FF, 0, 0);
+    K->rmsnorm_backward(dev, k->dres, dnorm + C, k->dln, k->xmid, ln2_w, k->rstd2, N, C);
+    K->linear_backward(dev, k->datt, go, k->dres, k->att, wo, bf16, N, C, C, 0, 0);
+    K->zero(dev, k->dqkv, (size_t)(N * QKV) * sizeof(float));
+    K->attention_backward(dev, dq, dk, dv, QKV, k->datt, q, kk, v, QKV, k->att, k->lse, B, T,
+                          NH, NKV, HS, bf16);
+    K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, B, T, NH, HS);
+    K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, B, T, NKV, HS);
+    K->linear_backward(dev, k->dln, gq, k->dqkv, k->ln1, wq, bf16, N, C, QKV, 0, 0);
+    K->rmsnorm_backward(dev, k->dres, dnorm, k->dln, x, ln1_w, k->rstd1, N, C);
+}
+
+static void test_recomputed_activations_give_the_kept_gradients(void) {
+    /* GQA, FF not a multiple of 16, odd T; 3 blocks so that a checkpointed one shares its
+     * slot */
+    model_case mc = {"recompute", make_cfg(48, 72, 3, 3, 1, 61, 0), 2, 7, 0};
+    const fs_llama_config *c = &mc.cfg;
+    const int64_t N = mc.B * mc.T, C = c->hidden_size, FF = c->intermediate_size;
+    const int64_t HS = C / c->num_attention_heads;
+    const int64_t QKV = (c->num_attention_heads + 2 * c->num_key_value_heads) * HS;
+    int32_t in[14], tg[14];
+    make_batch(&mc, in, tg);
+    for (int bf16 = 0; bf16 <= 1; bf16++)
+        for (int64_t ckpt = 0; ckpt <= 1; ckpt++) {
+            fs_layout l;
+            fs_mem *mem = NULL;
+            fs_device *dev = NULL;
+            fs_weights w, g;
+            fs_acts a;
+            CHECK_OK(fs_layout_init(&l, c, 0));
+            CHECK_OK(fs_mem_init(&mem, 0));
+            CHECK_OK(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
+            CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "weights"));
+            CHECK_OK(fs_weights_init(&g, &l, mem, FS_MEM_OTHER, "grads"));
+            uint16_t *w16 = calloc((size_t)w.numel, sizeof *w16);
+            for (int u = 0; u < l.n_units; u++) {
+                float *p = fs_weights_unit(&w, u);
+                fs_layout_init_weights(&l, u, 0, l.units[u].numel, p, 5);
+                if (u == l.norm_unit) /* norms of 1 would hide a swapped norm weight */
+                    for (int64_t i = 0; i < l.units[u].numel; i++) p[i] = 1.0f + 0.01f * (float)(i % 13);
+                for (int64_t i = 0; i < l.units[u].numel; i++)
+                    w16[w.unit_offset[u] + i] = fs_fp32_to_bf16(p[i]);
+            }
+            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, dev, mem));
+            CHECK_OK(fs_acts_prepare_gemms(&l, mc.B, mc.T, bf16, dev, mem));
+            memcpy(a.inputs, in, sizeof in);
+            memcpy(a.targets, tg, sizeof tg);
+            fs_model m = {.layout = &l, .dev = dev, .profile = NULL, .bf16_weights = bf16};
+            const float *norm_w = fs_weights_unit(&w, l.norm_unit);
+            float *norm_dw = fs_weights_unit(&g, l.norm_unit);
+            kept_block k;
+            float **bufs[] = {&k.ln1, &k.rstd1, &k.qkv, &k.att, &k.lse, &k.xmid, &k.ln2, &k.rstd2,
+                              &k.gu, &k.h, &k.dres, &k.dln, &k.dqkv, &k.datt, &k.dgu, &k.dh};
+            const int64_t sizes[] = {N * C, N, N * QKV, N * C, N * c->num_attention_heads, N * C,
+                                     N * C, N, N * 2 * FF, N * FF, N * C, N * C, N * QKV, N * C,
+                                     N * 2 * FF, N * FF};
+            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+                *bufs[i] = calloc((size_t)sizes[i], sizeof(float));
+            float *dres_in = calloc((size_t)(N * C), sizeof(float));
+            float *kdw = calloc((size_t)l.max_unit_numel, sizeof(float));
+            float *kdnorm = calloc((size_t)(2 * C), sizeof(float));
+            #define UNIT_W(u) (bf16 ? (const void *)(w16 + w.unit_offset[u]) : (const void *)fs_weights_unit(&w, u))
+            for (int op = 0; op < l.n_ops; op++)
+                fs_model_forward(&m, &a, op, UNIT_W(l.ops[op].unit), norm_w);
+            int blocks_equal = 0;
+            for (int op = l.n_ops - 1; op >= 0; op--) {
+                const int u = l.ops[op].unit;
+                const int is_block = l.ops[op].kind == FS_UNIT_BLOCK, bl = l.units[u].index;
+                if (is_block) memcpy(dres_in, a.dres, (size_t)(N * C) * sizeof(float));
+                fs_model_backward(&m, &a, op, UNIT_W(u), fs_weights_unit(&g, u), 0, norm_w, norm_dw);
+                if (!is_block) continue;
+                kept_block_backward(&m, &a, bl, UNIT_W(u), norm_w, dres_in, &k, kdw, kdnorm);
+                int same = memcmp(kdw, fs_weights_unit(&g, u),
+                                  (size_t)l.units[u].numel * sizeof(float)) == 0 &&
+                           memcmp(kdnorm, norm_dw + 2 * bl * C, (size_t)(2 * C) * sizeof(float)) == 0 &&
+                           memcmp(k.dres, a.dres, (size_t)(N * C) * sizeof(float)) == 0;
+                CHECK(same, "bf16 %d, %lld checkpointed: block %d's weight, norm and input gradients "
+                      "equal the kept-activation backward's bit for bit", bf16, (long long)ckpt, bl);
+                blocks_equal += same;
+            }
+            #undef UNIT_W
+            CHECK(blocks_equal == c->num_hidden_layers, "every block compared (%d)", blocks_equal);
+            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) free(*bufs[i]);
+            free(dres_in);
+            free(kdw);
+            free(kdnorm);
+            free(w16);
+            fs_acts_free(&a, mem);
+            fs_device_close(dev);
+            fs_mem_free(mem);
+            fs_layout_free(&l);
+        }
+}
+
 static void test_vocab_chunking_changes_nothing(void) {
     model_case whole = {"whole", make_cfg(32, 64, 2, 4, 2, 61, 0), 2, 9, 0};
     model_case chunked = whole;
@@ -639,6 +780,7 @@ int main(void) {
     RUN(test_one_head_vs_torch);
     RUN(test_exported_model_runs_in_the_reference);
     RUN(test_reference_model_loads_in_flatshard);
+    RUN(test_recomputed_activations_give_the_kept_gradients);
     RUN(test_vocab_chunking_changes_nothing);
     RUN(test_grad_accumulation_equals_big_batch);
     RUN(test_trainer_follows_the_lr_schedule);

@@ -202,35 +202,37 @@ typedef struct fs_acts {
     float *rope_cos;     /* (T, HS/2) */
     float *rope_sin;     /* (T, HS/2) */
     /* saved by forward: the residual stream for every block, the rest per slot (S slots:
-     * one per block that is not checkpointed, plus one shared by the checkpointed ones) */
+     * one per block that is not checkpointed, plus one shared by the checkpointed ones).
+     * The RMSNorm outputs ln1, ln2, the residual midpoint xmid and the SwiGLU output h are
+     * not kept: backward makes them again, bit for bit, into the scratch below from x, att,
+     * the rstd and gu (llama.c) */
     float *x;            /* (L+1, N, C) residual stream: x[l] enters block l */
-    float *ln1;          /* (S, N, C) */
     float *rstd1;        /* (S, N) */
     float *qkv;          /* (S, N, QKV) q and k after RoPE */
     float *att;          /* (S, N, C) attention output, before o_proj */
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
-    float *xmid;         /* (S, N, C) residual after attention */
-    float *ln2;          /* (S, N, C) */
     float *rstd2;        /* (S, N) */
     float *gu;           /* (S, N, 2FF) gate | up */
-    float *h;            /* (S, N, FF) silu(gate) * up */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
-    float *logits;       /* (N, Vc) logits of one chunk (the last forward chunk after forward) */
+    float *logits;       /* (N, Vc) logits of one chunk (the last forward chunk after forward;
+                            in the scratch: a block's forward or backward overwrites them) */
     int logits_op;       /* the op whose logits are in `logits`, -1 if none */
     float *row_max;      /* (N) online log-sum-exp state; row_max becomes the final lse */
     float *row_sum;      /* (N) */
     float *target_logit; /* (N) */
     double *loss_sum;    /* one double: the last head op adds its micro-batch's mean
                             cross-entropy; read (and zeroed) by fs_acts_take_loss */
-    /* backward scratch, shared by all blocks */
-    float *dres;         /* (N, C) gradient of the residual stream */
+    float *dres;         /* (N, C) gradient of the residual stream, through every block */
+    /* within one op only: views into one scratch region, placed by what is live at once
+     * (scratch_numel, llama.c): they overlap each other and logits */
     float *dln;          /* (N, C) */
     float *dqkv;         /* (N, QKV) */
-    float *datt;         /* (N, C) */
-    float *dgu;          /* (N, 2FF) */
-    float *dh;           /* (N, FF) */
+    float *datt;         /* (N, C); ln1 where ln1 is used, forward and backward */
+    float *dgu;          /* (N, 2FF); h (its first N·FF) where h is used */
+    float *dh;           /* (N, FF); ln2 (its first N·C) where ln2 is used */
+    float *xmid;         /* (N, C) residual after attention, where it is used */
     float *dlnf;         /* (N, C) */
 } fs_acts;
 

@@ -231,7 +231,7 @@ fs_status fs_layout_check_batch(const fs_layout *l, int64_t B, int64_t T) {
     /* An upper bound of llama.c's activation arrays (act_numels), in double so that nothing
      * here can wrap: every block keeping its activations (S = L + 1 slots), plus the head's
      * logits of the largest chunk, the backward scratch, RoPE tables and the 64-byte rounding
-     * of 26 arrays. */
+     * of 23 arrays. */
     const double C = (double)c->hidden_size, NH = (double)c->num_attention_heads;
     const double HS = C / NH, QKV = (NH + 2.0 * (double)c->num_key_value_heads) * HS;
     const double FF = (double)c->intermediate_size, L = (double)c->num_hidden_layers;
@@ -241,10 +241,10 @@ fs_status fs_layout_check_batch(const fs_layout *l, int64_t B, int64_t T) {
             Vc = (double)l->units[l->ops[i].unit].rows;
     const double N = (double)B * (double)T;
     const double per_token = (L + 1.0) * C                                  /* x */
-                             + (L + 1.0) * (4.0 * C + 2.0 + QKV + NH + 3.0 * FF) /* slots */
+                             + (L + 1.0) * (2.0 * C + 2.0 + QKV + NH + 2.0 * FF) /* slots */
                              + C + 4.0 + Vc                                  /* head */
                              + 4.0 * C + QKV + 3.0 * FF;                     /* scratch */
-    const double bytes = 4.0 * (N * per_token + (double)T * HS + 26.0 * 16.0);
+    const double bytes = 4.0 * (N * per_token + (double)T * HS + 23.0 * 16.0);
     if (bytes > FS_LAYOUT_MAX_ACTIVATION_BYTES)
         return fs_errorf(FS_ERR_USAGE,
                          "a micro-batch of --batch %lld x --seq %lld tokens needs about %.3g bytes "

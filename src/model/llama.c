@@ -13,6 +13,16 @@
  * add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
  * every block in place, picking up the two RMSNorm input gradients on the way.
  *
+ * ln1, ln2, h and xmid are not kept. ln1, ln2 and h are each only a GEMM's weight-gradient
+ * operand in backward and cheap to make again (x, xmid with the saved rstd1, rstd2; gu);
+ * xmid, the second RMSNorm's input, costs the o_proj GEMM again (N·C·C, ~2% of a block's
+ * GEMM FLOPs). Backward makes each again with the same kernel on the same inputs into the
+ * scratch (scratch_numel) and gets the very bits forward had (tests/test_model.c checks the
+ * gradients bitwise against a backward that reads kept copies). Forward writes them into
+ * that scratch too: it is free until backward. This saves 3·N·C + N·FF floats per block
+ * (~40% of a block's activations for Llama shapes) for one GEMM, two RMSNorms, one SwiGLU
+ * and one copy more per block backward (BENCHMARKS.md has the cost).
+ *
  * Every kernel is called through the device's kernel table (device.h), so the same code runs
  * on the CPU and on a GPU; every pointer here is the device's memory.
  *
@@ -63,11 +73,47 @@ static dims get_dims(const fs_layout *layout, int64_t B, int64_t T) {
 
 /* The activation arrays in allocation order, each rounded up to 16 floats (64 bytes) so
  * that every array starts on a cache line. */
-#define N_ACT_ARRAYS 27
+#define N_ACT_ARRAYS 17
 /* Per-block activations are stored in slots: one per block that keeps its activations, and
  * one shared by all checkpointed blocks (whose activations are recomputed in backward). */
 static int64_t n_slots(int64_t L, int64_t ckpt_layers) {
     return (L - ckpt_layers) + (ckpt_layers > 0 ? 1 : 0);
+}
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Offsets (floats) of the arrays that share the scratch, each a multiple of 16. */
+typedef struct scratch_offsets {
+    int64_t dgu, dh, dln, datt, dqkv, xmid, dlnf, logits;
+} scratch_offsets;
+
+/* One region holds everything that lives only within one op: the backward's gradients of a
+ * block's inner activations (dgu, dh, dln, datt, dqkv), the activations backward makes again
+ * (h in dgu, ln2 in dh, ln1 in datt, xmid: see block_backward), the same four in forward,
+ * and the head's logits chunk and dlnf. What is live at once decides the offsets, with
+ * c = N·C, q = N·QKV, f = N·FF, g = N·2FF (each rounded to 16):
+ *   block forward     ln1 [c, 2c); then xmid [g+c, g+2c), ln2 [g, g+c) and h [0, f)
+ *   MLP backward      h [0, f) and dh [g, g+f); then dgu [0, g) and dh
+ *                     then dgu, xmid, ln2 and dln; then xmid and dln
+ *   attention back.   datt [c, 2c) and dqkv [2c, 2c+q); then dqkv, ln1 (in datt) and dln
+ *   head              dlnf [0, c) and logits [c, c+Vc·N)
+ * dln sits above both xmid and dqkv: at max(g + 2c, 2c + q). The region is the largest end:
+ * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
+ * 7B), against 4·N·C + N·QKV + 3·N·FF + N·Vc (and xmid's N·C per block) in arrays of their
+ * own. The logits of the last forward chunk stay there until the head's
+ * backward: nothing runs between the two (a block forward marks them gone, logits_op = -1). */
+static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
+    const int64_t c = round16(d->N * d->C), q = round16(d->N * d->QKV);
+    const int64_t f = round16(d->N * d->FF), g = round16(d->N * 2 * d->FF);
+    const int64_t v = round16(d->N * d->Vc);
+    scratch_offsets o = {.dgu = 0, .dh = g, .datt = c, .dqkv = 2 * c, .xmid = g + c,
+                         .dlnf = 0, .logits = c};
+    o.dln = g + 2 * c > 2 * c + q ? g + 2 * c : 2 * c + q;
+    int64_t end = g + f;
+    if (o.dln + c > end) end = o.dln + c;
+    if (o.logits + v > end) end = o.logits + v;
+    if (out) *out = o;
+    return end;
 }
 
 static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_ARRAYS]) {
@@ -76,34 +122,22 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
     numel[i++] = d->T * (d->HS / 2);           /* rope_sin */
     numel[i++] = (d->L + 1) * d->N * d->C;     /* x */
-    numel[i++] = S * d->N * d->C;              /* ln1 */
     numel[i++] = S * d->N;                     /* rstd1 */
     numel[i++] = S * d->N * d->QKV;            /* qkv */
     numel[i++] = S * d->N * d->C;              /* att */
     numel[i++] = S * d->B * d->NH * d->T;      /* lse */
-    numel[i++] = S * d->N * d->C;              /* xmid */
-    numel[i++] = S * d->N * d->C;              /* ln2 */
     numel[i++] = S * d->N;                     /* rstd2 */
     numel[i++] = S * d->N * 2 * d->FF;         /* gu */
-    numel[i++] = S * d->N * d->FF;             /* h */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
-    numel[i++] = d->N * d->Vc;                 /* logits */
     numel[i++] = d->N;                         /* row_max */
     numel[i++] = d->N;                         /* row_sum */
     numel[i++] = d->N;                         /* target_logit */
     numel[i++] = d->N * d->C;                  /* dres */
-    numel[i++] = d->N * d->C;                  /* dln */
-    numel[i++] = d->N * d->QKV;                /* dqkv */
-    numel[i++] = d->N * d->C;                  /* datt */
-    numel[i++] = d->N * 2 * d->FF;             /* dgu */
-    numel[i++] = d->N * d->FF;                 /* dh */
-    numel[i++] = d->N * d->C;                  /* dlnf */
+    numel[i++] = scratch_numel(d, NULL);       /* the scratch: see scratch_numel */
     numel[i++] = 2;                            /* loss_sum: one double */
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
-
-static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
                    size_t *activation_bytes, size_t *other_bytes) {
@@ -143,18 +177,28 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     }
     int64_t numel[N_ACT_ARRAYS];
     act_numels(&d, ckpt_layers, numel);
+    float *scratch = NULL;
     float **slots[N_ACT_ARRAYS] = {
-        &a->rope_cos, &a->rope_sin, &a->x,    &a->ln1,    &a->rstd1,   &a->qkv,
-        &a->att,      &a->lse,      &a->xmid, &a->ln2,    &a->rstd2,   &a->gu,
-        &a->h,        &a->lnf,      &a->rstdf, &a->logits, &a->row_max, &a->row_sum,
-        &a->target_logit, &a->dres, &a->dln,  &a->dqkv,   &a->datt,    &a->dgu,
-        &a->dh,       &a->dlnf,     (float **)&a->loss_sum,
+        &a->rope_cos, &a->rope_sin, &a->x,    &a->rstd1,  &a->qkv,     &a->att,
+        &a->lse,      &a->rstd2,    &a->gu,    &a->lnf,    &a->rstdf,
+        &a->row_max,  &a->row_sum,  &a->target_logit, &a->dres, &scratch,
+        (float **)&a->loss_sum,
     };
     float *p = base;
     for (int i = 0; i < N_ACT_ARRAYS; i++) {
         *slots[i] = p;
         p += round16(numel[i]);
     }
+    scratch_offsets so;
+    scratch_numel(&d, &so);
+    a->dgu = scratch + so.dgu;
+    a->dh = scratch + so.dh;
+    a->dln = scratch + so.dln;
+    a->datt = scratch + so.datt;
+    a->dqkv = scratch + so.dqkv;
+    a->xmid = scratch + so.xmid;
+    a->dlnf = scratch + so.dlnf;
+    a->logits = scratch + so.logits;
     a->inputs = tokens;
     a->targets = tokens + round16(d.N);
     a->B = B;
@@ -298,12 +342,17 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     block_weights bw = split_block(m, d, w);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
-    float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    float *rstd1 = a->rstd1 + sl * N;
     float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     float *lse = a->lse + sl * d->B * d->NH * d->T;
-    float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C, *rstd2 = a->rstd2 + sl * N;
-    float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
+    float *rstd2 = a->rstd2 + sl * N;
+    float *gu = a->gu + sl * N * 2 * FF;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+    /* ln1, xmid, ln2 and h are not kept (backward makes them again): they go to the scratch
+     * where backward puts them (scratch_numel), free in forward and between blocks (when a
+     * checkpointed block is recomputed in backward) */
+    float *ln1 = a->datt, *xmid = a->xmid, *ln2 = a->dh, *h = a->dgu;
+    a->logits_op = -1; /* the scratch held the head's logits */
 
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
@@ -318,8 +367,8 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    if (!write_output) return; /* h only feeds the down projection; backward makes it again */
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-    if (!write_output) return;
     PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
 }
@@ -379,21 +428,30 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     block_grads bg = split_block_grads(d, dw);
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *dln1_w = norm_dw + (2 * l) * C, *dln2_w = norm_dw + (2 * l + 1) * C;
+    const float eps = (float)m->layout->cfg.rms_norm_eps;
     const float *x = a->x + l * N * C;
-    const float *ln1 = a->ln1 + sl * N * C, *rstd1 = a->rstd1 + sl * N;
+    float *rstd1 = a->rstd1 + sl * N, *rstd2 = a->rstd2 + sl * N;
     const float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     const float *lse = a->lse + sl * d->B * d->NH * d->T;
-    const float *xmid = a->xmid + sl * N * C, *ln2 = a->ln2 + sl * N * C;
-    const float *rstd2 = a->rstd2 + sl * N;
-    const float *gu = a->gu + sl * N * 2 * FF, *h = a->h + sl * N * FF;
+    const float *gu = a->gu + sl * N * 2 * FF;
     const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
+    /* h, xmid, ln2 and ln1 again, as forward made them (same kernels, same inputs: the same
+     * bits; the rstd slots are rewritten with the values they hold), each into scratch that
+     * is free at that point (scratch_numel): h into dgu (zeroed only after h's last use),
+     * xmid and ln2 after dh's last use (the SwiGLU backward), ln1 into datt after its last
+     * reader (the attention backward) */
+    float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
     /* dres = dL/dx[l+1] on entry; MLP branch */
+    PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
     PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
     PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+    PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
@@ -409,6 +467,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
+    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
     PROF(m, FS_PROF_NORM,

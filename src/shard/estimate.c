@@ -131,11 +131,13 @@ typedef struct op_cost {
  * kernels (docs/planner.md lists them): with QK = (NH + NKV) HS the roped q and k,
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
- *   block backward   zero dgu (2FF) + SwiGLU (read FF + 2FF, dgu read and written 4FF)
- *                    + 2 rmsnorm (read dln, x; dres read and written; then dln and x again
- *                    for the weight's gradient: 6C each) + zero dqkv (QKV) + rope in place
- *                    (2 QK)                                         = 12C + 9FF + QKV + 2 QK
- *   recomputation    the forward without its last copy              = 6C + 2 QK + 3FF
+ *   block backward   SwiGLU forward again for h (3FF) + zero dgu (2FF) + SwiGLU (read FF +
+ *                    2FF, dgu read and written 4FF) + the residual copy again for xmid (2C)
+ *                    + 2 rmsnorm forwards again for ln2, ln1 (2C each) + 2 rmsnorm (read
+ *                    dln, x; dres read and written; then dln and x again for the weight's
+ *                    gradient: 6C each) + zero dqkv (QKV) + rope in place (2 QK)
+ *                                                                   = 18C + 12FF + QKV + 2 QK
+ *   recomputation    the forward without its SwiGLU and last copy   = 6C + 2 QK
  *   head chunk       forward: the final rmsnorm (2C, first chunk) + cross-entropy reads the
  *                    logits (Vc); backward: dlogits in place (2 Vc) + zero dres and the final
  *                    rmsnorm's backward (7C, first chunk)
@@ -161,11 +163,14 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.fwd.bytes = N * (8.0 * C + 2.0 * QK + 3.0 * FF) * act;
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.attention = 2.0 * k.fwd.attention;
-        k.bwd.bytes = N * (12.0 * C + 9.0 * FF + QKV + 2.0 * QK) * act;
+        k.bwd.bytes = N * (18.0 * C + 12.0 * FF + QKV + 2.0 * QK) * act;
+        /* every block's backward runs the o_proj forward again for xmid (llama.c): not
+         * model FLOPs */
+        k.recompute.gemm = 2.0 * N * C * C;
         if (u->index < p->cfg.ckpt_layers) {
-            k.recompute.gemm = k.fwd.gemm;
+            k.recompute.gemm += k.fwd.gemm;
             k.recompute.attention = k.fwd.attention;
-            k.recompute.bytes = N * (6.0 * C + 2.0 * QK + 3.0 * FF) * act;
+            k.recompute.bytes = N * (6.0 * C + 2.0 * QK) * act;
         }
     } else if (o->kind == FS_UNIT_HEAD) {
         const double rows = (double)u->rows;

@@ -165,8 +165,8 @@ for k in ("master", "grads", "optimizer", "compute_shard", "weight_buf", "grad_b
 # train with --trace also holds the timeline buffers (other); the plan does not know them
 assert abs(plan["total"] - peak["total"]) <= 0.05 * peak["total"], (plan["total"], peak["total"])
 ' "$WORK/plan.json" "$WORK/m2.jsonl"
-run "plan Llama 2 70B on 256 A100s at 4096 tokens" 0 "$FS" plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto
-expect "it needs activation checkpointing there" grep -qE "^  256 ranks, yafsdp, bf16, micro-batch 1 x 4096 tokens, 1 micro-batch per step, [1-9][0-9]* checkpointed blocks" "$WORK/out"
+run "plan Llama 2 70B on 256 A100s at 2 x 4096 tokens" 0 "$FS" plan --model llama2-70b --world 256 --batch 2 --seq 4096 --device a100-80gb --ckpt-layers auto
+expect "it needs activation checkpointing there" grep -qE "^  256 ranks, yafsdp, bf16, micro-batch 2 x 4096 tokens, 1 micro-batch per step, [1-9][0-9]* checkpointed blocks" "$WORK/out"
 expect "and gives a step-time estimate" grep -qE "^estimated step .* s per step, [0-9]+ tokens/s, MFU [0-9.]+%" "$WORK/out"
 refuse "plan with an unknown device" 2 "'tpu' is not one of" "$FS" plan --device tpu
 refuse "plan a sequence beyond the model" 2 "exceeds the model's max_position_embeddings" "$FS" plan --model llama2-7b --seq 8192
