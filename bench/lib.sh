@@ -50,11 +50,14 @@ link_check() {
 link_down() {
     ip netns del "$LINK_NS0" 2>/dev/null || true
     ip netns del "$LINK_NS1" 2>/dev/null || true
+    rm -rf "/tmp/flatshard-$LINK_NS0" "/tmp/flatshard-$LINK_NS1"
 }
 
 # link_up DIR SLOTS — the two namespaces, the veth pair between them (fsbv0 in the first,
 # fsbv1 in the second, 10.77.0.1 and .2), and in DIR: agent.sh, which mpirun runs in place of
-# ssh ("agent.sh HOST CMD..." runs CMD in the namespace HOST), and hosts, SLOTS slots per
+# ssh ("agent.sh HOST CMD..." runs CMD in the namespace HOST, with a TMPDIR of its own: the
+# daemons of both "hosts" share one hostname and, in one /tmp, now and then collide creating
+# their session directories), and hosts, SLOTS slots per
 # namespace. OpenMPI fills a host's slots before the next, so ranks 0..SLOTS-1 run in the
 # first namespace and the rest in the second. Deletes the namespaces when the script exits,
 # however it exits.
@@ -78,7 +81,8 @@ link_up() {
     cat >"$dir/agent.sh" <<'AGENT'
 #!/bin/sh
 ns=$1; shift
-exec ip netns exec "$ns" sh -c "$*"
+mkdir -p "/tmp/flatshard-$ns"
+exec ip netns exec "$ns" env TMPDIR="/tmp/flatshard-$ns" sh -c "$*"
 AGENT
     chmod +x "$dir/agent.sh"
     printf '%s slots=%d\n%s slots=%d\n' "$LINK_NS0" "$slots" "$LINK_NS1" "$slots" >"$dir/hosts"

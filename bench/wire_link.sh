@@ -7,15 +7,15 @@
 #    same number of elements sent as fp32 and as bf16 (bf16 on the wire, as the engine's
 #    gradients travel; the engine keeps the sum in fp32, bench comm in bf16: the same bytes
 #    on the wire), each row the median over RUNS runs of bench comm's median time.
-# 2. `train` yafsdp on 2 ranks, --precision bf16 (unit gradients bf16 on the wire,
-#    fs_plan_bf16_grad_wire) against --precision fp32 (fp32 on the wire), runs alternating:
-#    from rank 0's timeline, the bytes its reduce-scatters move per step and the time its
-#    communication thread spends in them; the step time, rank 0's exposed communication
-#    ("comm wait"), the bytes that crossed the link per step (counted on the veth pair, both
-#    directions, the whole run / steps) and rank 0's peak memory. Each figure is the median
-#    over the steps after the first, then over RUNS runs. The two precisions differ in more
-#    than the gradient wire (bf16 weights are gathered, bf16 kernels compute): the step times
-#    are not the wire's effect alone; the reduce-scatter bytes and times are.
+# 2. `train` yafsdp on 2 ranks under --precision bf16: unit gradients bf16 on the wire
+#    (fs_plan_bf16_grad_wire, the default) against fp32 on the wire (--fp32-grad-wire), the
+#    same run otherwise (bf16 weights gathered, bf16 kernels), runs alternating: from rank
+#    0's timeline, the bytes its reduce-scatters move per step and the time its communication
+#    thread spends in them (a collective also waits there for the slower rank to join); the
+#    all-gathers' time; the step time, rank 0's exposed communication ("comm wait"), the bytes
+#    that crossed the link per step (counted on the veth pair, both directions, the whole run
+#    / steps, start-up included) and rank 0's peak memory. Each figure is the median over the
+#    steps after the first, then over RUNS runs.
 #
 #   sudo bench/wire_link.sh [DATA]     MODEL=small BATCH=4 SEQ=256 STEPS=4 RUNS=3 RATE=1gbit
 #
@@ -50,16 +50,18 @@ for run in $(seq "$RUNS"); do
     mpi "$OUT/comm.$run.log" --stdout "$FS" bench comm --ops reduce_scatter --dtypes fp32,bf16 --algos ring \
         -b 4M -e 64M -f 2 -n 3 -w 1 --json
 done
-for p in bf16 fp32; do
-    "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy yafsdp --precision "$p" \
-        --device this-machine --json >"$OUT/plan-$p.json"
+# wire NAME: the flags that pick it
+wire_flags() { [ "$1" = fp32 ] && echo --fp32-grad-wire || true; }
+for w in bf16 fp32; do
+    "$FS" plan --model "$MODEL" --world 2 --batch "$BATCH" --seq "$SEQ" --strategy yafsdp --precision bf16 \
+        $(wire_flags "$w") --device this-machine --json >"$OUT/plan-$w.json"
 done
 for run in $(seq "$RUNS"); do
-    for p in bf16 fp32; do
-        mpi "$OUT/train-$p.$run.jsonl" "$FS" train --model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" \
-            --steps "$STEPS" --threads 1 --no-save --strategy yafsdp --precision "$p" --progress lines \
-            --log-every 1000 --metrics @RESULT@ --trace "$OUT/train-$p.$run.json" --trace-steps $((STEPS - 1)) \
-            >"$OUT/train-$p.$run.log" 2>&1
+    for w in bf16 fp32; do
+        mpi "$OUT/train-$w.$run.jsonl" "$FS" train --model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" \
+            --steps "$STEPS" --threads 1 --no-save --strategy yafsdp --precision bf16 $(wire_flags "$w") \
+            --progress lines --log-every 1000 --metrics @RESULT@ --trace "$OUT/train-$w.$run.json" \
+            --trace-steps $((STEPS - 1)) >"$OUT/train-$w.$run.log" 2>&1
     done
 done
 /usr/bin/python3 - "$OUT" "$RUNS" "$STEPS" <<'PY'
@@ -99,8 +101,8 @@ def trace(path):
             s[p + "_b"] += e["args"]["bytes"]
             s[p + "_t"] += e["dur"] / 1e6
     return list(per.values())
-print("\ntrain yafsdp, 2 ranks across the link; rank 0, per step (median over steps 2.., then over runs):")
-print("| gradient wire (--precision) | reduce-scatter bytes per step (buffer, timeline) | plan: RS sent per rank | RS time s | all-gather time s | step s | exposed comm s | link bytes per step (counted, both directions) | peak MiB (rank 0) | loss at the last step |")
+print("\ntrain yafsdp --precision bf16, 2 ranks across the link; rank 0, per step (median over steps 2.., then over runs):")
+print("| gradient wire | reduce-scatter bytes per step (buffer, timeline) | plan: RS sent per rank | RS time s | all-gather time s | step s | exposed comm s | link bytes per step (counted, both directions) | peak MiB (rank 0) | loss at the last step |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for p in ("bf16", "fp32"):
     tr = [trace(f"{out}/train-{p}.{r}.json") for r in range(1, runs + 1)]
@@ -114,6 +116,6 @@ for p in ("bf16", "fp32"):
     exp = med(med(x["exposed_comm_time"] for x in r) for r in m)
     peak = max(r[-1]["peak_bytes"]["total"] for r in m) / 2**20
     loss = med(r[-1]["loss"] for r in m)
-    print(f"| {p} | {rs_b / 1e6:.1f} MB | {plan / 1e6:.1f} MB | {rs_t:.3f} | {ag_t:.3f} | {step:.3f} | {exp:.3f} | "
+    print(f"| {p}{' (--fp32-grad-wire)' if p == 'fp32' else ''} | {rs_b / 1e6:.1f} MB | {plan / 1e6:.1f} MB | {rs_t:.3f} | {ag_t:.3f} | {step:.3f} | {exp:.3f} | "
           f"{med(link) / 1e6:.1f} MB | {peak:.0f} | {loss:.4f} |")
 PY

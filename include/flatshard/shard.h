@@ -102,6 +102,9 @@ typedef struct fs_plan_config {
     int always_ring;          /* 1: a rank alone still gathers through the ring (a GPU: the
                                  streams-and-events protocol of the multi-GPU engine) */
     size_t device_bytes;      /* a GPU's scratch (fs_device_scratch_bytes), in other */
+    int fp32_grad_wire;       /* 1: under bf16, yafsdp and zero2 still reduce-scatter the unit
+                                 gradients in fp32 (no bf16 wire, fs_plan_bf16_grad_wire 0):
+                                 twice the bytes, to measure what the bf16 wire saves */
 } fs_plan_config;
 
 typedef struct fs_plan {

@@ -57,7 +57,7 @@ int fs_plan_in_place(const fs_plan *plan) {
 
 int fs_plan_bf16_grad_wire(const fs_plan *plan) {
     const fs_strategy s = plan->cfg.strategy;
-    return plan->cfg.precision == FS_PRECISION_BF16 && plan->cfg.world > 1 &&
+    return plan->cfg.precision == FS_PRECISION_BF16 && plan->cfg.world > 1 && !plan->cfg.fp32_grad_wire &&
            (s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2);
 }
 

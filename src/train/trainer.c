@@ -114,6 +114,7 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         .batch = cfg->batch,
         .seq = cfg->seq,
         .ckpt_layers = cfg->ckpt_layers,
+        .fp32_grad_wire = cfg->fp32_grad_wire,
         /* the communicator's staging and the worker's queue are host memory: on a GPU they
          * are not the device allocator's */
         .comm_bytes = cfg->device != FS_DEVICE_CPU ? 0
