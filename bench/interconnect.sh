@@ -30,66 +30,16 @@ STRATEGIES=${STRATEGIES:-ddp zero3-param yafsdp}
 PRECISION=${PRECISION:-fp32}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-interconnect}")
-NS0=fsbench0 NS1=fsbench1 NET=10.77.0
 
-if [ "$(id -u)" -ne 0 ]; then echo "skip: the network namespaces need root"; exit 0; fi
-for tool in ip tc mpirun; do
-    command -v "$tool" >/dev/null || { echo "skip: $tool is not installed (Debian: iproute2, openmpi-bin)"; exit 0; }
-done
 . bench/lib.sh
+link_check
 ensure_corpus "$FS" "$DATA"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 
-cleanup() { ip netns del "$NS0" 2>/dev/null || true; ip netns del "$NS1" 2>/dev/null || true; }
-trap cleanup EXIT
-cleanup
-ip netns add "$NS0"
-ip netns add "$NS1"
-ip link add fsbv0 type veth peer name fsbv1
-ip link set fsbv0 netns "$NS0"
-ip link set fsbv1 netns "$NS1"
-ip -n "$NS0" addr add "$NET.1/24" dev fsbv0
-ip -n "$NS1" addr add "$NET.2/24" dev fsbv1
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
-ip -n "$NS0" link set fsbv0 up
-ip -n "$NS1" link set fsbv1 up
-# mpirun starts its daemons through this in place of ssh: "agent HOST CMD..." runs CMD in
-# the namespace HOST
-cat >"$OUT/agent.sh" <<'EOF'
-#!/bin/sh
-ns=$1; shift
-exec ip netns exec "$ns" sh -c "$*"
-EOF
-chmod +x "$OUT/agent.sh"
-printf '%s slots=1\n%s slots=1\n' "$NS0" "$NS1" >"$OUT/hosts"
-# mpi RESULT [--stdout] CMD... — runs CMD on the two namespaces, up to 3 attempts. Each
-# attempt writes its own file, attempts/RESULT.N: CMD names it wherever it says @RESULT@, or
-# with --stdout mpirun's output goes there. Only a successful attempt's file becomes RESULT,
-# so a failed attempt's rows never mix with the next one's.
-# rtc ^hwloc: OpenMPI 4.1's daemons otherwise share the hwloc topology through a shared-memory
-# segment mapped at a fixed address, and a daemon started through the agent now and then
-# crashes writing it (seen here: SIGSEGV in hwloc_shmem_topology_write); nothing is bound
-mpi() {
-    local result=$1 to_stdout=0 try; shift
-    [ "$1" = --stdout ] && { to_stdout=1; shift; }
-    mkdir -p "$OUT/attempts"
-    for try in 1 2 3; do
-        local attempt="$OUT/attempts/$(basename "$result").$try" args=() a out=/dev/stdout
-        rm -f "$attempt"
-        [ "$to_stdout" -eq 1 ] && out=$attempt
-        for a in "$@"; do args+=("${a//@RESULT@/$attempt}"); done
-        if ip netns exec "$NS0" mpirun --allow-run-as-root --hostfile "$OUT/hosts" -np 2 --bind-to none \
-            --mca plm_rsh_agent "$OUT/agent.sh" --mca rtc ^hwloc --mca btl tcp,self \
-            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "${args[@]}" >"$out" 2>&1; then
-            [ -e "$attempt" ] && mv "$attempt" "$result"
-            return 0
-        fi
-        echo "mpirun failed (attempt $try): $*" >&2
-    done
-    return 1
-}
+link_up "$OUT" 1
+mpi() { link_mpi "$OUT" 2 "$@"; }
 common=(--model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --no-save
         --precision "$PRECISION"
         --progress lines --log-every 1000)
@@ -99,10 +49,7 @@ bench_machine
 "$FS" train "${common[@]}" --ranks 1 --metrics "$OUT/compute.jsonl" >"$OUT/compute.log"
 rows=()
 for rate in $RATES; do
-    for ns in "$NS0" "$NS1"; do
-        dev=$([ "$ns" = "$NS0" ] && echo fsbv0 || echo fsbv1)
-        tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
-    done
+    link_rate "$rate"
     mpi "$OUT/link-$rate.log" --stdout "$FS" bench comm --ops all_gather --dtypes fp32 --algos ring -b 64M -e 64M -n 3 -w 1 --json
     for s in $STRATEGIES; do
         name="$s-$rate"

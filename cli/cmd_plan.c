@@ -122,7 +122,7 @@ int fs_cmd_plan(int argc, char **argv) {
     const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
     const char *ckpt = "0", *shard_group_arg = "0";
     int64_t world = 2, batch = 1, seq = 256, grad_accum = 1, device_mem = 0;
-    int json = 0, recalibrate = 0;
+    int json = 0, recalibrate = 0, fp32_grad_wire = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or a Hugging Face config.json", NULL, 0, 0},
         {"world", 'w', FS_OPT_INT, &world, "W", "ranks (devices)", NULL, 1, 1 << 20},
@@ -133,6 +133,7 @@ int fs_cmd_plan(int argc, char **argv) {
         {"ckpt-layers", 0, FS_OPT_STRING, &ckpt, "N|auto", "checkpointed blocks, or the fewest that fit the device", NULL, 0, 0},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded", strategy_choices, 0, 0},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "weights in the buffers and on the wire", precision_choices, 0, 0},
+        {"fp32-grad-wire", 0, FS_OPT_FLAG, &fp32_grad_wire, NULL, "under bf16, unit gradients fp32 on the wire (as train --fp32-grad-wire)", NULL, 0, 0},
         {"device", 'd', FS_OPT_STRING, &device, "NAME", "a published preset, or this machine measured", device_choices, 0, 0},
         {"device-mem", 0, FS_OPT_BYTES, &device_mem, "BYTES", "device memory (0: the preset's)", NULL, 0, 0},
         {"recalibrate", 0, FS_OPT_FLAG, &recalibrate, NULL, "this-machine: measure again and rewrite the cache", NULL, 0, 0},
@@ -178,6 +179,7 @@ int fs_cmd_plan(int argc, char **argv) {
      * gradients on the wire, since NCCL sums in the data type: docs/comm.md) */
     if (hw->origin == FS_HW_PUBLISHED) tc.device = FS_DEVICE_CUDA;
     tc.shard_group = (int)shard_group;
+    tc.fp32_grad_wire = fp32_grad_wire;
     if (auto_group && (tc.strategy == FS_STRATEGY_DDP || tc.strategy == FS_STRATEGY_ZERO3_PARAM))
         return fs_usage_error("plan", "--shard-group auto: hybrid sharding is supported with yafsdp, zero1, zero2, not %s",
                               strategy);

@@ -392,6 +392,8 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         if (tr.plan.cfg.replicas > 1)
             printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across\n",
                    tr.plan.cfg.replicas, tr.plan.cfg.world);
+        if (cfg.fp32_grad_wire && cfg.precision == FS_PRECISION_BF16 && tr.plan.cfg.world > 1)
+            printf("  unit gradients fp32 on the wire (--fp32-grad-wire), not bf16\n");
         char shards[48] = "";
         if (run->data->n_shards > 1) snprintf(shards, sizeof shards, " in %d shards", run->data->n_shards);
         printf("  data %s: %" PRId64 " tokens%s; global batch %d ranks x %" PRId64 " x %" PRId64
@@ -768,6 +770,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
         {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
+        {"fp32-grad-wire", 0, FS_OPT_FLAG, &c->fp32_grad_wire, NULL, "under bf16, reduce-scatter the unit gradients in fp32 (twice the bytes of the bf16 wire yafsdp and zero2 use; to measure what it saves)", NULL, 0, 0},
         {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (NVIDIA GPUs: one GPU per MPI rank over NCCL, or --ranks W sharing one GPU; docs/gpu.md)", device_choices, 0, 0},
         {"overlap", 0, FS_OPT_STRING, &overlap, "on|off", "overlap communication with compute (off: wait for each collective; same results)", on_off, 0, 0},
         {"steps", 0, FS_OPT_INT, &steps, "N", "optimizer steps", NULL, 0, INT64_MAX},

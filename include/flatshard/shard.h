@@ -102,9 +102,10 @@ typedef struct fs_plan_config {
     int always_ring;          /* 1: a rank alone still gathers through the ring (a GPU: the
                                  streams-and-events protocol of the multi-GPU engine) */
     size_t device_bytes;      /* a GPU's scratch (fs_device_scratch_bytes), in other */
-    int fp32_grad_wire;       /* 1: gradients travel as fp32 even under bf16 (a GPU: NCCL sums
-                                 in the data type, so a bf16 wire would accumulate in bf16;
-                                 fs_plan_bf16_grad_wire is then 0) */
+    int fp32_grad_wire;       /* 1: gradients travel as fp32 even under bf16: on a GPU (NCCL
+                                 sums in the data type, so a bf16 wire would accumulate in
+                                 bf16), or asked for (--fp32-grad-wire: twice the bytes, to
+                                 measure what the bf16 wire saves); fs_plan_bf16_grad_wire 0 */
 } fs_plan_config;
 
 typedef struct fs_plan {

@@ -56,6 +56,7 @@ typedef struct fs_train_config {
     int shard_group;          /* G, hybrid sharding (HSDP): the W ranks form W/G groups of G
                                  consecutive ranks, the state sharded within a group and
                                  replicated across groups (engine.h); 0: G = W, plain sharding */
+    int fp32_grad_wire;       /* 1: no bf16 gradient wire under bf16 (fs_plan_config's) */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */

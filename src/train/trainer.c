@@ -122,8 +122,9 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         /* a GPU gathers through the ring even alone (engine.h); a GPU, and the CPU's oneDNN
          * GEMM under bf16, have a GEMM scratch */
         .always_ring = cfg->device != FS_DEVICE_CPU,
-        /* a GPU's gradients go to NCCL, which sums in the data type: fp32 (docs/comm.md) */
-        .fp32_grad_wire = cfg->device != FS_DEVICE_CPU,
+        /* a GPU's gradients go to NCCL, which sums in the data type: fp32 (docs/comm.md);
+         * --fp32-grad-wire asks for the same on the CPU */
+        .fp32_grad_wire = cfg->fp32_grad_wire || cfg->device != FS_DEVICE_CPU,
         .device_bytes = fs_device_scratch_bytes(cfg->device, cfg->precision == FS_PRECISION_BF16,
                                                 fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
     };

@@ -153,6 +153,35 @@ assert set(b) == set(f) and len(f) == 7, (b, f)
 for u in f:
     assert b[u] * (1 if u == 0 else 2) == f[u], (u, b[u], f[u])
 ' "$WORK/trace-bf16.json" "$WORK/trace-fp32.json"
+# --fp32-grad-wire: under bf16 the unit gradients go back to fp32 on the wire (the fp32 run's
+# bytes for every unit) while the weights still gather in bf16 (the bf16 run's bytes); the
+# bf16 wire buffers are gone, by the plan with the same flag as by the engine's measured peak
+run "train bf16 --fp32-grad-wire on 2 ranks with a timeline" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --precision bf16 \
+    --fp32-grad-wire --trace "$WORK/trace-bf16-f32wire.json" --metrics "$WORK/m-f32wire.jsonl"
+expect "the banner says the gradients are fp32 on the wire" grep -q "unit gradients fp32 on the wire (--fp32-grad-wire)" "$WORK/out"
+run "plan bf16 --fp32-grad-wire" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --precision bf16 --fp32-grad-wire --device this-machine --json
+cp "$WORK/out" "$WORK/plan-f32wire.json"
+run "plan bf16" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --precision bf16 --device this-machine --json
+cp "$WORK/out" "$WORK/plan-bf16wire.json"
+run "plan fp32" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --precision fp32 --device this-machine --json
+cp "$WORK/out" "$WORK/plan-fp32.json"
+expect "--fp32-grad-wire reduce-scatters fp32's bytes, gathers bf16's, and holds no bf16 wire buffers" /usr/bin/python3 -c '
+import json, sys
+def coll(path, kind):
+    ev = json.load(open(path))["traceEvents"]
+    return {e["args"]["unit"]: e["args"]["bytes"] for e in ev if e["ph"] == "X" and e["pid"] == 0
+            and e["args"]["kind"] == kind and e["args"]["step"] == 2}
+wire, b, f = sys.argv[1:4]
+assert coll(wire, "reduce_scatter") == coll(f, "reduce_scatter"), (coll(wire, "reduce_scatter"), coll(f, "reduce_scatter"))
+assert coll(wire, "all_gather") == coll(b, "all_gather"), (coll(wire, "all_gather"), coll(b, "all_gather"))
+pw, pb, pf = (json.load(open(p)) for p in sys.argv[4:7])
+peak = [json.loads(l) for l in open(sys.argv[7])][-1]["peak_bytes"]
+assert pw["bytes"]["grad_buf"] == peak["grad_buf"], (pw["bytes"]["grad_buf"], peak["grad_buf"])
+assert pw["bytes"]["grad_buf"] < pb["bytes"]["grad_buf"], (pw["bytes"]["grad_buf"], pb["bytes"]["grad_buf"])
+assert pw["comm"]["reduce_scatter"] == pf["comm"]["reduce_scatter"], (pw["comm"], pf["comm"])
+assert pw["comm"]["all_gather"] == pb["comm"]["all_gather"], (pw["comm"], pb["comm"])
+' "$WORK/trace-bf16-f32wire.json" "$WORK/trace-bf16.json" "$WORK/trace-fp32.json" \
+    "$WORK/plan-f32wire.json" "$WORK/plan-bf16wire.json" "$WORK/plan-fp32.json" "$WORK/m-f32wire.jsonl"
 expect_all "the picture has both ranks and boxes" 'grep -q "rank 1 comm" "$WORK/step.svg"' '[ "$(grep -c "<rect" "$WORK/step.svg")" -gt 40 ]'
 run "plan the same run" 0 "$FS" plan --model tiny --world 2 --batch 2 --seq 32 --strategy yafsdp --precision fp32 --device this-machine --json
 cp "$WORK/out" "$WORK/plan.json"
