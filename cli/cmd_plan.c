@@ -36,8 +36,7 @@ static const fs_command_help plan_help = {
         "InfiniBand NIC per GPU between nodes.",
     .epilog = "examples:\n"
               "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
-              "  flatshard plan --model llama3-70b --world 256 --seq 4096 --device h100-80gb --ckpt-layers auto \\\n"
-              "      --shard-group auto\n"
+              "  flatshard plan --model llama3-70b --world 256 --seq 4096 --device h100-80gb --ckpt-layers auto --shard-group auto\n"
               "  flatshard plan --model small --world 2 --batch 4 --seq 256 --device this-machine",
 };
 

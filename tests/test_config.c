@@ -498,17 +498,18 @@ static void test_hsdp_step_by_hand(void) {
 
     /* compute as in test_step_time_by_hand, at the H100's rates */
     const double Fa = 2.0 * 32 * 64 * 17, Fb = 2.0 * 32 * 36864 + Fa, Fh = 2.0 * 32 * 64 * 100;
-    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh);
+    const double Fo = 2.0 * 32 * 64 * 64; /* the o_proj forward again, for xmid */
+    const double flops = 2 * (3 * Fb + Fb + 3 * Fb + 3 * Fh + 2 * Fo);
     const double tok = 32, wire_e = 6.0 * 6400, wire_b = 6.0 * 36864, wire_h = 6.0 * 6400;
-    const double op_bytes = tok * 2 * (128 + 192 + (1088 + 2240 + 960) + (1088 + 2240) + (228 + 648)) + wire_e +
+    const double op_bytes = tok * 2 * (128 + 192 + (1088 + 3008 + 576) + (1088 + 3008) + (228 + 648)) + wire_e +
                             2 * wire_b + wire_h;
     const double rate = 989e12 * 0.4, hbm = 3.35e12, opt = (86912 / 4) * 42.0;
     const double compute = flops / rate + (2 * op_bytes + opt) / hbm;
     CHECK_REL(e.compute_s, compute, "hsdp compute");
     const double cf0 = tok * 2 * 128 / hbm, cf1 = Fb / rate + tok * 2 * 1088 / hbm, cf2 = cf1;
     const double cb0 = (tok * 2 * 192 + wire_e) / hbm;
-    const double cb1 = 3 * Fb / rate + (tok * 2 * (2240 + 960) + wire_b) / hbm;
-    const double cb2 = 2 * Fb / rate + (tok * 2 * 2240 + wire_b) / hbm;
+    const double cb1 = (3 * Fb + Fo) / rate + (tok * 2 * (3008 + 576) + wire_b) / hbm;
+    const double cb2 = (2 * Fb + Fo) / rate + (tok * 2 * 3008 + wire_b) / hbm;
     const double lat = 50e-6;
 #define AG(bytes) (lat + 0.75 * (bytes) / 360e9)      /* in the group of 4, one node */
 #define AR(bytes) (lat + 2 * 0.75 * (bytes) / 90e9)   /* over the 4 replicas, 2 nodes */
