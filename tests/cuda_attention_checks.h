@@ -70,6 +70,19 @@
 #define CUDA_ATT_LSE_RTOL 1e-6
 #define CUDA_ATT_GRAD_ATOL 5e-5
 #define CUDA_ATT_GRAD_RTOL 2e-5
+#define CUDA_ATT_BF16_U 0x1p-8 /* bf16's unit roundoff (8 significant bits, to nearest) */
+#define CUDA_ATT_TC_FP32_FACTOR 4.0 /* the fp32 tolerances' factor for the tensor cores */
+
+/* Which CUDA attention a check runs: the fp32 kernels (attention.cu) or the tensor-core ones
+ * (attention_tc.cu; "tensor cores", near the end, says how their bounds are derived). */
+typedef enum cuda_att_kind { CUDA_ATT_FP32, CUDA_ATT_TC } cuda_att_kind;
+
+static const char *cuda_att_prefix(cuda_att_kind kind) { return kind == CUDA_ATT_TC ? "tc " : ""; }
+
+/* The factor on the fp32 tolerances (header comment) for a kind. */
+static double cuda_att_factor(cuda_att_kind kind) {
+    return kind == CUDA_ATT_TC ? CUDA_ATT_TC_FP32_FACTOR : 1.0;
+}
 
 typedef struct cuda_att_shape {
     int64_t B, T, NH, NKV, HS;
@@ -166,6 +179,46 @@ static void cuda_att_close(const char *what, const cuda_att_shape *s, const floa
     free(w);
 }
 
+/* got against want, element i within bound[i] + atol + rtol |want[i]|; the worst element is
+ * reported with its bound. */
+static void cuda_att_close_bounded(const char *what, const cuda_att_shape *s, const float *got,
+                                   const float *want, const double *bound, int64_t n,
+                                   double atol, double rtol) {
+    int64_t worst = -1;
+    double worst_excess = 0.0, max_err = 0.0, max_ratio = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = got[i], w = want[i], tol = bound[i] + atol + rtol * fabs(w);
+        const double err = fabs(g - w);
+        const double excess = isfinite(g) ? err - tol : INFINITY;
+        if (isfinite(err) && err > max_err) max_err = err;
+        if (isfinite(err) && err / tol > max_ratio) max_ratio = err / tol;
+        if (excess > 0 && (worst < 0 || excess > worst_excess)) worst = i, worst_excess = excess;
+    }
+    char name[192];
+    cuda_att_name(name, sizeof name, what, s);
+    if (worst >= 0)
+        CHECK(0,
+              "%s: element %lld is %.9g, expected %.9g (|err| %.3g > bf16 bound %.3g + atol %.3g "
+              "+ rtol %.3g*|want|); max |err| %.3g over %lld elements",
+              name, (long long)worst, (double)got[worst], (double)want[worst],
+              fabs((double)got[worst] - want[worst]), bound[worst], atol, rtol, max_err,
+              (long long)n);
+    else
+        printf("     (%s: max |err| %.3g, at most %.2f of its tolerance)\n", name, max_err,
+               max_ratio);
+}
+
+/* got against want: with cuda_att_close's rule where bound is NULL, else with
+ * cuda_att_close_bounded's. */
+static void cuda_att_compare(const char *what, const cuda_att_shape *s, const float *got,
+                             const float *want, const double *bound, int64_t n, double atol,
+                             double rtol) {
+    if (bound)
+        cuda_att_close_bounded(what, s, got, want, bound, n, atol, rtol);
+    else
+        cuda_att_close(what, s, got, want, n, atol, rtol);
+}
+
 /* Columns [col0, col0 + width) of the rows of x (row stride ld) into dense (N, width). */
 static float *cuda_att_columns(const float *x, int64_t N, int64_t ld, int64_t col0,
                                int64_t width) {
@@ -201,7 +254,8 @@ static void cuda_att_sync(void) {
 /* The CUDA forward of c on device copies: out (N C + guard) and lse (B NH T + guard) are
  * uploaded from the host buffers (their starting values and guards) and downloaded back
  * into them. Returns 0 if an upload failed (recorded by dev_upload). */
-static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse, int tc) {
+static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse,
+                                cuda_att_kind kind) {
     const cuda_att_shape s = c->s;
     const int64_t nout = c->N * c->C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
     float *d_qkv = dev_upload(c->qkv, c->N * c->ld);
@@ -211,7 +265,7 @@ static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse, 
         fs_status (*forward)(void *, float *, float *, const float *, const float *,
                              const float *, int64_t, int64_t, int64_t, int64_t, int64_t,
                              int64_t) =
-            tc ? fs_cuda_attention_tc_forward : fs_cuda_attention_forward;
+            kind == CUDA_ATT_TC ? fs_cuda_attention_tc_forward : fs_cuda_attention_forward;
         CHECK_OK(forward(NULL, d_out, d_lse, d_qkv, d_qkv + c->C, d_qkv + (s.NH + s.NKV) * s.HS,
                          c->ld, s.B, s.T, s.NH, s.NKV, s.HS));
         cuda_att_sync();
@@ -227,7 +281,7 @@ static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse, 
 /* The CUDA backward of c from the CPU forward's out and lse, into g (N ldd + guard), which is
  * uploaded (the starting gradient and guard) and downloaded back. Returns 0 if an upload
  * failed (recorded by dev_upload). */
-static int cuda_att_run_backward(const cuda_att_case *c, float *g, int tc) {
+static int cuda_att_run_backward(const cuda_att_case *c, float *g, cuda_att_kind kind) {
     const cuda_att_shape s = c->s;
     const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
     float *d_qkv = dev_upload(c->qkv, c->N * c->ld), *d_out = dev_upload(c->out, c->N * c->C);
@@ -240,7 +294,7 @@ static int cuda_att_run_backward(const cuda_att_case *c, float *g, int tc) {
                               const float *, const float *, const float *, int64_t,
                               const float *, const float *, int64_t, int64_t, int64_t, int64_t,
                               int64_t) =
-            tc ? fs_cuda_attention_tc_backward : fs_cuda_attention_backward;
+            kind == CUDA_ATT_TC ? fs_cuda_attention_tc_backward : fs_cuda_attention_backward;
         CHECK_OK(backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout, d_qkv, d_qkv + kcol,
                           d_qkv + vcol, c->ld, d_out, d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
         cuda_att_sync();
@@ -254,22 +308,29 @@ static int cuda_att_run_backward(const cuda_att_case *c, float *g, int tc) {
     return ok;
 }
 
-/* The forward of one case against the CPU: every element of out and lse, and the guards
- * after them untouched. */
-static void cuda_att_check_forward(const cuda_att_case *c) {
+/* The forward of one case through kind's kernel against the CPU: every element of out
+ * (within bout, per element, where it is not NULL: the tensor cores' bf16 bounds) and lse,
+ * and the guards after them untouched. */
+static void cuda_att_check_forward(const cuda_att_case *c, cuda_att_kind kind,
+                                   const double *bout) {
     const cuda_att_shape s = c->s;
     const int64_t nout = c->N * c->C, nlse = s.B * s.NH * s.T;
+    const double f = cuda_att_length_factor(s.T) * cuda_att_factor(kind);
+    const char *pre = cuda_att_prefix(kind);
     float *out = cuda_att_guarded(NULL, nout), *lse = cuda_att_guarded(NULL, nlse);
     float *out0 = cuda_att_alloc(nout + CUDA_ATT_GUARD);
     float *lse0 = cuda_att_alloc(nlse + CUDA_ATT_GUARD);
     memcpy(out0, out, (size_t)(nout + CUDA_ATT_GUARD) * sizeof(float));
     memcpy(lse0, lse, (size_t)(nlse + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_forward(c, out, lse, 0)) {
-        const double f = cuda_att_length_factor(s.T);
-        cuda_att_close("out", &s, out, c->out, nout, CUDA_ATT_OUT_ATOL * f, CUDA_ATT_OUT_RTOL * f);
-        cuda_att_close("lse", &s, lse, c->lse, nlse, CUDA_ATT_LSE_ATOL * f, CUDA_ATT_LSE_RTOL * f);
-        char name[192];
-        cuda_att_name(name, sizeof name, "forward", &s);
+    if (cuda_att_run_forward(c, out, lse, kind)) {
+        char what[32], name[192];
+        snprintf(what, sizeof what, "%sout", pre);
+        cuda_att_compare(what, &s, out, c->out, bout, nout, CUDA_ATT_OUT_ATOL * f,
+                         CUDA_ATT_OUT_RTOL * f);
+        snprintf(what, sizeof what, "%slse", pre);
+        cuda_att_close(what, &s, lse, c->lse, nlse, CUDA_ATT_LSE_ATOL * f, CUDA_ATT_LSE_RTOL * f);
+        snprintf(what, sizeof what, "%sforward", pre);
+        cuda_att_name(name, sizeof name, what, &s);
         CHECK(memcmp(out + nout, out0 + nout, CUDA_ATT_GUARD * sizeof(float)) == 0,
               "%s: wrote past the end of out", name);
         CHECK(memcmp(lse + nlse, lse0 + nlse, CUDA_ATT_GUARD * sizeof(float)) == 0,
@@ -278,13 +339,17 @@ static void cuda_att_check_forward(const cuda_att_case *c) {
     free(out), free(lse), free(out0), free(lse0);
 }
 
-/* The backward of one case against the CPU's, both accumulating into the same random start:
- * dq, dk and dv element by element; the gradient's padding columns and the guard after it
- * bit for bit. */
-static void cuda_att_check_backward(const cuda_att_case *c) {
+/* The backward of one case through kind's kernels against the CPU's, both accumulating into
+ * the same random start: dq, dk and dv element by element (within bg, in the gradient's
+ * layout, where it is not NULL); the gradient's padding columns and the guard after it bit
+ * for bit. */
+static void cuda_att_check_backward(const cuda_att_case *c, cuda_att_kind kind,
+                                    const double *bg) {
     const cuda_att_shape s = c->s;
     const int64_t ng = c->N * c->ldd, kv = s.NKV * s.HS;
     const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS, width = vcol + kv;
+    const double f = cuda_att_length_factor(s.T) * cuda_att_factor(kind);
+    const char *pre = cuda_att_prefix(kind);
     float *want = cuda_att_alloc(ng);
     memcpy(want, c->g0, (size_t)ng * sizeof(float));
     fs_attention_backward(NULL, want, want + kcol, want + vcol, c->ldd, c->dout, c->qkv,
@@ -292,21 +357,34 @@ static void cuda_att_check_backward(const cuda_att_case *c) {
                           s.NKV, s.HS);
     float *g = cuda_att_guarded(c->g0, ng), *g0 = cuda_att_alloc(ng + CUDA_ATT_GUARD);
     memcpy(g0, g, (size_t)(ng + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_backward(c, g, 0)) {
-        const double f = cuda_att_length_factor(s.T);
+    if (cuda_att_run_backward(c, g, kind)) {
         const struct {
             const char *what;
             int64_t col, width;
         } parts[3] = {{"dq", 0, c->C}, {"dk", kcol, kv}, {"dv", vcol, kv}};
+        char what[32], name[192];
         for (int p = 0; p < 3; p++) {
+            const int64_t n = c->N * parts[p].width;
             float *got_p = cuda_att_columns(g, c->N, c->ldd, parts[p].col, parts[p].width);
             float *want_p = cuda_att_columns(want, c->N, c->ldd, parts[p].col, parts[p].width);
-            cuda_att_close(parts[p].what, &s, got_p, want_p, c->N * parts[p].width,
-                           CUDA_ATT_GRAD_ATOL * f, CUDA_ATT_GRAD_RTOL * f);
-            free(got_p), free(want_p);
+            double *b_p = NULL;
+            if (bg) {
+                b_p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+                if (!b_p) {
+                    fprintf(stderr, "test_cuda: out of memory\n");
+                    exit(2);
+                }
+                for (int64_t r = 0; r < c->N; r++)
+                    memcpy(b_p + r * parts[p].width, bg + r * c->ldd + parts[p].col,
+                           (size_t)parts[p].width * sizeof(double));
+            }
+            snprintf(what, sizeof what, "%s%s", pre, parts[p].what);
+            cuda_att_compare(what, &s, got_p, want_p, b_p, n, CUDA_ATT_GRAD_ATOL * f,
+                             CUDA_ATT_GRAD_RTOL * f);
+            free(got_p), free(want_p), free(b_p);
         }
-        char name[192];
-        cuda_att_name(name, sizeof name, "backward", &s);
+        snprintf(what, sizeof what, "%sbackward", pre);
+        cuda_att_name(name, sizeof name, what, &s);
         int64_t touched = 0;
         for (int64_t n = 0; n < c->N; n++)
             if (memcmp(g + n * c->ldd + width, g0 + n * c->ldd + width,
@@ -320,68 +398,100 @@ static void cuda_att_check_backward(const cuda_att_case *c) {
     free(want), free(g), free(g0);
 }
 
-static void test_cuda_attention_forward(void) {
-    for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
+/* check on each of n shapes, made with inputs rounded to bf16 where bf16 is set. */
+static void cuda_att_each(const cuda_att_shape *shapes, size_t n, int bf16,
+                          void (*check)(const cuda_att_case *)) {
+    for (size_t i = 0; i < n; i++) {
         cuda_att_case c;
-        cuda_att_make(&c, cuda_att_shapes[i], 0);
-        cuda_att_check_forward(&c);
+        cuda_att_make(&c, shapes[i], bf16);
+        check(&c);
         cuda_att_free(&c);
     }
 }
 
-static void test_cuda_attention_backward(void) {
-    for (size_t i = 0; i < sizeof cuda_att_shapes / sizeof cuda_att_shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, cuda_att_shapes[i], 0);
-        cuda_att_check_backward(&c);
-        cuda_att_free(&c);
+static void cuda_att_fp32_forward(const cuda_att_case *c) {
+    cuda_att_check_forward(c, CUDA_ATT_FP32, NULL);
+}
+static void cuda_att_fp32_backward(const cuda_att_case *c) {
+    cuda_att_check_backward(c, CUDA_ATT_FP32, NULL);
+}
+static void cuda_att_fp32_both(const cuda_att_case *c) {
+    cuda_att_fp32_forward(c);
+    cuda_att_fp32_backward(c);
+}
+
+/* Two runs of kind's kernels on c's inputs give the same bits in out, lse and the gradient;
+ * for a kind other than fp32, out is also near the fp32 kernel's (the inputs are not bf16
+ * numbers there, so that the staging's rounding runs too). */
+static void cuda_att_check_twice(const cuda_att_case *c, cuda_att_kind kind) {
+    const cuda_att_shape s = c->s;
+    const int64_t nout = c->N * c->C, nlse = s.B * s.NH * s.T, ng = c->N * c->ldd;
+    float *out[2], *lse[2], *g[2];
+    int ok = 1;
+    for (int r = 0; r < 2; r++) {
+        out[r] = cuda_att_guarded(NULL, nout);
+        lse[r] = cuda_att_guarded(NULL, nlse);
+        g[r] = cuda_att_guarded(c->g0, ng);
+        ok = ok && cuda_att_run_forward(c, out[r], lse[r], kind) &&
+             cuda_att_run_backward(c, g[r], kind);
     }
+    char what[32], name[192];
+    snprintf(what, sizeof what, "%srun twice", cuda_att_prefix(kind));
+    cuda_att_name(name, sizeof name, what, &s);
+    /* the first n elements: the guards were drawn at random per run */
+    CHECK(!ok || memcmp(out[0], out[1], (size_t)nout * sizeof(float)) == 0, "%s: out differs",
+          name);
+    CHECK(!ok || memcmp(lse[0], lse[1], (size_t)nlse * sizeof(float)) == 0, "%s: lse differs",
+          name);
+    CHECK(!ok || memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0, "%s: dq, dk, dv differ",
+          name);
+    /* and they are the attention at all: near the fp32 kernel's output. The inputs are not
+     * bf16 numbers here, so the staging's rounding of q and k moves each score by ~2^-8
+     * |q_c k_c| scale sqrt(HS) / sqrt(3), ~1e-2 at the k x 3 past position 64, and out by
+     * less than that relative (4.5e-3 in the host emulation of the tensor-core kernels);
+     * 5e-2 of the norm leaves 10x, and anything but attention (a wrong head, mask or scale)
+     * is off by a large fraction of it */
+    if (ok && kind != CUDA_ATT_FP32) {
+        float *ref = cuda_att_guarded(NULL, nout), *rlse = cuda_att_guarded(NULL, nlse);
+        if (cuda_att_run_forward(c, ref, rlse, CUDA_ATT_FP32)) {
+            double dd = 0.0, rr = 0.0;
+            for (int64_t e = 0; e < nout; e++) {
+                const double d = (double)out[0][e] - ref[e];
+                dd += d * d;
+                rr += (double)ref[e] * ref[e];
+            }
+            const double rel = sqrt(dd / (rr > 0.0 ? rr : 1.0));
+            CHECK(rel < 0.05, "%s: out is %.3g (relative, L2) from the fp32 kernel's", name, rel);
+        }
+        free(ref), free(rlse);
+    }
+    for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(g[r]);
+}
+
+static void cuda_att_fp32_twice(const cuda_att_case *c) { cuda_att_check_twice(c, CUDA_ATT_FP32); }
+
+#define CUDA_ATT_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static void test_cuda_attention_forward(void) {
+    cuda_att_each(cuda_att_shapes, CUDA_ATT_COUNT(cuda_att_shapes), 0, cuda_att_fp32_forward);
+}
+
+static void test_cuda_attention_backward(void) {
+    cuda_att_each(cuda_att_shapes, CUDA_ATT_COUNT(cuda_att_shapes), 0, cuda_att_fp32_backward);
 }
 
 /* A training-length row at each of the models' head sizes: 32 key tiles per row, the
  * dk/dv blocks walk 64 query tiles. */
 static void test_cuda_attention_long(void) {
     static const cuda_att_shape shapes[] = {{1, 2048, 2, 1, 64, 0, 0}, {1, 2048, 2, 2, 128, 4, 0}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, shapes[i], 0);
-        cuda_att_check_forward(&c);
-        cuda_att_check_backward(&c);
-        cuda_att_free(&c);
-    }
+    cuda_att_each(shapes, CUDA_ATT_COUNT(shapes), 0, cuda_att_fp32_both);
 }
 
 /* Two runs of each kernel on the same inputs give the same bits: GQA (three query heads per
  * kv head summed into dk, dv), several tiles each way, both common head sizes. */
 static void test_cuda_attention_deterministic(void) {
     static const cuda_att_shape shapes[] = {{2, 300, 6, 2, 64, 3, 1}, {1, 200, 3, 1, 128, 0, 0}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, shapes[i], 0);
-        const cuda_att_shape s = c.s;
-        const int64_t nout = c.N * c.C + CUDA_ATT_GUARD, nlse = s.B * s.NH * s.T + CUDA_ATT_GUARD;
-        const int64_t ng = c.N * c.ldd + CUDA_ATT_GUARD;
-        float *out[2], *lse[2], *g[2];
-        int ok = 1;
-        for (int r = 0; r < 2; r++) {
-            out[r] = cuda_att_guarded(NULL, c.N * c.C);
-            lse[r] = cuda_att_guarded(NULL, s.B * s.NH * s.T);
-            g[r] = cuda_att_guarded(c.g0, c.N * c.ldd);
-            ok = ok && cuda_att_run_forward(&c, out[r], lse[r], 0) &&
-                 cuda_att_run_backward(&c, g[r], 0);
-        }
-        char name[192];
-        cuda_att_name(name, sizeof name, "run twice", &s);
-        /* the first nout - guard elements: the guards were drawn at random per run */
-        CHECK(!ok || memcmp(out[0], out[1], (size_t)(nout - CUDA_ATT_GUARD) * sizeof(float)) == 0,
-              "%s: out differs", name);
-        CHECK(!ok || memcmp(lse[0], lse[1], (size_t)(nlse - CUDA_ATT_GUARD) * sizeof(float)) == 0,
-              "%s: lse differs", name);
-        CHECK(!ok || memcmp(g[0], g[1], (size_t)(ng - CUDA_ATT_GUARD) * sizeof(float)) == 0,
-              "%s: dq, dk, dv differ", name);
-        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(g[r]);
-        cuda_att_free(&c);
-    }
+    cuda_att_each(shapes, CUDA_ATT_COUNT(shapes), 0, cuda_att_fp32_twice);
 }
 
 /* Shapes outside what the kernels handle are refused before anything is launched, and an
@@ -431,9 +541,6 @@ static void test_cuda_attention_shapes(void) {
  * wrong mask, head, tile offset or rescale moves an element by a large fraction of its
  * size and fails.
  */
-#define CUDA_ATT_BF16_U 0x1p-8 /* bf16's unit roundoff (8 significant bits, to nearest) */
-#define CUDA_ATT_TC_FP32_FACTOR 4.0
-
 static const cuda_att_shape cuda_att_tc_shapes[] = {
     {1, 1, 1, 1, 64, 0, 0},    /* T = 1: one key, p = 1 */
     {2, 7, 3, 1, 64, 0, 2},    /* GQA 3/1, B = 2, one partial tile */
@@ -504,43 +611,11 @@ static void cuda_att_tc_bounds(const cuda_att_case *c, double *bout, double *bg)
     free(p), free(ds), free(o);
 }
 
-/* got against want, element i within bound[i] + atol + rtol |want[i]|; the worst element is
- * reported with its bound. */
-static void cuda_att_close_bounded(const char *what, const cuda_att_shape *s, const float *got,
-                                   const float *want, const double *bound, int64_t n,
-                                   double atol, double rtol) {
-    int64_t worst = -1;
-    double worst_excess = 0.0, max_err = 0.0, max_ratio = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double g = got[i], w = want[i], tol = bound[i] + atol + rtol * fabs(w);
-        const double err = fabs(g - w);
-        const double excess = isfinite(g) ? err - tol : INFINITY;
-        if (isfinite(err) && err > max_err) max_err = err;
-        if (isfinite(err) && err / tol > max_ratio) max_ratio = err / tol;
-        if (excess > 0 && (worst < 0 || excess > worst_excess)) worst = i, worst_excess = excess;
-    }
-    char name[192];
-    cuda_att_name(name, sizeof name, what, s);
-    if (worst >= 0)
-        CHECK(0,
-              "%s: element %lld is %.9g, expected %.9g (|err| %.3g > bf16 bound %.3g + atol %.3g "
-              "+ rtol %.3g*|want|); max |err| %.3g over %lld elements",
-              name, (long long)worst, (double)got[worst], (double)want[worst],
-              fabs((double)got[worst] - want[worst]), bound[worst], atol, rtol, max_err,
-              (long long)n);
-    else
-        printf("     (%s: max |err| %.3g, at most %.2f of its tolerance)\n", name, max_err,
-               max_ratio);
-}
-
 /* One case (made with bf16 inputs) through the tensor-core forward and backward, against the
  * CPU: out, lse, dq, dk, dv within their bounds; the guards and the gradient's padding
  * columns untouched. */
 static void cuda_att_tc_check(const cuda_att_case *c) {
-    const cuda_att_shape s = c->s;
-    const int64_t nout = c->N * c->C, nlse = s.B * s.NH * s.T, ng = c->N * c->ldd;
-    const int64_t kv = s.NKV * s.HS, kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
-    const double f = cuda_att_length_factor(s.T), k = CUDA_ATT_TC_FP32_FACTOR;
+    const int64_t nout = c->N * c->C, ng = c->N * c->ldd;
     double *bout = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(double));
     double *bg = malloc((size_t)(ng > 0 ? ng : 1) * sizeof(double));
     if (!bout || !bg) {
@@ -548,140 +623,29 @@ static void cuda_att_tc_check(const cuda_att_case *c) {
         exit(2);
     }
     cuda_att_tc_bounds(c, bout, bg);
-    char name[192];
-
-    float *out = cuda_att_guarded(NULL, nout), *lse = cuda_att_guarded(NULL, nlse);
-    float *out0 = cuda_att_alloc(nout + CUDA_ATT_GUARD);
-    float *lse0 = cuda_att_alloc(nlse + CUDA_ATT_GUARD);
-    memcpy(out0, out, (size_t)(nout + CUDA_ATT_GUARD) * sizeof(float));
-    memcpy(lse0, lse, (size_t)(nlse + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_forward(c, out, lse, 1)) {
-        cuda_att_close_bounded("tc out", &s, out, c->out, bout, nout,
-                               k * CUDA_ATT_OUT_ATOL * f, k * CUDA_ATT_OUT_RTOL * f);
-        cuda_att_close("tc lse", &s, lse, c->lse, nlse, k * CUDA_ATT_LSE_ATOL * f,
-                       k * CUDA_ATT_LSE_RTOL * f);
-        cuda_att_name(name, sizeof name, "tc forward", &s);
-        CHECK(memcmp(out + nout, out0 + nout, CUDA_ATT_GUARD * sizeof(float)) == 0,
-              "%s: wrote past the end of out", name);
-        CHECK(memcmp(lse + nlse, lse0 + nlse, CUDA_ATT_GUARD * sizeof(float)) == 0,
-              "%s: wrote past the end of lse", name);
-    }
-
-    float *want = cuda_att_alloc(ng);
-    memcpy(want, c->g0, (size_t)ng * sizeof(float));
-    fs_attention_backward(NULL, want, want + kcol, want + vcol, c->ldd, c->dout, c->qkv,
-                          c->qkv + kcol, c->qkv + vcol, c->ld, c->out, c->lse, s.B, s.T, s.NH,
-                          s.NKV, s.HS);
-    float *g = cuda_att_guarded(c->g0, ng), *g0 = cuda_att_alloc(ng + CUDA_ATT_GUARD);
-    memcpy(g0, g, (size_t)(ng + CUDA_ATT_GUARD) * sizeof(float));
-    if (cuda_att_run_backward(c, g, 1)) {
-        const struct {
-            const char *what;
-            int64_t col, width;
-        } parts[3] = {{"tc dq", 0, c->C}, {"tc dk", kcol, kv}, {"tc dv", vcol, kv}};
-        for (int p = 0; p < 3; p++) {
-            float *got_p = cuda_att_columns(g, c->N, c->ldd, parts[p].col, parts[p].width);
-            float *want_p = cuda_att_columns(want, c->N, c->ldd, parts[p].col, parts[p].width);
-            double *b_p = malloc((size_t)(c->N * parts[p].width > 0 ? c->N * parts[p].width : 1) *
-                                 sizeof(double));
-            if (!b_p) {
-                fprintf(stderr, "test_cuda: out of memory\n");
-                exit(2);
-            }
-            for (int64_t n = 0; n < c->N; n++)
-                memcpy(b_p + n * parts[p].width, bg + n * c->ldd + parts[p].col,
-                       (size_t)parts[p].width * sizeof(double));
-            cuda_att_close_bounded(parts[p].what, &s, got_p, want_p, b_p,
-                                   c->N * parts[p].width, k * CUDA_ATT_GRAD_ATOL * f,
-                                   k * CUDA_ATT_GRAD_RTOL * f);
-            free(got_p), free(want_p), free(b_p);
-        }
-        cuda_att_name(name, sizeof name, "tc backward", &s);
-        int64_t touched = 0;
-        for (int64_t n = 0; n < c->N; n++)
-            if (memcmp(g + n * c->ldd + vcol + kv, g0 + n * c->ldd + vcol + kv,
-                       (size_t)s.dpad * sizeof(float)) != 0)
-                touched++;
-        CHECK(touched == 0, "%s: the padding columns of %lld gradient rows changed", name,
-              (long long)touched);
-        CHECK(memcmp(g + ng, g0 + ng, CUDA_ATT_GUARD * sizeof(float)) == 0,
-              "%s: wrote past the end of the gradient", name);
-    }
-    free(out), free(lse), free(out0), free(lse0), free(want), free(g), free(g0);
+    cuda_att_check_forward(c, CUDA_ATT_TC, bout);
+    cuda_att_check_backward(c, CUDA_ATT_TC, bg);
     free(bout), free(bg);
 }
 
+static void cuda_att_tc_twice(const cuda_att_case *c) { cuda_att_check_twice(c, CUDA_ATT_TC); }
+
 static void test_cuda_attention_tc(void) {
-    for (size_t i = 0; i < sizeof cuda_att_tc_shapes / sizeof cuda_att_tc_shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, cuda_att_tc_shapes[i], 1);
-        cuda_att_tc_check(&c);
-        cuda_att_free(&c);
-    }
+    cuda_att_each(cuda_att_tc_shapes, CUDA_ATT_COUNT(cuda_att_tc_shapes), 1, cuda_att_tc_check);
 }
 
 /* Training lengths at both head sizes: 32 (16) key tiles per row, the dk/dv blocks walk 64
  * (32) query tiles per head. */
 static void test_cuda_attention_tc_long(void) {
     static const cuda_att_shape shapes[] = {{1, 2048, 2, 1, 64, 0, 0}, {1, 1024, 2, 2, 128, 4, 0}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, shapes[i], 1);
-        cuda_att_tc_check(&c);
-        cuda_att_free(&c);
-    }
+    cuda_att_each(shapes, CUDA_ATT_COUNT(shapes), 1, cuda_att_tc_check);
 }
 
 /* Two runs of the tensor-core kernels give the same bits (on inputs that are not bf16
- * numbers, so the staging's rounding runs too). */
+ * numbers, so the staging's rounding runs too), and near the fp32 kernel's. */
 static void test_cuda_attention_tc_deterministic(void) {
     static const cuda_att_shape shapes[] = {{2, 300, 6, 2, 64, 3, 1}, {1, 200, 4, 1, 128, 0, 0}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        cuda_att_case c;
-        cuda_att_make(&c, shapes[i], 0);
-        const cuda_att_shape s = c.s;
-        const int64_t nout = c.N * c.C, nlse = s.B * s.NH * s.T, ng = c.N * c.ldd;
-        float *out[2], *lse[2], *g[2];
-        int ok = 1;
-        for (int r = 0; r < 2; r++) {
-            out[r] = cuda_att_guarded(NULL, nout);
-            lse[r] = cuda_att_guarded(NULL, nlse);
-            g[r] = cuda_att_guarded(c.g0, ng);
-            ok = ok && cuda_att_run_forward(&c, out[r], lse[r], 1) &&
-                 cuda_att_run_backward(&c, g[r], 1);
-        }
-        char name[192];
-        cuda_att_name(name, sizeof name, "tc run twice", &s);
-        CHECK(!ok || memcmp(out[0], out[1], (size_t)nout * sizeof(float)) == 0,
-              "%s: out differs", name);
-        CHECK(!ok || memcmp(lse[0], lse[1], (size_t)nlse * sizeof(float)) == 0,
-              "%s: lse differs", name);
-        CHECK(!ok || memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0,
-              "%s: dq, dk, dv differ", name);
-        /* and they are the attention at all: near the fp32 kernel's output. The inputs are
-         * not bf16 numbers here, so the staging's rounding of q and k moves each score by
-         * ~2^-8 |q_c k_c| scale sqrt(HS) / sqrt(3), ~1e-2 at the k x 3 past position 64,
-         * and out by less than that relative (4.5e-3 in the host emulation); 5e-2 of the
-         * norm leaves 10x, and anything but attention (a wrong head, mask or scale) is off
-         * by a large fraction of it */
-        if (ok) {
-            float *ref = cuda_att_guarded(NULL, nout), *rlse = cuda_att_guarded(NULL, nlse);
-            if (cuda_att_run_forward(&c, ref, rlse, 0)) {
-                double dd = 0.0, rr = 0.0;
-                for (int64_t e = 0; e < nout; e++) {
-                    const double d = (double)out[0][e] - ref[e];
-                    dd += d * d;
-                    rr += (double)ref[e] * ref[e];
-                }
-                const double rel = sqrt(dd / (rr > 0.0 ? rr : 1.0));
-                CHECK(rel < 0.05, "%s: out is %.3g (relative, L2) from the fp32 kernel's", name,
-                      rel);
-            }
-            free(ref), free(rlse);
-        }
-        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(g[r]);
-        cuda_att_free(&c);
-    }
+    cuda_att_each(shapes, CUDA_ATT_COUNT(shapes), 0, cuda_att_tc_twice);
 }
 
 /* The tensor-core kernels take head sizes 64 and 128 only, and refuse the rest before

@@ -51,21 +51,7 @@ int main(void) {
  * kernels.cu): a size past it runs their grid-stride loops more than once */
 #define ONE_GRID ((int64_t)65535 * 256)
 
-/* Every fill draws from a fresh random stream numbered from a start set by the test's name
- * (RUN_SEEDED), so a test's inputs do not depend on which tests ran before it. */
-static uint64_t next_stream;
-
-static uint64_t stream_base_of(const char *name) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
-    return h;
-}
-
-#define RUN_SEEDED(fn)                                                                             \
-    do {                                                                                           \
-        next_stream = stream_base_of(#fn);                                                         \
-        RUN(fn);                                                                                   \
-    } while (0)
+#include "seeded.h" /* next_stream, RUN_SEEDED */
 
 /* ------------------------------------------------------------------ host helpers */
 

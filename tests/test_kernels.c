@@ -33,22 +33,7 @@
 
 static fs_pool *pools[N_POOLS];
 static const int pool_sizes[N_POOLS] = {1, 3};
-/* Every fill draws from a fresh random stream, numbered from a start that RUN_SEEDED sets
- * from the test's name: a test's inputs depend on its name and its own fills only, not on
- * which tests ran before it (FLATSHARD_TEST=name runs one alone, with the same inputs). */
-static uint64_t next_stream;
-
-static uint64_t stream_base_of(const char *name) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
-    return h;
-}
-
-#define RUN_SEEDED(fn)                                                                      \
-    do {                                                                                    \
-        next_stream = stream_base_of(#fn);                                                  \
-        RUN(fn);                                                                            \
-    } while (0)
+#include "seeded.h" /* next_stream, RUN_SEEDED */
 
 /* ------------------------------------------------------------------ helpers */
 

@@ -55,6 +55,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention_launch.cuh"
 #include "cuda_kernels.h"
 
 #define ATT_THREADS 256 /* a 16 x 16 grid of threads */
@@ -131,6 +132,19 @@ __device__ __forceinline__ void att_dots(float (&acc)[R][J], const float *A, con
     }
 }
 
+/* One key tile's scores (or dout . v products): waits until every thread is done with sKV,
+ * loads rows [k0, k0 + BK) of src (row stride ld) into it, waits until they are in, then
+ * acc = A . sKV as att_dots. Every thread of the block must call it (two barriers). */
+template <int R, int J>
+__device__ __forceinline__ void att_tile_dots(float (&acc)[R][J], const float *A, float *sKV,
+                                              int lds, const float *__restrict__ src, int64_t ld,
+                                              int k0, int BK, int T, int HS, int ty, int tx) {
+    __syncthreads();
+    att_load_rows(sKV, lds, src, ld, k0, BK, T, HS);
+    __syncthreads();
+    att_dots<R, J>(acc, A, sKV, lds, HS, ty, tx);
+}
+
 /* acc[i][jc] += sum over kk < n of W[R ty + i][kk] * X[kk][tx + 16 jc], in kk order; W has
  * row stride ldw, X row stride lds; columns at or past HS are left alone (and not read). */
 template <int R, int NC>
@@ -189,11 +203,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
     /* key tiles up to the one holding the tile's last real query (qend is block-uniform, so
      * every thread runs the same iterations and reaches the same barriers) */
     for (int k0 = 0; k0 < qend; k0 += FWD_BK) {
-        __syncthreads(); /* the last tile's values and p are read (first pass: sQ is in) */
-        att_load_rows(sKV, lds, kb, ld, k0, FWD_BK, T, HS);
-        __syncthreads();
+        /* waits until the last tile's values and p are read (first pass: sQ is in) */
         float s[R][J];
-        att_dots<R, J>(s, sQ, sKV, lds, HS, ty, tx);
+        att_tile_dots<R, J>(s, sQ, sKV, lds, kb, ld, k0, FWD_BK, T, HS, ty, tx);
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int t = q0 + R * ty + i;
@@ -303,16 +315,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int jc = 0; jc < NC; jc++) acc[i][jc] = 0.0f;
     }
     for (int k0 = 0; k0 < qend; k0 += DQ_BK) { /* block-uniform, as in the forward */
-        __syncthreads(); /* the last tile's keys and ds are read (first pass: sQ, sdO are in) */
-        att_load_rows(sKV, lds, vb, ld, k0, DQ_BK, T, HS);
-        __syncthreads();
+        /* waits until the last tile's keys and ds are read (first pass: sQ, sdO are in) */
         float dp[R][J];
-        att_dots<R, J>(dp, sdO, sKV, lds, HS, ty, tx);
-        __syncthreads(); /* every thread is done with the values */
-        att_load_rows(sKV, lds, kb, ld, k0, DQ_BK, T, HS);
-        __syncthreads();
+        att_tile_dots<R, J>(dp, sdO, sKV, lds, vb, ld, k0, DQ_BK, T, HS, ty, tx);
+        /* waits until every thread is done with the values */
         float s[R][J];
-        att_dots<R, J>(s, sQ, sKV, lds, HS, ty, tx);
+        att_tile_dots<R, J>(s, sQ, sKV, lds, kb, ld, k0, DQ_BK, T, HS, ty, tx);
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int t = q0 + R * ty + i;
@@ -456,43 +464,24 @@ static size_t att_dkdv_smem(int HS) {
                             (size_t)DKV_BK * (DKV_BQ + ATT_PAD) + 2 * DKV_BQ);
 }
 
-static fs_status att_cuda_error(const char *name, cudaError_t err) {
-    return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s: %s", name, cudaGetErrorString(err));
-}
-
-static fs_status att_launched(const char *name) {
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? FS_OK : att_cuda_error(name, err);
-}
-
 /* The shapes the kernels handle: int positions (with a tile of headroom), grids within
  * CUDA's limits (y at most 65535 tiles of 64), head sizes 1..256. */
 static fs_status att_check_shape(const char *name, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t HS) {
-    if (B < 0 || T < 0 || NH < 0 || NKV <= 0 || NH % NKV != 0 || HS < 1 || HS > ATT_MAX_HS ||
-        T > (int64_t)65535 * 64 || B * (NH > NKV ? NH : NKV) > INT32_MAX)
-        return fs_errorf(FS_ERR_USAGE,
-                         "cuda kernel %s: unsupported shape B=%lld T=%lld NH=%lld NKV=%lld "
-                         "HS=%lld (NH a multiple of NKV, HS 1..%d, T <= %d)",
-                         name, (long long)B, (long long)T, (long long)NH, (long long)NKV,
-                         (long long)HS, ATT_MAX_HS, 65535 * 64);
-    return FS_OK;
+    return att_check_shape_of(name, B, T, NH, NKV, HS, HS >= 1 && HS <= ATT_MAX_HS, "1..256",
+                              (int64_t)65535 * 64);
 }
 
-/* NC = columns per thread: HS <= 16 NC. */
+/* NC = columns per thread: HS <= 16 NC. The shared memory limit is set for the instance's
+ * widest head (16 NC), each launch takes what its HS needs. */
 template <int NC>
 static fs_status att_forward_launch(cudaStream_t st, float *out, float *lse, const float *q,
                                     const float *k, const float *v, int64_t ld, int B, int T,
                                     int NH, int NKV, int HS, float scale) {
-    const char *name = "attention_forward";
-    cudaError_t err = cudaFuncSetAttribute(att_forward_kernel<NC>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)att_forward_smem(16 * NC));
-    if (err != cudaSuccess) return att_cuda_error(name, err);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + FWD_BQ - 1) / FWD_BQ));
-    att_forward_kernel<NC><<<grid, ATT_THREADS, att_forward_smem(HS), st>>>(
-        out, lse, q, k, v, ld, T, NH, NH / NKV, HS, scale);
-    return att_launched(name);
+    return att_launch("attention_forward", att_forward_kernel<NC>, grid, ATT_THREADS,
+                      att_forward_smem(HS), att_forward_smem(16 * NC), st, out, lse, q, k, v,
+                      ld, T, NH, NH / NKV, HS, scale);
 }
 
 template <int NC>
@@ -501,25 +490,14 @@ static fs_status att_backward_launch(cudaStream_t st, float *dq, float *dk, floa
                                      const float *k, const float *v, int64_t ld,
                                      const float *out, const float *lse, int B, int T, int NH,
                                      int NKV, int HS, float scale) {
-    const char *name = "attention_backward_dq";
-    cudaError_t err = cudaFuncSetAttribute(att_backward_dq_kernel<NC>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)att_dq_smem(16 * NC));
-    if (err != cudaSuccess) return att_cuda_error(name, err);
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + DQ_BQ - 1) / DQ_BQ));
-    att_backward_dq_kernel<NC><<<grid_q, ATT_THREADS, att_dq_smem(HS), st>>>(
-        dq, ldd, dout, q, k, v, ld, out, lse, T, NH, NH / NKV, HS, scale);
-    FS_TRY(att_launched(name));
-
-    name = "attention_backward_dkdv";
-    err = cudaFuncSetAttribute(att_backward_dkdv_kernel<NC>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               (int)att_dkdv_smem(16 * NC));
-    if (err != cudaSuccess) return att_cuda_error(name, err);
+    FS_TRY(att_launch("attention_backward_dq", att_backward_dq_kernel<NC>, grid_q, ATT_THREADS,
+                      att_dq_smem(HS), att_dq_smem(16 * NC), st, dq, ldd, dout, q, k, v, ld,
+                      out, lse, T, NH, NH / NKV, HS, scale));
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + DKV_BK - 1) / DKV_BK));
-    att_backward_dkdv_kernel<NC><<<grid_kv, ATT_THREADS, att_dkdv_smem(HS), st>>>(
-        dk, dv, ldd, dout, q, k, v, ld, out, lse, T, NH, NKV, NH / NKV, HS, scale);
-    return att_launched(name);
+    return att_launch("attention_backward_dkdv", att_backward_dkdv_kernel<NC>, grid_kv,
+                      ATT_THREADS, att_dkdv_smem(HS), att_dkdv_smem(16 * NC), st, dk, dv, ldd,
+                      dout, q, k, v, ld, out, lse, T, NH, NKV, NH / NKV, HS, scale);
 }
 
 extern "C" fs_status fs_cuda_attention_forward(void *stream, float *out, float *lse,

@@ -64,6 +64,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention_launch.cuh"
 #include "cuda_kernels.h"
 
 #define TC_THREADS 128 /* 4 warps */
@@ -179,6 +180,36 @@ __device__ __forceinline__ float tc_row_d(const float *__restrict__ do_rows,
     return part;
 }
 
+/* Where a query-tile block (forward, dq) and its thread are: blockIdx.x = b NH + h, kv head
+ * h / group; blockIdx.y counts the query tiles from the last, so that the longest causal rows
+ * start first; lane, its mma fragment row g and column pair tq, and r0, the warp's first of
+ * the tile's rows; the tile's queries [q0, qend); C = NH HS; the q, k, v slices of the
+ * block's heads in batch row b. */
+struct tc_qblock {
+    int lane, g, tq, r0, b, h, q0, qend;
+    int64_t C;
+    const float *qb, *kb, *vb;
+};
+
+template <int HS>
+__device__ __forceinline__ tc_qblock tc_qblock_of(const float *q, const float *k,
+                                                  const float *v, int64_t ld, int T, int NH,
+                                                  int group) {
+    tc_qblock x;
+    const int warp = (int)threadIdx.x / 32;
+    x.lane = (int)threadIdx.x % 32;
+    x.g = x.lane / 4, x.tq = x.lane % 4, x.r0 = 16 * warp;
+    x.b = (int)blockIdx.x / NH, x.h = (int)blockIdx.x % NH;
+    const int kvh = x.h / group;
+    x.q0 = (int)(gridDim.y - 1 - blockIdx.y) * TC_BQ;
+    x.qend = min(x.q0 + TC_BQ, T);
+    x.C = (int64_t)NH * HS;
+    x.qb = q + (int64_t)x.b * T * ld + (int64_t)x.h * HS;
+    x.kb = k + (int64_t)x.b * T * ld + (int64_t)kvh * HS;
+    x.vb = v + (int64_t)x.b * T * ld + (int64_t)kvh * HS;
+    return x;
+}
+
 /* ------------------------------------------------------------------ forward */
 
 template <int HS>
@@ -191,15 +222,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sK = sQ + TC_BQ * P,
             *sVt = sK + TC_BK * P;
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-    const int g = lane / 4, tq = lane % 4, r0 = 16 * warp;
-    const int b = (int)blockIdx.x / NH, h = (int)blockIdx.x % NH, kvh = h / group;
-    const int q0 = (int)(gridDim.y - 1 - blockIdx.y) * TC_BQ;
-    const int qend = min(q0 + TC_BQ, T);
-    const int64_t C = (int64_t)NH * HS;
-    const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
-    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
-    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const auto [lane, g, tq, r0, b, h, q0, qend, C, qb, kb, vb] =
+        tc_qblock_of<HS>(q, k, v, ld, T, NH, group);
 
     tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
     const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8}; /* the positions of the thread's rows */
@@ -285,15 +309,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sdO = sQ + TC_BQ * P,
             *sK = sdO + TC_BQ * P, *sV = sK + TC_BK * P, *sKt = sV + TC_BK * P;
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-    const int g = lane / 4, tq = lane % 4, r0 = 16 * warp;
-    const int b = (int)blockIdx.x / NH, h = (int)blockIdx.x % NH, kvh = h / group;
-    const int q0 = (int)(gridDim.y - 1 - blockIdx.y) * TC_BQ;
-    const int qend = min(q0 + TC_BQ, T);
-    const int64_t C = (int64_t)NH * HS;
-    const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
-    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
-    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const auto [lane, g, tq, r0, b, h, q0, qend, C, qb, kb, vb] =
+        tc_qblock_of<HS>(q, k, v, ld, T, NH, group);
     const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
     const float *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
 
@@ -458,41 +475,20 @@ template <int HS> static size_t tc_dkdv_smem() {
            sizeof(float) * 2 * BQ;
 }
 
-static fs_status tc_cuda_error(const char *name, cudaError_t err) {
-    return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s: %s", name, cudaGetErrorString(err));
-}
-
-static fs_status tc_launched(const char *name) {
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? FS_OK : tc_cuda_error(name, err);
-}
-
 static fs_status tc_check_shape(const char *name, int64_t B, int64_t T, int64_t NH,
                                 int64_t NKV, int64_t HS) {
-    if (B < 0 || T < 0 || NH < 0 || NKV <= 0 || NH % NKV != 0 ||
-        !fs_cuda_attention_tc_supported(HS) || T > (int64_t)65535 * TC_BQ ||
-        B * (NH > NKV ? NH : NKV) > INT32_MAX)
-        return fs_errorf(FS_ERR_USAGE,
-                         "cuda kernel %s: unsupported shape B=%lld T=%lld NH=%lld NKV=%lld "
-                         "HS=%lld (NH a multiple of NKV, HS 64 or 128, T <= %d)",
-                         name, (long long)B, (long long)T, (long long)NH, (long long)NKV,
-                         (long long)HS, 65535 * TC_BQ);
-    return FS_OK;
+    return att_check_shape_of(name, B, T, NH, NKV, HS, fs_cuda_attention_tc_supported(HS),
+                              "64 or 128", (int64_t)65535 * TC_BQ);
 }
 
 template <int HS>
 static fs_status tc_forward_launch(cudaStream_t st, float *out, float *lse, const float *q,
                                    const float *k, const float *v, int64_t ld, int B, int T,
                                    int NH, int NKV, float scale) {
-    const char *name = "attention_tc_forward";
     const size_t smem = tc_forward_smem<HS>();
-    cudaError_t err = cudaFuncSetAttribute(tc_forward_kernel<HS>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return tc_cuda_error(name, err);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
-    tc_forward_kernel<HS><<<grid, TC_THREADS, smem, st>>>(out, lse, q, k, v, ld, T, NH, NH / NKV,
-                                                          scale * TC_LOG2E);
-    return tc_launched(name);
+    return att_launch("attention_tc_forward", tc_forward_kernel<HS>, grid, TC_THREADS, smem, smem,
+                      st, out, lse, q, k, v, ld, T, NH, NH / NKV, scale * TC_LOG2E);
 }
 
 template <int HS>
@@ -501,26 +497,15 @@ static fs_status tc_backward_launch(cudaStream_t st, float *dq, float *dk, float
                                     const float *k, const float *v, int64_t ld, const float *out,
                                     const float *lse, int B, int T, int NH, int NKV,
                                     float scale) {
-    const char *name = "attention_tc_backward_dq";
-    size_t smem = tc_dq_smem<HS>();
-    cudaError_t err = cudaFuncSetAttribute(tc_dq_kernel<HS>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return tc_cuda_error(name, err);
+    const size_t smem_q = tc_dq_smem<HS>(), smem_kv = tc_dkdv_smem<HS>();
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
-    tc_dq_kernel<HS><<<grid_q, TC_THREADS, smem, st>>>(dq, ldd, dout, q, k, v, ld, out, lse, T,
-                                                       NH, NH / NKV, scale, scale * TC_LOG2E);
-    FS_TRY(tc_launched(name));
-
-    name = "attention_tc_backward_dkdv";
-    smem = tc_dkdv_smem<HS>();
-    err = cudaFuncSetAttribute(tc_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               (int)smem);
-    if (err != cudaSuccess) return tc_cuda_error(name, err);
+    FS_TRY(att_launch("attention_tc_backward_dq", tc_dq_kernel<HS>, grid_q, TC_THREADS, smem_q,
+                      smem_q, st, dq, ldd, dout, q, k, v, ld, out, lse, T, NH, NH / NKV, scale,
+                      scale * TC_LOG2E));
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
-    tc_dkdv_kernel<HS><<<grid_kv, TC_THREADS, smem, st>>>(dk, dv, ldd, dout, q, k, v, ld, out,
-                                                          lse, T, NH, NKV, NH / NKV, scale,
-                                                          scale * TC_LOG2E);
-    return tc_launched(name);
+    return att_launch("attention_tc_backward_dkdv", tc_dkdv_kernel<HS>, grid_kv, TC_THREADS,
+                      smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, out, lse, T, NH, NKV,
+                      NH / NKV, scale, scale * TC_LOG2E);
 }
 
 extern "C" int fs_cuda_attention_tc_supported(int64_t HS) { return HS == 64 || HS == 128; }
