@@ -362,9 +362,13 @@ static fs_comm *nccl_new(fs_comm *control, fs_device *dev, int rank, int world) 
     return c;
 }
 
+static fs_status control_agree(fs_comm *c, fs_status mine, const char *what);
+
 /* After n->comm is made (st: whether it was): the barrier's int, the call ring, the
- * watchdog, the description; on failure c is released (aborted, not finalized). */
-static fs_status nccl_finish(fs_comm *c, fs_status st, const char *how, fs_comm **out) {
+ * watchdog, the description; on failure c is released (aborted, not finalized). agree (a
+ * split's parent, or NULL): every rank of its control communicator then agrees on the
+ * outcome, so that all of them return the same. */
+static fs_status nccl_finish(fs_comm *c, fs_status st, const char *how, fs_comm *agree, fs_comm **out) {
     nccl_impl *n = impl_of(c);
     cudaError_t e = cudaSuccess;
     if (st == FS_OK) {
@@ -385,6 +389,7 @@ static fs_status nccl_finish(fs_comm *c, fs_status st, const char *how, fs_comm 
             st = fs_errorf(FS_ERR_NOMEM, "cannot start the NCCL watchdog thread");
         else n->watchdog_started = 1;
     }
+    if (agree) st = control_agree(agree, st, "ncclCommSplit");
     if (st != FS_OK) {
         n->failed = st; /* a communicator made but not finished is aborted, not finalized */
         nccl_destroy(c);
@@ -430,7 +435,7 @@ static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
     }
     char how[160];
     snprintf(how, sizeof how, "bootstrapped over %s", fs_comm_describe(control));
-    return nccl_finish(c, st, how, out);
+    return nccl_finish(c, st, how, NULL, out);
 }
 
 /* An agreement over the control communicator: FS_OK on every rank when every rank's `mine`
@@ -484,12 +489,11 @@ static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out) {
         if (r == ncclSuccess) r = ncclCommCount(cn->comm, &child->world);
         if (r != ncclSuccess) st = nccl_error(c, r, "ncclCommSplit");
     }
-    st = control_agree(c, st, "ncclCommSplit");
-    if (!child) return st;
+    if (!child) return control_agree(c, st, "ncclCommSplit");
     char how[192];
     snprintf(how, sizeof how, "split (color %d) of %d ranks over %s", color, c->world,
              fs_comm_describe(c->control));
-    return nccl_finish(child, st, how, out);
+    return nccl_finish(child, st, how, c, out);
 #else
     (void)n;
     (void)color;
