@@ -335,7 +335,8 @@ static void test_two_emulated_gpu_ranks_train_like_two_cpu_ranks(void) {
  *   - itself with overlap off: bit for bit (scheduling never changes arithmetic).
  * Every rank ends with the same bits, the device allocator holds exactly the plan's bytes
  * (the split communicators take none of the device's memory: their rendezvous are host
- * memory), and no step after the first allocates. bf16 (yafsdp, zero2): the losses of 3
+ * memory), and no step after the first allocates. A rank that stops taking part fails
+ * every rank of both groups (no hang). bf16 (yafsdp, zero2): the losses of 3
  * steps agree with CPU hybrid sharding's within 1e-3 relative, as for two ranks above (the
  * GPU's gradient wire is fp32, the CPU's bf16). */
 static void test_hybrid_sharding_on_four_emulated_gpu_ranks(void) {
@@ -418,6 +419,26 @@ static void test_hybrid_sharding_on_four_emulated_gpu_ranks(void) {
         ec_result_free(&serial.res);
     }
     ec_result_free(&one.res);
+    /* a rank of the second group stops taking part at step 2 (die-at: no collective, no
+     * message): its group peer gives up after the 1 s timeout inside the group's split, and
+     * the run ends on every rank with an error, none hangs (that a failure crosses the splits
+     * without any timeout is test_nccl's test_device_inproc_split) */
+    {
+        run_spec dead = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, HROWS / W / K, T),
+                         .in = in, .tg = tg, .steps = steps};
+        dead.tc.grad_accum = K;
+        dead.tc.device = FS_DEVICE_EMULATED;
+        dead.tc.shard_group = G;
+        setenv("FLATSHARD_FAULT", "die-at:2:3", 1);
+        setenv("FLATSHARD_COMM_TIMEOUT", "1", 1);
+        fs_status st = run(W, &dead);
+        unsetenv("FLATSHARD_FAULT");
+        unsetenv("FLATSHARD_COMM_TIMEOUT");
+        CHECK(st != FS_OK && (strstr(fs_error_message(), "no progress") || strstr(fs_error_message(), "rank 3")),
+              "rank 3 dead at step 2 of a 2 x 2 hybrid run: status %s: %s", fs_status_name(st), fs_error_message());
+        if (st != FS_OK) fs_test_note("rank 3 dead at step 2: %s", fs_error_message());
+        ec_result_free(&dead.res);
+    }
     for (size_t k = 0; k < sizeof strategies / sizeof strategies[0]; k++) {
         if (strategies[k] == FS_STRATEGY_ZERO1) continue; /* the bf16 wire's */
         run_spec emu = {.cfg = &cfg, .tc = ec_config(strategies[k], FS_PRECISION_BF16, HROWS / W / K, T),
