@@ -768,7 +768,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"eval-batches", 0, FS_OPT_INT, &run.eval_batches, "K", "with --eval-data: the loss over its first K x ranks x batch sequential windows (fewer if it holds fewer)", NULL, 1, INT64_MAX},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
         {"strategy", 's', FS_OPT_STRING, &strategy, "NAME", "what is sharded (docs/engine.md)", strategy_choices, 0, 0},
-        {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W)", NULL, 0, 1 << 20},
+        {"shard-group", 0, FS_OPT_INT, &shard_group, "G", "hybrid sharding (yafsdp, zero1, zero2): shard within groups of G consecutive ranks, replicate across the W/G groups (G divides W; 0: G = W); CPU and --device cuda (GPUs: tested on emulated devices only, never run on a GPU)", NULL, 0, 1 << 20},
         {"precision", 0, FS_OPT_STRING, &precision, "P", "fp32, or bf16 weights in the buffers and on the wire", precision_choices, 0, 0},
         {"fp32-grad-wire", 0, FS_OPT_FLAG, &c->fp32_grad_wire, NULL, "under bf16, reduce-scatter the unit gradients in fp32 (twice the bytes of the bf16 wire yafsdp and zero2 use; to measure what it saves)", NULL, 0, 0},
         {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the model computes: cpu, or cuda (NVIDIA GPUs: one GPU per MPI rank over NCCL, or --ranks W sharing one GPU; docs/gpu.md)", device_choices, 0, 0},

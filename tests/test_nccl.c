@@ -325,6 +325,136 @@ static void test_device_inproc_one_gpu(void) {
     }
 }
 
+/* ------------------------------------------------------------------ splits of the device backend
+ * Hybrid sharding's communicators (fs_comm_split of a stream-ordered one): 4 emulated ranks
+ * split into groups {0,1}, {2,3} (color r / 2) and replica sets {0,2}, {1,3} (color r % 2).
+ * Each split runs every collective on exactly representable data (di_collectives, W = 2),
+ * and an all-reduce of the parent rank shows who is in which: a group sums to 1 or 5, a
+ * replica set to 2 or 4. Then failures, with no timeout so that only the failure itself can
+ * release anybody: a split's failure reaches the parent (and through it the other split),
+ * and the parent's reaches a rank blocked inside a split's collective. */
+
+#define DS_W 4
+
+typedef struct ds_args {
+    int mode; /* 0: collectives; 1: rank 2 aborts its group; 2: rank 1 fails after the splits */
+    fs_status st[DS_W];
+    char msg[DS_W][300];
+} ds_args;
+
+/* The all-reduce of one float, the parent rank r, on c; the sum it gives. */
+static fs_status ds_sum_of_ranks(fs_comm *c, fs_device *dev, int r, float *sum) {
+    float *d = NULL, h = (float)r;
+    FS_TRY(fs_device_alloc(dev, sizeof(float), (void **)&d));
+    fs_status st = fs_device_upload(dev, d, &h, sizeof h);
+    fs_comm_op op = fs_comm_op_all_reduce(d, d, 1, FS_DTYPE_FP32, FS_REDOP_SUM);
+    op.stream = FS_STREAM_REDUCE;
+    if (st == FS_OK) st = fs_comm_run(c, &op);
+    if (st == FS_OK) st = fs_device_sync(dev);
+    if (st == FS_OK) st = fs_device_download(dev, sum, d, sizeof *sum);
+    fs_device_free(dev, d);
+    return st;
+}
+
+static fs_status ds_rank(fs_comm *host, void *arg) {
+    ds_args *a = arg;
+    const int r = fs_comm_rank(host);
+    fs_device *dev = NULL;
+    fs_comm *c = NULL, *group = NULL, *replica = NULL;
+    fs_status st = fs_device_open(&dev, FS_DEVICE_EMULATED, 0, NULL);
+    if (st == FS_OK) st = fs_comm_device_inproc_init(host, dev, &c);
+    if (st == FS_OK) st = fs_comm_split(c, r / 2, r, &group);
+    if (st == FS_OK) st = fs_comm_split(c, r % 2, r, &replica);
+    float sum = 0;
+    if (st == FS_OK && a->mode == 0) {
+        const int want_ranks[2] = {r % 2, r / 2};
+        fs_comm *split[2] = {group, replica};
+        for (int k = 0; k < 2 && st == FS_OK; k++) {
+            fs_comm_caps caps = fs_comm_capabilities(split[k]);
+            if (fs_comm_world(split[k]) != 2 || fs_comm_rank(split[k]) != want_ranks[k] || !caps.stream_ordered ||
+                !strstr(fs_comm_describe(split[k]), "(split, color"))
+                st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the %s split is rank %d of %d (stream-ordered %d): %s", r,
+                               k ? "replica" : "group", fs_comm_rank(split[k]), fs_comm_world(split[k]),
+                               caps.stream_ordered, fs_comm_describe(split[k]));
+            if (st == FS_OK) st = di_collectives(split[k], dev);
+        }
+        if (st == FS_OK) st = ds_sum_of_ranks(group, dev, r, &sum);
+        if (st == FS_OK && sum != (float)(r / 2 == 0 ? 1 : 5))
+            st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the group's sum of ranks is %g", r, sum);
+        if (st == FS_OK) st = ds_sum_of_ranks(replica, dev, r, &sum);
+        if (st == FS_OK && sum != (float)(r % 2 == 0 ? 2 : 4))
+            st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the replicas' sum of ranks is %g", r, sum);
+        /* the parent still works beside its splits */
+        if (st == FS_OK) st = ds_sum_of_ranks(c, dev, r, &sum);
+        if (st == FS_OK && sum != 6) st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the parent's sum of ranks is %g", r, sum);
+    } else if (st == FS_OK && a->mode == 1) {
+        if (r == 2) { /* leaves without the parent's all-reduce the others wait in */
+            fs_errorf(FS_ERR_IO, "rank 2 aborts its group");
+            fs_comm_abort(group);
+        } else {
+            st = ds_sum_of_ranks(c, dev, r, &sum);
+        }
+    } else if (st == FS_OK && a->mode == 2) {
+        if (r == 1) st = fs_errorf(FS_ERR_IO, "rank 1 gives up after the splits");
+        else st = ds_sum_of_ranks(group, dev, r, &sum); /* rank 0 waits for rank 1 in it */
+        if (st == FS_OK) st = ds_sum_of_ranks(c, dev, r, &sum);
+    }
+    a->st[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
+    fs_comm_free(replica);
+    fs_comm_free(group);
+    fs_comm_free(c);
+    fs_device_close(dev);
+    return st;
+}
+
+static void test_device_inproc_split(void) {
+    ds_args a = {.mode = 0};
+    fs_status st = fs_comm_inproc_run(DS_W, fs_comm_config_default(), ds_rank, &a);
+    CHECK(st == FS_OK, "4 ranks split 2 x 2: %s", fs_error_message());
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0;
+    for (int mode = 1; mode <= 2; mode++) {
+        ds_args f = {.mode = mode};
+        st = fs_comm_inproc_run(DS_W, cfg, ds_rank, &f);
+        const int failing = mode == 1 ? 2 : 1;
+        CHECK(st != FS_OK, "mode %d: the run succeeded", mode);
+        char want[32];
+        snprintf(want, sizeof want, "rank %d", failing);
+        for (int r = 0; r < DS_W; r++)
+            if (r != failing)
+                CHECK(f.st[r] == FS_ERR_INTERNAL && strstr(f.msg[r], want), "%s: rank %d got %s: %s",
+                      mode == 1 ? "a group's abort" : "the parent's failure", r, fs_status_name(f.st[r]), f.msg[r]);
+    }
+}
+
+/* NCCL's split (ncclCommSplit) where a GPU is found: one rank, split with color 0 (at W = 1
+ * the split is the whole): every collective on the split and on its parent beside it. W > 1
+ * under mpirun: tests/mpi/test_nccl_mpi.c. */
+static void test_nccl_split_one_rank(void) {
+    if (!fs_comm_nccl_built()) SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
+    const char *why = NULL;
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    fs_comm *c[1] = {NULL}, *nccl = NULL, *split = NULL;
+    fs_device *dev = NULL;
+    CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
+    CHECK_OK(fs_device_open(&dev, FS_DEVICE_CUDA, 0, NULL));
+    if (c[0] && dev) CHECK_OK(fs_comm_nccl_init(c[0], dev, &nccl));
+    if (nccl) CHECK_OK(fs_comm_split(nccl, 0, 0, &split));
+    if (split) {
+        CHECK(fs_comm_rank(split) == 0 && fs_comm_world(split) == 1, "split: rank %d of %d", fs_comm_rank(split),
+              fs_comm_world(split));
+        CHECK(strstr(fs_comm_describe(split), "split (color 0)") != NULL, "describe: %s", fs_comm_describe(split));
+        nccl_check_collectives(split, dev);
+        nccl_check_collectives(nccl, dev); /* the parent beside it */
+        fs_test_note("%s", fs_comm_describe(split));
+    }
+    fs_comm_free(split);
+    fs_comm_free(nccl);
+    fs_device_close(dev);
+    fs_comm_free(c[0]);
+}
+
 static void test_device_inproc_refusals(void) {
     fs_comm *c[1] = {NULL}, *d = (fs_comm *)&d;
     fs_device *cpu = NULL;
@@ -350,5 +480,7 @@ int main(void) {
     RUN(test_device_inproc_refusals);
     RUN(test_device_inproc_emulated);
     RUN(test_device_inproc_one_gpu);
+    RUN(test_device_inproc_split);
+    RUN(test_nccl_split_one_rank);
     return fs_test_summary();
 }

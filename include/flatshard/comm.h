@@ -339,7 +339,12 @@ fs_mem *fs_comm_mem(const fs_comm *comm);
  * one of their collectives, and a failure of a split communicator fails comm too, so a
  * failed rank cannot leave a peer waiting in either. Under MPI a failure aborts the job as
  * before. On error (a negative color, out of memory on some rank) every rank returns an
- * error and *out is NULL. */
+ * error and *out is NULL.
+ *
+ * Stream-ordered communicators split too, into communicators of their kind: the in-process
+ * device backend over a split of its rendezvous communicator (failure crosses as above);
+ * NCCL with ncclCommSplit (NCCL >= 2.18), only a communicator of every rank of its control
+ * communicator (not a split of a split), with agreements over control before and after. */
 fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out);
 
 /* Per-communicator settings. Every rank must set the same values (the debug check itself

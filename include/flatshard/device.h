@@ -217,6 +217,12 @@ struct fs_device {
 void *fs_device_stream_handle(fs_device *dev, fs_stream stream);
 /* A CUDA device's ordinal (its cudaSetDevice number); -1 for other kinds. */
 int fs_device_cuda_ordinal(const fs_device *dev);
+/* Loads one of flatshard's own libraries (libflatshard-cuda.so, libflatshard-nccl.so) where
+ * the build puts it: the path in the environment variable `env` if that is set, else `file`
+ * beside the program, then one directory up (the test programs live in build/tests/).
+ * Returns dlopen's handle (RTLD_NOW | RTLD_LOCAL; the caller keeps it for the life of the
+ * process), or NULL with why (why_size bytes) saying what could not be loaded and why. */
+void *fs_device_dlopen_beside_binary(const char *env, const char *file, char *why, size_t why_size);
 /* Records a failure (the first wins) from fs_error_message(). */
 void fs_device_fail(fs_device *dev, fs_status st);
 extern const fs_kernel_table fs_cpu_kernel_table;

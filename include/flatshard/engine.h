@@ -59,7 +59,10 @@
  * loss counts every rank once, the gradient norm is the first group's sum of squares (after
  * the all-reduce every group holds the same shards), and the scale is 1 / (W x micro-batches)
  * as without replicas. Every group holds the same state, so in a checkpoint only the first
- * group answers for it (fs_engine_state_slices). yafsdp, zero1 and zero2; the CPU only.
+ * group answers for it (fs_engine_state_slices). yafsdp, zero1 and zero2. On a GPU the
+ * engine splits cfg.data_comm (of all W ranks) instead of comm, into the group's device
+ * communicator and the replicas', and the all-reduce is enqueued on the reduce stream after
+ * the unit's reduce-scatter (and its accumulating add): stream order, not the worker's FIFO.
  *
  * On a GPU (cfg.device), the same protocol with streams and events in place of the worker:
  * a gather or reduce-scatter is enqueued on the gather or reduce stream after an event that
@@ -117,7 +120,8 @@ typedef struct fs_engine_config {
      * gathers, reduce-scatters and all-reduces of device memory are its calls, enqueued on
      * the device's gather and reduce streams; gradients go as fp32 (NCCL sums in the data
      * type) and an accumulating reduce-scatter is NCCL's in place into the rank's chunk of
-     * the gradient buffer, then an add into the shard. Its world must be the plan's. NULL:
+     * the gradient buffer, then an add into the shard. Its ranks must be comm's (all W
+     * ranks; with replicas the engine splits it into its own group and replica ones). NULL:
      * one GPU rank alone (device copies) or the CPU. Not owned. */
     fs_comm *data_comm;
 } fs_engine_config;

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flatshard/device.h" /* fs_stream: the stream-ordered backends' streams */
+
 #define FS_COMM_DEFAULT_SEGMENT_BYTES ((size_t)4 << 20)
 #define FS_COMM_MAX_SEGMENT_BYTES ((size_t)1 << 30)
 
@@ -379,6 +381,22 @@ static fs_status validate(const fs_comm *c, const fs_comm_op *op) {
     return FS_OK;
 }
 
+/* What a stream-ordered backend (NCCL, the in-process device backend) cannot do, refused on
+ * every rank alike before anything is enqueued: NCCL sums in the data type and writes its
+ * output (no bf16 -> fp32, no accumulate), and a call needs one of the device's streams. */
+static fs_status validate_stream_ordered(const fs_comm *c, const fs_comm_op *op) {
+    if (op->coll == FS_COLL_REDUCE_SCATTER && (op->recv_dtype != op->dtype || op->accumulate))
+        return fs_errorf(FS_ERR_USAGE,
+                         "rank %d: NCCL reduces in the data type: reduce-scatter of %s into %s%s "
+                         "is not supported (send fp32 and add the result yourself)",
+                         c->rank, fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
+                         op->accumulate ? " with accumulate" : "");
+    if (op->stream < 0 || op->stream >= FS_STREAM_N)
+        return fs_errorf(FS_ERR_USAGE, "rank %d: stream %d is not a device stream", c->rank,
+                         op->stream);
+    return FS_OK;
+}
+
 /* ------------------------------------------------------------------ the debug check */
 
 static fs_comm_check check_of(const fs_comm_op *op, int invalid) {
@@ -495,6 +513,7 @@ fs_status fs_comm_run(fs_comm *comm, const fs_comm_op *op) {
     if (o.algo == FS_COMM_ALGO_DEFAULT) o.algo = comm->cfg.algo;
     fs_status st = validate(comm, &o);
     if (comm->ops->stream_ordered) { /* nccl: no host exchange, NCCL's own algorithms */
+        if (st == FS_OK) st = validate_stream_ordered(comm, &o);
         if (st != FS_OK) return st;
         if (o.coll != FS_COLL_BARRIER && o.count == 0) return FS_OK;
         st = comm->ops->builtin(comm, &o);

@@ -17,7 +17,8 @@ typedef struct fs_comm_backend_ops {
      * once (neither waits for the other to finish first, so a ring of sendrecvs cannot
      * deadlock). dst < 0: receive only; src < 0: send only. A message whose size differs from
      * what the receiver expects is an error on the receiver (and on the sender where the
-     * backend can tell). */
+     * backend can tell). NULL for the stream-ordered backends, whose calls never reach the
+     * ring (fs_comm_run). */
     fs_status (*sendrecv)(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
                           size_t rbytes, int src);
     /* The builtin algorithm of a validated op. */

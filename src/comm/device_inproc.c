@@ -102,17 +102,10 @@ static fs_status sum_chunk(fs_comm *c, fs_stream s, float *out, size_t at, size_
 static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
     di_impl *d = impl_of(c);
     const int reduces = op->coll == FS_COLL_REDUCE_SCATTER || op->coll == FS_COLL_ALL_REDUCE;
-    if (op->coll == FS_COLL_REDUCE_SCATTER && (op->recv_dtype != op->dtype || op->accumulate))
-        return fs_errorf(FS_ERR_USAGE,
-                         "rank %d: NCCL reduces in the data type: reduce-scatter of %s into %s%s "
-                         "is not supported (send fp32 and add the result yourself)",
-                         c->rank, fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
-                         op->accumulate ? " with accumulate" : "");
+    /* (fs_comm_run refused conversion, accumulate and a bad stream: the NCCL contract) */
     if (reduces && (op->dtype != FS_DTYPE_FP32 || op->op != FS_REDOP_SUM))
         return fs_errorf(FS_ERR_USAGE, "rank %d: the in-process device backend sums fp32 only, not "
                                        "%s %s", c->rank, fs_dtype_name(op->dtype), fs_redop_name(op->op));
-    if (op->stream < 0 || op->stream >= FS_STREAM_N)
-        return fs_errorf(FS_ERR_USAGE, "rank %d: stream %d is not a device stream", c->rank, op->stream);
     const fs_stream s = (fs_stream)op->stream;
     const size_t elem = fs_dtype_size(op->dtype), n = op->count;
     const int W = c->world, r = c->rank;
@@ -152,19 +145,9 @@ static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
     return rendezvous(c, 1, s, op->send, op->recv);
 }
 
-static fs_status di_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
-                             size_t rbytes, int src) {
-    return fs_errorf(FS_ERR_INTERNAL, "rank %d: a stream-ordered communicator has no host "
-                                      "point-to-point", c->rank);
-}
-
 static void di_abort(fs_comm *c) { fs_comm_abort(impl_of(c)->inner); }
 
 static int di_failed(fs_comm *c) { return fs_comm_is_failed(impl_of(c)->inner); }
-
-static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
-    return fs_errorf(FS_ERR_USAGE, "rank %d: stream-ordered communicators are not split", c->rank);
-}
 
 static void di_destroy(fs_comm *c) {
     di_impl *d = impl_of(c);
@@ -182,8 +165,9 @@ static void di_destroy(fs_comm *c) {
     free(c);
 }
 
+static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out);
+
 static const fs_comm_backend_ops di_ops = {
-    .sendrecv = di_sendrecv,
     .builtin = di_builtin,
     .abort = di_abort,
     .failed = di_failed,
@@ -192,16 +176,12 @@ static const fs_comm_backend_ops di_ops = {
     .stream_ordered = 1,
 };
 
-fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **out) {
-    if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: out is NULL");
-    *out = NULL;
-    fs_comm *inner = NULL;
-    /* collective: every rank splits first, whatever else fails here, so none waits */
-    fs_status st = fs_comm_split(host, 0, fs_comm_rank(host), &inner);
-    if (st == FS_OK && fs_comm_backend_kind(host) != FS_COMM_BACKEND_INPROC)
-        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: ranks in one process only");
-    if (st == FS_OK && (!dev || fs_device_kind_of(dev) == FS_DEVICE_CPU))
-        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: a GPU (or emulated) device is needed");
+/* The communicator over `inner` (an in-process communicator of the same ranks, which it
+ * takes over, failure or not): collective over inner. control is the host communicator the
+ * first one was made over (its configuration); color, for the description, is -1 for that
+ * first one. st: a failure found before, on this rank (the others must still meet it). */
+static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int color, fs_status st,
+                           fs_comm **out) {
     fs_comm *c = NULL;
     di_impl *d = NULL;
     if (st == FS_OK) {
@@ -216,18 +196,18 @@ fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **ou
         return st;
     }
     fs_comm_set_algo(inner, FS_COMM_ALGO_BUILTIN); /* the rendezvous: shared memory */
-    c->rank = fs_comm_rank(host);
-    c->world = fs_comm_world(host);
+    c->rank = fs_comm_rank(inner);
+    c->world = fs_comm_world(inner);
     c->backend = FS_COMM_BACKEND_INPROC;
     c->ops = &di_ops;
     c->impl = d;
-    c->control = host;
-    c->cfg = fs_comm_get_config(host);
+    c->control = control;
+    c->cfg = fs_comm_get_config(control);
     c->cfg.algo = FS_COMM_ALGO_BUILTIN;
     c->cfg.debug = 0;
     d->inner = inner;
     d->dev = dev;
-    d->mem = fs_comm_mem(host);
+    d->mem = fs_comm_mem(inner);
     st = fs_mem_alloc(d->mem, FS_MEM_COMM, (size_t)c->world * sizeof(di_entry), "device rendezvous",
                       (void **)&d->peers);
     if (st != FS_OK) d->mem = NULL;
@@ -263,8 +243,34 @@ fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **ou
         di_destroy(c);
         return st;
     }
-    snprintf(c->describe, sizeof c->describe, "device in process: %d ranks on one %s device",
-             c->world, fs_device_kind_name(fs_device_kind_of(dev)));
+    int len = snprintf(c->describe, sizeof c->describe, "device in process: %d ranks on one %s device",
+                       c->world, fs_device_kind_name(fs_device_kind_of(dev)));
+    if (color >= 0 && len >= 0 && (size_t)len < sizeof c->describe)
+        snprintf(c->describe + len, sizeof c->describe - (size_t)len, " (split, color %d)", color);
     *out = c;
     return FS_OK;
+}
+
+fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **out) {
+    if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: out is NULL");
+    *out = NULL;
+    fs_comm *inner = NULL;
+    /* collective: every rank splits first, whatever else fails here, so none waits */
+    fs_status st = fs_comm_split(host, 0, fs_comm_rank(host), &inner);
+    if (st != FS_OK) return st;
+    if (fs_comm_backend_kind(host) != FS_COMM_BACKEND_INPROC)
+        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: ranks in one process only");
+    else if (!dev || fs_device_kind_of(dev) == FS_DEVICE_CPU)
+        st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: a GPU (or emulated) device is needed");
+    return di_create(inner, host, dev, -1, st, out);
+}
+
+/* The child's rendezvous run on a split of the parent's (inproc), so a failure of either
+ * reaches the other (comm.h, fs_comm_split); the child has events and a shared table of its
+ * own, since its phases are not the parent's. */
+static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
+    di_impl *d = impl_of(c);
+    fs_comm *inner = NULL;
+    FS_TRY(fs_comm_split(d->inner, color, key, &inner));
+    return di_create(inner, c->control, d->dev, color, FS_OK, out);
 }

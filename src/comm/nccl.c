@@ -28,9 +28,15 @@
  * never ends) is not waited for: the watchdog prints the one line itself and aborts the
  * control communicator (MPI_Abort), which ends the job.
  *
+ * Split (fs_comm_split, hybrid sharding's group and replica communicators): ncclCommSplit
+ * (NCCL >= 2.18) between two agreements over the control communicator, so that no rank is
+ * left alone inside NCCL's split and every rank returns the same outcome. A child has its own
+ * call ring and watchdog, and the parent's device and control communicator.
+ *
  * What this file does not do: reductions NCCL cannot do (bf16 summed in fp32, accumulate
- * into the output: refused; the engine sends fp32 gradients), split communicators, or the
- * cross-rank debug check.
+ * into the output: refused; the engine sends fp32 gradients), splits of a communicator that is
+ * itself a split (the agreements run over the control communicator), or the cross-rank debug
+ * check.
  */
 #include "comm_internal.h"
 
@@ -198,15 +204,7 @@ static fs_status take_failure(nccl_impl *n) {
 
 static fs_status nccl_builtin(fs_comm *c, const fs_comm_op *op) {
     nccl_impl *n = impl_of(c);
-    if (op->coll == FS_COLL_REDUCE_SCATTER && (op->recv_dtype != op->dtype || op->accumulate))
-        return fs_errorf(FS_ERR_USAGE,
-                         "rank %d: NCCL reduces in the data type: reduce-scatter of %s into %s%s "
-                         "is not supported (send fp32 and add the result yourself)",
-                         c->rank, fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
-                         op->accumulate ? " with accumulate" : "");
-    if (op->stream < 0 || op->stream >= FS_STREAM_N)
-        return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL: stream %d is not a device stream", c->rank,
-                         op->stream);
+    /* (fs_comm_run refused conversion, accumulate and a bad stream) */
     pthread_mutex_lock(&n->mu);
     /* a full ring waits for the watchdog to see the oldest call complete */
     while (n->failed == FS_OK && n->issued - n->done >= FS_NCCL_CALLS) {
@@ -259,12 +257,6 @@ static fs_status nccl_builtin(fs_comm *c, const fs_comm_op *op) {
     return e == cudaSuccess ? FS_OK : cuda_error(c, e, "cudaEventRecord after an NCCL call");
 }
 
-static fs_status nccl_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
-                               size_t rbytes, int src) {
-    return fs_errorf(FS_ERR_INTERNAL, "rank %d: the NCCL backend has no host point-to-point",
-                     c->rank);
-}
-
 static void nccl_abort(fs_comm *c) {
     nccl_impl *n = impl_of(c);
     pthread_mutex_lock(&n->mu);
@@ -291,11 +283,6 @@ static fs_status nccl_async_status(fs_comm *c) {
     fs_status st = take_failure(n);
     pthread_mutex_unlock(&n->mu);
     return st;
-}
-
-static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out) {
-    return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL communicators are not split (--shard-group runs "
-                                   "on the CPU only)", c->rank);
 }
 
 static void nccl_destroy(fs_comm *c) {
@@ -327,8 +314,9 @@ static void nccl_destroy(fs_comm *c) {
     free(c);
 }
 
+static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out);
+
 static const fs_comm_backend_ops nccl_ops = {
-    .sendrecv = nccl_sendrecv,
     .builtin = nccl_builtin,
     .abort = nccl_abort,
     .failed = nccl_failed,
@@ -346,17 +334,18 @@ typedef struct nccl_hello {
     ncclUniqueId id;
 } nccl_hello;
 
-static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
-    *out = NULL;
+/* A communicator of this backend with nothing NCCL in it yet: rank and world as given,
+ * control's configuration; NULL when out of memory. */
+static fs_comm *nccl_new(fs_comm *control, fs_device *dev, int rank, int world) {
     fs_comm *c = calloc(1, sizeof *c);
     nccl_impl *n = calloc(1, sizeof *n);
     if (!c || !n) {
         free(c);
         free(n);
-        return fs_errorf(FS_ERR_NOMEM, "cannot allocate an NCCL communicator");
+        return NULL;
     }
-    c->rank = fs_comm_rank(control);
-    c->world = fs_comm_world(control);
+    c->rank = rank;
+    c->world = world;
     c->backend = FS_COMM_BACKEND_NCCL;
     c->ops = &nccl_ops;
     c->impl = n;
@@ -370,7 +359,55 @@ static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
     n->last_done_t = fs_now();
+    return c;
+}
 
+static fs_status control_agree(fs_comm *c, fs_status mine, const char *what);
+
+/* After n->comm is made (st: whether it was): the barrier's int, the call ring, the
+ * watchdog, the description; on failure c is released (aborted, not finalized). agree (a
+ * split's parent, or NULL): every rank of its control communicator then agrees on the
+ * outcome, so that all of them return the same. */
+static fs_status nccl_finish(fs_comm *c, fs_status st, const char *how, fs_comm *agree, fs_comm **out) {
+    nccl_impl *n = impl_of(c);
+    cudaError_t e = cudaSuccess;
+    if (st == FS_OK) {
+        e = cudaMalloc((void **)&n->barrier_buf, sizeof(int));
+        if (e != cudaSuccess) st = cuda_error(c, e, "cudaMalloc (the barrier's int)");
+    }
+    if (st == FS_OK) {
+        n->calls = calloc(FS_NCCL_CALLS, sizeof *n->calls);
+        if (!n->calls) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the NCCL call ring");
+    }
+    for (int i = 0; st == FS_OK && i < FS_NCCL_CALLS; i++) {
+        e = cudaEventCreateWithFlags(&n->calls[i].ev, cudaEventDisableTiming);
+        if (e != cudaSuccess) st = cuda_error(c, e, "cudaEventCreateWithFlags");
+        else n->n_events++;
+    }
+    if (st == FS_OK) {
+        if (pthread_create(&n->watchdog, NULL, watchdog_main, c) != 0)
+            st = fs_errorf(FS_ERR_NOMEM, "cannot start the NCCL watchdog thread");
+        else n->watchdog_started = 1;
+    }
+    if (agree) st = control_agree(agree, st, "ncclCommSplit");
+    if (st != FS_OK) {
+        n->failed = st; /* a communicator made but not finished is aborted, not finalized */
+        nccl_destroy(c);
+        return st;
+    }
+    int version = 0;
+    ncclGetVersion(&version);
+    snprintf(c->describe, sizeof c->describe, "nccl: NCCL %d.%d.%d, GPU %d, %s", version / 10000,
+             version / 100 % 100, version % 100, n->ordinal, how);
+    *out = c;
+    return FS_OK;
+}
+
+static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
+    *out = NULL;
+    fs_comm *c = nccl_new(control, dev, fs_comm_rank(control), fs_comm_world(control));
+    if (!c) return fs_errorf(FS_ERR_NOMEM, "cannot allocate an NCCL communicator");
+    nccl_impl *n = impl_of(c);
     fs_status st = FS_OK;
     cudaError_t e = cudaSetDevice(n->ordinal);
     if (e != cudaSuccess) st = cuda_error(c, e, "cudaSetDevice");
@@ -396,36 +433,76 @@ static fs_status nccl_init(fs_comm *control, fs_device *dev, fs_comm **out) {
             st = nccl_error(c, r, "ncclCommInitRank");
         }
     }
-    if (st == FS_OK) {
-        e = cudaMalloc((void **)&n->barrier_buf, sizeof(int));
-        if (e != cudaSuccess) st = cuda_error(c, e, "cudaMalloc (the barrier's int)");
-    }
-    if (st == FS_OK) {
-        n->calls = calloc(FS_NCCL_CALLS, sizeof *n->calls);
-        if (!n->calls) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the NCCL call ring");
-    }
-    for (int i = 0; st == FS_OK && i < FS_NCCL_CALLS; i++) {
-        e = cudaEventCreateWithFlags(&n->calls[i].ev, cudaEventDisableTiming);
-        if (e != cudaSuccess) st = cuda_error(c, e, "cudaEventCreateWithFlags");
-        else n->n_events++;
-    }
-    if (st == FS_OK) {
-        if (pthread_create(&n->watchdog, NULL, watchdog_main, c) != 0)
-            st = fs_errorf(FS_ERR_NOMEM, "cannot start the NCCL watchdog thread");
-        else n->watchdog_started = 1;
-    }
-    if (st != FS_OK) {
-        n->failed = st; /* a communicator made but not finished is aborted, not finalized */
-        nccl_destroy(c);
-        return st;
-    }
-    int version = 0;
-    ncclGetVersion(&version);
-    snprintf(c->describe, sizeof c->describe, "nccl: NCCL %d.%d.%d, GPU %d, bootstrapped over %s",
-             version / 10000, version / 100 % 100, version % 100, n->ordinal,
-             fs_comm_describe(control));
-    *out = c;
+    char how[160];
+    snprintf(how, sizeof how, "bootstrapped over %s", fs_comm_describe(control));
+    return nccl_finish(c, st, how, NULL, out);
+}
+
+/* An agreement over the control communicator: FS_OK on every rank when every rank's `mine`
+ * is FS_OK, else an error (this rank's own, or naming how many failed) on every rank. */
+static fs_status control_agree(fs_comm *c, fs_status mine, const char *what) {
+    int32_t bad = mine != FS_OK, n_bad = 0;
+    fs_comm_op op = fs_comm_op_all_reduce(&bad, &n_bad, 1, FS_DTYPE_INT32, FS_REDOP_SUM);
+    op.algo = FS_COMM_ALGO_BUILTIN;
+    fs_status st = fs_comm_run(c->control, &op);
+    if (mine != FS_OK) return mine;
+    if (st != FS_OK) return st;
+    if (n_bad > 0)
+        return fs_errorf(FS_ERR_IO, "rank %d: %s failed on %d rank%s (see their errors)", c->rank, what,
+                         (int)n_bad, n_bad == 1 ? "" : "s");
     return FS_OK;
+}
+
+/* ncclCommSplit (NCCL >= 2.18): collective over c's ranks, which are every rank of control
+ * (a communicator made by nccl_init, or split from one whose colours every rank of control
+ * passed through: the engine splits the world's). Every rank first agrees that it can take
+ * part, so that none is left inside NCCL's split alone, and after it agrees on the outcome,
+ * so that every rank returns the same. The child shares the parent's device and control. */
+static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out) {
+    nccl_impl *n = impl_of(c);
+    *out = NULL;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    /* (the same on every rank, so refused before any collective) */
+    if (fs_comm_world(c->control) != c->world)
+        return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL splits only a communicator of every rank of its "
+                                       "control communicator", c->rank);
+    fs_comm *child = nccl_new(c->control, n->dev, -1, 0);
+    fs_status st = child ? FS_OK : fs_errorf(FS_ERR_NOMEM, "cannot allocate an NCCL communicator");
+    if (st == FS_OK) {
+        pthread_mutex_lock(&n->mu);
+        st = take_failure(n); /* an aborted parent cannot be split */
+        pthread_mutex_unlock(&n->mu);
+    }
+    if (st == FS_OK) {
+        cudaError_t e = cudaSetDevice(n->ordinal);
+        if (e != cudaSuccess) st = cuda_error(c, e, "cudaSetDevice");
+    }
+    st = control_agree(c, st, "ncclCommSplit's preparation");
+    if (st == FS_OK) {
+        nccl_impl *cn = impl_of(child);
+        /* blocking, and sharing the parent's resources is not asked for: the child is used
+         * on the same streams as the parent, alternately, like two independent NCCL
+         * communicators */
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        ncclResult_t r = ncclCommSplit(n->comm, color, key, &cn->comm, &config);
+        if (r == ncclSuccess) r = ncclCommUserRank(cn->comm, &child->rank);
+        if (r == ncclSuccess) r = ncclCommCount(cn->comm, &child->world);
+        if (r != ncclSuccess) st = nccl_error(c, r, "ncclCommSplit");
+    }
+    if (!child) return control_agree(c, st, "ncclCommSplit");
+    char how[192];
+    snprintf(how, sizeof how, "split (color %d) of %d ranks over %s", color, c->world,
+             fs_comm_describe(c->control));
+    return nccl_finish(child, st, how, c, out);
+#else
+    (void)n;
+    (void)color;
+    (void)key;
+    return fs_errorf(FS_ERR_USAGE,
+                     "rank %d: this NCCL (%d.%d) cannot split a communicator: --shard-group on GPUs "
+                     "needs NCCL >= 2.18 (ncclCommSplit)",
+                     c->rank, NCCL_MAJOR, NCCL_MINOR);
+#endif
 }
 
 __attribute__((visibility("default"))) extern const fs_nccl_api fs_nccl_api_v1;

@@ -2,9 +2,9 @@
  * nccl_load.c — the program's side of the NCCL backend: fs_comm_nccl_init checks its
  * arguments, loads libflatshard-nccl.so (built from nccl.c with make NCCL=1) the first time
  * it is asked for, and calls the library's table (comm_internal.h). The library is looked for
- * where the build puts it, like the CUDA device's: FLATSHARD_NCCL_LIB if set, then beside the
- * program, then one directory up (the test programs live in build/tests/ and
- * build/mpi_tests/).
+ * where the build puts it, by the CUDA device's loader (fs_device_dlopen_beside_binary):
+ * FLATSHARD_NCCL_LIB if set, then beside the program, then one directory up (the test
+ * programs live in build/tests/ and build/mpi_tests/).
  *
  * What this file does not do: anything with NCCL itself, so a program built with NCCL=1
  * still runs on a machine without CUDA or NCCL until a GPU run under MPI asks for it.
@@ -14,9 +14,6 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "flatshard/device.h"
 
@@ -27,33 +24,8 @@ static const fs_nccl_api *nccl_api_table;
 static char nccl_why[600];
 
 static void load_nccl(void) {
-    void *lib = NULL;
-    char path[4096], first_error[400] = "";
-    const char *env = getenv("FLATSHARD_NCCL_LIB");
-    if (env && *env) {
-        lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        if (!lib) snprintf(first_error, sizeof first_error, "%s", dlerror());
-    } else {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
-        if (n > 0) {
-            path[n] = 0;
-            char *slash = strrchr(path, '/');
-            for (int up = 0; up < 2 && slash && !lib; up++) {
-                snprintf(slash + 1, (size_t)(path + sizeof path - slash - 1), "%s", FS_NCCL_LIBRARY);
-                lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-                /* a library that exists but fails to load (libnccl missing) says why */
-                if (!lib && !first_error[0] && access(path, F_OK) == 0)
-                    snprintf(first_error, sizeof first_error, "%s", dlerror());
-                *slash = 0;
-                slash = strrchr(path, '/');
-            }
-        }
-    }
-    if (!lib) {
-        snprintf(nccl_why, sizeof nccl_why, "cannot load %s: %s", env && *env ? env : FS_NCCL_LIBRARY,
-                 first_error[0] ? first_error : "not found beside the program (set FLATSHARD_NCCL_LIB)");
-        return;
-    }
+    void *lib = fs_device_dlopen_beside_binary("FLATSHARD_NCCL_LIB", FS_NCCL_LIBRARY, nccl_why, sizeof nccl_why);
+    if (!lib) return;
     nccl_api_table = dlsym(lib, FS_NCCL_API_SYMBOL);
     if (!nccl_api_table)
         snprintf(nccl_why, sizeof nccl_why, "%s has no %s: %s", FS_NCCL_LIBRARY, FS_NCCL_API_SYMBOL,

@@ -12,28 +12,14 @@
 
 #include "device_internal.h"
 
-/* ------------------------------------------------------------------ loading the CUDA device
- * libflatshard-cuda.so is looked for where the build puts it: FLATSHARD_CUDA_LIB if set,
- * then beside the program, then one directory up (the test programs live in build/tests/). */
+/* ------------------------------------------------------------------ loading the CUDA device */
 
-static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
-static const fs_cuda_api *cuda_api_table;
-static char cuda_why[600];
-
-static void *open_library(const char *path) {
-    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
-}
-
-static void load_cuda(void) {
-    if (!FS_HAVE_CUDA) {
-        snprintf(cuda_why, sizeof cuda_why, "this build has no CUDA (built with make CUDA=0, or without nvcc)");
-        return;
-    }
+void *fs_device_dlopen_beside_binary(const char *env, const char *file, char *why, size_t why_size) {
     void *lib = NULL;
     char path[4096], first_error[400] = "";
-    const char *env = getenv("FLATSHARD_CUDA_LIB");
-    if (env && *env) {
-        lib = open_library(env);
+    const char *explicit_path = env ? getenv(env) : NULL;
+    if (explicit_path && *explicit_path) {
+        lib = dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
         if (!lib) snprintf(first_error, sizeof first_error, "%s", dlerror());
     } else {
         ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
@@ -41,9 +27,10 @@ static void load_cuda(void) {
             path[n] = 0;
             char *slash = strrchr(path, '/');
             for (int up = 0; up < 2 && slash && !lib; up++) {
-                snprintf(slash + 1, (size_t)(path + sizeof path - slash - 1), "%s", FS_CUDA_LIBRARY);
-                lib = open_library(path);
-                /* a library that exists but fails to load says why; a missing one, less */
+                snprintf(slash + 1, (size_t)(path + sizeof path - slash - 1), "%s", file);
+                lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+                /* a library that exists but fails to load (libnccl or cudart missing) says
+                 * why; a missing one, less */
                 if (!lib && !first_error[0] && access(path, F_OK) == 0)
                     snprintf(first_error, sizeof first_error, "%s", dlerror());
                 *slash = 0;
@@ -51,11 +38,28 @@ static void load_cuda(void) {
             }
         }
     }
-    if (!lib) {
-        snprintf(cuda_why, sizeof cuda_why, "cannot load %s: %s", env && *env ? env : FS_CUDA_LIBRARY,
-                 first_error[0] ? first_error : "not found beside the program (set FLATSHARD_CUDA_LIB)");
+    if (!lib && why && why_size > 0) {
+        if (first_error[0])
+            snprintf(why, why_size, "cannot load %s: %s",
+                     explicit_path && *explicit_path ? explicit_path : file, first_error);
+        else
+            snprintf(why, why_size, "cannot load %s: not found beside the program (set %s)", file,
+                     env ? env : "its path");
+    }
+    return lib;
+}
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static const fs_cuda_api *cuda_api_table;
+static char cuda_why[600];
+
+static void load_cuda(void) {
+    if (!FS_HAVE_CUDA) {
+        snprintf(cuda_why, sizeof cuda_why, "this build has no CUDA (built with make CUDA=0, or without nvcc)");
         return;
     }
+    void *lib = fs_device_dlopen_beside_binary("FLATSHARD_CUDA_LIB", FS_CUDA_LIBRARY, cuda_why, sizeof cuda_why);
+    if (!lib) return;
     cuda_api_table = dlsym(lib, FS_CUDA_API_SYMBOL);
     if (!cuda_api_table)
         snprintf(cuda_why, sizeof cuda_why, "%s has no %s: %s", FS_CUDA_LIBRARY, FS_CUDA_API_SYMBOL, dlerror());

@@ -74,9 +74,12 @@ struct fs_engine {
     fs_comm *comm;        /* every rank: the worker's, for the end-of-step exchange, agree */
     fs_comm *group;       /* the shard group's: gathers, reduce-scatters (comm itself, or a
                              split of it under hybrid sharding) */
-    fs_comm *replica;     /* hybrid sharding: the ranks that hold the same shard; else NULL */
-    fs_comm *data;        /* a GPU under MPI: cfg.data_comm (NCCL), the group's device
-                             collectives; else NULL */
+    fs_comm *replica;     /* hybrid sharding: the ranks that hold the same shard (a split of
+                             comm on the CPU, of cfg.data_comm on a GPU); else NULL */
+    fs_comm *data;        /* GPU ranks: the group's device collectives: cfg.data_comm (NCCL,
+                             or the in-process device backend), or under hybrid sharding a
+                             split of it; else NULL */
+    int owns_data;        /* data is the engine's split */
     int replica_index;    /* this rank's group, 0 .. R-1 */
     int ranks;            /* W = world x replicas */
     fs_comm_worker *worker;
@@ -158,19 +161,20 @@ static fs_status wait_ticket(fs_engine *e, uint64_t ticket) {
  * is then added into the shard on the same stream. The call is counted into the worker's
  * schedule hash, so the step-boundary guard compares the NCCL calls of every rank too. */
 static fs_status nccl_collective(fs_engine *e, const fs_comm_op *op, fs_stream s) {
+    fs_comm *dc = op->comm ? op->comm : e->data; /* the replicas' (hybrid), or the group's */
     fs_comm_op o = *op;
     o.comm = NULL;
     o.stream = (int)s;
     fs_comm_worker_note(e->worker, &o);
     if (o.coll == FS_COLL_REDUCE_SCATTER && o.accumulate) {
         FS_ASSERT(o.dtype == FS_DTYPE_FP32 && o.recv_dtype == FS_DTYPE_FP32);
-        float *mine = (float *)o.send + (size_t)fs_comm_rank(e->data) * o.count;
+        float *mine = (float *)o.send + (size_t)fs_comm_rank(dc) * o.count;
         o.recv = mine;
         o.accumulate = 0;
-        FS_TRY(fs_comm_run(e->data, &o));
+        FS_TRY(fs_comm_run(dc, &o));
         return fs_device_add_on(e->dev, s, op->recv, mine, (int64_t)o.count);
     }
-    return fs_comm_run(e->data, &o);
+    return fs_comm_run(dc, &o);
 }
 
 /* A collective of device memory on a GPU: after the compute stream's work so far (which
@@ -226,12 +230,19 @@ static fs_status enqueue_fn(fs_engine *e, fs_comm_job_fn fn, void *arg, uint64_t
     return e->cfg.overlap ? FS_OK : wait_ticket(e, *ticket);
 }
 
+/* GPU ranks: the first failure their device communicators found after a call returned. */
+static fs_status data_status(fs_engine *e) {
+    if (e->data) FS_TRY(fs_comm_async_status(e->data));
+    if (e->on_gpu && e->replica) FS_TRY(fs_comm_async_status(e->replica));
+    return FS_OK;
+}
+
 /* Everything enqueued is done (the worker's), or ordered before the compute stream's next
  * work (the GPU's streams). */
 static fs_status flush(fs_engine *e) {
     if (e->on_gpu)
         for (int k = 0; k < 2; k++) FS_TRY(fs_device_wait_event(e->dev, FS_STREAM_COMPUTE, e->stream_end[k]));
-    if (e->data) FS_TRY(fs_comm_async_status(e->data)); /* the NCCL watchdog's verdict */
+    FS_TRY(data_status(e)); /* the NCCL watchdogs' verdict */
     double t0 = fs_now();
     fs_status st = fs_comm_worker_flush(e->worker);
     e->wait_s += fs_now() - t0;
@@ -240,7 +251,8 @@ static fs_status flush(fs_engine *e) {
 
 /* Hybrid sharding: the replicas' sum of n reduced gradient elements of unit u at
  * grads_shard + at, in place (no buffer: every replica holds the same shard positions), in
- * fp32 whatever the wire of the group's reduce-scatter, queued after that reduce-scatter.
+ * fp32 whatever the wire of the group's reduce-scatter, queued after that reduce-scatter (the
+ * worker's FIFO; on a GPU the reduce stream, which ran it and its accumulating add).
  * Nothing without replicas. */
 static fs_status replicate_grads(fs_engine *e, int64_t at, int64_t n, int u) {
     if (!e->replica || n == 0) return FS_OK;
@@ -479,16 +491,16 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
                          "is rank %d of %d",
                          plan->cfg.rank, plan->cfg.world, replicas, replicas == 1 ? "" : "s",
                          fs_comm_rank(comm), fs_comm_world(comm));
-    if (replicas > 1 && cfg.device && fs_device_kind_of(cfg.device) != FS_DEVICE_CPU)
-        return fs_errorf(FS_ERR_USAGE, "--shard-group runs on the CPU only for now");
+    const int gpu = cfg.device && fs_device_kind_of(cfg.device) != FS_DEVICE_CPU;
     fs_engine *e = calloc(1, sizeof *e);
     if (!e) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the engine");
     e->ranks = fs_comm_world(comm);
     e->replica_index = fs_comm_rank(comm) / plan->cfg.world;
     e->group = comm;
-    if (replicas > 1) {
+    if (replicas > 1 && !gpu) {
         /* groups of G consecutive ranks shard; the ranks of equal rank in their group
-         * replicate (collective: every rank is here) */
+         * replicate (collective: every rank is here). A GPU splits its data communicator
+         * instead, below. */
         fs_status sst = fs_comm_split(comm, e->replica_index, fs_comm_rank(comm), &e->group);
         if (sst == FS_OK)
             sst = fs_comm_split(comm, plan->cfg.rank, fs_comm_rank(comm), &e->replica);
@@ -521,13 +533,13 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     }
     e->K = fs_device_kernels(e->dev);
     e->on_gpu = fs_device_kind_of(e->dev) != FS_DEVICE_CPU;
-    /* several GPU ranks: NCCL (a stream-ordered communicator of device memory) of the plan's
-     * world; one GPU rank alone may have one too (mpirun -np 1) or use device copies */
+    /* several GPU ranks: NCCL (a stream-ordered communicator of device memory) of comm's
+     * ranks; one GPU rank alone may have one too (mpirun -np 1) or use device copies */
     const int data_ok = !cfg.data_comm ||
                         (e->on_gpu && fs_comm_capabilities(cfg.data_comm).stream_ordered &&
-                         fs_comm_world(cfg.data_comm) == plan->cfg.world &&
-                         fs_comm_rank(cfg.data_comm) == plan->cfg.rank);
-    if ((e->on_gpu && plan->cfg.world != 1 && !cfg.data_comm) || !data_ok) {
+                         fs_comm_world(cfg.data_comm) == e->ranks &&
+                         fs_comm_rank(cfg.data_comm) == fs_comm_rank(comm));
+    if ((e->on_gpu && e->ranks != 1 && !cfg.data_comm) || !data_ok) {
         fs_device_close(e->own_dev);
         if (e->group != comm) fs_comm_free(e->group);
         fs_comm_free(e->replica);
@@ -535,14 +547,31 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         if (!data_ok)
             return fs_errorf(FS_ERR_USAGE,
                              "the engine's data communicator must be a GPU's stream-ordered one "
-                             "(NCCL) with the plan's rank %d of %d",
-                             plan->cfg.rank, plan->cfg.world);
+                             "(NCCL) with the communicator's rank %d of %d",
+                             fs_comm_rank(comm), fs_comm_world(comm));
         return fs_errorf(FS_ERR_USAGE,
                          "--device %s with %d ranks needs NCCL (a data communicator): one GPU "
                          "per MPI process, in a build with NCCL",
-                         fs_device_kind_name(fs_device_kind_of(cfg.device)), plan->cfg.world);
+                         fs_device_kind_name(fs_device_kind_of(cfg.device)), e->ranks);
     }
     e->data = cfg.data_comm;
+    if (replicas > 1 && e->on_gpu) {
+        /* hybrid sharding on GPUs: the group's and the replicas' device collectives are
+         * splits of the data communicator (ncclCommSplit; collective), as comm's are on the
+         * CPU; the host's comm stays whole (the end-of-step exchange, agree) */
+        e->data = NULL;
+        fs_status sst = fs_comm_split(cfg.data_comm, e->replica_index, fs_comm_rank(comm), &e->data);
+        if (sst == FS_OK)
+            sst = fs_comm_split(cfg.data_comm, plan->cfg.rank, fs_comm_rank(comm), &e->replica);
+        if (sst != FS_OK) {
+            fs_comm_free(e->data);
+            fs_comm_free(e->replica);
+            fs_device_close(e->own_dev);
+            free(e);
+            return sst;
+        }
+        e->owns_data = 1;
+    }
     e->strategy = s;
     e->world = plan->cfg.world;
     e->rank = plan->cfg.rank;
@@ -627,6 +656,7 @@ void fs_engine_free(fs_engine *e) {
     fs_comm_worker_free(e->worker); /* drains: nothing is in flight after this */
     if (e->group != e->comm) fs_comm_free(e->group);
     fs_comm_free(e->replica);
+    if (e->owns_data) fs_comm_free(e->data);
     for (int k = 0; k < 2; k++) {
         if (e->zw[k].buf) fs_mem_release(e->mem, e->zw[k].buf);
         z3_release_grads(e, k);
@@ -946,7 +976,7 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     step_record mine = {.sumsq = e->K->sum_squares(e->dev, grads, n_grads), .loss = local_loss,
                         .stop = e->stop_requested};
     FS_TRY(fs_device_check(e->dev));
-    if (e->data) FS_TRY(fs_comm_async_status(e->data)); /* sum_squares waited for NCCL's work */
+    FS_TRY(data_status(e)); /* sum_squares waited for NCCL's work */
     fs_comm_worker_schedule(e->worker, &mine.schedule_hash, &mine.schedule_count);
     e->stop_requested = 0;
     uint64_t t;

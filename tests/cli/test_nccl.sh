@@ -13,9 +13,11 @@
 #     sums are copies, so the arithmetic is the same; fp32 and bf16, with --grad-accum 2
 #     (the accumulating reduce-scatter: NCCL in place, then an add);
 #   - train --ranks 2 on one GPU (in-process ranks, the in-process device backend) against
-#     one rank on the same global batch;
+#     one rank on the same global batch, and --ranks 4 --shard-group 2 (hybrid sharding,
+#     the backend split) against one rank, yafsdp, zero1 and zero2;
 #   - with G > 1: mpirun -np G train --batch 1 against one GPU with --batch G (the same
-#     global batch) within a stated tolerance, and a rank that hangs (FLATSHARD_FAULT=hang-at)
+#     global batch) within a stated tolerance, the same with --shard-group G/2 (NCCL split
+#     with ncclCommSplit) when G is even, and a rank that hangs (FLATSHARD_FAULT=hang-at)
 #     ends the job with the watchdog's line naming a rank after --comm-timeout.
 # Without a GPU those are one skip line (not a failure in CI, which has no GPU).
 . "$(dirname "$0")/mpi_lib.sh"
@@ -85,22 +87,38 @@ for precision in fp32 bf16; do
         'cmp -s "$WORK/plain-'"$precision"'.txt" "$WORK/nccl-'"$precision"'.txt"'
 done
 
-# in-process ranks sharing this GPU (the in-process device backend): 2 ranks on batch 1 each
-# against one rank on batch 2, fp32, within the same 1e-4 as W GPUs below (another order of
-# the same sums)
-args=("${common[@]}" --device cuda --steps 4 --precision fp32)
-run "one GPU, one rank, batch 2" 0 "$FS" train "${args[@]}" --batch 2 --metrics "$WORK/r1.jsonl"
-run "one GPU, --ranks 2, batch 1" 0 "$FS" train "${args[@]}" --batch 1 --ranks 2 --metrics "$WORK/r2.jsonl"
-diff=$(python3 - "$WORK/r1.jsonl" "$WORK/r2.jsonl" <<'PY'
+# The largest relative difference between the 4 losses of two --metrics files.
+max_rel_loss_diff() {
+    python3 - "$1" "$2" <<'PY'
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 assert len(a) == len(b) == 4, (len(a), len(b))
 print(max(abs(x - y) / abs(y) for x, y in zip(a, b)))
 PY
-)
-expect "  ... 2 ranks on one GPU train what one rank trains (max relative loss difference ${diff:-?} <= 1e-4)" \
-    python3 -c "import sys; sys.exit(0 if float('${diff:-1}') <= 1e-4 else 1)"
+}
+# expect_close WHAT DIFF: DIFF (max_rel_loss_diff's) is at most 1e-4
+expect_close() {
+    expect "  ... $1 (max relative loss difference ${2:-?} <= 1e-4)" \
+        python3 -c "import sys; sys.exit(0 if float('${2:-1}') <= 1e-4 else 1)"
+}
+
+# in-process ranks sharing this GPU (the in-process device backend): 2 ranks on batch 1 each
+# against one rank on batch 2, fp32, within the same 1e-4 as W GPUs below (another order of
+# the same sums); and hybrid sharding, 4 ranks as 2 groups of 2 (the backend split into the
+# groups' and the replicas' communicators) against one rank on batch 4
+args=("${common[@]}" --device cuda --steps 4 --precision fp32)
+run "one GPU, one rank, batch 2" 0 "$FS" train "${args[@]}" --batch 2 --metrics "$WORK/r1.jsonl"
+run "one GPU, --ranks 2, batch 1" 0 "$FS" train "${args[@]}" --batch 1 --ranks 2 --metrics "$WORK/r2.jsonl"
+expect_close "2 ranks on one GPU train what one rank trains" "$(max_rel_loss_diff "$WORK/r1.jsonl" "$WORK/r2.jsonl")"
+for strategy in yafsdp zero1 zero2; do
+    run "one GPU, one rank, batch 4, $strategy" 0 "$FS" train "${args[@]}" --strategy "$strategy" --batch 4 \
+        --metrics "$WORK/h1-$strategy.jsonl"
+    run "one GPU, --ranks 4 --shard-group 2, batch 1, $strategy" 0 "$FS" train "${args[@]}" --strategy "$strategy" \
+        --batch 1 --ranks 4 --shard-group 2 --metrics "$WORK/h4-$strategy.jsonl"
+    expect_close "4 ranks as 2 x 2 on one GPU train what one rank trains, $strategy" \
+        "$(max_rel_loss_diff "$WORK/h1-$strategy.jsonl" "$WORK/h4-$strategy.jsonl")"
+done
 
 if [ "$gpus" -gt 1 ]; then
     # W GPUs on batch 1 each against one GPU on batch W: the same global batch and model; the
@@ -111,16 +129,17 @@ if [ "$gpus" -gt 1 ]; then
     run "one GPU, batch $gpus" 0 "$FS" train "${args[@]}" --batch "$gpus" --metrics "$WORK/one.jsonl"
     run "mpirun -np $gpus, batch 1 per GPU" 0 timeout -k 10 "$TIMEOUT" "${OPENMPI_RUN[@]}" -np "$gpus" \
         "$FS" train "${args[@]}" --batch 1 --metrics "$WORK/many.jsonl"
-    diff=$(python3 - "$WORK/one.jsonl" "$WORK/many.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 4, (len(a), len(b))
-print(max(abs(x - y) / abs(y) for x, y in zip(a, b)))
-PY
-)
-    expect "  ... $gpus GPUs train what one GPU trains (max relative loss difference ${diff:-?} <= 1e-4)" \
-        python3 -c "import sys; sys.exit(0 if float('${diff:-1}') <= 1e-4 else 1)"
+    expect_close "$gpus GPUs train what one GPU trains" "$(max_rel_loss_diff "$WORK/one.jsonl" "$WORK/many.jsonl")"
+    # hybrid sharding: groups of half the GPUs (ncclCommSplit into the groups' and the
+    # replicas' communicators), the same global batch, the same tolerance
+    group=$((gpus / 2))
+    if [ $((gpus % 2)) -eq 0 ]; then
+        run "mpirun -np $gpus --shard-group $group, batch 1 per GPU" 0 timeout -k 10 "$TIMEOUT" \
+            "${OPENMPI_RUN[@]}" -np "$gpus" "$FS" train "${args[@]}" --batch 1 --shard-group "$group" \
+            --metrics "$WORK/hybrid.jsonl"
+        expect_close "$gpus GPUs in groups of $group train what one GPU trains" \
+            "$(max_rel_loss_diff "$WORK/one.jsonl" "$WORK/hybrid.jsonl")"
+    fi
     # a rank that stops taking part at step 2: its peers' NCCL calls never complete; the
     # watchdog aborts NCCL after --comm-timeout and the run ends naming a rank
     run "rank 1 hangs at step 2 under NCCL" 1 env FLATSHARD_FAULT=hang-at:2:1 timeout -k 10 120 \

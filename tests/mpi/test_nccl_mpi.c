@@ -4,6 +4,8 @@
  * ncclGetUniqueId broadcast with MPI_Bcast, ncclCommInitRank), each rank on the GPU of its
  * local rank (comm.h, "ranks and GPUs").
  *
+ * The same checks on a split of it (ncclCommSplit: hybrid sharding's communicators).
+ *
  * Run it under a launcher, one process per GPU:
  *   mpirun --allow-run-as-root -np G build/mpi_tests/test_nccl_mpi
  * tests/cli/test_nccl.sh does that for G = 1 and G = the number of GPUs. Without a GPU, or in
@@ -26,6 +28,20 @@ static fs_device *the_dev;
 static void test_nccl_collectives_across_processes(void) {
     nccl_check_collectives(the_nccl, the_dev);
     fs_test_note("%d ranks, %s", fs_comm_world(the_nccl), fs_comm_describe(the_nccl));
+}
+
+/* Hybrid sharding's split (ncclCommSplit): the ranks of even and of odd rank, each set a
+ * communicator of its own (at W = 1, the one rank alone), every check on it. */
+static void test_nccl_split_across_processes(void) {
+    const int r = fs_comm_rank(the_nccl), W = fs_comm_world(the_nccl);
+    fs_comm *split = NULL;
+    CHECK_OK(fs_comm_split(the_nccl, r % 2, r, &split));
+    if (!split) return;
+    CHECK(fs_comm_rank(split) == r / 2 && fs_comm_world(split) == (W - r % 2 + 1) / 2,
+          "rank %d of %d: split rank %d of %d", r, W, fs_comm_rank(split), fs_comm_world(split));
+    nccl_check_collectives(split, the_dev);
+    fs_test_note("%s", fs_comm_describe(split));
+    fs_comm_free(split);
 }
 
 int main(void) {
@@ -73,13 +89,14 @@ int main(void) {
     the_nccl = nccl;
     the_dev = dev;
     RUN(test_nccl_collectives_across_processes);
+    RUN(test_nccl_split_across_processes);
     /* every rank's verdict: failed on any rank is failed */
     int32_t failed = fs_test_failed;
     if (fs_comm_all_reduce(&failed, &failed, 1, FS_DTYPE_INT32, FS_REDOP_SUM, mpi) != FS_OK) fs_comm_abort(mpi);
     fs_comm_free(nccl);
     fs_device_close(dev);
     if (rank == 0)
-        printf("#summary passed=%d failed=%d skipped=0\n", failed ? 0 : 1, failed ? 1 : 0);
+        printf("#summary passed=%d failed=%d skipped=0\n", failed ? 0 : 2, failed ? 2 : 0);
     fs_comm_free(mpi);
     fs_comm_mpi_finalize();
     fs_mem_free(mem);
