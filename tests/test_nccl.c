@@ -16,6 +16,7 @@
 
 #include "nccl_checks.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -337,7 +338,14 @@ static void test_device_inproc_one_gpu(void) {
 #define DS_W 4
 
 typedef struct ds_args {
-    int mode; /* 0: collectives; 1: rank 2 aborts its group; 2: rank 1 fails after the splits */
+    /* 0: collectives; 1: rank 2 aborts its group; 2: rank 1 fails after the splits; 3: rank 3
+     * goes silent after the splits, rank 2 times out in their group; 4: rank 1's allocation
+     * number fail_at (1 = its first) fails, counted from the start of `fail_in` (0: the
+     * backend's setup, 1: the group's split) */
+    int mode, fail_in, fail_at;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* mode 3: rank 2 is done */
+    int silent_released;
     fs_status st[DS_W];
     char msg[DS_W][300];
 } ds_args;
@@ -362,10 +370,20 @@ static fs_status ds_rank(fs_comm *host, void *arg) {
     fs_device *dev = NULL;
     fs_comm *c = NULL, *group = NULL, *replica = NULL;
     fs_status st = fs_device_open(&dev, FS_DEVICE_EMULATED, 0, NULL);
+    if (a->mode == 4 && a->fail_in == 0 && r == 1) fs_mem_fail_after(fs_comm_mem(host), (uint64_t)a->fail_at);
+    const size_t comm_before = fs_mem_get_stats(fs_comm_mem(host)).bytes[FS_MEM_COMM];
     if (st == FS_OK) st = fs_comm_device_inproc_init(host, dev, &c);
+    if (a->mode == 4 && a->fail_in == 1 && r == 1) fs_mem_fail_after(fs_comm_mem(host), (uint64_t)a->fail_at);
     if (st == FS_OK) st = fs_comm_split(c, r / 2, r, &group);
+    if (a->mode == 4 && r == 1) fs_mem_fail_after(fs_comm_mem(host), 0);
     if (st == FS_OK) st = fs_comm_split(c, r % 2, r, &replica);
     float sum = 0;
+    /* the rendezvous communicators run the builtin algorithm only: no ring staging (2 x 4 MiB
+     * each before), only their entry tables and debug-check buffers, a few hundred bytes */
+    const size_t comm_added = fs_mem_get_stats(fs_comm_mem(host)).bytes[FS_MEM_COMM] - comm_before;
+    if (st == FS_OK && comm_added > 4096)
+        st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the device communicator and its splits took %zu bytes of host "
+                                        "comm memory", r, comm_added);
     if (st == FS_OK && a->mode == 0) {
         const int want_ranks[2] = {r % 2, r / 2};
         fs_comm *split[2] = {group, replica};
@@ -398,6 +416,22 @@ static fs_status ds_rank(fs_comm *host, void *arg) {
         if (r == 1) st = fs_errorf(FS_ERR_IO, "rank 1 gives up after the splits");
         else st = ds_sum_of_ranks(group, dev, r, &sum); /* rank 0 waits for rank 1 in it */
         if (st == FS_OK) st = ds_sum_of_ranks(c, dev, r, &sum);
+    } else if (st == FS_OK && a->mode == 3) {
+        if (r == 3) { /* silent (alive, no collective) until rank 2 has given up on it */
+            pthread_mutex_lock(&a->mu);
+            while (!a->silent_released) pthread_cond_wait(&a->cv, &a->mu);
+            pthread_mutex_unlock(&a->mu);
+        } else if (r == 2) { /* nobody else waits for rank 3: only rank 2 can time out */
+            st = ds_sum_of_ranks(group, dev, r, &sum);
+            a->st[r] = st;
+            snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
+            pthread_mutex_lock(&a->mu);
+            a->silent_released = 1;
+            pthread_cond_broadcast(&a->cv);
+            pthread_mutex_unlock(&a->mu);
+        } else {
+            st = ds_sum_of_ranks(group, dev, r, &sum);
+        }
     }
     a->st[r] = st;
     snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
@@ -426,6 +460,58 @@ static void test_device_inproc_split(void) {
                 CHECK(f.st[r] == FS_ERR_INTERNAL && strstr(f.msg[r], want), "%s: rank %d got %s: %s",
                       mode == 1 ? "a group's abort" : "the parent's failure", r, fs_status_name(f.st[r]), f.msg[r]);
     }
+}
+
+/* A rank of a split that goes silent is named by its global rank: rank 3 is rank 1 of group
+ * {2, 3}, and rank 2, waiting for it in their group's all-reduce, times out naming "rank 3"
+ * (with its rank in the group), not "rank 1", which is another rank of the job. Nothing is
+ * raced against the clock: rank 3 stays silent until rank 2 has given up. */
+static void test_device_inproc_split_names_global_ranks(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0.2;
+    ds_args a = {.mode = 3};
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    fs_status st = fs_comm_inproc_run(DS_W, cfg, ds_rank, &a);
+    const char *want = "no progress from rank 3 (rank 1 of split group 1)";
+    CHECK(st == FS_ERR_IO && strstr(fs_error_message(), want), "the run: %s %s", fs_status_name(st),
+          fs_error_message());
+    CHECK(a.st[2] == FS_ERR_IO && strstr(a.msg[2], want), "rank 2 got %s: %s", fs_status_name(a.st[2]), a.msg[2]);
+    pthread_cond_destroy(&a.cv);
+    pthread_mutex_destroy(&a.mu);
+}
+
+/* A rank that fails to allocate during the backend's setup or a split (fs_mem_fail_after on
+ * its host allocator, at every allocation of the step in turn) fails every rank at once, with
+ * an error that names it: the timeout is 600 s, so a rank left waiting for it would show as
+ * "no progress" after ten minutes, never as the error checked here. */
+static void test_device_inproc_setup_failure_fails_every_rank(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 600;
+    for (int fail_in = 0; fail_in < 2; fail_in++)
+        for (int at = 1; at <= 8; at++) {
+            fs_mem *mems[DS_W] = {NULL};
+            for (int r = 0; r < DS_W; r++) CHECK_OK(fs_mem_init(&mems[r], 0));
+            ds_args a = {.mode = 4, .fail_in = fail_in, .fail_at = at};
+            fs_status st = fs_comm_inproc_run_mems(DS_W, cfg, mems, ds_rank, &a);
+            const char *where = fail_in ? "the group's split" : "the setup";
+            if (st == FS_OK) { /* the step makes fewer allocations than `at` */
+                CHECK(at > 1, "%s: rank 1's first allocation failed and the run succeeded", where);
+                for (int r = 0; r < DS_W; r++) fs_mem_free(mems[r]);
+                break;
+            }
+            CHECK(st == FS_ERR_NOMEM, "%s, allocation %d: the run: %s %s", where, at, fs_status_name(st),
+                  fs_error_message());
+            for (int r = 0; r < DS_W; r++) {
+                CHECK(a.st[r] != FS_OK && !strstr(a.msg[r], "no progress") &&
+                          (r == 1 || strstr(a.msg[r], "rank 1")),
+                      "%s, rank 1's allocation %d failed: rank %d got %s: %s", where, at, r,
+                      fs_status_name(a.st[r]), a.msg[r]);
+                CHECK(fs_mem_get_stats(mems[r]).total_bytes == 0, "%s, allocation %d: rank %d holds %zu bytes",
+                      where, at, r, fs_mem_get_stats(mems[r]).total_bytes);
+                fs_mem_free(mems[r]);
+            }
+        }
 }
 
 /* NCCL's split (ncclCommSplit) where a GPU is found: one rank, split with color 0 (at W = 1
@@ -481,6 +567,8 @@ int main(void) {
     RUN(test_device_inproc_emulated);
     RUN(test_device_inproc_one_gpu);
     RUN(test_device_inproc_split);
+    RUN(test_device_inproc_split_names_global_ranks);
+    RUN(test_device_inproc_setup_failure_fails_every_rank);
     RUN(test_nccl_split_one_rank);
     return fs_test_summary();
 }

@@ -108,7 +108,7 @@ fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
     cfg.debug = cfg.debug || env_debug();
     FS_TRY(env_timeout(&cfg.timeout_s));
     c->cfg = cfg;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2 && !c->builtin_only; i++)
         FS_TRY(fs_mem_alloc(c->mem, FS_MEM_COMM, cfg.segment_bytes, "comm staging",
                             &c->staging[i]));
     void *p = NULL;
@@ -116,6 +116,13 @@ fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
                         "comm debug check", &p));
     c->check_buf = p;
     return FS_OK;
+}
+
+void fs_comm_drop_staging(fs_comm *c) {
+    c->builtin_only = 1;
+    c->cfg.algo = FS_COMM_ALGO_BUILTIN;
+    for (int i = 0; i < 2 && c->mem; i++) fs_mem_release(c->mem, c->staging[i]);
+    c->staging[0] = c->staging[1] = NULL;
 }
 
 void fs_comm_teardown_common(fs_comm *c) {
@@ -144,6 +151,8 @@ fs_comm_config fs_comm_get_config(const fs_comm *comm) { return comm->cfg; }
 fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo) {
     if ((int)algo < 0 || algo >= FS_COMM_ALGO_N)
         return fs_errorf(FS_ERR_USAGE, "fs_comm_set_algo: unknown algorithm %d", (int)algo);
+    if (comm->builtin_only && algo == FS_COMM_ALGO_RING)
+        return fs_errorf(FS_ERR_USAGE, "fs_comm_set_algo: this communicator has no staging for the ring");
     comm->cfg.algo = algo == FS_COMM_ALGO_DEFAULT ? FS_COMM_ALGO_RING : algo;
     return FS_OK;
 }
@@ -157,7 +166,7 @@ fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out) {
      * rank passes the same kind of arguments, so a negative color is refused everywhere */
     if (color < 0)
         return fs_errorf(FS_ERR_USAGE, "fs_comm_split: color %d is negative (rank %d)", color,
-                         comm->rank);
+                         fs_comm_global_rank(comm, comm->rank));
     fs_status st = comm->ops->split(comm, color, key, out);
     return st == FS_OK ? FS_OK : fs_error_wrap(st, "fs_comm_split");
 }
@@ -166,11 +175,33 @@ void fs_comm_abort(fs_comm *comm) { comm->ops->abort(comm); }
 
 int fs_comm_is_failed(fs_comm *comm) { return comm->ops->failed(comm); }
 
+int fs_comm_global_rank(const fs_comm *c, int r) {
+    if (r < 0 || r >= c->world) return r;
+    if (c->global_ranks) return c->global_ranks[r];
+    /* a split whose backend cannot name its peers globally (nccl): its own rank through the
+     * control communicator, which holds every rank */
+    if (c->is_split && r == c->rank && c->control)
+        return fs_comm_global_rank(c->control, fs_comm_rank(c->control));
+    return r;
+}
+
+const char *fs_comm_rank_name(const fs_comm *c, int r, char *buf, size_t n) {
+    if (!c->is_split || r < 0 || r >= c->world)
+        snprintf(buf, n, "rank %d", fs_comm_global_rank(c, r));
+    else if (c->global_ranks || (r == c->rank && c->control))
+        snprintf(buf, n, "rank %d (rank %d of split group %d)", fs_comm_global_rank(c, r), r,
+                 c->split_color);
+    else /* (no backend leaves a peer unnamed today) */
+        snprintf(buf, n, "rank %d of split group %d", r, c->split_color);
+    return buf;
+}
+
 fs_status fs_comm_no_progress(const fs_comm *c, int peer) {
+    char who[FS_COMM_RANK_NAME];
     return fs_errorf(FS_ERR_IO,
-                     "no progress from rank %d for %g s (dead or hung; --comm-timeout sets this "
+                     "no progress from %s for %g s (dead or hung; --comm-timeout sets this "
                      "limit)",
-                     peer, c->cfg.timeout_s);
+                     fs_comm_rank_name(c, peer, who, sizeof who), c->cfg.timeout_s);
 }
 
 fs_comm_caps fs_comm_capabilities(const fs_comm *comm) {
@@ -389,11 +420,11 @@ static fs_status validate_stream_ordered(const fs_comm *c, const fs_comm_op *op)
         return fs_errorf(FS_ERR_USAGE,
                          "rank %d: NCCL reduces in the data type: reduce-scatter of %s into %s%s "
                          "is not supported (send fp32 and add the result yourself)",
-                         c->rank, fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
+                         fs_comm_global_rank(c, c->rank), fs_dtype_name(op->dtype), fs_dtype_name(op->recv_dtype),
                          op->accumulate ? " with accumulate" : "");
     if (op->stream < 0 || op->stream >= FS_STREAM_N)
-        return fs_errorf(FS_ERR_USAGE, "rank %d: stream %d is not a device stream", c->rank,
-                         op->stream);
+        return fs_errorf(FS_ERR_USAGE, "rank %d: stream %d is not a device stream",
+                         fs_comm_global_rank(c, c->rank), op->stream);
     return FS_OK;
 }
 
@@ -474,7 +505,7 @@ static fs_status debug_check(fs_comm *c, const fs_comm_op *op, fs_status local) 
     for (int r = 0; r < c->world; r++) {
         if (!all[r].invalid) continue;
         if (n_invalid < FS_CHECK_MAX_NAMED)
-            append(msg, sizeof msg, "%s%d", n_invalid ? ", " : "", r);
+            append(msg, sizeof msg, "%s%d", n_invalid ? ", " : "", fs_comm_global_rank(c, r));
         n_invalid++;
     }
     if (n_invalid > 0) {
@@ -490,7 +521,8 @@ static fs_status debug_check(fs_comm *c, const fs_comm_op *op, fs_status local) 
         if (check_equal(&all[r], &all[0])) continue;
         if (n_diff < FS_CHECK_MAX_NAMED) {
             check_text(&all[r], text, sizeof text);
-            append(msg, sizeof msg, "%srank %d issued %s", n_diff ? ", " : "", r, text);
+            append(msg, sizeof msg, "%srank %d issued %s", n_diff ? ", " : "", fs_comm_global_rank(c, r),
+                   text);
         }
         n_diff++;
     }
@@ -498,8 +530,8 @@ static fs_status debug_check(fs_comm *c, const fs_comm_op *op, fs_status local) 
     if (n_diff > FS_CHECK_MAX_NAMED)
         append(msg, sizeof msg, " (and %d more ranks)", n_diff - FS_CHECK_MAX_NAMED);
     check_text(&all[0], text, sizeof text);
-    return fs_errorf(FS_ERR_USAGE, "%s: debug check: the ranks disagree: %s where rank 0 issued %s",
-                     fn, msg, text);
+    return fs_errorf(FS_ERR_USAGE, "%s: debug check: the ranks disagree: %s where rank %d issued %s",
+                     fn, msg, fs_comm_global_rank(c, 0), text);
 }
 
 /* ------------------------------------------------------------------ dispatch */
@@ -512,6 +544,9 @@ fs_status fs_comm_run(fs_comm *comm, const fs_comm_op *op) {
                          (int)o.algo);
     if (o.algo == FS_COMM_ALGO_DEFAULT) o.algo = comm->cfg.algo;
     fs_status st = validate(comm, &o);
+    if (st == FS_OK && comm->builtin_only && o.algo != FS_COMM_ALGO_BUILTIN)
+        st = fs_errorf(FS_ERR_USAGE, "%s: this communicator runs the builtin algorithm only (it has "
+                                     "no staging for the ring)", coll_fn_name(o.coll));
     if (comm->ops->stream_ordered) { /* nccl: no host exchange, NCCL's own algorithms */
         if (st == FS_OK) st = validate_stream_ordered(comm, &o);
         if (st != FS_OK) return st;

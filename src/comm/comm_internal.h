@@ -55,10 +55,30 @@ struct fs_comm {
     fs_comm_config cfg;       /* algo resolved to ring or builtin; segment_bytes rounded */
     fs_mem *mem;              /* the allocator charged with the staging */
     int owns_mem;             /* mem was created for this communicator */
-    void *staging[2];         /* cfg.segment_bytes each, 64-byte aligned, FS_MEM_COMM */
+    void *staging[2];         /* cfg.segment_bytes each, 64-byte aligned, FS_MEM_COMM; NULL
+                               * when builtin_only */
+    /* 1: only the builtin algorithm runs on c (the device backend's rendezvous), so it has no
+     * staging (fs_comm_drop_staging); its splits inherit this */
+    int builtin_only;
     fs_comm_check *check_buf; /* (world) the debug check's exchange */
     char describe[160];
+    /* Splits (fs_comm_split; set by the backend's split before any other thread can see the
+     * child, e.g. nccl's watchdog): is_split, the colour it was split with, and global_ranks, the
+     * rank of each of its ranks in the communicator the ranks were first created in ((world),
+     * owned by the backend's state; NULL where the backend cannot tell, when messages name
+     * this rank's own global rank through `control`). Messages name global ranks
+     * (fs_comm_rank_name): on a 256-rank job "rank 1" of a group is no use to anybody. */
+    int is_split, split_color;
+    const int *global_ranks;
 };
+
+/* The global rank of rank r of c (r itself for a communicator that is not a split, or r < 0). */
+int fs_comm_global_rank(const fs_comm *c, int r);
+
+/* How messages name rank r of c: "rank G" for a communicator that is not a split, "rank G
+ * (rank r of split group K)" for one (G global, K the colour). Returns buf. */
+#define FS_COMM_RANK_NAME 64
+const char *fs_comm_rank_name(const fs_comm *c, int r, char *buf, size_t n);
 
 /* ------------------------------------------------------------------ the NCCL backend
  * src/comm/nccl.c is built into its own library, libflatshard-nccl.so (it links libnccl and
@@ -75,12 +95,15 @@ typedef struct fs_nccl_api {
 } fs_nccl_api;
 
 /* The error of a rank that waited cfg.timeout_s for `peer` without progress (FS_ERR_IO,
- * "no progress from rank P for T s (dead or hung ...)"). */
+ * "no progress from rank P for T s (dead or hung ...)", P named by fs_comm_rank_name). */
 fs_status fs_comm_no_progress(const fs_comm *c, int peer);
 
 /* Allocates c's staging and check buffer from c->mem (set by the backend before calling).
  * Fills cfg from the given config and the environment. */
 fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg);
+/* Releases c's staging for good and makes c builtin_only (fs_comm_run then refuses the ring
+ * on c). */
+void fs_comm_drop_staging(fs_comm *c);
 /* Releases what fs_comm_setup_common allocated, and the allocator if owned. */
 void fs_comm_teardown_common(fs_comm *c);
 

@@ -46,16 +46,25 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "flatshard/device.h"
 
 #define DI_PHASES 3
+/* The most ranks (the in-process backend's limit): the setup's agreement lives on the stack. */
+#define DI_MAX_WORLD 256
 
 typedef struct di_entry {
     fs_device_event *ev;
     const void *send;
     void *recv;
 } di_entry;
+
+/* What each rank tells the others at the end of the setup: rank 0 the shared table. */
+typedef struct di_hello {
+    struct di_shared *table;
+    int64_t failed;
+} di_hello;
 
 /* The ranks' events, shared (see the header comment). */
 typedef struct di_shared {
@@ -105,7 +114,7 @@ static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
     /* (fs_comm_run refused conversion, accumulate and a bad stream: the NCCL contract) */
     if (reduces && (op->dtype != FS_DTYPE_FP32 || op->op != FS_REDOP_SUM))
         return fs_errorf(FS_ERR_USAGE, "rank %d: the in-process device backend sums fp32 only, not "
-                                       "%s %s", c->rank, fs_dtype_name(op->dtype), fs_redop_name(op->op));
+                                       "%s %s", fs_comm_global_rank(c, c->rank), fs_dtype_name(op->dtype), fs_redop_name(op->op));
     const fs_stream s = (fs_stream)op->stream;
     const size_t elem = fs_dtype_size(op->dtype), n = op->count;
     const int W = c->world, r = c->rank;
@@ -189,19 +198,26 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
         d = calloc(1, sizeof *d);
         if (!c || !d) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate a communicator");
     }
-    if (st != FS_OK) {
+    if (st != FS_OK) { /* still in the agreement below, so that no rank waits for this one */
+        di_hello mine = {.failed = 1}, all[DI_MAX_WORLD];
+        if (fs_comm_world(inner) <= DI_MAX_WORLD)
+            (void)fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, inner);
         free(c);
         free(d);
         fs_comm_free(inner);
         return st;
     }
-    fs_comm_set_algo(inner, FS_COMM_ALGO_BUILTIN); /* the rendezvous: shared memory */
+    /* the rendezvous: shared memory, the builtin algorithm only, so no staging */
+    fs_comm_drop_staging(inner);
     c->rank = fs_comm_rank(inner);
     c->world = fs_comm_world(inner);
     c->backend = FS_COMM_BACKEND_INPROC;
     c->ops = &di_ops;
     c->impl = d;
     c->control = control;
+    c->global_ranks = inner->global_ranks; /* the rendezvous' ranks are this one's */
+    c->is_split = color >= 0;
+    c->split_color = color;
     c->cfg = fs_comm_get_config(control);
     c->cfg.algo = FS_COMM_ALGO_BUILTIN;
     c->cfg.debug = 0;
@@ -211,8 +227,8 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
     st = fs_mem_alloc(d->mem, FS_MEM_COMM, (size_t)c->world * sizeof(di_entry), "device rendezvous",
                       (void **)&d->peers);
     if (st != FS_OK) d->mem = NULL;
-    /* the shared table: rank 0 makes it and every rank learns its address (collective, so
-     * every rank takes part even after a local failure; a NULL address fails them all) */
+    for (int p = 0; p < DI_PHASES && st == FS_OK; p++) st = fs_device_event_create(dev, &d->ev[p]);
+    /* the shared table: rank 0 makes it */
     di_shared *g = NULL;
     if (c->rank == 0 && st == FS_OK) {
         g = calloc(1, sizeof *g);
@@ -228,21 +244,42 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
             st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the device rendezvous' events");
         }
     }
-    fs_status bst = fs_comm_broadcast(&g, &g, sizeof g, FS_DTYPE_BYTES, 0, inner);
-    if (st == FS_OK && bst != FS_OK) st = bst;
-    if (st == FS_OK && !g) st = fs_errorf(FS_ERR_NOMEM, "rank 0 could not allocate the device rendezvous");
-    if (st == FS_OK) d->shared = g;
-    for (int p = 0; p < DI_PHASES && st == FS_OK; p++) {
-        st = fs_device_event_create(dev, &d->ev[p]);
-        if (st == FS_OK) g->ev[c->rank * DI_PHASES + p] = d->ev[p];
+    /* The agreement, a collective every rank reaches whatever failed on it before: every rank
+     * learns the table's address and which ranks failed, and all return the same outcome at
+     * once (a rank that failed alone would otherwise leave the others to find out in their
+     * first collective, or to wait for it). */
+    di_hello mine = {.table = g, .failed = st != FS_OK}, all[DI_MAX_WORLD];
+    fs_status ast = c->world <= DI_MAX_WORLD
+                        ? fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, inner)
+                        : fs_errorf(FS_ERR_USAGE, "the in-process device backend takes at most %d ranks",
+                                    DI_MAX_WORLD);
+    int n_failed = 0;
+    char who[160] = "";
+    for (int q = 0; ast == FS_OK && q < c->world; q++) {
+        if (!all[q].failed) continue;
+        size_t used = strlen(who);
+        if (n_failed < 8 && used + 16 < sizeof who)
+            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, q));
+        n_failed++;
     }
-    if (st != FS_OK) { /* a local failure after the split: the group is aborted, nobody waits */
-        fs_comm_abort(inner);
-        if (!d->shared) /* not in the table: this rank's own */
-            for (int p = 0; p < DI_PHASES; p++) fs_device_event_destroy(dev, d->ev[p]);
+    if (st == FS_OK && ast != FS_OK) st = ast;
+    if (st == FS_OK && n_failed)
+        st = fs_errorf(FS_ERR_NOMEM, "cannot set up the in-process device communicator%s: rank%s %s%s "
+                                     "failed (see %s error)", color >= 0 ? " (split)" : "",
+                       n_failed == 1 ? "" : "s", who, n_failed > 8 ? " and others" : "",
+                       n_failed == 1 ? "its" : "their");
+    if (st != FS_OK) { /* every rank agreed (or the group has failed already): nobody waits */
+        if (ast != FS_OK) fs_comm_abort(inner);
+        for (int p = 0; p < DI_PHASES; p++) fs_device_event_destroy(dev, d->ev[p]);
+        if (g) { /* rank 0's, which no rank took */
+            free(g->ev);
+            free(g);
+        }
         di_destroy(c);
         return st;
     }
+    d->shared = all[0].table;
+    for (int p = 0; p < DI_PHASES; p++) d->shared->ev[c->rank * DI_PHASES + p] = d->ev[p];
     int len = snprintf(c->describe, sizeof c->describe, "device in process: %d ranks on one %s device",
                        c->world, fs_device_kind_name(fs_device_kind_of(dev)));
     if (color >= 0 && len >= 0 && (size_t)len < sizeof c->describe)
@@ -271,6 +308,7 @@ fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **ou
 static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
     di_impl *d = impl_of(c);
     fs_comm *inner = NULL;
-    FS_TRY(fs_comm_split(d->inner, color, key, &inner));
+    /* (the backend's own split: fs_comm_split, which called this, has checked the colour) */
+    FS_TRY(d->inner->ops->split(d->inner, color, key, &inner));
     return di_create(inner, c->control, d->dev, color, FS_OK, out);
 }

@@ -95,6 +95,7 @@ typedef struct inproc_group {
     char failed_msg[512];
     struct inproc_group *parent; /* the group this one was split from, or NULL */
     int *parent_rank;    /* (world) split groups: rank r's rank in the parent */
+    int *global_rank;    /* (world) split groups: rank r's rank in the first group (messages) */
 } inproc_group;
 
 static inproc_group *group_of(fs_comm *c) { return c->impl; }
@@ -187,16 +188,22 @@ static fs_status group_stall(fs_comm *c, inproc_group *g, int peer) {
     return st;
 }
 
-/* Under g->mu, once group_down(g) is not NULL. */
-static fs_status group_failed_error(inproc_group *g) {
+/* Rank r of g in the first group (the global rank that messages name). */
+static int group_global(const inproc_group *g, int r) {
+    return g->global_rank && r >= 0 && r < g->world ? g->global_rank[r] : r;
+}
+
+/* Under g->mu, once group_down(g) is not NULL; c is a communicator of g. */
+static fs_status group_failed_error(fs_comm *c, inproc_group *g) {
     const inproc_group *x = group_down(g);
+    char who[FS_COMM_RANK_NAME];
     if (x == g)
-        return fs_errorf(FS_ERR_INTERNAL, "rank %d failed (%s); the in-process group is unusable",
-                         g->failed_rank, g->failed_msg);
+        return fs_errorf(FS_ERR_INTERNAL, "%s failed (%s); the in-process group is unusable",
+                         fs_comm_rank_name(c, g->failed_rank, who, sizeof who), g->failed_msg);
     return fs_errorf(FS_ERR_INTERNAL,
                      "rank %d of the group this one was split from failed (%s); the in-process "
                      "group is unusable",
-                     x->failed_rank, x->failed_msg);
+                     group_global(x, x->failed_rank), x->failed_msg);
 }
 
 static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst,
@@ -208,7 +215,7 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
     fs_status st = FS_OK;
     pthread_mutex_lock(&g->mu);
     if (group_down(g)) {
-        st = group_failed_error(g);
+        st = group_failed_error(c, g);
         pthread_mutex_unlock(&g->mu);
         return st;
     }
@@ -223,7 +230,7 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
         while (in->state != BOX_POSTED && !group_down(g) && !late)
             late = wait_on(g, &g->cv[rank], &g->mu, timed, &deadline);
         if (in->state != BOX_POSTED) {
-            st = group_down(g) ? group_failed_error(g) : group_stall(c, g, src);
+            st = group_down(g) ? group_failed_error(c, g) : group_stall(c, g, src);
         } else {
             in->state = BOX_COPYING;
             const void *from = in->buf;
@@ -234,11 +241,13 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
             in->expected = rbytes;
             in->state = BOX_DONE;
             pthread_cond_signal(&g->cv[src]);
+            char who[FS_COMM_RANK_NAME];
             if (bytes != rbytes)
                 st = fs_errorf(FS_ERR_USAGE,
-                               "rank %d sent %zu bytes where rank %d expected %zu (mismatched "
+                               "%s sent %zu bytes where rank %d expected %zu (mismatched "
                                "collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 checks them)",
-                               src, bytes, rank, rbytes);
+                               fs_comm_rank_name(c, src, who, sizeof who), bytes,
+                               fs_comm_global_rank(c, rank), rbytes);
         }
     }
     if (out) {
@@ -255,13 +264,15 @@ static fs_status inproc_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, in
                 break;
             }
         }
+        char who[FS_COMM_RANK_NAME];
         if (out->state == BOX_DONE && out->expected != sbytes && st == FS_OK)
             st = fs_errorf(FS_ERR_USAGE,
-                           "rank %d sent %zu bytes where rank %d expected %zu (mismatched "
+                           "%s sent %zu bytes where rank %d expected %zu (mismatched "
                            "collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 checks them)",
-                           rank, sbytes, dst, out->expected);
+                           fs_comm_rank_name(c, rank, who, sizeof who), sbytes,
+                           fs_comm_global_rank(c, dst), out->expected);
         else if (out->state != BOX_DONE && st == FS_OK)
-            st = group_failed_error(g);
+            st = group_failed_error(c, g);
         out->state = BOX_EMPTY;
     }
     pthread_mutex_unlock(&g->mu);
@@ -273,7 +284,7 @@ static fs_status group_barrier(fs_comm *c, inproc_group *g) {
     fs_status st = FS_OK;
     pthread_mutex_lock(&g->mu);
     if (group_down(g)) {
-        st = group_failed_error(g);
+        st = group_failed_error(c, g);
     } else if (g->barrier_seen[c->rank] = g->barrier_generation + 1,
                ++g->barrier_arrived == g->world) {
         g->barrier_arrived = 0;
@@ -288,7 +299,7 @@ static fs_status group_barrier(fs_comm *c, inproc_group *g) {
         if (gen == g->barrier_generation) {
             int missing = 0; /* the first rank that has not reached this barrier */
             while (missing < g->world && g->barrier_seen[missing] == gen + 1) missing++;
-            st = group_down(g) ? group_failed_error(g) : group_stall(c, g, missing);
+            st = group_down(g) ? group_failed_error(c, g) : group_stall(c, g, missing);
         }
     }
     pthread_mutex_unlock(&g->mu);
@@ -393,6 +404,7 @@ static void group_free(inproc_group *g) {
     free(g->slots);
     free(g->barrier_seen);
     free(g->parent_rank);
+    free(g->global_rank);
     free(g);
     if (parent) group_unref(parent);
 }
@@ -505,12 +517,16 @@ static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
                 failed = 1;
             } else {
                 created->parent_rank = calloc((size_t)n, sizeof *created->parent_rank);
-                if (!created->parent_rank) {
+                created->global_rank = calloc((size_t)n, sizeof *created->global_rank);
+                if (!created->parent_rank || !created->global_rank) {
                     group_free(created);
                     created = NULL;
                     failed = 1;
                 } else {
-                    for (int i = 0; i < n; i++) created->parent_rank[i] = members[i];
+                    for (int i = 0; i < n; i++) {
+                        created->parent_rank[i] = members[i];
+                        created->global_rank[i] = fs_comm_global_rank(c, members[i]);
+                    }
                     atomic_fetch_add(&parent->refs, 1); /* the child's on its parent */
                     created->parent = parent;
                     /* one reference per member, counted before any member can see the group:
@@ -533,19 +549,30 @@ static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
         group_unref(g); /* this member's reference */
     } else if (g) { /* the child holds this member's reference */
         *child = (fs_comm){.rank = new_rank, .world = n, .backend = FS_COMM_BACKEND_INPROC,
-                           .ops = &inproc_ops, .impl = g, .mem = c->mem};
+                           .ops = &inproc_ops, .impl = g, .mem = c->mem,
+                           .global_ranks = g->global_rank,
+                           .is_split = 1, .split_color = color,
+                           .builtin_only = c->builtin_only};
         snprintf(child->describe, sizeof child->describe,
                  "inproc: %d of %d threads (split, color %d)", n, world, color);
         if (fs_comm_setup_common(child, c->cfg) != FS_OK) failed = 1;
     }
-    /* the agreement: every rank returns the same outcome */
-    int32_t any_failed = 0;
-    fs_status agreed = st == FS_OK ? fs_comm_all_reduce(&failed, &any_failed, 1, FS_DTYPE_INT32,
-                                                        FS_REDOP_SUM, c)
-                                   : st;
-    if (agreed == FS_OK && any_failed)
+    /* the agreement: every rank returns the same outcome, naming the ranks that failed */
+    int32_t failures[FS_INPROC_MAX_WORLD];
+    fs_status agreed = st == FS_OK ? fs_comm_all_gather(&failed, failures, 1, FS_DTYPE_INT32, c) : st;
+    char who[256] = "";
+    int n_failed = 0;
+    for (int r = 0; agreed == FS_OK && r < world; r++) {
+        if (!failures[r]) continue;
+        size_t used = strlen(who);
+        if (n_failed < 8 && used + 16 < sizeof who)
+            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, r));
+        n_failed++;
+    }
+    if (agreed == FS_OK && n_failed)
         agreed = fs_errorf(FS_ERR_NOMEM, "cannot create the split communicators (out of memory "
-                                         "on %d rank%s)", (int)any_failed, any_failed == 1 ? "" : "s");
+                                         "on rank%s %s%s)", n_failed == 1 ? "" : "s", who,
+                           n_failed > 8 ? " and others" : "");
     if (agreed != FS_OK) {
         fs_comm_free(child);
         child = NULL;

@@ -47,6 +47,7 @@ static int mpi_live_comms;
 typedef struct mpi_impl {
     MPI_Comm comm;
     MPI_Op bf16_sum;
+    int *global_ranks; /* (world) splits: each rank's in MPI_COMM_WORLD (fs_comm.global_ranks) */
 } mpi_impl;
 
 static mpi_impl *impl_of(fs_comm *c) { return c->impl; }
@@ -157,10 +158,12 @@ static int mpi_stalled_root(fs_comm *c, int stalled) {
 static fs_status mpi_no_progress(fs_comm *c, int stalled) {
     int root = mpi_stalled_root(c, stalled);
     if (root == stalled) return fs_comm_no_progress(c, stalled);
+    char who[FS_COMM_RANK_NAME];
     return fs_errorf(FS_ERR_IO,
-                     "no progress from rank %d for %g s (dead or hung; this rank waited for rank %d, "
+                     "no progress from %s for %g s (dead or hung; this rank waited for rank %d, "
                      "which was waiting for it directly or through others; --comm-timeout sets this limit)",
-                     root, c->cfg.timeout_s, stalled);
+                     fs_comm_rank_name(c, root, who, sizeof who), c->cfg.timeout_s,
+                     fs_comm_global_rank(c, stalled));
 }
 
 static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
@@ -196,7 +199,8 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
                                  "rank %d sent a message of %d bytes where rank %d expected %d "
                                  "(mismatched collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 "
                                  "checks them)",
-                                 src, got, c->rank, rn);
+                                 fs_comm_global_rank(c, src), got, fs_comm_global_rank(c, c->rank),
+                                 rn);
         }
     }
     return FS_OK;
@@ -280,7 +284,8 @@ static fs_status mpi_builtin(fs_comm *c, const fs_comm_op *op) {
 
 static void mpi_abort(fs_comm *c) {
     const char *why = fs_error_message();
-    fprintf(stderr, "flatshard: rank %d: aborting every MPI process%s%s\n", c->rank,
+    fprintf(stderr, "flatshard: rank %d: aborting every MPI process%s%s\n",
+            fs_comm_global_rank(c, c->rank),
             why[0] ? ": " : "", why);
     fflush(stderr);
     MPI_Abort(impl_of(c)->comm, 1);
@@ -297,6 +302,7 @@ static void mpi_destroy(fs_comm *c) {
     if (m) {
         if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
         if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+        free(m->global_ranks);
         free(m);
         mpi_live_comms--;
     }
@@ -314,6 +320,29 @@ static const fs_comm_backend_ops mpi_ops = {
     .destroy = mpi_destroy,
 };
 
+/* m->global_ranks of child, split from c: its ranks in c's group (local, no message), then
+ * c's own global ranks. An MPI error code. */
+static int global_ranks_of(fs_comm *c, fs_comm *child, mpi_impl *m) {
+    int *in_child = calloc((size_t)child->world, sizeof *in_child);
+    m->global_ranks = calloc((size_t)child->world, sizeof *m->global_ranks);
+    if (!in_child || !m->global_ranks) {
+        free(in_child);
+        return MPI_ERR_NO_MEM;
+    }
+    MPI_Group gc = MPI_GROUP_NULL, gp = MPI_GROUP_NULL;
+    int rc = MPI_Comm_group(m->comm, &gc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_group(impl_of(c)->comm, &gp);
+    for (int i = 0; i < child->world; i++) in_child[i] = i;
+    if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(gc, child->world, in_child, gp, m->global_ranks);
+    for (int i = 0; rc == MPI_SUCCESS && i < child->world; i++)
+        m->global_ranks[i] = fs_comm_global_rank(c, m->global_ranks[i]);
+    if (gc != MPI_GROUP_NULL) MPI_Group_free(&gc);
+    if (gp != MPI_GROUP_NULL) MPI_Group_free(&gp);
+    free(in_child);
+    if (rc == MPI_SUCCESS) child->global_ranks = m->global_ranks;
+    return rc;
+}
+
 /* A communicator over MPI_Comm_split of c's: its own MPI communicator (errors returned, not
  * fatal, like the parent's), bf16 operation and staging. */
 static fs_status mpi_split(fs_comm *c, int color, int key, fs_comm **out) {
@@ -330,12 +359,14 @@ static fs_status mpi_split(fs_comm *c, int color, int key, fs_comm **out) {
     }
     m->comm = comm;
     m->bf16_sum = MPI_OP_NULL;
-    *child = (fs_comm){.backend = FS_COMM_BACKEND_MPI, .ops = &mpi_ops, .impl = m, .mem = c->mem};
+    *child = (fs_comm){.backend = FS_COMM_BACKEND_MPI, .ops = &mpi_ops, .impl = m, .mem = c->mem,
+                       .is_split = 1, .split_color = color};
     mpi_live_comms++;
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &child->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &child->world);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum);
+    if (rc == MPI_SUCCESS) rc = global_ranks_of(c, child, m);
     fs_status st = rc == MPI_SUCCESS ? FS_OK : mpi_error(rc, "MPI_Comm_split");
     if (st == FS_OK) {
         snprintf(child->describe, sizeof child->describe, "%.96s (split, color %d: %d of %d ranks)",

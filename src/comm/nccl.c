@@ -84,16 +84,19 @@ typedef struct nccl_impl {
 
 static nccl_impl *impl_of(fs_comm *c) { return c->impl; }
 
+/* This rank as messages name it: its global rank (a split's own rank is not one). */
+static int me(const fs_comm *c) { return fs_comm_global_rank(c, c->rank); }
+
 static fs_status nccl_error(const fs_comm *c, ncclResult_t r, const char *what) {
     const nccl_impl *n = c->impl;
     const char *last = n && n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL);
     fs_status st = r == ncclInvalidArgument || r == ncclInvalidUsage ? FS_ERR_USAGE : FS_ERR_IO;
-    return fs_errorf(st, "rank %d: %s: %s%s%s", c->rank, what, ncclGetErrorString(r),
+    return fs_errorf(st, "rank %d: %s: %s%s%s", me(c), what, ncclGetErrorString(r),
                      last && *last ? ": " : "", last ? last : "");
 }
 
 static fs_status cuda_error(const fs_comm *c, cudaError_t e, const char *what) {
-    return fs_errorf(FS_ERR_INTERNAL, "rank %d: %s: %s", c->rank, what, cudaGetErrorString(e));
+    return fs_errorf(FS_ERR_INTERNAL, "rank %d: %s: %s", me(c), what, cudaGetErrorString(e));
 }
 
 /* ------------------------------------------------------------------ the watchdog */
@@ -115,7 +118,7 @@ static void watchdog_poll(fs_comm *c) {
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
         ncclResult_t e = r != ncclSuccess ? r : async;
         const char *last = ncclGetLastError(n->comm);
-        snprintf(msg, sizeof msg, "rank %d: NCCL asynchronous error: %s%s%s", c->rank,
+        snprintf(msg, sizeof msg, "rank %d: NCCL asynchronous error: %s%s%s", me(c),
                  ncclGetErrorString(e), last && *last ? ": " : "", last ? last : "");
         set_failed(n, FS_ERR_IO, msg);
         return;
@@ -124,7 +127,7 @@ static void watchdog_poll(fs_comm *c) {
         cudaError_t q = cudaEventQuery(n->calls[n->done % FS_NCCL_CALLS].ev);
         if (q == cudaErrorNotReady) break;
         if (q != cudaSuccess) {
-            snprintf(msg, sizeof msg, "rank %d: NCCL %s: cudaEventQuery: %s", c->rank,
+            snprintf(msg, sizeof msg, "rank %d: NCCL %s: cudaEventQuery: %s", me(c),
                      fs_coll_name(n->calls[n->done % FS_NCCL_CALLS].coll), cudaGetErrorString(q));
             set_failed(n, FS_ERR_IO, msg);
             return;
@@ -138,17 +141,19 @@ static void watchdog_poll(fs_comm *c) {
     if (fs_now() - since <= c->cfg.timeout_s) return;
     char unit[32] = "";
     if (oldest->tag > 0) snprintf(unit, sizeof unit, " (for unit %d)", oldest->tag - 1);
+    char who[FS_COMM_RANK_NAME];
     snprintf(msg, sizeof msg,
-             "rank %d: NCCL %s%s made no progress for %g s (a peer dead or hung; --comm-timeout "
+             "%s: NCCL %s%s made no progress for %g s (a peer dead or hung; --comm-timeout "
              "sets this limit): communicator aborted",
-             c->rank, fs_coll_name(oldest->coll), unit, c->cfg.timeout_s);
+             fs_comm_rank_name(c, c->rank, who, sizeof who), fs_coll_name(oldest->coll), unit,
+             c->cfg.timeout_s);
     set_failed(n, FS_ERR_IO, msg);
 }
 
 static void *watchdog_main(void *arg) {
     fs_comm *c = arg;
     nccl_impl *n = impl_of(c);
-    fs_set_thread_rank(c->rank);
+    fs_set_thread_rank(me(c));
     cudaSetDevice(n->ordinal); /* cudaEventQuery needs the GPU's context on this thread */
     pthread_mutex_lock(&n->mu);
     while (!n->stopping) {
@@ -243,7 +248,7 @@ static fs_status nccl_builtin(fs_comm *c, const fs_comm_op *op) {
         r = ncclAllReduce(n->barrier_buf, n->barrier_buf, 1, ncclInt32, ncclSum, n->comm, s);
         break;
     default:
-        return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL: unknown collective %d", c->rank, (int)op->coll);
+        return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL: unknown collective %d", me(c), (int)op->coll);
     }
     if (r != ncclSuccess && r != ncclInProgress) return nccl_error(c, r, what);
     pthread_mutex_lock(&n->mu);
@@ -448,7 +453,7 @@ static fs_status control_agree(fs_comm *c, fs_status mine, const char *what) {
     if (mine != FS_OK) return mine;
     if (st != FS_OK) return st;
     if (n_bad > 0)
-        return fs_errorf(FS_ERR_IO, "rank %d: %s failed on %d rank%s (see their errors)", c->rank, what,
+        return fs_errorf(FS_ERR_IO, "rank %d: %s failed on %d rank%s (see their errors)", me(c), what,
                          (int)n_bad, n_bad == 1 ? "" : "s");
     return FS_OK;
 }
@@ -465,9 +470,13 @@ static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out) {
     /* (the same on every rank, so refused before any collective) */
     if (fs_comm_world(c->control) != c->world)
         return fs_errorf(FS_ERR_USAGE, "rank %d: NCCL splits only a communicator of every rank of its "
-                                       "control communicator", c->rank);
+                                       "control communicator", me(c));
     fs_comm *child = nccl_new(c->control, n->dev, -1, 0);
     fs_status st = child ? FS_OK : fs_errorf(FS_ERR_NOMEM, "cannot allocate an NCCL communicator");
+    if (child) { /* before its watchdog starts (nccl_finish), which names it */
+        child->is_split = 1;
+        child->split_color = color;
+    }
     if (st == FS_OK) {
         pthread_mutex_lock(&n->mu);
         st = take_failure(n); /* an aborted parent cannot be split */
@@ -501,7 +510,7 @@ static fs_status nccl_split(fs_comm *c, int color, int key, fs_comm **out) {
     return fs_errorf(FS_ERR_USAGE,
                      "rank %d: this NCCL (%d.%d) cannot split a communicator: --shard-group on GPUs "
                      "needs NCCL >= 2.18 (ncclCommSplit)",
-                     c->rank, NCCL_MAJOR, NCCL_MINOR);
+                     me(c), NCCL_MAJOR, NCCL_MINOR);
 #endif
 }
 
