@@ -394,6 +394,59 @@ static void test_silent_rank_times_out(void) {
         }
 }
 
+/* The same across a split: 4 ranks split into groups {0, 1} and {2, 3} with the key
+ * reversed, so that rank 3 is rank 0 of group 1. Rank 3 goes silent after the split; rank 2,
+ * the only rank with a deadline (on its group's communicator), times out in the group's
+ * all-gather and must name rank 3, the rank a user can find in a 256-rank job, not "rank 0"
+ * (which is another rank). The failure reaches the run through the parent, with the same
+ * name. */
+static fs_status split_silent_rank_fn(fs_comm *comm, void *p) {
+    silent_arg *a = p;
+    const int r = fs_comm_rank(comm);
+    fs_comm *group = NULL;
+    fs_status st = fs_comm_split(comm, r / 2, 4 - r, &group);
+    if (st == FS_OK && r == 3) {
+        pthread_mutex_lock(&a->mu);
+        while (a->survivors_done < 1) pthread_cond_wait(&a->cv, &a->mu);
+        pthread_mutex_unlock(&a->mu);
+    } else if (st == FS_OK) {
+        group->cfg.timeout_s = r == 2 ? SILENT_TIMEOUT_S : 0; /* before its first collective */
+        float x[8] = {0}, y[16];
+        fs_comm_op o = fs_comm_op_all_gather(x, y, 8, FS_DTYPE_FP32);
+        o.algo = a->algo;
+        st = fs_comm_run(group, &o);
+    }
+    a->st[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
+    if (r == 2) {
+        pthread_mutex_lock(&a->mu);
+        a->survivors_done = 1;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+    }
+    fs_comm_free(group);
+    return st;
+}
+
+static void test_silent_rank_of_a_split_named_globally(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 0;
+    for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++) {
+        const char *name = fs_comm_algo_name((fs_comm_algo)algo);
+        silent_arg a = {.algo = (fs_comm_algo)algo};
+        pthread_mutex_init(&a.mu, NULL);
+        pthread_cond_init(&a.cv, NULL);
+        fs_status st = fs_comm_inproc_run(4, cfg, split_silent_rank_fn, &a);
+        const char *want = "no progress from rank 3 (rank 0 of split group 1)";
+        CHECK(st == FS_ERR_IO && strstr(fs_error_message(), want), "%s: the run: %s %s", name,
+              fs_status_name(st), fs_error_message());
+        CHECK(a.st[2] == FS_ERR_IO && strstr(a.msg[2], want), "%s: rank 2 got %s: %s", name,
+              fs_status_name(a.st[2]), a.msg[2]);
+        pthread_cond_destroy(&a.cv);
+        pthread_mutex_destroy(&a.mu);
+    }
+}
+
 typedef struct mismatch_arg {
     fs_comm_algo algo;
 } mismatch_arg;
@@ -484,6 +537,7 @@ int main(void) {
     RUN(test_failing_rank_unblocks_the_others);
     RUN(test_failure_crosses_a_split);
     RUN(test_silent_rank_times_out);
+    RUN(test_silent_rank_of_a_split_named_globally);
     RUN(test_size_mismatch_caught_without_debug);
     RUN(test_barrier_waits_for_everyone);
     RUN(test_debug_check_from_the_environment);
