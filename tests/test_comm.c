@@ -447,6 +447,45 @@ static void test_silent_rank_of_a_split_named_globally(void) {
     }
 }
 
+/* A rank that cannot allocate its split communicator's staging (its allocation number
+ * `fail_at` from the split on fails) fails the split on every rank at once, all with the
+ * same error naming it: the timeout is 600 s, so a rank left waiting would show. */
+typedef struct split_alloc_arg {
+    int fail_at;
+    fs_status st[4];
+    char msg[4][300];
+} split_alloc_arg;
+
+static fs_status split_alloc_rank_fn(fs_comm *comm, void *p) {
+    split_alloc_arg *a = p;
+    const int r = fs_comm_rank(comm);
+    fs_comm *group = NULL;
+    if (r == 1) fs_mem_fail_after(fs_comm_mem(comm), (uint64_t)a->fail_at);
+    fs_status st = fs_comm_split(comm, r / 2, r, &group);
+    if (r == 1) fs_mem_fail_after(fs_comm_mem(comm), 0);
+    a->st[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
+    fs_comm_free(group);
+    return st;
+}
+
+static void test_split_allocation_failure_fails_every_rank(void) {
+    fs_comm_config cfg = fs_comm_config_default();
+    cfg.timeout_s = 600;
+    for (int at = 1; at <= 3; at++) { /* the two staging segments and the check buffer */
+        fs_mem *mems[4];
+        for (int r = 0; r < 4; r++) CHECK_OK(fs_mem_init(&mems[r], 0));
+        split_alloc_arg a = {.fail_at = at};
+        fs_status st = fs_comm_inproc_run_mems(4, cfg, mems, split_alloc_rank_fn, &a);
+        CHECK(st == FS_ERR_NOMEM, "allocation %d: the run: %s %s", at, fs_status_name(st), fs_error_message());
+        for (int r = 0; r < 4; r++) {
+            CHECK(a.st[r] == FS_ERR_NOMEM && strstr(a.msg[r], "out of memory on rank 1)"),
+                  "allocation %d: rank %d got %s: %s", at, r, fs_status_name(a.st[r]), a.msg[r]);
+            fs_mem_free(mems[r]);
+        }
+    }
+}
+
 typedef struct mismatch_arg {
     fs_comm_algo algo;
 } mismatch_arg;
@@ -538,6 +577,7 @@ int main(void) {
     RUN(test_failure_crosses_a_split);
     RUN(test_silent_rank_times_out);
     RUN(test_silent_rank_of_a_split_named_globally);
+    RUN(test_split_allocation_failure_fails_every_rank);
     RUN(test_size_mismatch_caught_without_debug);
     RUN(test_barrier_waits_for_everyone);
     RUN(test_debug_check_from_the_environment);

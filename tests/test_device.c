@@ -434,7 +434,8 @@ static void test_hybrid_sharding_on_four_emulated_gpu_ranks(void) {
         fs_status st = run(W, &dead);
         unsetenv("FLATSHARD_FAULT");
         unsetenv("FLATSHARD_COMM_TIMEOUT");
-        CHECK(st != FS_OK && (strstr(fs_error_message(), "no progress") || strstr(fs_error_message(), "rank 3")),
+        /* named by its global rank, not its rank in the group ("rank 1") */
+        CHECK(st != FS_OK && strstr(fs_error_message(), "no progress from rank 3 (rank 1 of split group 1)"),
               "rank 3 dead at step 2 of a 2 x 2 hybrid run: status %s: %s", fs_status_name(st), fs_error_message());
         if (st != FS_OK) fs_test_note("rank 3 dead at step 2: %s", fs_error_message());
         ec_result_free(&dead.res);

@@ -346,6 +346,7 @@ typedef struct ds_args {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* mode 3: rank 2 is done */
     int silent_released;
+    int steps[DS_W]; /* how many of setup, group split, replica split succeeded on each rank */
     fs_status st[DS_W];
     char msg[DS_W][300];
 } ds_args;
@@ -377,10 +378,12 @@ static fs_status ds_rank(fs_comm *host, void *arg) {
     if (st == FS_OK) st = fs_comm_split(c, r / 2, r, &group);
     if (a->mode == 4 && r == 1) fs_mem_fail_after(fs_comm_mem(host), 0);
     if (st == FS_OK) st = fs_comm_split(c, r % 2, r, &replica);
+    a->steps[r] = !!c + !!group + !!replica;
     float sum = 0;
     /* the rendezvous communicators run the builtin algorithm only: no ring staging (2 x 4 MiB
-     * each before), only their entry tables and debug-check buffers, a few hundred bytes */
-    const size_t comm_added = fs_mem_get_stats(fs_comm_mem(host)).bytes[FS_MEM_COMM] - comm_before;
+     * each before), not even for a moment, only their entry tables and debug-check buffers, a
+     * few hundred bytes (the host communicator's staging is `comm_before`, and its peak) */
+    const size_t comm_added = fs_mem_get_stats(fs_comm_mem(host)).peak[FS_MEM_COMM] - comm_before;
     if (st == FS_OK && comm_added > 4096)
         st = fs_errorf(FS_ERR_INTERNAL, "rank %d: the device communicator and its splits took %zu bytes of host "
                                         "comm memory", r, comm_added);
@@ -503,6 +506,9 @@ static void test_device_inproc_setup_failure_fails_every_rank(void) {
             CHECK(st == FS_ERR_NOMEM, "%s, allocation %d: the run: %s %s", where, at, fs_status_name(st),
                   fs_error_message());
             for (int r = 0; r < DS_W; r++) {
+                /* the same step fails everywhere: the others do not go on to find out later */
+                CHECK(a.steps[r] == a.steps[1], "%s, rank 1's allocation %d failed in step %d, rank %d's in step %d",
+                      where, at, a.steps[1] + 1, r, a.steps[r] + 1);
                 CHECK(a.st[r] != FS_OK && !strstr(a.msg[r], "no progress") &&
                           (r == 1 || strstr(a.msg[r], "rank 1")),
                       "%s, rank 1's allocation %d failed: rank %d got %s: %s", where, at, r,

@@ -101,6 +101,7 @@ fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg) {
     if ((int)cfg.algo < 0 || cfg.algo >= FS_COMM_ALGO_N)
         return fs_errorf(FS_ERR_USAGE, "communicator: unknown algorithm %d", (int)cfg.algo);
     if (cfg.algo == FS_COMM_ALGO_DEFAULT) cfg.algo = FS_COMM_ALGO_RING;
+    if (c->builtin_only) cfg.algo = FS_COMM_ALGO_BUILTIN;
     if (cfg.segment_bytes > FS_COMM_MAX_SEGMENT_BYTES)
         return fs_errorf(FS_ERR_USAGE, "communicator: segment of %zu bytes is above the limit of "
                                        "%zu", cfg.segment_bytes, FS_COMM_MAX_SEGMENT_BYTES);

@@ -101,6 +101,9 @@ fs_status fs_comm_no_progress(const fs_comm *c, int peer);
 /* Allocates c's staging and check buffer from c->mem (set by the backend before calling).
  * Fills cfg from the given config and the environment. */
 fs_status fs_comm_setup_common(fs_comm *c, fs_comm_config cfg);
+/* fs_comm_split of an in-process communicator (any other: fs_comm_split) into a builtin_only
+ * one, which never allocates the staging: the device backend's rendezvous. */
+fs_status fs_comm_inproc_split_builtin(fs_comm *c, int color, int key, fs_comm **out);
 /* Releases c's staging for good and makes c builtin_only (fs_comm_run then refuses the ring
  * on c). */
 void fs_comm_drop_staging(fs_comm *c);

@@ -190,7 +190,8 @@ static const fs_comm_backend_ops di_ops = {
  * first one was made over (its configuration); color, for the description, is -1 for that
  * first one. st: a failure found before, on this rank (the others must still meet it). */
 static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int color, fs_status st,
-                           fs_comm **out) {
+                           int *failed_here, fs_comm **out) {
+    *failed_here = st != FS_OK;
     fs_comm *c = NULL;
     di_impl *d = NULL;
     if (st == FS_OK) {
@@ -199,6 +200,7 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
         if (!c || !d) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate a communicator");
     }
     if (st != FS_OK) { /* still in the agreement below, so that no rank waits for this one */
+        fs_comm_drop_staging(inner);
         di_hello mine = {.failed = 1}, all[DI_MAX_WORLD];
         if (fs_comm_world(inner) <= DI_MAX_WORLD)
             (void)fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, inner);
@@ -249,6 +251,7 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
      * once (a rank that failed alone would otherwise leave the others to find out in their
      * first collective, or to wait for it). */
     di_hello mine = {.table = g, .failed = st != FS_OK}, all[DI_MAX_WORLD];
+    *failed_here = st != FS_OK;
     fs_status ast = c->world <= DI_MAX_WORLD
                         ? fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, inner)
                         : fs_errorf(FS_ERR_USAGE, "the in-process device backend takes at most %d ranks",
@@ -293,13 +296,14 @@ fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **ou
     *out = NULL;
     fs_comm *inner = NULL;
     /* collective: every rank splits first, whatever else fails here, so none waits */
-    fs_status st = fs_comm_split(host, 0, fs_comm_rank(host), &inner);
+    fs_status st = fs_comm_inproc_split_builtin(host, 0, fs_comm_rank(host), &inner);
     if (st != FS_OK) return st;
     if (fs_comm_backend_kind(host) != FS_COMM_BACKEND_INPROC)
         st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: ranks in one process only");
     else if (!dev || fs_device_kind_of(dev) == FS_DEVICE_CPU)
         st = fs_errorf(FS_ERR_USAGE, "fs_comm_device_inproc_init: a GPU (or emulated) device is needed");
-    return di_create(inner, host, dev, -1, st, out);
+    int failed_here = 0;
+    return di_create(inner, host, dev, -1, st, &failed_here, out);
 }
 
 /* The child's rendezvous run on a split of the parent's (inproc), so a failure of either
@@ -307,8 +311,38 @@ fs_status fs_comm_device_inproc_init(fs_comm *host, fs_device *dev, fs_comm **ou
  * own, since its phases are not the parent's. */
 static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
     di_impl *d = impl_of(c);
-    fs_comm *inner = NULL;
+    fs_comm *inner = NULL, *child = NULL;
     /* (the backend's own split: fs_comm_split, which called this, has checked the colour) */
     FS_TRY(d->inner->ops->split(d->inner, color, key, &inner));
-    return di_create(inner, c->control, d->dev, color, FS_OK, out);
+    int failed_here = 0;
+    fs_status st = di_create(inner, c->control, d->dev, color, FS_OK, &failed_here, &child);
+    /* di_create agreed within the colour; the split's outcome is agreed over the parent, so
+     * that a failure in one colour's setup fails every rank's split at once. 2: this rank
+     * failed; 1: a rank of its colour did. */
+    int32_t failed = st == FS_OK ? 0 : failed_here ? 2 : 1, all[DI_MAX_WORLD];
+    fs_status ast = fs_comm_all_gather(&failed, all, 1, FS_DTYPE_INT32, d->inner);
+    int n_failed = 0;
+    char who[160] = "";
+    for (int q = 0; ast == FS_OK && q < c->world; q++) {
+        if (all[q] != 2) continue;
+        size_t used = strlen(who);
+        if (n_failed < 8 && used + 16 < sizeof who)
+            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, q));
+        n_failed++;
+    }
+    if (st == FS_OK && ast != FS_OK) st = ast;
+    int any = 0;
+    for (int q = 0; ast == FS_OK && q < c->world; q++) any |= all[q] != 0;
+    if (st == FS_OK && n_failed)
+        st = fs_errorf(FS_ERR_NOMEM, "cannot create the split device communicators: rank%s %s%s failed "
+                                     "(see %s error)", n_failed == 1 ? "" : "s", who,
+                       n_failed > 8 ? " and others" : "", n_failed == 1 ? "its" : "their");
+    else if (st == FS_OK && any)
+        st = fs_errorf(FS_ERR_NOMEM, "cannot create the split device communicators (see the other ranks' errors)");
+    if (st != FS_OK) {
+        fs_comm_free(child);
+        return st;
+    }
+    *out = child;
+    return FS_OK;
 }

@@ -492,7 +492,18 @@ static int split_members(const split_entry *all, int world, int color, int *memb
     return n;
 }
 
+static fs_status inproc_split_ex(fs_comm *c, int color, int key, int builtin_only, fs_comm **out);
+
 static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
+    return inproc_split_ex(c, color, key, c->builtin_only, out);
+}
+
+fs_status fs_comm_inproc_split_builtin(fs_comm *c, int color, int key, fs_comm **out) {
+    if (c->ops != &inproc_ops) return fs_comm_split(c, color, key, out);
+    return inproc_split_ex(c, color, key, 1, out);
+}
+
+static fs_status inproc_split_ex(fs_comm *c, int color, int key, int builtin_only, fs_comm **out) {
     inproc_group *parent = group_of(c);
     const int world = c->world;
     split_entry mine = {color, key}, *all = calloc((size_t)world, sizeof *all);
@@ -552,14 +563,19 @@ static fs_status inproc_split(fs_comm *c, int color, int key, fs_comm **out) {
                            .ops = &inproc_ops, .impl = g, .mem = c->mem,
                            .global_ranks = g->global_rank,
                            .is_split = 1, .split_color = color,
-                           .builtin_only = c->builtin_only};
+                           .builtin_only = builtin_only};
         snprintf(child->describe, sizeof child->describe,
                  "inproc: %d of %d threads (split, color %d)", n, world, color);
         if (fs_comm_setup_common(child, c->cfg) != FS_OK) failed = 1;
     }
     /* the agreement: every rank returns the same outcome, naming the ranks that failed */
     int32_t failures[FS_INPROC_MAX_WORLD];
-    fs_status agreed = st == FS_OK ? fs_comm_all_gather(&failed, failures, 1, FS_DTYPE_INT32, c) : st;
+    /* builtin: no rank leaves its closing barrier before every rank has passed it, so a rank
+     * that returns the error first and aborts (as fs_comm_inproc_run does) cannot fail a
+     * slower one still inside the ring's last step, with a message naming the wrong rank */
+    fs_comm_op agree = fs_comm_op_all_gather(&failed, failures, 1, FS_DTYPE_INT32);
+    agree.algo = FS_COMM_ALGO_BUILTIN;
+    fs_status agreed = st == FS_OK ? fs_comm_run(c, &agree) : st;
     char who[256] = "";
     int n_failed = 0;
     for (int r = 0; agreed == FS_OK && r < world; r++) {
