@@ -197,6 +197,22 @@ const char *fs_comm_rank_name(const fs_comm *c, int r, char *buf, size_t n) {
     return buf;
 }
 
+static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define FS_CHECK_MAX_NAMED 8 /* ranks listed by name in a mismatch or failure message */
+
+int fs_comm_list_ranks(const fs_comm *c, const int32_t *flags, int32_t want, char *buf, size_t n) {
+    int count = 0;
+    if (n) buf[0] = '\0';
+    for (int r = 0; r < c->world; r++) {
+        if (flags[r] != want) continue;
+        if (count < FS_CHECK_MAX_NAMED)
+            append(buf, n, "%s%d", count ? ", " : "", fs_comm_global_rank(c, r));
+        count++;
+    }
+    if (count > FS_CHECK_MAX_NAMED) append(buf, n, " and others");
+    return count;
+}
+
 fs_status fs_comm_no_progress(const fs_comm *c, int peer) {
     char who[FS_COMM_RANK_NAME];
     return fs_errorf(FS_ERR_IO,
@@ -475,7 +491,6 @@ static void check_text(const fs_comm_check *k, char *buf, size_t n) {
 }
 
 /* Appends to a message buffer, silently truncating. */
-static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void append(char *buf, size_t n, const char *fmt, ...) {
     size_t used = strlen(buf);
     if (used + 1 >= n) return;
@@ -485,7 +500,6 @@ static void append(char *buf, size_t n, const char *fmt, ...) {
     va_end(ap);
 }
 
-#define FS_CHECK_MAX_NAMED 8 /* ranks listed by name in a mismatch message */
 
 /* Exchanges the arguments of op (and whether they were valid here) with every rank. Returns
  * FS_OK when all ranks agree and all are valid; otherwise an error naming the collective and

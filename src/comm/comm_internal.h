@@ -80,6 +80,11 @@ int fs_comm_global_rank(const fs_comm *c, int r);
 #define FS_COMM_RANK_NAME 64
 const char *fs_comm_rank_name(const fs_comm *c, int r, char *buf, size_t n);
 
+/* The global ranks r of c whose flags[r] == want, as "1, 5, 9" (at most 8, then " and
+ * others"), into buf, for the agreements that name the ranks that failed; returns how many
+ * there are. */
+int fs_comm_list_ranks(const fs_comm *c, const int32_t *flags, int32_t want, char *buf, size_t n);
+
 /* ------------------------------------------------------------------ the NCCL backend
  * src/comm/nccl.c is built into its own library, libflatshard-nccl.so (it links libnccl and
  * cudart, which the program itself must not: comm.h, "The NCCL backend"); nccl_load.c, in

@@ -46,7 +46,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "flatshard/device.h"
 
@@ -256,21 +255,15 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
                         ? fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, inner)
                         : fs_errorf(FS_ERR_USAGE, "the in-process device backend takes at most %d ranks",
                                     DI_MAX_WORLD);
-    int n_failed = 0;
-    char who[160] = "";
-    for (int q = 0; ast == FS_OK && q < c->world; q++) {
-        if (!all[q].failed) continue;
-        size_t used = strlen(who);
-        if (n_failed < 8 && used + 16 < sizeof who)
-            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, q));
-        n_failed++;
-    }
+    int32_t failed[DI_MAX_WORLD];
+    for (int q = 0; ast == FS_OK && q < c->world; q++) failed[q] = all[q].failed != 0;
+    char who[160];
+    const int n_failed = ast == FS_OK ? fs_comm_list_ranks(c, failed, 1, who, sizeof who) : 0;
     if (st == FS_OK && ast != FS_OK) st = ast;
     if (st == FS_OK && n_failed)
-        st = fs_errorf(FS_ERR_NOMEM, "cannot set up the in-process device communicator%s: rank%s %s%s "
+        st = fs_errorf(FS_ERR_NOMEM, "cannot set up the in-process device communicator%s: rank%s %s "
                                      "failed (see %s error)", color >= 0 ? " (split)" : "",
-                       n_failed == 1 ? "" : "s", who, n_failed > 8 ? " and others" : "",
-                       n_failed == 1 ? "its" : "their");
+                       n_failed == 1 ? "" : "s", who, n_failed == 1 ? "its" : "their");
     if (st != FS_OK) { /* every rank agreed (or the group has failed already): nobody waits */
         if (ast != FS_OK) fs_comm_abort(inner);
         for (int p = 0; p < DI_PHASES; p++) fs_device_event_destroy(dev, d->ev[p]);
@@ -321,22 +314,15 @@ static fs_status di_split(fs_comm *c, int color, int key, fs_comm **out) {
      * failed; 1: a rank of its colour did. */
     int32_t failed = st == FS_OK ? 0 : failed_here ? 2 : 1, all[DI_MAX_WORLD];
     fs_status ast = fs_comm_all_gather(&failed, all, 1, FS_DTYPE_INT32, d->inner);
-    int n_failed = 0;
-    char who[160] = "";
-    for (int q = 0; ast == FS_OK && q < c->world; q++) {
-        if (all[q] != 2) continue;
-        size_t used = strlen(who);
-        if (n_failed < 8 && used + 16 < sizeof who)
-            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, q));
-        n_failed++;
-    }
+    char who[160];
+    const int n_failed = ast == FS_OK ? fs_comm_list_ranks(c, all, 2, who, sizeof who) : 0;
     if (st == FS_OK && ast != FS_OK) st = ast;
     int any = 0;
     for (int q = 0; ast == FS_OK && q < c->world; q++) any |= all[q] != 0;
     if (st == FS_OK && n_failed)
-        st = fs_errorf(FS_ERR_NOMEM, "cannot create the split device communicators: rank%s %s%s failed "
+        st = fs_errorf(FS_ERR_NOMEM, "cannot create the split device communicators: rank%s %s failed "
                                      "(see %s error)", n_failed == 1 ? "" : "s", who,
-                       n_failed > 8 ? " and others" : "", n_failed == 1 ? "its" : "their");
+                       n_failed == 1 ? "its" : "their");
     else if (st == FS_OK && any)
         st = fs_errorf(FS_ERR_NOMEM, "cannot create the split device communicators (see the other ranks' errors)");
     if (st != FS_OK) {

@@ -576,19 +576,11 @@ static fs_status inproc_split_ex(fs_comm *c, int color, int key, int builtin_onl
     fs_comm_op agree = fs_comm_op_all_gather(&failed, failures, 1, FS_DTYPE_INT32);
     agree.algo = FS_COMM_ALGO_BUILTIN;
     fs_status agreed = st == FS_OK ? fs_comm_run(c, &agree) : st;
-    char who[256] = "";
-    int n_failed = 0;
-    for (int r = 0; agreed == FS_OK && r < world; r++) {
-        if (!failures[r]) continue;
-        size_t used = strlen(who);
-        if (n_failed < 8 && used + 16 < sizeof who)
-            snprintf(who + used, sizeof who - used, "%s%d", n_failed ? ", " : "", fs_comm_global_rank(c, r));
-        n_failed++;
-    }
-    if (agreed == FS_OK && n_failed)
+    char who[160];
+    int n_failed = agreed == FS_OK ? fs_comm_list_ranks(c, failures, 1, who, sizeof who) : 0;
+    if (n_failed)
         agreed = fs_errorf(FS_ERR_NOMEM, "cannot create the split communicators (out of memory "
-                                         "on rank%s %s%s)", n_failed == 1 ? "" : "s", who,
-                           n_failed > 8 ? " and others" : "");
+                                         "on rank%s %s)", n_failed == 1 ? "" : "s", who);
     if (agreed != FS_OK) {
         fs_comm_free(child);
         child = NULL;
