@@ -150,14 +150,6 @@ const char *fs_gemm_path_detail(void) {
 
 /* ------------------------------------------------------------------ the staging */
 
-/* Whether a staged operand is also transposed while it is rounded: a transposed fp32 A (the
- * weight gradient's dout^T). oneDNN 2.6's AMX brgemm matmul takes no transposed source: with
- * one it falls back to "gemm:jit", which ran the weight-gradient tiles at a third of the AMX
- * rate (ONEDNN_VERBOSE, `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged
- * as (M, K), every product runs on brgemm. Only A: a transposed B ("ba" weights) runs on
- * brgemm as it is. */
-static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.dtype == FS_GEMM_F32 && o.trans; }
-
 /* Whether a staged operand is packed in the blocked layout (B_BLOCKED) while it is rounded: an
  * fp32 B stored (K, N) (the weight gradient's inp). With a plain B, every oneDNN call copies
  * the B blocks it reads into that layout itself, so a product of T row tiles repacked all of B
@@ -346,6 +338,14 @@ static void stored_dims(fs_gemm_operand o, int64_t rows, int64_t cols, int64_t *
     *sr = o.trans ? cols : rows;
     *sc = o.trans ? rows : cols;
 }
+
+/* Whether a staged operand is also transposed while it is rounded: a transposed fp32 A (the
+ * weight gradient's dout^T). oneDNN 2.6's AMX brgemm matmul takes no transposed source: with
+ * one it falls back to "gemm:jit", which ran the weight-gradient tiles at a third of the AMX
+ * rate (ONEDNN_VERBOSE, `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged
+ * as (M, K), every product runs on brgemm. Only A: a transposed B ("ba" weights) runs on
+ * brgemm as it is. */
+static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.dtype == FS_GEMM_F32 && o.trans; }
 
 /* The operand as the tiles read it: staged (compact, ld = stored columns, or op() columns when
  * staging transposes it) when fp32. */
