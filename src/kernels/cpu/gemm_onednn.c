@@ -10,9 +10,11 @@
  *
  * How a product runs:
  *   1. Every fp32 operand is rounded to bf16 (fs_fp32_to_bf16, the flatshard path's rounding)
- *      into the staging buffer; bf16 operands (the weights) are read in place. An fp32 B (the
- *      weight gradient's inp) is rounded before the tiles, over the pool, straight into
- *      oneDNN's blocked AMX layout (BA16a64b2a), so that no tile repacks it; an fp32 A is
+ *      into the staging buffer; bf16 operands (the weights) are read in place, except the
+ *      forward's (a transposed bf16 B no larger than C), which is copied into oneDNN's blocked
+ *      AMX layout (BA16a64b2a) before the tiles. An fp32 B (the weight gradient's inp) is
+ *      rounded before the tiles, over the pool, straight into that layout, so that no tile
+ *      repacks it; an fp32 A is
  *      rounded tile by tile, each tile's rows on the tile's thread just before its oneDNN call
  *      (still in that core's cache when oneDNN reads them), a transposed one (the weight
  *      gradient's dout^T) transposed on the way.
@@ -150,32 +152,41 @@ const char *fs_gemm_path_detail(void) {
 
 /* ------------------------------------------------------------------ the staging */
 
-/* Whether a staged operand is packed in the blocked layout (B_BLOCKED) while it is rounded: an
- * fp32 B stored (K, N) (the weight gradient's inp). With a plain B, every oneDNN call copies
- * the B blocks it reads into that layout itself, so a product of T row tiles repacked all of B
- * T times (24 times for `small`'s gate_up weight gradient); packed once, every tile reads it
- * as it is. The weights (bf16 B of the forward and input gradient) are read in place: packing
- * them is a pass over the whole weight per product to save 4 tiles' copies (N = 1024), and
- * with oneDNN's reorder it ran slower (`small`'s gate_up, 9.4 MB: forward 12.6 -> 16.0 ms,
- * input gradient 19.4 -> 21.3 ms, one thread). */
-static int stage_packs(fs_gemm_operand o, int is_a) { return !is_a && o.dtype == FS_GEMM_F32 && !o.trans; }
+/* Whether B is staged packed in the blocked layout (B_BLOCKED) once per product: with a plain
+ * B, every oneDNN call copies the B blocks it reads into that layout itself, so a product of T
+ * row tiles repacked all of B T times (24 times for `small`'s gate_up weight gradient); packed
+ * once, every tile reads it as it is. Packed: an fp32 B stored (K, N) (the weight gradient's
+ * inp; rounded on the way, the cost of the plain cast it replaces), and a bf16 B stored
+ * transposed (the forward's weight) where the packed copy is no larger than C (M x N), so that
+ * the product's staging stays within A + C: `small`'s forward ran 1.1-1.25x faster (gate_up
+ * 18.5 -> 14.5 ms, one thread, CPU time). A plain bf16 B (the input gradient's weight) is read
+ * in place: packed with oneDNN's reorder it ran slower (gate_up 19.4 -> 21.3 ms), and
+ * flatshard's own pack of that layout was not measured. */
+static int stage_packs(fs_gemm_operand o, int is_a, int64_t rows, int64_t cols, int64_t m) {
+    if (is_a) return 0;
+    if (o.dtype == FS_GEMM_F32) return !o.trans;
+    return o.trans && (double)((rows + 31) / 32 * 32) * (double)((cols + 63) / 64 * 64) <= (double)m * (double)cols;
+}
 
 static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 /* Bytes of an operand's staged copy, a multiple of 64 (the next one starts 64-aligned). */
-static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a) {
-    if (o.dtype != FS_GEMM_F32) return 0;
-    const int64_t n = stage_packs(o, is_a) ? round_up(rows, 32) * round_up(cols, 64) : rows * cols;
+static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a, int64_t m) {
+    const int packs = stage_packs(o, is_a, rows, cols, m);
+    if (o.dtype != FS_GEMM_F32 && !packs) return 0;
+    const int64_t n = packs ? round_up(rows, 32) * round_up(cols, 64) : rows * cols;
     return ((size_t)n * sizeof(uint16_t) + 63) / 64 * 64;
 }
 
 static size_t stage_need(fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
-    return staged_bytes(A, M, K, 1) + staged_bytes(B, K, N, 0);
+    return staged_bytes(A, M, K, 1, M) + staged_bytes(B, K, N, 0, M);
 }
 
 /* A pure function of the shape (the plan calls it with no oneDNN in the build or on the CPU):
- * the largest of the three products' needs, which is the weight gradient's (dout^T staged as
- * (OC, N), inp packed with its rows padded to 32 and its columns to 64). */
+ * the largest of the three products' needs, in practice the weight gradient's (dout^T staged
+ * as (OC, N), inp packed with its rows padded to 32 and its columns to 64; the forward packs
+ * its weight only where the copy is no larger than its output, so it stays within about the
+ * same bytes). */
 size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC) {
     size_t most = 0;
     static const float f[1];
@@ -349,12 +360,13 @@ static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.dtyp
 
 /* The operand as the tiles read it: staged (compact, ld = stored columns, or op() columns when
  * staging transposes it) when fp32. */
-static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at, int is_a) {
+static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at, int is_a,
+                                  int64_t m) {
     int64_t sr, sc;
     stored_dims(o, rows, cols, &sr, &sc);
+    if (stage_packs(o, is_a, rows, cols, m)) return (bf16_operand){at, B_BLOCKED, 0};
     if (o.dtype == FS_GEMM_BF16) return (bf16_operand){o.data, o.trans, o.ld};
     if (stage_transposes(o, is_a)) return (bf16_operand){at, B_PLAIN, cols < 1 ? 1 : cols};
-    if (stage_packs(o, is_a)) return (bf16_operand){at, B_BLOCKED, 0};
     return (bf16_operand){at, o.trans, sc < 1 ? 1 : sc};
 }
 
@@ -454,7 +466,8 @@ static void tcast_range(const tcast_job *j, int64_t r_begin, int64_t r_end) {
 /* The packing stage (B_BLOCKED): block i = (column block) x kb + (row block) of an fp32 B
  * stored (K, N), 32 x 64 values, 2048 bf16 at out + 2048 i. */
 typedef struct pack_job {
-    const float *in;
+    const float *in;     /* an fp32 B stored (K, N) */
+    const uint16_t *in16; /* or a bf16 B stored transposed, (N, K) */
     uint16_t *out;
     int64_t ld, K, N, kb;
 } pack_job;
@@ -491,11 +504,44 @@ static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* A bf16 B stored transposed (the forward's weight, (N, K)): a row pair of B at column n is
+ * the 32-bit word at k of the weight's row n, so a block is a 64 x 16 -> 16 x 64 transpose of
+ * 32-bit words, four transpose16 of whole 64-byte rows (bits moved, none changed). */
+FS_TARGET_AVX512BF16 static void pack_block_bf16t_avx512(const pack_job *j, uint16_t *out, int64_t k0, int64_t n0) {
+    for (int t = 0; t < 4; t++) {
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps((const void *)(j->in16 + (n0 + 16 * t + i) * j->ld + k0));
+        transpose16(r);
+        for (int p = 0; p < 16; p++) _mm512_storeu_ps((void *)(out + (p * 64 + 16 * t) * 2), r[p]);
+    }
+}
+
+static void pack_blocks_bf16t(void *arg, int64_t begin, int64_t end, int thread) {
+    const pack_job *j = arg;
+    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t k0 = i % j->kb * 32, n0 = i / j->kb * 64;
+        uint16_t *out = j->out + i * 2048;
+        if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
+            pack_block_bf16t_avx512(j, out, k0, n0);
+            continue;
+        }
+        for (int64_t k = 0; k < 32; k++)
+            for (int64_t n = 0; n < 64; n++)
+                out[(k / 2 * 64 + n) * 2 + k % 2] = k0 + k < j->K && n0 + n < j->N ? j->in16[(n0 + n) * j->ld + k0 + k] : 0;
+    }
+}
+
 /* Stages an fp32 B (the weight gradient's inp) before the tiles, over the pool: every tile
  * reads all of it. */
-static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at) {
+static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int64_t m) {
+    if (o.dtype == FS_GEMM_BF16 && stage_packs(o, 0, rows, cols, m)) {
+        pack_job j = {.in16 = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
+        fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks_bf16t, &j);
+        return;
+    }
     if (o.dtype != FS_GEMM_F32) return;
-    if (stage_packs(o, 0)) {
+    if (stage_packs(o, 0, rows, cols, m)) {
         pack_job j = {.in = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
         fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks, &j);
         return;
@@ -604,7 +650,7 @@ static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K) {
-    const size_t a_bytes = staged_bytes(A, M, K, 1), need = stage_need(A, B, M, N, K);
+    const size_t a_bytes = staged_bytes(A, M, K, 1, M), need = stage_need(A, B, M, N, K);
     uint16_t *base = NULL;
     if (need) {
         if (stage && stage->data) {
@@ -618,8 +664,8 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
             base = fs_cpu_scratch_stage(need);
         }
     }
-    tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1),
-                  .b = staged_layout(B, K, N, (char *)base + a_bytes, 0),
+    tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1, M),
+                  .b = staged_layout(B, K, N, (char *)base + a_bytes, 0, M),
                   .C = C, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
     const int64_t full = M < FS_GEMM_ONEDNN_TILE ? M : FS_GEMM_ONEDNN_TILE, rest = M % FS_GEMM_ONEDNN_TILE;
     prim_key kf = tile_key(&j.a, &j.b, full, N, K, ldc, accumulate), kt = kf;
@@ -627,7 +673,7 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
     fs_status st = lookup(&kf, &j.full);
     if (st == FS_OK && M > FS_GEMM_ONEDNN_TILE && rest) st = lookup(&kt, &j.tail);
     if (st != FS_OK) fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
-    stage_b(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes));
+    stage_b(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes), M);
     const int64_t tiles = (M + FS_GEMM_ONEDNN_TILE - 1) / FS_GEMM_ONEDNN_TILE;
     fs_pool_parallel_for(pool, tiles, 1, tile_range, &j);
 }
@@ -642,7 +688,7 @@ fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) {
     for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
         fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, (const float *)dummy, dummy,
                                                      (const float *)dummy, N, IC, OC);
-        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1), b = staged_layout(g.B, g.K, g.N, dummy, 0);
+        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1, g.M), b = staged_layout(g.B, g.K, g.N, dummy, 0, g.M);
         for (int acc = 0; acc <= 1; acc++) {
             const int64_t full = g.M < FS_GEMM_ONEDNN_TILE ? g.M : FS_GEMM_ONEDNN_TILE;
             const int64_t rest = g.M % FS_GEMM_ONEDNN_TILE;
