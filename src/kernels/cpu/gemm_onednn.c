@@ -14,10 +14,9 @@
  *      forward's (a transposed bf16 B no larger than C), which is copied into oneDNN's blocked
  *      AMX layout (BA16a64b2a) before the tiles. An fp32 B (the weight gradient's inp) is
  *      rounded before the tiles, over the pool, straight into that layout, so that no tile
- *      repacks it; an fp32 A is
- *      rounded tile by tile, each tile's rows on the tile's thread just before its oneDNN call
- *      (still in that core's cache when oneDNN reads them), a transposed one (the weight
- *      gradient's dout^T) transposed on the way.
+ *      repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
+ *      just before its oneDNN call (still in that core's cache when oneDNN reads them), a
+ *      transposed one (the weight gradient's dout^T) transposed on the way.
  *   2. C is cut into tiles of FS_GEMM_ONEDNN_TILE rows (the last one shorter); each tile is
  *      one oneDNN call on one thread, the tiles spread over the pool. oneDNN is told to use
  *      one thread (omp_set_num_threads(1) on each thread that calls it: Debian's build
@@ -27,9 +26,9 @@
  *   3. Each call has its own scratchpad (the thread's fs_cpu_scratch: user scratchpad mode, so
  *      that one primitive runs on several threads at once) and its own stream per thread.
  *
- * Primitives are created once per (tile shape, strides or B's blocked layout, accumulate) and
- * cached for the life of the process, and looked up once per product; fs_gemm_prepare_linear creates a model's before its first step, so a step
- * never JIT-compiles anything. The cache is a fixed open-addressing table under a mutex
+ * Primitives are created once per (tile shape, strides or B's blocked layout, accumulate),
+ * cached for the life of the process and looked up once per product; fs_gemm_prepare_linear
+ * creates a model's before its first step, so a step never JIT-compiles anything. The cache is a fixed open-addressing table under a mutex
  * (a lookup costs a lock and a few compares; a product runs for tens of microseconds at
  * least).
  */
