@@ -244,7 +244,11 @@ static void test_onednn_caller_staging(void) {
     const int64_t N = 300, IC = 70, OC = 130;
     float *inp = rand_f32(N * IC), *dout = rand_f32(N * OC), *w32 = rand_f32(OC * IC);
     uint16_t *w16 = to_bf16(w32, OC * IC);
-    fs_gemm_stage stage = {.bytes = (size_t)(N * (IC + OC)) * 2 + 64};
+    /* the weight gradient's: dout^T (130 x 300 bf16, 78000 bytes, rounded up to 64) and inp
+     * packed in 32 x 64 blocks (300 -> 320 rows, 70 -> 128 columns) */
+    CHECK(fs_gemm_stage_bytes(N, IC, OC) == 78016 + 320 * 128 * 2, "fs_gemm_stage_bytes(300, 70, 130) = %zu",
+          fs_gemm_stage_bytes(N, IC, OC));
+    fs_gemm_stage stage = {.bytes = fs_gemm_stage_bytes(N, IC, OC)};
     stage.data = aligned_alloc(64, (stage.bytes + 63) / 64 * 64);
     memset(stage.data, 0xff, stage.bytes); /* NaNs, should anything read them */
     float *o1 = malloc(N * OC * sizeof(float)), *o2 = malloc(N * OC * sizeof(float));

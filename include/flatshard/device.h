@@ -185,7 +185,8 @@ typedef struct fs_kernel_table {
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);
 
 /* The scratch for the bf16 linear layers' activation operands: at least `bytes` (N x (the
- * widest IC + OC of the model's linear layers) x 2), allocated once from `mem` before the
+ * widest IC + OC of the model's linear layers) x 2, or the CPU's fs_gemm_stage_bytes of its
+ * largest layer where that is more), allocated once from `mem` before the
  * first step (fs_acts_init calls it). The GPU always has one (cuBLASLt takes one input type
  * for both operands); the CPU only under bf16 (`bf16`) on the oneDNN GEMM path, as the bf16
  * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). */

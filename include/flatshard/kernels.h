@@ -106,8 +106,10 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  *   flatshard  the blocked kernel of gemm_bf16.c (AVX512-BF16 or portable);
  *   onednn     oneDNN's matmul (Debian's libdnnl, src/kernels/cpu/gemm_onednn.c): bf16 x bf16
  *              with fp32 accumulation, brgemm on AMX tiles. The fp32 operands are rounded to
- *              bf16 into a staging buffer first (the same rounding as the flatshard path), and
- *              each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
+ *              bf16 into a staging buffer (the same rounding as the flatshard path): an fp32 B
+ *              once per product, straight into oneDNN's blocked AMX layout (as is the
+ *              forward's bf16 weight where that copy is no larger than C), an fp32 A tile by
+ *              tile; each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
  *              single-threaded oneDNN call per tile, spread over the pool.
  * auto (the default) is onednn where oneDNN runs AMX on this CPU (amx_bf16 and amx_tile, as
  * oneDNN sees them) and flatshard elsewhere: on an Intel Xeon with AMX oneDNN ran the GEMMs
@@ -130,11 +132,17 @@ const char *fs_gemm_path_detail(void);
  * one this build or CPU cannot run. */
 const char *fs_gemm_env_error(void);
 
-/* The oneDNN path's staging: where fs_gemm_bf16 writes the bf16 copies of its fp32 operands
- * (the flatshard path needs none). A linear layer of shape (N, IC, OC) needs N x (IC + OC)
- * x 2 bytes + 64 (its weight gradient stages both activations, the second 64-aligned); a
- * model reserves it once from its accounting allocator for its widest layer
- * (fs_acts_scratch_bytes, fs_device_reserve_scratch). */
+/* The oneDNN path's staging: where fs_gemm_bf16 writes the bf16 copies of its operands (the
+ * flatshard path needs none): an fp32 A as (M, K) (a transposed one transposed), an fp32 B
+ * stored (K, N) packed in oneDNN's blocked layout (its rows padded to 32, its columns to 64),
+ * a bf16 B stored transposed packed the same way where that copy is no larger than C (M x N),
+ * any other fp32 B as stored; each copy a multiple of 64 bytes. fs_gemm_stage_bytes is the
+ * largest need of the three products of a linear layer of shape (N, IC, OC) — in practice the
+ * weight gradient's, N x OC x 2 + round_up(N, 32) x round_up(IC, 64) x 2 bytes, each rounded
+ * up to 64 — a pure function of the shape on every path and build. A model reserves it once
+ * from its accounting allocator for its largest layer (fs_acts_scratch_bytes,
+ * fs_device_reserve_scratch). */
+size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC);
 struct fs_gemm_stage {
     void *data; /* 64-byte aligned */
     size_t bytes;

@@ -236,7 +236,14 @@ size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T) {
     if (d.C + 2 * d.FF > widest) widest = d.C + 2 * d.FF;
     if (d.C + d.Vc > widest) widest = d.C + d.Vc;
     /* + 128: the second operand starts at a 256-byte boundary (src/device/cuda.c) */
-    return (size_t)(d.N * widest + 128) * sizeof(uint16_t);
+    size_t bytes = (size_t)(d.N * widest + 128) * sizeof(uint16_t);
+    /* the CPU's oneDNN staging pads the packed operand to 32 x 64 blocks (kernels.h) */
+    const int64_t shapes[5][2] = {{d.C, d.QKV}, {d.C, d.C}, {d.C, 2 * d.FF}, {d.FF, d.C}, {d.C, d.Vc}};
+    for (int i = 0; i < 5; i++) {
+        const size_t cpu = fs_gemm_stage_bytes(d.N, shapes[i][0], shapes[i][1]);
+        if (cpu > bytes) bytes = cpu;
+    }
+    return bytes;
 }
 
 fs_status fs_acts_prepare_gemms(const fs_layout *layout, int64_t B, int64_t T, int bf16,

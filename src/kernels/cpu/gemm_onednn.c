@@ -10,8 +10,13 @@
  *
  * How a product runs:
  *   1. Every fp32 operand is rounded to bf16 (fs_fp32_to_bf16, the flatshard path's rounding)
- *      into the staging buffer, in its stored layout, rows spread over the pool. bf16 operands
- *      (the weights) are read in place.
+ *      into the staging buffer; bf16 operands (the weights) are read in place, except the
+ *      forward's (a transposed bf16 B no larger than C), which is copied into oneDNN's blocked
+ *      AMX layout (BA16a64b2a) before the tiles. An fp32 B (the weight gradient's inp) is
+ *      rounded before the tiles, over the pool, straight into that layout, so that no tile
+ *      repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
+ *      just before its oneDNN call (still in that core's cache when oneDNN reads them), a
+ *      transposed one (the weight gradient's dout^T) transposed on the way.
  *   2. C is cut into tiles of FS_GEMM_ONEDNN_TILE rows (the last one shorter); each tile is
  *      one oneDNN call on one thread, the tiles spread over the pool. oneDNN is told to use
  *      one thread (omp_set_num_threads(1) on each thread that calls it: Debian's build
@@ -21,9 +26,9 @@
  *   3. Each call has its own scratchpad (the thread's fs_cpu_scratch: user scratchpad mode, so
  *      that one primitive runs on several threads at once) and its own stream per thread.
  *
- * Primitives are created once per (tile shape, strides, accumulate) and cached for the life
- * of the process; fs_gemm_prepare_linear creates a model's before its first step, so a step
- * never JIT-compiles anything. The cache is a fixed open-addressing table under a mutex
+ * Primitives are created once per (tile shape, strides or B's blocked layout, accumulate),
+ * cached for the life of the process and looked up once per product; fs_gemm_prepare_linear
+ * creates a model's before its first step, so a step never JIT-compiles anything. The cache is a fixed open-addressing table under a mutex
  * (a lookup costs a lock and a few compares; a product runs for tens of microseconds at
  * least).
  */
@@ -144,6 +149,55 @@ const char *fs_gemm_path_detail(void) {
     return detail;
 }
 
+/* ------------------------------------------------------------------ the staging */
+
+/* Whether B is staged packed in the blocked layout (B_BLOCKED) once per product: with a plain
+ * B, every oneDNN call copies the B blocks it reads into that layout itself, so a product of T
+ * row tiles repacked all of B T times (24 times for `small`'s gate_up weight gradient); packed
+ * once, every tile reads it as it is. Packed: an fp32 B stored (K, N) (the weight gradient's
+ * inp; rounded on the way, the cost of the plain cast it replaces), and a bf16 B stored
+ * transposed (the forward's weight) where the packed copy is no larger than C (M x N), so that
+ * the product's staging stays within A + C: `small`'s forward ran 1.1-1.25x faster (gate_up
+ * 18.5 -> 14.5 ms, one thread, CPU time). A plain bf16 B (the input gradient's weight) is read
+ * in place: packed with oneDNN's reorder it ran slower (gate_up 19.4 -> 21.3 ms), and
+ * flatshard's own pack of that layout was not measured. */
+static int stage_packs(fs_gemm_operand o, int is_a, int64_t rows, int64_t cols, int64_t m) {
+    if (is_a) return 0;
+    if (o.dtype == FS_GEMM_F32) return !o.trans;
+    return o.trans && (double)((rows + 31) / 32 * 32) * (double)((cols + 63) / 64 * 64) <= (double)m * (double)cols;
+}
+
+static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* Bytes of an operand's staged copy, a multiple of 64 (the next one starts 64-aligned). */
+static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a, int64_t m) {
+    const int packs = stage_packs(o, is_a, rows, cols, m);
+    if (o.dtype != FS_GEMM_F32 && !packs) return 0;
+    const int64_t n = packs ? round_up(rows, 32) * round_up(cols, 64) : rows * cols;
+    return ((size_t)n * sizeof(uint16_t) + 63) / 64 * 64;
+}
+
+static size_t stage_need(fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
+    return staged_bytes(A, M, K, 1, M) + staged_bytes(B, K, N, 0, M);
+}
+
+/* A pure function of the shape (the plan calls it with no oneDNN in the build or on the CPU):
+ * the largest of the three products' needs, in practice the weight gradient's (dout^T staged
+ * as (OC, N), inp packed with its rows padded to 32 and its columns to 64; the forward packs
+ * its weight only where the copy is no larger than its output, so it stays within about the
+ * same bytes). */
+size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC) {
+    size_t most = 0;
+    static const float f[1];
+    static const uint16_t h[1];
+    for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, f, h, f, N, IC, OC);
+        const size_t need = g.M > 0 && g.N > 0 && g.K > 0 ? stage_need(g.A, g.B, g.M, g.N, g.K) : 0;
+        if (need > most) most = need;
+    }
+    return most;
+}
+
 #if !FS_HAVE_ONEDNN
 
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) { return FS_OK; }
@@ -164,8 +218,14 @@ static fs_status dnnl_failed(dnnl_status_t s, const char *what, int64_t M, int64
                      what, (long long)M, (long long)N, (long long)K, (int)s);
 }
 
+/* How the tiles read B (bf16_operand.trans): plain, transposed, or packed in oneDNN's AMX
+ * layout for bf16 weights, BA16a64b2a: blocks of 32 rows (k) x 64 columns (n), column blocks
+ * outermost; in a block, row pairs, then the 64 columns, then the pair's 2 rows (the VNNI
+ * pairs tdpbf16ps reads), each block 4 KiB; k padded to 32 and n to 64 with zeros. */
+enum { B_PLAIN, B_TRANS, B_BLOCKED };
+
 /* C (M, N) f32 = A (M, K) bf16 @ B (K, N) bf16 (+ C when accumulating); an operand stored
- * transposed has strides (1, ld), else (ld, 1). */
+ * transposed has strides (1, ld), else (ld, 1); b_trans B_BLOCKED: B packed (ldb unused). */
 static fs_status make_primitive(dnnl_primitive_t *out, dnnl_primitive_desc_t *pd_out, int64_t M,
                                 int64_t N, int64_t K, int a_trans, int64_t lda, int b_trans,
                                 int64_t ldb, int64_t ldc, int accumulate) {
@@ -177,7 +237,8 @@ static fs_status make_primitive(dnnl_primitive_t *out, dnnl_primitive_desc_t *pd
     dnnl_matmul_desc_t md;
     dnnl_status_t s;
     if ((s = dnnl_memory_desc_init_by_strides(&a, 2, a_dims, dnnl_bf16, a_str)) != dnnl_success ||
-        (s = dnnl_memory_desc_init_by_strides(&b, 2, b_dims, dnnl_bf16, b_str)) != dnnl_success ||
+        (s = b_trans == B_BLOCKED ? dnnl_memory_desc_init_by_tag(&b, 2, b_dims, dnnl_bf16, dnnl_BA16a64b2a)
+                                  : dnnl_memory_desc_init_by_strides(&b, 2, b_dims, dnnl_bf16, b_str)) != dnnl_success ||
         (s = dnnl_memory_desc_init_by_strides(&c, 2, c_dims, dnnl_f32, c_str)) != dnnl_success ||
         (s = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c)) != dnnl_success)
         return dnnl_failed(s, "descriptor", M, N, K);
@@ -298,16 +359,14 @@ static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.dtyp
 
 /* The operand as the tiles read it: staged (compact, ld = stored columns, or op() columns when
  * staging transposes it) when fp32. */
-static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at, int is_a) {
+static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at, int is_a,
+                                  int64_t m) {
     int64_t sr, sc;
     stored_dims(o, rows, cols, &sr, &sc);
+    if (stage_packs(o, is_a, rows, cols, m)) return (bf16_operand){at, B_BLOCKED, 0};
     if (o.dtype == FS_GEMM_BF16) return (bf16_operand){o.data, o.trans, o.ld};
-    if (stage_transposes(o, is_a)) return (bf16_operand){at, 0, cols < 1 ? 1 : cols};
+    if (stage_transposes(o, is_a)) return (bf16_operand){at, B_PLAIN, cols < 1 ? 1 : cols};
     return (bf16_operand){at, o.trans, sc < 1 ? 1 : sc};
-}
-
-static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols) {
-    return o.dtype == FS_GEMM_F32 ? (size_t)(rows * cols) * sizeof(uint16_t) : 0;
 }
 
 typedef struct cast_job {
@@ -386,31 +445,124 @@ FS_TARGET_AVX512BF16 static void tcast_block_avx512bf16(const tcast_job *j, int6
         _mm512_storeu_si512((void *)(j->out + (r0 + i) * j->cols + c0), (__m512i)_mm512_cvtne2ps_pbh(hi[i], lo[i]));
 }
 
-static void tcast_rows(void *arg, int64_t begin, int64_t end, int thread) {
-    const tcast_job *j = arg; /* begin, end: blocks of 16 op() rows */
-    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
-    const int64_t r_end = end * 16 < j->rows ? end * 16 : j->rows;
-    for (int64_t r0 = begin * 16; r0 < r_end; r0 += 16) {
-        int64_t c = 0;
-        if (fast && r0 + 16 <= j->rows)
-            for (; c + 32 <= j->cols; c += 32) tcast_block_avx512bf16(j, r0, c);
-        const int64_t r1 = r0 + 16 < j->rows ? r0 + 16 : j->rows;
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t cc = c; cc < j->cols; cc++) j->out[r * j->cols + cc] = fs_fp32_to_bf16(j->in[cc * j->ld + r]);
+/* op() rows [r_begin, r_end) of the transposed operand (a tile's); r_begin a multiple of 16.
+ * The 32 x 16 blocks go column block by column block (the source read as 32 runs of
+ * contiguous values); row blocks outermost measured the same. Either way this stage runs at
+ * about a third of the plain cast's rate per value. */
+static void tcast_range(const tcast_job *j, int64_t r_begin, int64_t r_end) {
+    int64_t r_full = r_begin, c_full = 0; /* rows [r_begin, r_full) x columns [0, c_full) in blocks */
+    if (fs_kernels_isa() == FS_ISA_AVX512_BF16) {
+        r_full = r_begin + (r_end - r_begin) / 16 * 16;
+        c_full = j->cols / 32 * 32;
+        for (int64_t c = 0; c < c_full; c += 32)
+            for (int64_t r0 = r_begin; r0 < r_full; r0 += 16) tcast_block_avx512bf16(j, r0, c);
+    }
+    for (int64_t r = r_begin; r < r_end; r++)
+        for (int64_t c = r < r_full ? c_full : 0; c < j->cols; c++)
+            j->out[r * j->cols + c] = fs_fp32_to_bf16(j->in[c * j->ld + r]);
+}
+
+/* The packing stage (B_BLOCKED): block i = (column block) x kb + (row block) of an fp32 B
+ * stored (K, N), 32 x 64 values, 2048 bf16 at out + 2048 i. */
+typedef struct pack_job {
+    const float *in;     /* an fp32 B stored (K, N) */
+    const uint16_t *in16; /* or a bf16 B stored transposed, (N, K) */
+    uint16_t *out;
+    int64_t ld, K, N, kb;
+} pack_job;
+
+/* A whole block: per row pair, 4 x 16 columns of both rows rounded by one vcvtne2ps2bf16
+ * (the same rounding as cast_row_avx512bf16) and their words interleaved by one vpermw. */
+FS_TARGET_AVX512BF16 static void pack_block_avx512bf16(const pack_job *j, uint16_t *out, int64_t k0, int64_t n0) {
+    static const uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512((const void *)order);
+    for (int64_t p = 0; p < 16; p++) {
+        const float *r0 = j->in + (k0 + 2 * p) * j->ld + n0, *r1 = r0 + j->ld;
+        for (int q = 0; q < 4; q++) {
+            const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r1 + 16 * q), _mm512_loadu_ps(r0 + 16 * q));
+            _mm512_storeu_si512((void *)(out + (p * 64 + 16 * q) * 2), _mm512_permutexvar_epi16(idx, v));
+        }
     }
 }
 
-static void stage_operand(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int is_a) {
+static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
+    const pack_job *j = arg;
+    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t k0 = i % j->kb * 32, n0 = i / j->kb * 64;
+        uint16_t *out = j->out + i * 2048;
+        if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
+            pack_block_avx512bf16(j, out, k0, n0);
+            continue;
+        }
+        for (int64_t k = 0; k < 32; k++) /* an edge block, zero-padded */
+            for (int64_t n = 0; n < 64; n++)
+                out[(k / 2 * 64 + n) * 2 + k % 2] =
+                    k0 + k < j->K && n0 + n < j->N ? fs_fp32_to_bf16(j->in[(k0 + k) * j->ld + n0 + n]) : 0;
+    }
+}
+
+/* A bf16 B stored transposed (the forward's weight, (N, K)): a row pair of B at column n is
+ * the 32-bit word at k of the weight's row n, so a block is a 64 x 16 -> 16 x 64 transpose of
+ * 32-bit words, four transpose16 of whole 64-byte rows (bits moved, none changed). */
+FS_TARGET_AVX512BF16 static void pack_block_bf16t_avx512(const pack_job *j, uint16_t *out, int64_t k0, int64_t n0) {
+    for (int t = 0; t < 4; t++) {
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps((const void *)(j->in16 + (n0 + 16 * t + i) * j->ld + k0));
+        transpose16(r);
+        for (int p = 0; p < 16; p++) _mm512_storeu_ps((void *)(out + (p * 64 + 16 * t) * 2), r[p]);
+    }
+}
+
+static void pack_blocks_bf16t(void *arg, int64_t begin, int64_t end, int thread) {
+    const pack_job *j = arg;
+    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t k0 = i % j->kb * 32, n0 = i / j->kb * 64;
+        uint16_t *out = j->out + i * 2048;
+        if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
+            pack_block_bf16t_avx512(j, out, k0, n0);
+            continue;
+        }
+        for (int64_t k = 0; k < 32; k++)
+            for (int64_t n = 0; n < 64; n++)
+                out[(k / 2 * 64 + n) * 2 + k % 2] = k0 + k < j->K && n0 + n < j->N ? j->in16[(n0 + n) * j->ld + k0 + k] : 0;
+    }
+}
+
+/* Stages an fp32 B (the weight gradient's inp) before the tiles, over the pool: every tile
+ * reads all of it. */
+static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int64_t m) {
+    if (o.dtype == FS_GEMM_BF16 && stage_packs(o, 0, rows, cols, m)) {
+        pack_job j = {.in16 = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
+        fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks_bf16t, &j);
+        return;
+    }
     if (o.dtype != FS_GEMM_F32) return;
-    if (stage_transposes(o, is_a)) {
-        tcast_job j = {.in = o.data, .out = at, .ld = o.ld, .rows = rows, .cols = cols};
-        fs_pool_parallel_for(pool, (rows + 15) / 16, 1, tcast_rows, &j);
+    if (stage_packs(o, 0, rows, cols, m)) {
+        pack_job j = {.in = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
+        fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks, &j);
         return;
     }
     int64_t sr, sc;
     stored_dims(o, rows, cols, &sr, &sc);
     cast_job j = {.in = o.data, .out = at, .ld = o.ld, .cols = sc};
     fs_pool_parallel_for(pool, sr, fs_cpu_row_grain(sc), cast_rows, &j);
+}
+
+/* Stages op() rows [m0, m0 + mt) of an fp32 A inside the tile that reads them, on the tile's
+ * thread, so that they are still in its cache when oneDNN reads them (a pass over all of A
+ * before the tiles wrote it out to memory and read it back). */
+static void stage_a_rows(fs_gemm_operand o, int64_t M, int64_t K, uint16_t *at, int64_t m0, int64_t mt) {
+    if (o.dtype != FS_GEMM_F32) return;
+    if (stage_transposes(o, 1)) {
+        tcast_job j = {.in = o.data, .out = at, .ld = o.ld, .rows = M, .cols = K};
+        tcast_range(&j, m0, m0 + mt);
+        return;
+    }
+    cast_job j = {.in = o.data, .out = at, .ld = o.ld, .cols = K};
+    cast_rows(&j, m0, m0 + mt, 0);
 }
 
 /* The key of tile rows [m0, m0 + mt) of the product. */
@@ -421,10 +573,12 @@ static prim_key tile_key(const bf16_operand *a, const bf16_operand *b, int64_t m
 }
 
 typedef struct tile_job {
+    fs_gemm_operand a_src; /* A as the caller gave it: staged tile by tile when fp32 */
     bf16_operand a, b;
     float *C;
     int64_t ldc, M, N, K;
     int accumulate;
+    const prim_entry *full, *tail; /* the primitives of a full tile and of the short last one */
 } tile_job;
 
 extern void omp_set_num_threads(int n); /* libgomp, which Debian's libdnnl threads with */
@@ -459,10 +613,8 @@ static dnnl_stream_t thread_stream(void) {
 
 static void run_tile(const tile_job *j, int64_t m0) {
     const int64_t mt = j->M - m0 < FS_GEMM_ONEDNN_TILE ? j->M - m0 : FS_GEMM_ONEDNN_TILE;
-    prim_key k = tile_key(&j->a, &j->b, mt, j->N, j->K, j->ldc, j->accumulate);
-    const prim_entry *e;
-    fs_status st = lookup(&k, &e);
-    if (st != FS_OK) fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
+    const prim_entry *e = mt == FS_GEMM_ONEDNN_TILE || j->M < FS_GEMM_ONEDNN_TILE ? j->full : j->tail;
+    stage_a_rows(j->a_src, j->M, j->K, (uint16_t *)(void *)j->a.data, m0, mt);
     dnnl_stream_t stream = thread_stream();
     /* tile rows m0.. of op(A): rows of A stored (M, K), columns of A stored transposed */
     const uint16_t *a = j->a.data + (j->a.trans ? m0 : m0 * j->a.ld);
@@ -497,7 +649,7 @@ static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K) {
-    const size_t a_bytes = (staged_bytes(A, M, K) + 63) / 64 * 64, need = a_bytes + staged_bytes(B, K, N);
+    const size_t a_bytes = staged_bytes(A, M, K, 1, M), need = stage_need(A, B, M, N, K);
     uint16_t *base = NULL;
     if (need) {
         if (stage && stage->data) {
@@ -511,10 +663,16 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
             base = fs_cpu_scratch_stage(need);
         }
     }
-    tile_job j = {.a = staged_layout(A, M, K, base, 1), .b = staged_layout(B, K, N, (char *)base + a_bytes, 0),
+    tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1, M),
+                  .b = staged_layout(B, K, N, (char *)base + a_bytes, 0, M),
                   .C = C, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
-    stage_operand(pool, A, M, K, base, 1);
-    stage_operand(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes), 0);
+    const int64_t full = M < FS_GEMM_ONEDNN_TILE ? M : FS_GEMM_ONEDNN_TILE, rest = M % FS_GEMM_ONEDNN_TILE;
+    prim_key kf = tile_key(&j.a, &j.b, full, N, K, ldc, accumulate), kt = kf;
+    kt.M = rest;
+    fs_status st = lookup(&kf, &j.full);
+    if (st == FS_OK && M > FS_GEMM_ONEDNN_TILE && rest) st = lookup(&kt, &j.tail);
+    if (st != FS_OK) fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
+    stage_b(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes), M);
     const int64_t tiles = (M + FS_GEMM_ONEDNN_TILE - 1) / FS_GEMM_ONEDNN_TILE;
     fs_pool_parallel_for(pool, tiles, 1, tile_range, &j);
 }
@@ -529,7 +687,7 @@ fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) {
     for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
         fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, (const float *)dummy, dummy,
                                                      (const float *)dummy, N, IC, OC);
-        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1), b = staged_layout(g.B, g.K, g.N, dummy, 0);
+        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1, g.M), b = staged_layout(g.B, g.K, g.N, dummy, 0, g.M);
         for (int acc = 0; acc <= 1; acc++) {
             const int64_t full = g.M < FS_GEMM_ONEDNN_TILE ? g.M : FS_GEMM_ONEDNN_TILE;
             const int64_t rest = g.M % FS_GEMM_ONEDNN_TILE;
