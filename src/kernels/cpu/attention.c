@@ -21,8 +21,14 @@
  * What it does not do: masks other than causal, dropout, attention sinks, or sliding windows;
  * or GEMM-sized tiles on matrix units (AMX, bf16): 4 query rows against 16 keys at most.
  */
+#define _GNU_SOURCE /* syscall */
+#include <cpuid.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "cpu_common.h"
 
@@ -46,6 +52,22 @@ typedef struct att_job {
     float scale;
 } att_job;
 
+/* The online softmax's step for one row: a block whose max exceeds the row's max so far becomes
+ * it, and what was summed against the old max is rescaled by corr = exp(old - new): row_sum
+ * here, the output accumulators by the caller when this returns 1 (nothing was summed before
+ * the first block, so nothing to rescale). Shared by every forward kernel below. */
+static inline int att_new_max(float *row_max, float *row_sum, float block_max, float *corr) {
+    if (!(block_max > *row_max)) return 0;
+    int rescale = 0;
+    if (*row_sum > 0.0f) {
+        *corr = expf(*row_max - block_max);
+        *row_sum *= *corr;
+        rescale = 1;
+    }
+    *row_max = block_max;
+    return rescale;
+}
+
 ATT_BODY void att_forward_body(const att_job *j, int64_t begin, int64_t end) {
     const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
     const int64_t group = j->NH / j->NKV;
@@ -66,14 +88,9 @@ ATT_BODY void att_forward_body(const att_job *j, int64_t begin, int64_t end) {
                     s[i] = j->scale * fs_cpu_dot(qt, kb + (u0 + i) * ld, HS);
                     if (s[i] > block_max) block_max = s[i];
                 }
-                if (block_max > row_max) {
-                    if (row_sum > 0.0f) { /* rescale what was summed against the old max */
-                        float corr = expf(row_max - block_max);
-                        row_sum *= corr;
-                        for (int64_t c = 0; c < HS; c++) o[c] *= corr;
-                    }
-                    row_max = block_max;
-                }
+                float corr;
+                if (att_new_max(&row_max, &row_sum, block_max, &corr))
+                    for (int64_t c = 0; c < HS; c++) o[c] *= corr;
                 for (int64_t i = 0; i < nu; i++) {
                     float p = expf(s[i] - row_max);
                     row_sum += p;
@@ -153,14 +170,9 @@ FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, 
         __m512 s = att_scores16(qt, kt + u0, Tp, HS);
         s = _mm512_mul_ps(s, _mm512_set1_ps(j->scale));
         const float block_max = _mm512_mask_reduce_max_ps(valid, s);
-        if (block_max > row_max) {
-            if (row_sum > 0.0f) { /* rescale what was summed against the old max */
-                const float corr = expf(row_max - block_max);
-                row_sum *= corr;
-                for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
-            }
-            row_max = block_max;
-        }
+        float corr;
+        if (att_new_max(&row_max, &row_sum, block_max, &corr))
+            for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
         const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(row_max))));
         row_sum += _mm512_reduce_add_ps(p);
         float pv[16];
@@ -229,14 +241,9 @@ att_forward_tile(const att_job *j, const float *kt, const float *vb, int64_t bh,
             }
             s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
             const float block_max = _mm512_mask_reduce_max_ps(valid, s[i]);
-            if (block_max > row_max[i]) {
-                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
-                    const float corr = expf(row_max[i] - block_max);
-                    row_sum[i] *= corr;
-                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-                }
-                row_max[i] = block_max;
-            }
+            float corr;
+            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr))
+                for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
             const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
             row_sum[i] += _mm512_reduce_add_ps(p);
             _mm512_storeu_ps(pv[i], p);
@@ -514,9 +521,74 @@ static int att_bf16_fits(int64_t HS) {
     return fs_kernels_isa() >= FS_ISA_AVX512_BF16 && HS % 16 == 0 && HS <= 16 * ATT_VMAX_TILED;
 }
 
-const char *fs_attention_bf16_path(int64_t HS) {
-    return att_bf16_fits(HS) ? "avx512bf16" : "fp32";
+/* ---- which bf16 kernel: AMX tiles where the CPU has them and Linux lets this process use
+ * them (the tile data is an XSAVE component that a process must request once: arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; refused, e.g. under an old kernel or a
+ * seccomp filter, means the AVX512-BF16 kernel), unless FLATSHARD_CPU_ATTENTION=avx512bf16
+ * or fs_attention_set_amx(0) says otherwise. */
+#define ATT_ARCH_REQ_XCOMP_PERM 0x1023
+#define ATT_XFEATURE_XTILEDATA 18
+
+static atomic_int att_amx_usable = -1; /* -1: not probed yet; then 0 or 1 */
+static atomic_int att_amx_allowed = -1; /* -1: not read from the environment yet */
+
+static int att_amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return 0; /* AMX-BF16, AMX-TILE */
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, ATT_ARCH_REQ_XCOMP_PERM, ATT_XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
+
+static int att_amx_env(void) {
+    const char *s = getenv("FLATSHARD_CPU_ATTENTION");
+    return !(s && strcmp(s, "avx512bf16") == 0); /* a bad value: fs_attention_env_error */
+}
+
+const char *fs_attention_env_error(void) {
+    const char *s = getenv("FLATSHARD_CPU_ATTENTION");
+    if (!s || !*s || strcmp(s, "auto") == 0 || strcmp(s, "amx") == 0 || strcmp(s, "avx512bf16") == 0)
+        return NULL;
+    return "FLATSHARD_CPU_ATTENTION must be auto, amx or avx512bf16";
+}
+
+int fs_attention_set_amx(int allow) {
+    int before = atomic_load_explicit(&att_amx_allowed, memory_order_relaxed);
+    if (before < 0) before = att_amx_env();
+    atomic_store_explicit(&att_amx_allowed, allow ? 1 : 0, memory_order_relaxed);
+    return before;
+}
+
+int fs_attention_amx_available(void) {
+    int usable = atomic_load_explicit(&att_amx_usable, memory_order_relaxed);
+    if (usable < 0) { /* concurrent first calls both ask; the kernel grants it once per process */
+        usable = att_amx_probe();
+        atomic_store_explicit(&att_amx_usable, usable, memory_order_relaxed);
+    }
+    return usable;
+}
+
+/* HS a multiple of 32 (a tile row of 32 bf16 head dims, or 16 of them in an fp32 output
+ * tile) up to 128 (the packing's row buffer). */
+static int att_amx_fits(int64_t HS) {
+    if (fs_kernels_isa() < FS_ISA_AVX512_BF16 || HS % 32 != 0 || HS > 16 * ATT_VMAX) return 0;
+    int allowed = atomic_load_explicit(&att_amx_allowed, memory_order_relaxed);
+    if (allowed < 0) {
+        allowed = att_amx_env();
+        atomic_store_explicit(&att_amx_allowed, allowed, memory_order_relaxed);
+    }
+    return allowed && fs_attention_amx_available();
+}
+
+const char *fs_attention_bf16_path(int64_t HS) {
+    return att_amx_fits(HS) ? "amx" : att_bf16_fits(HS) ? "avx512bf16" : "fp32";
+}
+
+static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end);
+static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end);
 
 /* word j = (bf16(first[j]), bf16(second[j])): the pair layout from two fp32 vectors */
 FS_TARGET_AVX512BF16 static inline __m512i att_pairs(__m512 first, __m512 second) {
@@ -545,7 +617,7 @@ FS_TARGET_AVX512BF16 static void att_pack_bf16(uint32_t *xt2, uint32_t *xp, cons
                                                int64_t Tp, int64_t HS) {
     const int64_t H2 = HS / 2;
     for (int64_t u = 0; xt2 && u < Tp; u++) {
-        uint32_t row[ATT_VMAX_TILED * 8 + 8];
+        uint32_t row[ATT_VMAX * 8 + 8]; /* HS <= 128 (the AMX path) */
         if (u < T)
             att_row_pairs(row, x + u * ld, HS);
         else
@@ -624,14 +696,9 @@ FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const u
             }
             s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
             const float block_max = _mm512_mask_reduce_max_ps(mask, s[i]);
-            if (block_max > row_max[i]) {
-                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
-                    const float corr = expf(row_max[i] - block_max);
-                    row_sum[i] *= corr;
-                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-                }
-                row_max[i] = block_max;
-            }
+            float corr;
+            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr))
+                for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
             const __m512 p = _mm512_maskz_mov_ps(mask, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
             row_sum[i] += _mm512_reduce_add_ps(p);
             /* p as 8 key pairs (words 0-7) */
@@ -675,10 +742,15 @@ static void att_forward_heads_bf16(void *arg, int64_t begin, int64_t end, int th
     att_forward_bf16_range(arg, begin, end);
 }
 
+static void att_forward_heads_amx(void *arg, int64_t begin, int64_t end, int thread) {
+    att_forward_amx_range(arg, begin, end);
+}
+
 void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const float *q, const float *k,
                                const float *v, int64_t ld_qkv, int64_t B, int64_t T, int64_t NH,
                                int64_t NKV, int64_t HS) {
-    if (!att_bf16_fits(HS)) {
+    const int amx = att_amx_fits(HS);
+    if (!amx && !att_bf16_fits(HS)) {
         fs_attention_forward(pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
         return;
     }
@@ -686,7 +758,7 @@ void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const floa
     att_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .ld_qkv = ld_qkv, .B = B,
                  .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                  .scale = (float)(1.0 / sqrt((double)HS))};
-    fs_pool_parallel_for(pool, B * NH, 1, att_forward_heads_bf16, &j);
+    fs_pool_parallel_for(pool, B * NH, 1, amx ? att_forward_heads_amx : att_forward_heads_bf16, &j);
 }
 
 /* Backward over a tile: scores and dp from the pair layouts; dq[i] += sum_u ds[i][u] k[u]
@@ -786,11 +858,16 @@ static void att_backward_groups_bf16(void *arg, int64_t begin, int64_t end, int 
     att_backward_bf16_range(arg, begin, end);
 }
 
+static void att_backward_groups_amx(void *arg, int64_t begin, int64_t end, int thread) {
+    att_backward_amx_range(arg, begin, end);
+}
+
 void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                 const float *dout, const float *q, const float *k, const float *v,
                                 int64_t ld_qkv, const float *out, const float *lse, int64_t B,
                                 int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    if (!att_bf16_fits(HS)) {
+    const int amx = att_amx_fits(HS);
+    if (!amx && !att_bf16_fits(HS)) {
         fs_attention_backward(pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T, NH, NKV, HS);
         return;
     }
@@ -799,5 +876,303 @@ void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, 
                  .k = k, .v = v, .out_in = out, .lse_in = lse, .ld_qkv = ld_qkv, .B = B,
                  .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                  .scale = (float)(1.0 / sqrt((double)HS))};
-    fs_pool_parallel_for(pool, B * NKV, 1, att_backward_groups_bf16, &j);
+    fs_pool_parallel_for(pool, B * NKV, 1, amx ? att_backward_groups_amx : att_backward_groups_bf16, &j);
+}
+
+/* ------------------------------------------------------------------ the bf16 policy on AMX tiles
+ * The same contract and the same roundings as the AVX512-BF16 kernel above (q, k, v, dout
+ * rounded to bf16; p and ds rounded where they are operands; softmax, lse, D and every sum in
+ * fp32), with the six products on AMX tiles (TDPBF16PS: a 16 x 16 fp32 tile += a 16 x 32
+ * bf16 tile times a 32 x 16 one whose rows come in pairs, VNNI). Flash-style blocks of
+ * ATT_AMX_BLOCK = 32 queries x 32 keys: every tile is 16 rows of 64 bytes (32 bf16 or 16
+ * fp32), so one tile configuration serves all products. Per block:
+ *   forward:  S = Q.K^T (A: q rows, B: kt2) into a 32 x 32 fp32 buffer; the online softmax in
+ *             AVX-512 (as the tile kernels above, per 32 keys); O += P.V (A: p rows, B: vp)
+ *             with O in an fp32 buffer that the tiles load and store (the rescale by
+ *             exp(old max - new max) is an AVX-512 pass over O's rows before it).
+ *   backward: S and dP = dO.V^T (B: kt2, vt2); p and ds in AVX-512; dQ += dS.K (A: ds rows,
+ *             B: kp) into a 32 x HS buffer added to dq after the query block;
+ *             dK^T += Q^T.dS and dV^T += dO^T.P, with ds and p as row-pair (VNNI) B operands
+ *             and Q^T, dO^T (transposed once per query block, by gathers) as A operands, into
+ *             HS x Tp fp32 buffers added (transposed) to dk and dv after the (b, kv head)'s
+ *             query heads.
+ * Work is split as in the other kernels ((b, head) forward, (b, kv head) backward), and a
+ * tile product's sums run in the hardware's fixed order, so the bits do not depend on the
+ * pool size. Rows and keys past T are zero in the packed operands and masked out of p and ds.
+ * Each call loads its tile configuration on every thread that runs it and releases the tiles
+ * when done: oneDNN's AMX GEMMs share those threads and load their own configuration. */
+#define ATT_AMX_BLOCK 32
+#define ATT_TARGET_AMX \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
+
+typedef struct att_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} att_tilecfg;
+static const att_tilecfg att_amx_cfg __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* gcc's _tile_loadd is an asm statement without a memory clobber: without this barrier the
+ * compiler may keep a store to the buffer a tile loads until after the load. */
+#define ATT_TILE_LOAD(tile, base, stride)              \
+    do {                                               \
+        __asm__ volatile("" ::: "memory");             \
+        _tile_loadd(tile, (base), (long)(stride));     \
+    } while (0)
+
+/* The 32 x 32 fp32 product of the query block's A rows (a, 32 x HS bf16) and key block u0
+ * of a (head-dim pair, key) operand (xt2, HS/2 x Tp words), into out (row stride 32). */
+ATT_TARGET_AMX static void att_amx_scores(float *out, const uint16_t *a, const uint32_t *xt2, int64_t u0,
+                                          int64_t Tp, int64_t HS) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < HS; c += 32) {
+        ATT_TILE_LOAD(4, a + c, HS * 2);
+        ATT_TILE_LOAD(5, a + 16 * HS + c, HS * 2);
+        ATT_TILE_LOAD(6, xt2 + c / 2 * Tp + u0, Tp * 4);
+        ATT_TILE_LOAD(7, xt2 + c / 2 * Tp + u0 + 16, Tp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 128);
+    _tile_stored(1, out + 16, 128);
+    _tile_stored(2, out + 16 * 32, 128);
+    _tile_stored(3, out + 16 * 32 + 16, 128);
+}
+
+/* acc (32 x HS fp32, row stride HS) += a (32 x 32 bf16: the block's rows against its 32 keys)
+ * times rows u0/2 .. u0/2 + 15 of a (key pair, head dim) operand xp (Tp/2 x HS words). */
+ATT_TARGET_AMX static void att_amx_rows_times_keys(float *acc, const uint16_t *a, const uint32_t *xp, int64_t u0,
+                                                   int64_t HS) {
+    ATT_TILE_LOAD(4, a, 64);
+    ATT_TILE_LOAD(5, a + 16 * 32, 64);
+    for (int64_t c = 0; c < HS; c += 16) {
+        ATT_TILE_LOAD(0, acc + c, HS * 4);
+        ATT_TILE_LOAD(1, acc + 16 * HS + c, HS * 4);
+        ATT_TILE_LOAD(6, xp + u0 / 2 * HS + c, HS * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_stored(0, acc + c, HS * 4);
+        _tile_stored(1, acc + 16 * HS + c, HS * 4);
+    }
+}
+
+/* accT (HS x Tp fp32: head dim by key) columns u0 .. u0 + 31 += xT (HS x 32 bf16: the block's
+ * rows transposed) times pairs (the block's 32 rows as 16 row pairs by 32 keys, VNNI words). */
+ATT_TARGET_AMX static void att_amx_cols_times_rows(float *accT, const uint16_t *xT, const uint32_t *pairs,
+                                                   int64_t u0, int64_t Tp, int64_t HS) {
+    ATT_TILE_LOAD(6, pairs, 128);
+    ATT_TILE_LOAD(7, pairs + 16, 128);
+    for (int64_t c = 0; c < HS; c += 16) {
+        ATT_TILE_LOAD(4, xT + c * 32, 64);
+        ATT_TILE_LOAD(0, accT + c * Tp + u0, Tp * 4);
+        ATT_TILE_LOAD(1, accT + c * Tp + u0 + 16, Tp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_stored(0, accT + c * Tp + u0, Tp * 4);
+        _tile_stored(1, accT + c * Tp + u0 + 16, Tp * 4);
+    }
+}
+
+/* Rows t0 .. t0 + nq - 1 of x (row stride ld, HS columns) as 32 bf16 rows (a, zero past nq)
+ * and, where xT is not NULL, transposed (xT[c * 32 + i], by 16-row gathers). */
+ATT_TARGET_AMX static void att_amx_rows(uint16_t *a, uint16_t *xT, const float *x, int64_t ld, int64_t nq,
+                                        int64_t HS) {
+    for (int64_t i = 0; i < ATT_AMX_BLOCK; i++) {
+        if (i < nq)
+            att_row_pairs((uint32_t *)(a + i * HS), x + i * ld, HS);
+        else
+            memset(a + i * HS, 0, (size_t)HS * sizeof(uint16_t));
+    }
+    if (!xT) return;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)ld));
+    const __mmask16 lo = (__mmask16)(nq >= 16 ? 0xFFFF : (1u << nq) - 1);
+    const __mmask16 hi = (__mmask16)(nq >= 32 ? 0xFFFF : nq <= 16 ? 0 : (1u << (nq - 16)) - 1);
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t c = 0; c < HS; c++) {
+        const __m512 r0 = _mm512_mask_i32gather_ps(zero, lo, idx, x + c, 4);
+        const __m512 r1 = hi ? _mm512_mask_i32gather_ps(zero, hi, idx, x + 16 * ld + c, 4) : zero;
+        _mm512_storeu_si512((void *)(xT + c * 32), (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+    }
+}
+
+/* One block of 32 query rows t0 .. of head bh against every key block it sees. */
+ATT_TARGET_AMX static void att_forward_block_amx(const att_job *j, const uint32_t *kt2, const uint32_t *vp,
+                                                 uint16_t *qa, float *sbuf, uint16_t *pa, float *obuf, int64_t bh,
+                                                 int64_t t0, int64_t Tp) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
+    const int64_t b = bh / j->NH, h = bh % j->NH;
+    const int64_t nq = T - t0 < ATT_AMX_BLOCK ? T - t0 : ATT_AMX_BLOCK, t_last = t0 + nq - 1;
+    const __m512 scale = _mm512_set1_ps(j->scale), neg_inf = _mm512_set1_ps(-INFINITY);
+    att_amx_rows(qa, NULL, j->q + (b * T + t0) * ld + h * HS, ld, nq, HS);
+    memset(obuf, 0, (size_t)(ATT_AMX_BLOCK * HS) * sizeof(float));
+    memset(pa, 0, ATT_AMX_BLOCK * ATT_AMX_BLOCK * sizeof(uint16_t)); /* rows past nq stay 0 */
+    float row_max[ATT_AMX_BLOCK], row_sum[ATT_AMX_BLOCK];
+    for (int i = 0; i < ATT_AMX_BLOCK; i++) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
+    for (int64_t u0 = 0; u0 <= t_last; u0 += ATT_AMX_BLOCK) {
+        att_amx_scores(sbuf, qa, kt2, u0, Tp, HS);
+        for (int64_t i = 0; i < nq; i++) {
+            const __mmask16 m0 = att_causal_mask(t0 + i, u0), m1 = att_causal_mask(t0 + i, u0 + 16);
+            uint16_t *prow = pa + i * ATT_AMX_BLOCK;
+            if (!m0) { /* a block past this row: it adds nothing */
+                memset(prow, 0, ATT_AMX_BLOCK * sizeof(uint16_t));
+                continue;
+            }
+            const __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(sbuf + i * 32), scale);
+            const __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(sbuf + i * 32 + 16), scale);
+            const float block_max =
+                _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, m0, s0), _mm512_mask_mov_ps(neg_inf, m1, s1)));
+            float corr;
+            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr)) {
+                float *o = obuf + i * HS;
+                for (int64_t c = 0; c < HS; c += 16)
+                    _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(corr)));
+            }
+            const __m512 mx = _mm512_set1_ps(row_max[i]);
+            const __m512 p0 = _mm512_maskz_mov_ps(m0, fs_cpu_exp16(_mm512_sub_ps(s0, mx)));
+            const __m512 p1 = _mm512_maskz_mov_ps(m1, fs_cpu_exp16(_mm512_sub_ps(s1, mx)));
+            row_sum[i] += _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+            _mm512_storeu_si512((void *)prow, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)); /* keys u0.. in words 0-15 */
+        }
+        att_amx_rows_times_keys(obuf, pa, vp, u0, HS);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *out = j->out + (b * T + t0 + i) * C + h * HS;
+        const __m512 inv = _mm512_set1_ps(row_sum[i]);
+        for (int64_t c = 0; c < HS; c += 16)
+            _mm512_storeu_ps(out + c, _mm512_div_ps(_mm512_loadu_ps(obuf + i * HS + c), inv));
+        j->lse[bh * T + t0 + i] = row_max[i] + logf(row_sum[i]);
+    }
+}
+
+ATT_TARGET_AMX static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, group = j->NH / j->NKV;
+    const int64_t Tp = (T + ATT_AMX_BLOCK - 1) / ATT_AMX_BLOCK * ATT_AMX_BLOCK, words = HS / 2 * Tp;
+    const int64_t Q = ATT_AMX_BLOCK, bytes = 2 * words * 4 + Q * HS * 2 + Q * Q * 4 + Q * Q * 2 + Q * HS * 4;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)bytes), *vp = kt2 + words;
+    uint16_t *qa = (uint16_t *)(vp + words);
+    float *sbuf = (float *)(qa + Q * HS);
+    uint16_t *pa = (uint16_t *)(sbuf + Q * Q);
+    float *obuf = (float *)(pa + Q * Q);
+    _tile_loadconfig(&att_amx_cfg);
+    int64_t have = -1; /* the (b, g) packed */
+    for (int64_t bh = begin; bh < end; bh++) {
+        const int64_t b = bh / j->NH, h = bh % j->NH, g = h / group;
+        if (have != b * j->NKV + g) {
+            att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+            att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+            have = b * j->NKV + g;
+        }
+        for (int64_t t0 = 0; t0 < T; t0 += Q) att_forward_block_amx(j, kt2, vp, qa, sbuf, pa, obuf, bh, t0, Tp);
+    }
+    _tile_release();
+}
+
+typedef struct att_amx_bwd_bufs {
+    uint16_t *qa, *ya, *qT, *yT, *dsa;
+    float *sbuf, *dpbuf, *dqbuf, *dkT, *dvT;
+    uint32_t *dsv, *pv;
+} att_amx_bwd_bufs;
+
+/* Backward of one block of 32 query rows t0 .. of head h (kv head g of batch b). */
+ATT_TARGET_AMX static void att_backward_block_amx(const att_job *j, const uint32_t *kt2, const uint32_t *vt2,
+                                                  const uint32_t *kp, const att_amx_bwd_bufs *w, int64_t b,
+                                                  int64_t h, int64_t t0, int64_t Tp) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, C = j->NH * HS;
+    const int64_t nq = T - t0 < ATT_AMX_BLOCK ? T - t0 : ATT_AMX_BLOCK, t_last = t0 + nq - 1;
+    const __m512 scale = _mm512_set1_ps(j->scale), zero = _mm512_setzero_ps();
+    const float *q0 = j->q + (b * T + t0) * ld + h * HS, *y0 = j->dout + (b * T + t0) * C + h * HS;
+    att_amx_rows(w->qa, w->qT, q0, ld, nq, HS);
+    att_amx_rows(w->ya, w->yT, y0, C, nq, HS);
+    float lse[ATT_AMX_BLOCK], D[ATT_AMX_BLOCK];
+    for (int64_t i = 0; i < nq; i++) {
+        lse[i] = j->lse_in[(b * j->NH + h) * T + t0 + i];
+        D[i] = fs_cpu_dot(y0 + i * C, j->out_in + (b * T + t0 + i) * C + h * HS, HS);
+    }
+    memset(w->dqbuf, 0, (size_t)(ATT_AMX_BLOCK * HS) * sizeof(float));
+    for (int64_t u0 = 0; u0 <= t_last; u0 += ATT_AMX_BLOCK) {
+        att_amx_scores(w->sbuf, w->qa, kt2, u0, Tp, HS);
+        att_amx_scores(w->dpbuf, w->ya, vt2, u0, Tp, HS);
+        for (int64_t r = 0; r < ATT_AMX_BLOCK / 2; r++) {
+            __m512 p[2][2], ds[2][2]; /* [row of the pair][16-key half] */
+            for (int e = 0; e < 2; e++) {
+                const int64_t i = 2 * r + e;
+                const __mmask16 m0 = i < nq ? att_causal_mask(t0 + i, u0) : 0;
+                const __mmask16 m1 = i < nq ? att_causal_mask(t0 + i, u0 + 16) : 0;
+                if (!m0) {
+                    p[e][0] = p[e][1] = ds[e][0] = ds[e][1] = zero;
+                } else {
+                    const __m512 l = _mm512_set1_ps(lse[i]), d = _mm512_set1_ps(D[i]);
+                    for (int x = 0; x < 2; x++) {
+                        const __m512 s = _mm512_loadu_ps(w->sbuf + i * 32 + 16 * x);
+                        const __m512 dp = _mm512_loadu_ps(w->dpbuf + i * 32 + 16 * x);
+                        p[e][x] = _mm512_maskz_mov_ps(x ? m1 : m0, fs_cpu_exp16(_mm512_fmsub_ps(scale, s, l)));
+                        ds[e][x] = _mm512_mul_ps(scale, _mm512_mul_ps(p[e][x], _mm512_sub_ps(dp, d)));
+                    }
+                }
+                _mm512_storeu_si512((void *)(w->dsa + i * 32), (__m512i)_mm512_cvtne2ps_pbh(ds[e][1], ds[e][0]));
+            }
+            for (int x = 0; x < 2; x++) {
+                _mm512_storeu_si512((void *)(w->dsv + r * 32 + 16 * x), att_pairs(ds[0][x], ds[1][x]));
+                _mm512_storeu_si512((void *)(w->pv + r * 32 + 16 * x), att_pairs(p[0][x], p[1][x]));
+            }
+        }
+        att_amx_rows_times_keys(w->dqbuf, w->dsa, kp, u0, HS);
+        att_amx_cols_times_rows(w->dkT, w->qT, w->dsv, u0, Tp, HS);
+        att_amx_cols_times_rows(w->dvT, w->yT, w->pv, u0, Tp, HS);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *dqt = j->dq + (b * T + t0 + i) * ldd + h * HS;
+        for (int64_t c = 0; c < HS; c += 16)
+            _mm512_storeu_ps(dqt + c, _mm512_add_ps(_mm512_loadu_ps(dqt + c), _mm512_loadu_ps(w->dqbuf + i * HS + c)));
+    }
+}
+
+/* x[u][c] (row stride ld) += xT[c * Tp + u] for u < T */
+static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t Tp, int64_t HS) {
+    for (int64_t u = 0; u < T; u++)
+        for (int64_t c = 0; c < HS; c++) x[u * ld + c] += xT[c * Tp + u];
+}
+
+ATT_TARGET_AMX static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, group = j->NH / j->NKV;
+    const int64_t Tp = (T + ATT_AMX_BLOCK - 1) / ATT_AMX_BLOCK * ATT_AMX_BLOCK, words = HS / 2 * Tp;
+    const int64_t Q = ATT_AMX_BLOCK;
+    const int64_t bytes = 3 * words * 4 + 2 * HS * Tp * 4 + 4 * Q * HS * 2 + Q * Q * 2 + 2 * Q * Q * 4 +
+                          Q * HS * 4 + 2 * (Q / 2) * Q * 4;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)bytes), *vt2 = kt2 + words, *kp = vt2 + words;
+    att_amx_bwd_bufs w;
+    w.dkT = (float *)(kp + words);
+    w.dvT = w.dkT + HS * Tp;
+    w.qa = (uint16_t *)(w.dvT + HS * Tp);
+    w.ya = w.qa + Q * HS;
+    w.qT = w.ya + Q * HS;
+    w.yT = w.qT + Q * HS;
+    w.dsa = w.yT + Q * HS;
+    w.sbuf = (float *)(w.dsa + Q * Q);
+    w.dpbuf = w.sbuf + Q * Q;
+    w.dqbuf = w.dpbuf + Q * Q;
+    w.dsv = (uint32_t *)(w.dqbuf + Q * HS);
+    w.pv = w.dsv + (Q / 2) * Q;
+    _tile_loadconfig(&att_amx_cfg);
+    for (int64_t bg = begin; bg < end; bg++) {
+        const int64_t b = bg / j->NKV, g = bg % j->NKV;
+        att_pack_bf16(kt2, kp, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+        att_pack_bf16(vt2, NULL, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+        memset(w.dkT, 0, (size_t)(2 * HS * Tp) * sizeof(float));
+        for (int64_t h = g * group; h < (g + 1) * group; h++)
+            for (int64_t t0 = 0; t0 < T; t0 += Q) att_backward_block_amx(j, kt2, vt2, kp, &w, b, h, t0, Tp);
+        att_add_transposed(j->dk + b * T * ldd + g * HS, ldd, w.dkT, T, Tp, HS);
+        att_add_transposed(j->dv + b * T * ldd + g * HS, ldd, w.dvT, T, Tp, HS);
+    }
+    _tile_release();
 }
