@@ -613,17 +613,53 @@ FS_TARGET_AVX512BF16 static inline __m512 att_dp(__m512 acc, uint32_t pair, __m5
 
 /* x rows [0, T) (stride ld, HS columns) as xt2[c2 * Tp + u] = (x[u][2c2], x[u][2c2 + 1]) and
  * xp[u2 * HS + c] = (x[2u2][c], x[2u2 + 1][c]), each where not NULL; zero past T. */
+/* r[i] = row i of a 16 x 16 matrix of 32-bit words; on return r[j] = its column j. Pairs of
+ * rows interleaved by words, then by double words (column 4L + m of rows 4n .. 4n + 3 in
+ * 128-bit lane L of r[4n + m]), then the lanes gathered across the four groups. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) void att_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512i v1 = _mm512_shuffle_i32x4(r[m], r[4 + m], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i v2 = _mm512_shuffle_i32x4(r[m], r[4 + m], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i w1 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i w2 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], _MM_SHUFFLE(3, 1, 3, 1));
+        t[m] = _mm512_shuffle_i32x4(v1, w1, _MM_SHUFFLE(2, 0, 2, 0));     /* column m */
+        t[4 + m] = _mm512_shuffle_i32x4(v2, w2, _MM_SHUFFLE(2, 0, 2, 0)); /* column 4 + m */
+        t[8 + m] = _mm512_shuffle_i32x4(v1, w1, _MM_SHUFFLE(3, 1, 3, 1)); /* column 8 + m */
+        t[12 + m] = _mm512_shuffle_i32x4(v2, w2, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* x rows [0, T) (stride ld, HS columns) as xt2[c2 * Tp + u] = (x[u][2c2], x[u][2c2 + 1]) and
+ * xp[u2 * HS + c] = (x[2u2][c], x[2u2 + 1][c]), each where not NULL; zero past T (Tp a
+ * multiple of 16). xt2 by 16 x 16 word blocks: 16 keys' pairs, transposed in registers. */
 FS_TARGET_AVX512BF16 static void att_pack_bf16(uint32_t *xt2, uint32_t *xp, const float *x, int64_t ld, int64_t T,
                                                int64_t Tp, int64_t HS) {
     const int64_t H2 = HS / 2;
-    for (int64_t u = 0; xt2 && u < Tp; u++) {
-        uint32_t row[ATT_VMAX * 8 + 8]; /* HS <= 128 (the AMX path) */
-        if (u < T)
-            att_row_pairs(row, x + u * ld, HS);
-        else
-            memset(row, 0, sizeof row);
-        for (int64_t c2 = 0; c2 < H2; c2++) xt2[c2 * Tp + u] = row[c2];
-    }
+    for (int64_t u0 = 0; xt2 && u0 < Tp; u0 += 16)
+        for (int64_t c2 = 0; c2 < H2; c2 += 16) { /* floats 2 c2 .. 2 c2 + 31 of 16 rows */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *xr = x + (u0 + i) * ld + 2 * c2;
+                const int live = u0 + i < T;
+                const __m512 lo = live ? _mm512_loadu_ps(xr) : _mm512_setzero_ps();
+                const __m512 hi = live && 2 * c2 + 32 <= HS ? _mm512_loadu_ps(xr + 16) : _mm512_setzero_ps();
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            }
+            att_transpose16(r);
+            for (int64_t c = 0; c < 16 && c2 + c < H2; c++) _mm512_storeu_si512((void *)(xt2 + (c2 + c) * Tp + u0), r[c]);
+        }
     if (!xp) return;
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t u2 = 0; u2 < Tp / 2; u2++) {
@@ -993,15 +1029,18 @@ ATT_TARGET_AMX static void att_amx_rows(uint16_t *a, uint16_t *xT, const float *
             memset(a + i * HS, 0, (size_t)HS * sizeof(uint16_t));
     }
     if (!xT) return;
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)ld));
-    const __mmask16 lo = (__mmask16)(nq >= 16 ? 0xFFFF : (1u << nq) - 1);
-    const __mmask16 hi = (__mmask16)(nq >= 32 ? 0xFFFF : nq <= 16 ? 0 : (1u << (nq - 16)) - 1);
+    /* (row pair, head dim) words, 16 pairs by 16 dims at a time, transposed: xT row c is
+     * the words (x[2r][c], x[2r + 1][c]), r = 0 .. 15, i.e. the 32 rows' bf16 in order */
     const __m512 zero = _mm512_setzero_ps();
-    for (int64_t c = 0; c < HS; c++) {
-        const __m512 r0 = _mm512_mask_i32gather_ps(zero, lo, idx, x + c, 4);
-        const __m512 r1 = hi ? _mm512_mask_i32gather_ps(zero, hi, idx, x + 16 * ld + c, 4) : zero;
-        _mm512_storeu_si512((void *)(xT + c * 32), (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+    for (int64_t c = 0; c < HS; c += 16) {
+        __m512i r[16];
+        for (int64_t p = 0; p < 16; p++) {
+            const __m512 even = 2 * p < nq ? _mm512_loadu_ps(x + 2 * p * ld + c) : zero;
+            const __m512 odd = 2 * p + 1 < nq ? _mm512_loadu_ps(x + (2 * p + 1) * ld + c) : zero;
+            r[p] = att_pairs(even, odd);
+        }
+        att_transpose16(r);
+        for (int m = 0; m < 16; m++) _mm512_storeu_si512((void *)(xT + (c + m) * 32), r[m]);
     }
 }
 
@@ -1137,10 +1176,20 @@ ATT_TARGET_AMX static void att_backward_block_amx(const att_job *j, const uint32
     }
 }
 
-/* x[u][c] (row stride ld) += xT[c * Tp + u] for u < T */
-static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t Tp, int64_t HS) {
-    for (int64_t u = 0; u < T; u++)
-        for (int64_t c = 0; c < HS; c++) x[u * ld + c] += xT[c * Tp + u];
+/* x[u][c] (row stride ld) += xT[c * Tp + u] for u < T, by 16 x 16 blocks transposed in
+ * registers (HS a multiple of 16, Tp of 32) */
+ATT_TARGET_AMX static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t Tp,
+                                              int64_t HS) {
+    for (int64_t u0 = 0; u0 < T; u0 += 16)
+        for (int64_t c = 0; c < HS; c += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(xT + (c + i) * Tp + u0));
+            att_transpose16(r);
+            for (int64_t i = 0; i < 16 && u0 + i < T; i++) {
+                float *xr = x + (u0 + i) * ld + c;
+                _mm512_storeu_ps(xr, _mm512_add_ps(_mm512_loadu_ps(xr), (__m512)r[i]));
+            }
+        }
 }
 
 ATT_TARGET_AMX static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end) {
