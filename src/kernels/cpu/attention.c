@@ -1001,20 +1001,24 @@ ATT_TARGET_AMX static void att_amx_rows_times_keys(float *acc, const uint16_t *a
     }
 }
 
-/* accT (HS x Tp fp32: head dim by key) columns u0 .. u0 + 31 += xT (HS x 32 bf16: the block's
- * rows transposed) times pairs (the block's 32 rows as 16 row pairs by 32 keys, VNNI words). */
+/* accT (head dim by key, fp32, by key blocks: key u, dim c at (u / 32) HS 32 + c 32 + u % 32)
+ * keys u0 .. u0 + 31 += xT (HS x 32 bf16: the block's rows transposed) times pairs (the
+ * block's 32 rows as 16 row pairs by 32 keys, VNNI words). Blocks of 32 keys rather than rows
+ * of Tp keys: tile rows Tp floats apart fell into a few L1 sets (a third of the backward's
+ * time went to these loads at T = 256). */
 ATT_TARGET_AMX static void att_amx_cols_times_rows(float *accT, const uint16_t *xT, const uint32_t *pairs,
-                                                   int64_t u0, int64_t Tp, int64_t HS) {
+                                                   int64_t u0, int64_t HS) {
+    float *blk = accT + u0 / ATT_AMX_BLOCK * HS * ATT_AMX_BLOCK;
     ATT_TILE_LOAD(6, pairs, 128);
     ATT_TILE_LOAD(7, pairs + 16, 128);
     for (int64_t c = 0; c < HS; c += 16) {
         ATT_TILE_LOAD(4, xT + c * 32, 64);
-        ATT_TILE_LOAD(0, accT + c * Tp + u0, Tp * 4);
-        ATT_TILE_LOAD(1, accT + c * Tp + u0 + 16, Tp * 4);
+        ATT_TILE_LOAD(0, blk + c * 32, 128);
+        ATT_TILE_LOAD(1, blk + c * 32 + 16, 128);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_stored(0, accT + c * Tp + u0, Tp * 4);
-        _tile_stored(1, accT + c * Tp + u0 + 16, Tp * 4);
+        _tile_stored(0, blk + c * 32, 128);
+        _tile_stored(1, blk + c * 32 + 16, 128);
     }
 }
 
@@ -1184,8 +1188,8 @@ ATT_TARGET_AMX static void att_backward_block_amx(const att_job *j, const uint32
             }
         }
         att_amx_rows_times_keys(w->dqbuf, w->dsa, kp, u0, HS);
-        att_amx_cols_times_rows(w->dkT, w->qT, w->dsv, u0, Tp, HS);
-        att_amx_cols_times_rows(w->dvT, w->yT, w->pv, u0, Tp, HS);
+        att_amx_cols_times_rows(w->dkT, w->qT, w->dsv, u0, HS);
+        att_amx_cols_times_rows(w->dvT, w->yT, w->pv, u0, HS);
     }
     for (int64_t i = 0; i < nq; i++) {
         float *dqt = j->dq + (b * T + t0 + i) * ldd + h * HS;
@@ -1194,14 +1198,14 @@ ATT_TARGET_AMX static void att_backward_block_amx(const att_job *j, const uint32
     }
 }
 
-/* x[u][c] (row stride ld) += xT[c * Tp + u] for u < T, by 16 x 16 blocks transposed in
- * registers (HS a multiple of 16, Tp of 32) */
-ATT_TARGET_AMX static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t Tp,
-                                              int64_t HS) {
+/* x[u][c] (row stride ld) += xT's (u, c) (the layout of att_amx_cols_times_rows) for u < T,
+ * by 16 x 16 blocks transposed in registers (HS a multiple of 16) */
+ATT_TARGET_AMX static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t HS) {
     for (int64_t u0 = 0; u0 < T; u0 += 16)
         for (int64_t c = 0; c < HS; c += 16) {
+            const float *blk = xT + u0 / ATT_AMX_BLOCK * HS * ATT_AMX_BLOCK + u0 % ATT_AMX_BLOCK;
             __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(xT + (c + i) * Tp + u0));
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(blk + (c + i) * ATT_AMX_BLOCK));
             att_transpose16(r);
             for (int64_t i = 0; i < 16 && u0 + i < T; i++) {
                 float *xr = x + (u0 + i) * ld + c;
@@ -1248,8 +1252,8 @@ ATT_TARGET_AMX static void att_backward_amx_range(const att_job *j, int64_t begi
                 att_prefetch_block(j->dq + b * T * ldd + h * HS, ldd, t0, T, HS, 1);
                 att_backward_block_amx(j, kt2, vt2, kp, &w, b, h, t0, Tp);
             }
-        att_add_transposed(j->dk + b * T * ldd + g * HS, ldd, w.dkT, T, Tp, HS);
-        att_add_transposed(j->dv + b * T * ldd + g * HS, ldd, w.dvT, T, Tp, HS);
+        att_add_transposed(j->dk + b * T * ldd + g * HS, ldd, w.dkT, T, HS);
+        att_add_transposed(j->dv + b * T * ldd + g * HS, ldd, w.dvT, T, HS);
     }
     _tile_release();
 }
