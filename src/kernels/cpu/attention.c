@@ -155,6 +155,21 @@ static inline __mmask16 att_causal_mask(int64_t t, int64_t u0) {
     return (__mmask16)(nu >= 16 ? 0xFFFF : nu <= 0 ? 0 : (1u << nu) - 1);
 }
 
+/* One row's online-softmax step over 16 scores s (raw dot products; keys outside `valid` are
+ * masked): the row's max and sum updated (att_new_max), its NV output accumulators o rescaled
+ * when the max grew; returns p = exp(scale s - max), 0 where masked. Every AVX-512 forward. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
+att_softmax16(__m512 s, __mmask16 valid, float scale, float *row_max, float *row_sum, __m512 *o, int64_t NV) {
+    s = _mm512_mul_ps(s, _mm512_set1_ps(scale));
+    const float block_max = _mm512_mask_reduce_max_ps(valid, s);
+    float corr;
+    if (att_new_max(row_max, row_sum, block_max, &corr))
+        for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
+    const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(*row_max))));
+    *row_sum += _mm512_reduce_add_ps(p);
+    return p;
+}
+
 /* One query row t of head bh against every key it sees (head sizes past a tile's registers). */
 FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, const float *vb, int64_t bh,
                                              int64_t t, int64_t Tp) {
@@ -167,14 +182,7 @@ FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, 
     for (int64_t u0 = 0; u0 <= t; u0 += 16) {
         const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
         const __mmask16 valid = att_causal_mask(t, u0);
-        __m512 s = att_scores16(qt, kt + u0, Tp, HS);
-        s = _mm512_mul_ps(s, _mm512_set1_ps(j->scale));
-        const float block_max = _mm512_mask_reduce_max_ps(valid, s);
-        float corr;
-        if (att_new_max(&row_max, &row_sum, block_max, &corr))
-            for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
-        const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(row_max))));
-        row_sum += _mm512_reduce_add_ps(p);
+        const __m512 p = att_softmax16(att_scores16(qt, kt + u0, Tp, HS), valid, j->scale, &row_max, &row_sum, o, NV);
         float pv[16];
         _mm512_storeu_ps(pv, p);
         for (int64_t i = 0; i < nu; i++) {
@@ -239,14 +247,7 @@ att_forward_tile(const att_job *j, const float *kt, const float *vb, int64_t bh,
                 memset(pv[i], 0, sizeof pv[i]);
                 continue;
             }
-            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
-            const float block_max = _mm512_mask_reduce_max_ps(valid, s[i]);
-            float corr;
-            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr))
-                for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-            const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
-            row_sum[i] += _mm512_reduce_add_ps(p);
-            _mm512_storeu_ps(pv[i], p);
+            _mm512_storeu_ps(pv[i], att_softmax16(s[i], valid, j->scale, &row_max[i], &row_sum[i], o[i], NV));
         }
         const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
         for (int64_t k = 0; k < nu; k++) {
@@ -730,13 +731,7 @@ FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const u
                 memset(pp[i], 0, sizeof pp[i]);
                 continue;
             }
-            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
-            const float block_max = _mm512_mask_reduce_max_ps(mask, s[i]);
-            float corr;
-            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr))
-                for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-            const __m512 p = _mm512_maskz_mov_ps(mask, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
-            row_sum[i] += _mm512_reduce_add_ps(p);
+            const __m512 p = att_softmax16(s[i], mask, j->scale, &row_max[i], &row_sum[i], o[i], NV);
             /* p as 8 key pairs (words 0-7) */
             _mm512_storeu_si512((void *)pp[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), p));
         }
@@ -758,18 +753,23 @@ FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const u
     }
 }
 
+/* The forward's keys (kt2) and values (vp) of head bh's (batch, kv head), packed unless *have
+ * says they already are (consecutive heads share them). */
+FS_TARGET_AVX512BF16 static void att_pack_forward(const att_job *j, uint32_t *kt2, uint32_t *vp, int64_t bh,
+                                                  int64_t Tp, int64_t *have) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, b = bh / j->NH, g = bh % j->NH / (j->NH / j->NKV);
+    if (*have == b * j->NKV + g) return;
+    att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+    att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+    *have = b * j->NKV + g;
+}
+
 FS_TARGET_AVX512BF16 static void att_forward_bf16_range(const att_job *j, int64_t begin, int64_t end) {
-    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
-    const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16;
+    const int64_t T = j->T, HS = j->HS, Tp = (T + 15) / 16 * 16;
     uint32_t *kt2 = fs_cpu_scratch((size_t)(HS * Tp) * sizeof(uint32_t)), *vp = kt2 + HS / 2 * Tp;
     int64_t have = -1; /* the (b, g) packed */
     for (int64_t bh = begin; bh < end; bh++) {
-        const int64_t b = bh / j->NH, h = bh % j->NH, g = h / group;
-        if (have != b * j->NKV + g) {
-            att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
-            att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
-            have = b * j->NKV + g;
-        }
+        att_pack_forward(j, kt2, vp, bh, Tp, &have);
         for (int64_t t = 0; t < T; t += ATT_QT) att_forward_tile_bf16(j, kt2, vp, bh, t, Tp);
     }
 }
@@ -1110,7 +1110,7 @@ ATT_TARGET_AMX static void att_forward_block_amx(const att_job *j, const uint32_
 }
 
 ATT_TARGET_AMX static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end) {
-    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, group = j->NH / j->NKV;
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
     const int64_t Tp = (T + ATT_AMX_BLOCK - 1) / ATT_AMX_BLOCK * ATT_AMX_BLOCK, words = HS / 2 * Tp;
     const int64_t Q = ATT_AMX_BLOCK, bytes = 2 * words * 4 + Q * HS * 2 + Q * Q * 4 + Q * Q * 2 + Q * HS * 4;
     uint32_t *kt2 = fs_cpu_scratch((size_t)bytes), *vp = kt2 + words;
@@ -1121,17 +1121,12 @@ ATT_TARGET_AMX static void att_forward_amx_range(const att_job *j, int64_t begin
     _tile_loadconfig(&att_amx_cfg);
     int64_t have = -1; /* the (b, g) packed */
     for (int64_t bh = begin; bh < end; bh++) {
-        const int64_t b = bh / j->NH, h = bh % j->NH, g = h / group;
-        if (have != b * j->NKV + g) {
-            att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
-            att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
-            have = b * j->NKV + g;
-        }
+        att_pack_forward(j, kt2, vp, bh, Tp, &have);
         for (int64_t t0 = 0; t0 < T; t0 += Q) {
             const int64_t nbh = t0 + Q < T ? bh : bh + 1, nt0 = t0 + Q < T ? t0 + Q : 0; /* the next block */
             if (nbh < end)
                 att_prefetch_block(j->q + (nbh / j->NH) * T * ld + (nbh % j->NH) * HS, ld, nt0, T, HS, 0);
-            att_prefetch_block(j->out + b * T * j->NH * HS + h * HS, j->NH * HS, t0, T, HS, 1);
+            att_prefetch_block(j->out + (bh / j->NH) * T * C + (bh % j->NH) * HS, C, t0, T, HS, 1);
             att_forward_block_amx(j, kt2, vp, qa, sbuf, pa, obuf, bh, t0, Tp);
         }
     }
