@@ -652,10 +652,12 @@ FS_TARGET_AVX512BF16 static void att_pack_bf16(uint32_t *xt2, uint32_t *xp, cons
         for (int64_t c2 = 0; c2 < H2; c2 += 16) { /* floats 2 c2 .. 2 c2 + 31 of 16 rows */
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
-                const float *xr = x + (u0 + i) * ld + 2 * c2;
-                const int live = u0 + i < T;
-                const __m512 lo = live ? _mm512_loadu_ps(xr) : _mm512_setzero_ps();
-                const __m512 hi = live && 2 * c2 + 32 <= HS ? _mm512_loadu_ps(xr + 16) : _mm512_setzero_ps();
+                __m512 lo = _mm512_setzero_ps(), hi = lo; /* zero past T */
+                if (u0 + i < T) {
+                    const float *xr = x + (u0 + i) * ld + 2 * c2;
+                    lo = _mm512_loadu_ps(xr);
+                    if (2 * c2 + 32 <= HS) hi = _mm512_loadu_ps(xr + 16);
+                }
                 r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
             }
             att_transpose16(r);
