@@ -29,16 +29,16 @@ static const fs_command_help kernels_help = {
         "tokens): RMSNorm, RoPE, attention (fp32, and the bf16 policy's: 'att bf16' on the\n"
         "kernel in use, amx, avx512bf16 or fp32, named in the header line and picked as\n"
         "kernels.h says (FLATSHARD_CPU_ATTENTION=avx512bf16 rules AMX out), compared with\n"
-        "the fp32 kernel), SwiGLU, cross-entropy, embedding (forward and\n"
-        "backward), AdamW (with and without the fused bf16 copy), the bf16 cast, the sum of\n"
-        "squares, and one GEMM in fp32 (OpenBLAS) and bf16. Before timing, each kernel's\n"
-        "output on the fast path the CPU selects is compared with the portable path\n"
-        "(FLATSHARD_KERNELS=portable): 'same bits', the largest difference relative to the\n"
-        "output's largest magnitude, or 'one path' for kernels with a single implementation.\n"
+        "the fp32 kernel), SwiGLU, cross-entropy, embedding (forward and backward), AdamW\n"
+        "(with and without the fused bf16 copy), the bf16 cast, the sum of squares, and one\n"
+        "GEMM in fp32 (OpenBLAS) and bf16. Before timing, each kernel's output on the fast\n"
+        "path the CPU selects is compared with the portable path (FLATSHARD_KERNELS=portable):\n"
+        "'same bits', the largest difference relative to the output's largest magnitude, or\n"
+        "'one path' for kernels with a single implementation.\n"
         "Rates: bytes read and written over time (GB/s) for the memory-bound kernels, model\n"
         "FLOPs over time for GEMM and attention, beside the peaks of ../shared/MACHINE.md\n"
         "(per core: fp32 218 and bf16 385 GFLOP/s; memcpy ~15 GB/s, i.e. ~30 GB/s of reads\n"
-        "plus writes).",
+        "plus writes); rows on AMX tiles (oneDNN's GEMM, the amx attention) show no peak.",
     .epilog = "example:\n  flatshard bench kernels --model small --batch 4 --seq 256 --threads 1",
 };
 
@@ -331,7 +331,10 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         const double med = fs_cli_median(t, (int)reps);
         int is_flops;
         const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
-        const double peak = (is_flops ? (k == K_GEMM_BF16 ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_MEM_GBS) *
+        /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel */
+        const int bf16_peak = k == K_GEMM_BF16 || ((k == K_ATT16_FWD || k == K_ATT16_BWD) &&
+                                                   strcmp(att16_path, "avx512bf16") == 0);
+        const double peak = (is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_MEM_GBS) *
                             (double)threads;
         const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;
         if ((k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN) || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
