@@ -18,8 +18,12 @@
  * which share every load of a key block and of a key and value row (and, backward, every
  * load and store of dk[u] and dv[u]) and give each row the bits it has alone.
  *
+ * The bf16 policy has two more kernels at the end of the file: AVX512-BF16 (tiles of 4 query
+ * rows against 16 keys) and AMX (blocks of 32 queries x 32 keys on tile registers), picked
+ * by the rule of kernels.h.
+ *
  * What it does not do: masks other than causal, dropout, attention sinks, or sliding windows;
- * or GEMM-sized tiles on matrix units (AMX, bf16): 4 query rows against 16 keys at most.
+ * matrix units for fp32 (the fp32 kernels take 4 query rows against 16 keys at most).
  */
 #define _GNU_SOURCE /* syscall */
 #include <cpuid.h>
