@@ -36,6 +36,18 @@
 
 #include "cpu_common.h"
 
+/* Compilers with the AMX intrinsics (gcc 11, clang 12 and later) build the AMX kernel; with
+ * others the bf16 policy's attention never takes it (fs_attention_amx_available says 0). */
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#ifndef ATT_HAVE_AMX
+#define ATT_HAVE_AMX 1
+#endif
+#else
+#undef ATT_HAVE_AMX
+#define ATT_HAVE_AMX 0
+#endif
+
 #define ATT_KEY_BLOCK 64 /* scores computed per online-softmax rescale */
 
 /* The two portable loop bodies are compiled twice, for AVX2 and for the baseline, and picked
@@ -538,6 +550,7 @@ static atomic_int att_amx_usable = -1; /* -1: not probed yet; then 0 or 1 */
 static atomic_int att_amx_allowed = -1; /* -1: not read from the environment yet */
 
 static int att_amx_probe(void) {
+    if (!ATT_HAVE_AMX) return 0;
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!(d & (1u << 22)) || !(d & (1u << 24))) return 0; /* AMX-BF16, AMX-TILE */
@@ -921,6 +934,7 @@ void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, 
     fs_pool_parallel_for(pool, B * NKV, 1, amx ? att_backward_groups_amx : att_backward_groups_bf16, &j);
 }
 
+#if ATT_HAVE_AMX
 /* ------------------------------------------------------------------ the bf16 policy on AMX tiles
  * The same contract and the same roundings as the AVX512-BF16 kernel above (q, k, v, dout
  * rounded to bf16; p and ds rounded where they are operands; softmax, lse, D and every sum in
@@ -1280,3 +1294,14 @@ ATT_TARGET_AMX static void att_backward_amx_range(const att_job *j, int64_t begi
     }
     _tile_release();
 }
+#else
+/* never called: att_amx_fits is 0 in a build without the AMX kernel */
+static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    (void)j, (void)begin, (void)end;
+    FS_ASSERT(!"attention: this build has no AMX kernel");
+}
+static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    (void)j, (void)begin, (void)end;
+    FS_ASSERT(!"attention: this build has no AMX kernel");
+}
+#endif /* ATT_HAVE_AMX */
