@@ -26,17 +26,19 @@ static const fs_command_help kernels_help = {
     .usage = "flatshard bench kernels [options]",
     .description =
         "Times every CPU kernel a training step runs, on the model's shapes (N = batch x seq\n"
-        "tokens): RMSNorm, RoPE, attention (fp32, and the bf16 policy's: 'att bf16',\n"
-        "compared with the fp32 kernel), SwiGLU, cross-entropy, embedding (forward and\n"
-        "backward), AdamW (with and without the fused bf16 copy), the bf16 cast, the sum of\n"
-        "squares, and one GEMM in fp32 (OpenBLAS) and bf16. Before timing, each kernel's\n"
-        "output on the fast path the CPU selects is compared with the portable path\n"
-        "(FLATSHARD_KERNELS=portable): 'same bits', the largest difference relative to the\n"
-        "output's largest magnitude, or 'one path' for kernels with a single implementation.\n"
+        "tokens): RMSNorm, RoPE, attention (fp32, and the bf16 policy's: 'att bf16' on the\n"
+        "kernel in use, amx, avx512bf16 or fp32, named in the header line and picked as\n"
+        "kernels.h says (FLATSHARD_CPU_ATTENTION=avx512bf16 rules AMX out), compared with\n"
+        "the fp32 kernel), SwiGLU, cross-entropy, embedding (forward and backward), AdamW\n"
+        "(with and without the fused bf16 copy), the bf16 cast, the sum of squares, and one\n"
+        "GEMM in fp32 (OpenBLAS) and bf16. Before timing, each kernel's output on the fast\n"
+        "path the CPU selects is compared with the portable path (FLATSHARD_KERNELS=portable):\n"
+        "'same bits', the largest difference relative to the output's largest magnitude, or\n"
+        "'one path' for kernels with a single implementation.\n"
         "Rates: bytes read and written over time (GB/s) for the memory-bound kernels, model\n"
         "FLOPs over time for GEMM and attention, beside the peaks of ../shared/MACHINE.md\n"
         "(per core: fp32 218 and bf16 385 GFLOP/s; memcpy ~15 GB/s, i.e. ~30 GB/s of reads\n"
-        "plus writes).",
+        "plus writes); rows on AMX tiles (oneDNN's GEMM, the amx attention) show no peak.",
     .epilog = "example:\n  flatshard bench kernels --model small --batch 4 --seq 256 --threads 1",
 };
 
@@ -274,11 +276,13 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     fill(b.z, b.N * b.FF, 3);
     const fs_kernel_isa isa = fs_kernels_isa();
     const fs_gemm_path gemm_path = fs_gemm_path_in_use();
+    const char *att16_path = fs_attention_bf16_path(b.HS); /* the bf16 attention kernel timed */
     printf("bench kernels: %s, B %" PRId64 " x T %" PRId64 " = %" PRId64 " tokens, C %" PRId64 ", FF %" PRId64
            ", heads %" PRId64 "/%" PRId64 " x %" PRId64 ", vocab %" PRId64 "; AdamW/casts over %" PRId64
-           " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s, bf16 GEMM %s; median of %" PRId64 "\n",
+           " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s, bf16 GEMM %s, bf16 attention %s;"
+           " median of %" PRId64 "\n",
            model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, threads, threads == 1 ? "" : "s",
-           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), reps);
+           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), att16_path, reps);
     printf("  %-14s %10s %10s %12s %9s  %s\n", "kernel", "time ms", "rate", "peak/core", "of peak", "vs portable path");
     int mismatches = 0;
     for (int ki = 0; ki < K_N; ki++) {
@@ -327,9 +331,13 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         const double med = fs_cli_median(t, (int)reps);
         int is_flops;
         const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
-        const double peak = (is_flops ? (k == K_GEMM_BF16 ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_MEM_GBS) *
+        /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel */
+        const int bf16_peak = k == K_GEMM_BF16 || ((k == K_ATT16_FWD || k == K_ATT16_BWD) &&
+                                                   strcmp(att16_path, "avx512bf16") == 0);
+        const double peak = (is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) : PEAK_MEM_GBS) *
                             (double)threads;
-        if (k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN) /* the peaks are vdpbf16ps's, not AMX's */
+        const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;
+        if ((k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN) || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
             printf("  %-14s %10.3f %7.1f %-3s %7s %-4s %9s  %s\n", kernel_names[k], 1e3 * med, rate, "GF", "-", "",
                    "AMX", check);
         else

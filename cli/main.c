@@ -66,6 +66,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "flatshard: %s, not '%s'\n", kernels_error, getenv("FLATSHARD_KERNELS"));
         return FS_EXIT_USAGE;
     }
+    const char *attention_error = fs_attention_env_error();
+    if (attention_error) {
+        fprintf(stderr, "flatshard: %s, not '%s'\n", attention_error, getenv("FLATSHARD_CPU_ATTENTION"));
+        return FS_EXIT_USAGE;
+    }
     const char *gemm_error = fs_gemm_env_error();
     if (gemm_error) {
         if (strncmp(gemm_error, "FLATSHARD_GEMM must", 19) == 0)

@@ -719,11 +719,26 @@ static void ref_attention_bwd_magnitude(double *M, const double *qkv, const floa
     free(out), free(lse);
 }
 
+/* The kernel the rule of kernels.h gives this head size on this CPU, AMX allowed or not. */
+static const char *att_bf16_expected(int64_t HS, int amx_allowed) {
+    if (fs_kernels_isa() < FS_ISA_AVX512_BF16) return "fp32";
+    if (amx_allowed && fs_attention_amx_available() && HS % 32 == 0 && HS <= 128) return "amx";
+    return HS % 16 == 0 && HS <= 64 ? "avx512bf16" : "fp32";
+}
+
 static void test_attention_bf16(void) {
-    static const att_shape extra[] = {{1, 23, 2, 1, 64, 0, 1}, {2, 66, 4, 2, 64, 3, 0}};
+    /* beside att_shapes: shapes for the AMX kernel's 32 x 32 blocks (HS 32, 64, 96, 128):
+     * T = 1, T one past a block, T a whole number of blocks, several key blocks (keys past
+     * 64 score higher: the online softmax rescales), GQA 1, 3 and 4, B 1 and 2, padded rows */
+    static const att_shape extra[] = {
+        {1, 23, 2, 1, 64, 0, 1}, {2, 66, 4, 2, 64, 3, 0}, {1, 1, 3, 1, 64, 0, 1}, {2, 33, 4, 1, 32, 5, 0},
+        {1, 70, 3, 3, 64, 0, 0}, {2, 100, 4, 4, 128, 0, 0}, {1, 64, 3, 1, 96, 2, 0}, {1, 40, 2, 2, 32, 0, 1},
+    };
     const double u = 1.0 / 256.0;
     const int fast = fs_kernels_isa() >= FS_ISA_AVX512_BF16; /* the CPU's, capped by FLATSHARD_KERNELS */
-    int ran_fast = 0, ran_fp32 = 0;
+    const int amx = fast && fs_attention_amx_available();
+    const int amx_before = fs_attention_set_amx(1);
+    int ran_fast = 0, ran_amx = 0, ran_fp32 = 0;
     const size_t n_main = sizeof att_shapes / sizeof att_shapes[0];
     for (size_t si = 0; si < n_main + sizeof extra / sizeof extra[0]; si++) {
         att_shape s = si < n_main ? att_shapes[si] : extra[si - n_main];
@@ -739,80 +754,99 @@ static void test_attention_bf16(void) {
         }
         fill_normal(wl, N * C, 1.0f);
         const float *q = qkv, *k = qkv + s.NH * s.HS, *v = qkv + (s.NH + s.NKV) * s.HS;
-        const int bf16 = strcmp(fs_attention_bf16_path(s.HS), "avx512bf16") == 0;
-        CHECK(bf16 == (fast && s.HS % 16 == 0 && s.HS <= 64), "HS=%lld: path %s on a CPU %s AVX512-BF16",
-              (long long)s.HS, fs_attention_bf16_path(s.HS), fast ? "with" : "without");
-        char name[160];
-        if (!bf16) { /* the fallback is the fp32 kernel, bit for bit */
-            ran_fp32 = 1;
-            fs_attention_forward(pools[1], out32, lse32, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
-            fs_attention_forward_bf16(pools[1], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
-            CHECK(same_bits(out, out32, N * C) && same_bits(lse, lse32, s.B * s.NH * s.T),
-                  "HS=%lld: the bf16 attention's fp32 fallback is not the fp32 kernel", (long long)s.HS);
-            memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
-            memset(dqkv32, 0, (size_t)(N * ld) * sizeof(float));
-            fs_attention_backward(pools[1], dqkv32, dqkv32 + C, dqkv32 + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld,
-                                  out32, lse32, s.B, s.T, s.NH, s.NKV, s.HS);
-            fs_attention_backward_bf16(pools[1], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v, ld,
-                                       out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
-            CHECK(same_bits(dqkv, dqkv32, N * ld), "HS=%lld: the bf16 backward's fp32 fallback differs",
-                  (long long)s.HS);
+        /* the reference on the operands the kernel sees: double, and FD of it (small shapes)
+         * or the fp32 kernel's backward on them (the others) for the gradients */
+        double *r = dnew(N * ld), vmax = 0.0;
+        float *rf = fnew(N * ld);
+        for (int64_t i = 0; i < N * ld; i++) r[i] = rf[i] = fs_bf16_to_fp32(fs_fp32_to_bf16(qkv[i]));
+        for (int64_t i = 0; i < N * ld; i++)
+            if (i % ld >= (s.NH + s.NKV) * s.HS && fabs(r[i]) > vmax) vmax = fabs(r[i]);
+        double *want = dnew(N * C), *want_lse = dnew(s.B * s.NH * s.T);
+        ref_attention(want, want_lse, r, ld, s);
+        double *gref = dnew(N * ld), *M = dnew(N * ld);
+        ref_attention_bwd_magnitude(M, r, wl, ld, s);
+        if (s.fd) {
+            att_ctx c = {r, dnew(N * C), wl, ld, s};
+            fd_gradient(gref, r, N * ld, att_loss, &c);
+            free(c.out);
         } else {
-            ran_fast = 1;
-            /* the reference on the operands the kernel sees */
-            double *r = dnew(N * ld), vmax = 0.0;
-            for (int64_t i = 0; i < N * ld; i++) r[i] = fs_bf16_to_fp32(fs_fp32_to_bf16(qkv[i]));
-            for (int64_t i = 0; i < N * ld; i++)
-                if (i % ld >= (s.NH + s.NKV) * s.HS && fabs(r[i]) > vmax) vmax = fabs(r[i]);
-            double *want = dnew(N * C), *want_lse = dnew(s.B * s.NH * s.T);
-            ref_attention(want, want_lse, r, ld, s);
+            float *o = fnew(N * C), *l = fnew(s.B * s.NH * s.T), *g = fnew(N * ld);
+            fs_attention_forward(pools[1], o, l, rf, rf + C, rf + (s.NH + s.NKV) * s.HS, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+            memset(g, 0, (size_t)(N * ld) * sizeof(float));
+            fs_attention_backward(pools[1], g, g + C, g + (s.NH + s.NKV) * s.HS, ld, wl, rf, rf + C,
+                                  rf + (s.NH + s.NKV) * s.HS, ld, o, l, s.B, s.T, s.NH, s.NKV, s.HS);
+            for (int64_t i = 0; i < N * ld; i++) gref[i] = g[i];
+            free(o), free(l), free(g);
+        }
+        char name[200];
+        for (int allow = amx; allow >= 0; allow--) { /* the amx kernel where it runs, then without it */
+            fs_attention_set_amx(allow);
+            const char *path = fs_attention_bf16_path(s.HS);
+            CHECK(strcmp(path, att_bf16_expected(s.HS, allow)) == 0, "HS=%lld: path %s, the rule gives %s",
+                  (long long)s.HS, path, att_bf16_expected(s.HS, allow));
+            if (strcmp(path, "fp32") == 0) { /* the fallback is the fp32 kernel, bit for bit */
+                ran_fp32 = 1;
+                fs_attention_forward(pools[1], out32, lse32, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+                fs_attention_forward_bf16(pools[1], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
+                CHECK(same_bits(out, out32, N * C) && same_bits(lse, lse32, s.B * s.NH * s.T),
+                      "HS=%lld: the bf16 attention's fp32 fallback is not the fp32 kernel", (long long)s.HS);
+                memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
+                memset(dqkv32, 0, (size_t)(N * ld) * sizeof(float));
+                fs_attention_backward(pools[1], dqkv32, dqkv32 + C, dqkv32 + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v,
+                                      ld, out32, lse32, s.B, s.T, s.NH, s.NKV, s.HS);
+                fs_attention_backward_bf16(pools[1], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k, v,
+                                           ld, out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
+                CHECK(same_bits(dqkv, dqkv32, N * ld), "HS=%lld: the bf16 backward's fp32 fallback differs",
+                      (long long)s.HS);
+                continue;
+            }
+            if (strcmp(path, "amx") == 0) ran_amx = 1;
+            else ran_fast = 1;
             for (int p = 0; p < N_POOLS; p++) {
                 fs_attention_forward_bf16(pools[p], out, lse, q, k, v, ld, s.B, s.T, s.NH, s.NKV, s.HS);
-                snprintf(name, sizeof name, "bf16 attention out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld (u max|v| = %.2g)",
-                         (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV, (long long)s.HS, u * vmax);
+                snprintf(name, sizeof name, "%s attention out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld (u max|v| = %.2g)",
+                         path, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV, (long long)s.HS,
+                         u * vmax);
                 CHECK_CLOSE(name, out, want, N * C, 4e-6 + u * vmax, 1e-6);
                 CHECK_CLOSE("bf16 attention lse (shape above)", lse, want_lse, s.B * s.NH * s.T, 2e-6, 1e-6);
                 double e2 = 0.0, w2 = 0.0; /* independent roundings: the rms error is 0.11-0.17 u of out's (measured) */
                 for (int64_t i = 0; i < N * C; i++) e2 += (out[i] - want[i]) * (out[i] - want[i]), w2 += want[i] * want[i];
-                CHECK(sqrt(e2) <= 0.5 * u * sqrt(w2), "bf16 attention out HS=%lld: rms error %.3g of out's rms, above u/2",
-                      (long long)s.HS, sqrt(e2 / w2));
-                if (p == 0) memcpy(out32, out, (size_t)(N * C) * sizeof(float));
-                else CHECK(same_bits(out, out32, N * C), "bf16 attention forward differs between pools");
+                CHECK(sqrt(e2) <= 0.5 * u * sqrt(w2), "%s attention out HS=%lld: rms error %.3g of out's rms, above u/2",
+                      path, (long long)s.HS, sqrt(e2 / w2));
+                if (p == 0) memcpy(out32, out, (size_t)(N * C) * sizeof(float)), memcpy(lse32, lse, (size_t)(s.B * s.NH * s.T) * sizeof(float));
+                else CHECK(same_bits(out, out32, N * C) && same_bits(lse, lse32, s.B * s.NH * s.T),
+                           "%s attention forward differs between pools (1 and %d threads)", path, pool_sizes[p]);
             }
-            if (s.fd) {
-                att_ctx c = {r, dnew(N * C), wl, ld, s};
-                double *fd = dnew(N * ld), *M = dnew(N * ld);
-                fd_gradient(fd, r, N * ld, att_loss, &c);
-                ref_attention_bwd_magnitude(M, r, wl, ld, s);
-                for (int p = 0; p < N_POOLS; p++) {
-                    memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
-                    fs_attention_backward_bf16(pools[p], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k,
-                                               v, ld, out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
-                    int64_t bad = -1;
-                    for (int64_t i = 0; i < N * ld && bad < 0; i++)
-                        if (!(fabs(dqkv[i] - fd[i]) <= 3.0 * u * M[i] + 2e-6 + 2e-5 * fabs(fd[i]))) bad = i;
-                    CHECK(bad < 0, "bf16 attention dqkv B=%lld T=%lld NH=%lld NKV=%lld HS=%lld: [%lld] = %.7g, FD %.7g, "
-                          "bound 3u M = %.3g", (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV,
-                          (long long)s.HS, (long long)bad, bad < 0 ? 0.0 : dqkv[bad], bad < 0 ? 0.0 : fd[bad],
-                          bad < 0 ? 0.0 : 3.0 * u * M[bad]);
-                    /* the roundings are independent: the error's rms is about u times the
-                     * gradient's (0.4-0.8 u measured on these shapes), far below the bound */
-                    double e2 = 0.0, f2 = 0.0;
-                    for (int64_t i = 0; i < N * ld; i++) e2 += (dqkv[i] - fd[i]) * (dqkv[i] - fd[i]), f2 += fd[i] * fd[i];
-                    CHECK(sqrt(e2) <= 2.0 * u * sqrt(f2), "bf16 attention dqkv HS=%lld: rms error %.3g of the "
-                          "gradient's rms, above 2u = %.3g", (long long)s.HS, sqrt(e2 / f2), 2.0 * u);
-                    if (p == 0) memcpy(dqkv32, dqkv, (size_t)(N * ld) * sizeof(float));
-                    else CHECK(same_bits(dqkv, dqkv32, N * ld), "bf16 attention backward differs between pools");
-                }
-                free(c.out), free(fd), free(M);
+            for (int p = 0; p < N_POOLS; p++) {
+                memset(dqkv, 0, (size_t)(N * ld) * sizeof(float));
+                fs_attention_backward_bf16(pools[p], dqkv, dqkv + C, dqkv + (s.NH + s.NKV) * s.HS, ld, wl, q, k,
+                                           v, ld, out, lse, s.B, s.T, s.NH, s.NKV, s.HS);
+                int64_t bad = -1;
+                for (int64_t i = 0; i < N * ld && bad < 0; i++)
+                    if (!(fabs(dqkv[i] - gref[i]) <= 3.0 * u * M[i] + 2e-6 + 2e-5 * fabs(gref[i]))) bad = i;
+                CHECK(bad < 0, "%s attention dqkv B=%lld T=%lld NH=%lld NKV=%lld HS=%lld: [%lld] = %.7g, %s %.7g, "
+                      "bound 3u M = %.3g", path, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV,
+                      (long long)s.HS, (long long)bad, bad < 0 ? 0.0 : dqkv[bad], s.fd ? "FD" : "fp32 kernel",
+                      bad < 0 ? 0.0 : gref[bad], bad < 0 ? 0.0 : 3.0 * u * M[bad]);
+                /* the roundings are independent: the error's rms is about u times the
+                 * gradient's (0.4-0.8 u measured on these shapes), far below the bound */
+                double e2 = 0.0, f2 = 0.0;
+                for (int64_t i = 0; i < N * ld; i++) e2 += (dqkv[i] - gref[i]) * (dqkv[i] - gref[i]), f2 += gref[i] * gref[i];
+                CHECK(sqrt(e2) <= 2.0 * u * sqrt(f2), "%s attention dqkv HS=%lld: rms error %.3g of the "
+                      "gradient's rms, above 2u = %.3g", path, (long long)s.HS, sqrt(e2 / f2), 2.0 * u);
+                if (p == 0) memcpy(dqkv32, dqkv, (size_t)(N * ld) * sizeof(float));
+                else CHECK(same_bits(dqkv, dqkv32, N * ld), "%s attention backward differs between pools (1 and %d "
+                           "threads)", path, pool_sizes[p]);
             }
-            free(r), free(want), free(want_lse);
         }
+        free(r), free(rf), free(want), free(want_lse), free(gref), free(M);
         free(qkv), free(out), free(lse), free(wl), free(dqkv), free(out32), free(lse32), free(dqkv32);
     }
+    fs_attention_set_amx(amx_before);
     CHECK(ran_fp32, "no shape took the fp32 fallback (HS = 4, 8, 20 should)");
     if (fast) CHECK(ran_fast, "no shape ran the avx512bf16 path on a CPU that has it");
-    fs_test_note("paths: %s%s", ran_fast ? "avx512bf16, " : "", "fp32 fallback");
+    if (amx) CHECK(ran_amx, "no shape ran the amx path on a CPU that grants it");
+    fs_test_note("paths: %s%s%s", ran_amx ? "amx, " : "", ran_fast ? "avx512bf16, " : "", "fp32 fallback");
 }
 
 /* ------------------------------------------------------------------ SwiGLU */

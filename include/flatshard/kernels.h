@@ -282,11 +282,23 @@ void fs_attention_backward(fs_pool *pool,
 /* The bf16 policy's attention: the same contract, with the four products (Q.K^T, P.V and,
  * backward, dOut.V^T, dS.K, dS^T.Q, P^T.dOut) on bf16 operands and fp32 sums, like the
  * policy's GEMMs: q, k, v, dout, and p and ds where they are operands, rounded to bf16 (round
- * to nearest even); the softmax, lse and D = dout . out in fp32. Runs AVX512-BF16
- * (`vdpbf16ps`) where the CPU has it (cpuid, capped by FLATSHARD_KERNELS) and HS is a
- * multiple of 16 up to 64; elsewhere it is fs_attention_forward / fs_attention_backward
- * (fp32), which fs_attention_bf16_path names. The forward and backward of one step take the
- * same path (same CPU, same HS), so the backward's recomputed scores are the forward's. */
+ * to nearest even); the softmax, lse and D = dout . out in fp32. Three kernels, picked per
+ * call by this rule (fs_attention_bf16_path names the one a head size gets):
+ *   "amx":        AMX tiles (TDPBF16PS, blocks of 32 queries x 32 keys) where the CPU has
+ *                 AMX-BF16 and AVX512-BF16 (cpuid, capped by FLATSHARD_KERNELS), Linux grants
+ *                 the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM; refused means
+ *                 the next line), HS is a multiple of 32 up to 128, and neither
+ *                 FLATSHARD_CPU_ATTENTION=avx512bf16 nor fs_attention_set_amx(0) rules it out;
+ *   "avx512bf16": `vdpbf16ps` (tiles of 4 queries x 16 keys) where the CPU has AVX512-BF16
+ *                 and HS is a multiple of 16 up to 64;
+ *   "fp32":       elsewhere fs_attention_forward / fs_attention_backward.
+ * On the Xeon with AMX the amx kernel ran a `small` layer's attention (B 4 x T 256, 12/4 heads
+ * of 64) several times faster than avx512bf16 (BENCHMARKS.md). Each kernel's bits depend
+ * neither on the pool size nor on the split, but differ between kernels (other summation
+ * orders, within the bf16 bounds of tests/test_kernels.c). The forward and backward of one
+ * step take the same kernel (same CPU, same HS, same setting), so the backward's recomputed
+ * scores are the forward's. The AMX kernel loads its tile configuration on each thread at
+ * the start of a call and releases the tiles at its end (oneDNN's GEMMs load their own). */
 void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const float *q, const float *k,
                                const float *v, int64_t ld_qkv, int64_t B, int64_t T, int64_t NH,
                                int64_t NKV, int64_t HS);
@@ -294,9 +306,16 @@ void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, 
                                 const float *dout, const float *q, const float *k, const float *v,
                                 int64_t ld_qkv, const float *out, const float *lse, int64_t B,
                                 int64_t T, int64_t NH, int64_t NKV, int64_t HS);
-/* "avx512bf16" where the functions above run bf16 products for this HS, "fp32" where they
- * fall back to the fp32 kernel. */
+/* "amx", "avx512bf16" or "fp32": the kernel the functions above run for this HS. */
 const char *fs_attention_bf16_path(int64_t HS);
+/* Whether this CPU has AMX-BF16 and the process was granted the tile state (asks once). */
+int fs_attention_amx_available(void);
+/* Allows (1) or rules out (0) the amx kernel, over FLATSHARD_CPU_ATTENTION (tests and
+ * benchmarks run both kernels in one process); returns the setting before. */
+int fs_attention_set_amx(int allow);
+/* NULL, or a message if FLATSHARD_CPU_ATTENTION is not auto, amx or avx512bf16 (auto and amx
+ * both take the rule above; avx512bf16 rules AMX out). */
+const char *fs_attention_env_error(void);
 
 /* ------------------------------------------------------------------ SwiGLU
  * gu holds the fused gate/up projection, gate in columns [0, FF), up in [FF, 2FF):

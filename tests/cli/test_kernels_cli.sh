@@ -28,6 +28,15 @@ if [ "$path" = portable ]; then
 else
     expect "the $path path ran beside the portable path for some kernels ($two_paths)" [ "$two_paths" -gt 0 ]
 fi
+# the bf16 attention: the header names the kernel it timed (the rule of kernels.h), and
+# FLATSHARD_CPU_ATTENTION=avx512bf16 takes AMX out of it
+att=$(sed -nE 's/^bench kernels: .*, bf16 attention ([a-z0-9]+); .*/\1/p' "$WORK/out")
+expect "the header names the bf16 attention kernel ($att)" bash -c "[ '$att' = amx ] || [ '$att' = avx512bf16 ] || [ '$att' = fp32 ]"
+run "bench kernels with the AVX512-BF16 attention forced" 0 env FLATSHARD_CPU_ATTENTION=avx512bf16 "$FS" bench kernels --model tiny --batch 2 --seq 80 --reps 1 --opt-elements 1000
+expect "FLATSHARD_CPU_ATTENTION=avx512bf16 rules out the amx attention" bash -c "! grep -q 'bf16 attention amx' '$WORK/out'"
+expect "the forced attention kernel stays within the bf16 bound" bash -c "! grep -q FAIL '$WORK/out'"
+refuse "an unknown FLATSHARD_CPU_ATTENTION" 2 "FLATSHARD_CPU_ATTENTION must be auto, amx or avx512bf16, not 'tiles'" \
+    env FLATSHARD_CPU_ATTENTION=tiles "$FS" bench kernels --model tiny
 run "bench gemm on tiny" 0 "$FS" bench gemm --model tiny --batch 2 --seq 64 --reps 1 --json
 expect "bench gemm reports both precisions and no mismatch" grep -qE '"step_gemm_gflops_bf16":[0-9.]+,.*"bf16_mismatches":0' "$WORK/out"
 run "bench step in both precisions" 0 "$FS" bench step --model tiny --batch 2 --seq 64 --steps 1 --warmup 0 --data /usr/share/games/fortunes/fortunes

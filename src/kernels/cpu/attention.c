@@ -18,13 +18,35 @@
  * which share every load of a key block and of a key and value row (and, backward, every
  * load and store of dk[u] and dv[u]) and give each row the bits it has alone.
  *
+ * The bf16 policy has two more kernels at the end of the file: AVX512-BF16 (tiles of 4 query
+ * rows against 16 keys) and AMX (blocks of 32 queries x 32 keys on tile registers), picked
+ * by the rule of kernels.h.
+ *
  * What it does not do: masks other than causal, dropout, attention sinks, or sliding windows;
- * or GEMM-sized tiles on matrix units (AMX, bf16): 4 query rows against 16 keys at most.
+ * matrix units for fp32 (the fp32 kernels take 4 query rows against 16 keys at most).
  */
+#define _GNU_SOURCE /* syscall */
+#include <cpuid.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "cpu_common.h"
+
+/* Compilers with the AMX intrinsics (gcc 11, clang 12 and later) build the AMX kernel; with
+ * others the bf16 policy's attention never takes it (fs_attention_amx_available says 0). */
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#ifndef ATT_HAVE_AMX
+#define ATT_HAVE_AMX 1
+#endif
+#else
+#undef ATT_HAVE_AMX
+#define ATT_HAVE_AMX 0
+#endif
 
 #define ATT_KEY_BLOCK 64 /* scores computed per online-softmax rescale */
 
@@ -46,6 +68,22 @@ typedef struct att_job {
     float scale;
 } att_job;
 
+/* The online softmax's step for one row: a block whose max exceeds the row's max so far becomes
+ * it, and what was summed against the old max is rescaled by corr = exp(old - new): row_sum
+ * here, the output accumulators by the caller when this returns 1 (nothing was summed before
+ * the first block, so nothing to rescale). Shared by every forward kernel below. */
+static inline int att_new_max(float *row_max, float *row_sum, float block_max, float *corr) {
+    if (!(block_max > *row_max)) return 0;
+    int rescale = 0;
+    if (*row_sum > 0.0f) {
+        *corr = expf(*row_max - block_max);
+        *row_sum *= *corr;
+        rescale = 1;
+    }
+    *row_max = block_max;
+    return rescale;
+}
+
 ATT_BODY void att_forward_body(const att_job *j, int64_t begin, int64_t end) {
     const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
     const int64_t group = j->NH / j->NKV;
@@ -66,14 +104,9 @@ ATT_BODY void att_forward_body(const att_job *j, int64_t begin, int64_t end) {
                     s[i] = j->scale * fs_cpu_dot(qt, kb + (u0 + i) * ld, HS);
                     if (s[i] > block_max) block_max = s[i];
                 }
-                if (block_max > row_max) {
-                    if (row_sum > 0.0f) { /* rescale what was summed against the old max */
-                        float corr = expf(row_max - block_max);
-                        row_sum *= corr;
-                        for (int64_t c = 0; c < HS; c++) o[c] *= corr;
-                    }
-                    row_max = block_max;
-                }
+                float corr;
+                if (att_new_max(&row_max, &row_sum, block_max, &corr))
+                    for (int64_t c = 0; c < HS; c++) o[c] *= corr;
                 for (int64_t i = 0; i < nu; i++) {
                     float p = expf(s[i] - row_max);
                     row_sum += p;
@@ -138,6 +171,21 @@ static inline __mmask16 att_causal_mask(int64_t t, int64_t u0) {
     return (__mmask16)(nu >= 16 ? 0xFFFF : nu <= 0 ? 0 : (1u << nu) - 1);
 }
 
+/* One row's online-softmax step over 16 scores s (raw dot products; keys outside `valid` are
+ * masked): the row's max and sum updated (att_new_max), its NV output accumulators o rescaled
+ * when the max grew; returns p = exp(scale s - max), 0 where masked. Every AVX-512 forward. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
+att_softmax16(__m512 s, __mmask16 valid, float scale, float *row_max, float *row_sum, __m512 *o, int64_t NV) {
+    s = _mm512_mul_ps(s, _mm512_set1_ps(scale));
+    const float block_max = _mm512_mask_reduce_max_ps(valid, s);
+    float corr;
+    if (att_new_max(row_max, row_sum, block_max, &corr))
+        for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
+    const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(*row_max))));
+    *row_sum += _mm512_reduce_add_ps(p);
+    return p;
+}
+
 /* One query row t of head bh against every key it sees (head sizes past a tile's registers). */
 FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, const float *vb, int64_t bh,
                                              int64_t t, int64_t Tp) {
@@ -150,19 +198,7 @@ FS_TARGET_AVX512 static void att_forward_row(const att_job *j, const float *kt, 
     for (int64_t u0 = 0; u0 <= t; u0 += 16) {
         const int64_t nu = t + 1 - u0 < 16 ? t + 1 - u0 : 16;
         const __mmask16 valid = att_causal_mask(t, u0);
-        __m512 s = att_scores16(qt, kt + u0, Tp, HS);
-        s = _mm512_mul_ps(s, _mm512_set1_ps(j->scale));
-        const float block_max = _mm512_mask_reduce_max_ps(valid, s);
-        if (block_max > row_max) {
-            if (row_sum > 0.0f) { /* rescale what was summed against the old max */
-                const float corr = expf(row_max - block_max);
-                row_sum *= corr;
-                for (int64_t v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], _mm512_set1_ps(corr));
-            }
-            row_max = block_max;
-        }
-        const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s, _mm512_set1_ps(row_max))));
-        row_sum += _mm512_reduce_add_ps(p);
+        const __m512 p = att_softmax16(att_scores16(qt, kt + u0, Tp, HS), valid, j->scale, &row_max, &row_sum, o, NV);
         float pv[16];
         _mm512_storeu_ps(pv, p);
         for (int64_t i = 0; i < nu; i++) {
@@ -227,19 +263,7 @@ att_forward_tile(const att_job *j, const float *kt, const float *vb, int64_t bh,
                 memset(pv[i], 0, sizeof pv[i]);
                 continue;
             }
-            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
-            const float block_max = _mm512_mask_reduce_max_ps(valid, s[i]);
-            if (block_max > row_max[i]) {
-                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
-                    const float corr = expf(row_max[i] - block_max);
-                    row_sum[i] *= corr;
-                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-                }
-                row_max[i] = block_max;
-            }
-            const __m512 p = _mm512_maskz_mov_ps(valid, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
-            row_sum[i] += _mm512_reduce_add_ps(p);
-            _mm512_storeu_ps(pv[i], p);
+            _mm512_storeu_ps(pv[i], att_softmax16(s[i], valid, j->scale, &row_max[i], &row_sum[i], o[i], NV));
         }
         const int64_t nu = t_last + 1 - u0 < 16 ? t_last + 1 - u0 : 16;
         for (int64_t k = 0; k < nu; k++) {
@@ -514,9 +538,75 @@ static int att_bf16_fits(int64_t HS) {
     return fs_kernels_isa() >= FS_ISA_AVX512_BF16 && HS % 16 == 0 && HS <= 16 * ATT_VMAX_TILED;
 }
 
-const char *fs_attention_bf16_path(int64_t HS) {
-    return att_bf16_fits(HS) ? "avx512bf16" : "fp32";
+/* ---- which bf16 kernel: AMX tiles where the CPU has them and Linux lets this process use
+ * them (the tile data is an XSAVE component that a process must request once: arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; refused, e.g. under an old kernel or a
+ * seccomp filter, means the AVX512-BF16 kernel), unless FLATSHARD_CPU_ATTENTION=avx512bf16
+ * or fs_attention_set_amx(0) says otherwise. */
+#define ATT_ARCH_REQ_XCOMP_PERM 0x1023
+#define ATT_XFEATURE_XTILEDATA 18
+
+static atomic_int att_amx_usable = -1; /* -1: not probed yet; then 0 or 1 */
+static atomic_int att_amx_allowed = -1; /* -1: not read from the environment yet */
+
+static int att_amx_probe(void) {
+    if (!ATT_HAVE_AMX) return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return 0; /* AMX-BF16, AMX-TILE */
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, ATT_ARCH_REQ_XCOMP_PERM, ATT_XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
+
+static int att_amx_env(void) {
+    const char *s = getenv("FLATSHARD_CPU_ATTENTION");
+    return !(s && strcmp(s, "avx512bf16") == 0); /* a bad value: fs_attention_env_error */
+}
+
+const char *fs_attention_env_error(void) {
+    const char *s = getenv("FLATSHARD_CPU_ATTENTION");
+    if (!s || !*s || strcmp(s, "auto") == 0 || strcmp(s, "amx") == 0 || strcmp(s, "avx512bf16") == 0)
+        return NULL;
+    return "FLATSHARD_CPU_ATTENTION must be auto, amx or avx512bf16";
+}
+
+int fs_attention_set_amx(int allow) {
+    int before = atomic_load_explicit(&att_amx_allowed, memory_order_relaxed);
+    if (before < 0) before = att_amx_env();
+    atomic_store_explicit(&att_amx_allowed, allow ? 1 : 0, memory_order_relaxed);
+    return before;
+}
+
+int fs_attention_amx_available(void) {
+    int usable = atomic_load_explicit(&att_amx_usable, memory_order_relaxed);
+    if (usable < 0) { /* concurrent first calls both ask; the kernel grants it once per process */
+        usable = att_amx_probe();
+        atomic_store_explicit(&att_amx_usable, usable, memory_order_relaxed);
+    }
+    return usable;
+}
+
+/* HS a multiple of 32 (a tile row of 32 bf16 head dims, or 16 of them in an fp32 output
+ * tile) up to 128 (the packing's row buffer). */
+static int att_amx_fits(int64_t HS) {
+    if (fs_kernels_isa() < FS_ISA_AVX512_BF16 || HS % 32 != 0 || HS > 16 * ATT_VMAX) return 0;
+    int allowed = atomic_load_explicit(&att_amx_allowed, memory_order_relaxed);
+    if (allowed < 0) {
+        allowed = att_amx_env();
+        atomic_store_explicit(&att_amx_allowed, allowed, memory_order_relaxed);
+    }
+    return allowed && fs_attention_amx_available();
+}
+
+const char *fs_attention_bf16_path(int64_t HS) {
+    return att_amx_fits(HS) ? "amx" : att_bf16_fits(HS) ? "avx512bf16" : "fp32";
+}
+
+static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end);
+static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end);
 
 /* word j = (bf16(first[j]), bf16(second[j])): the pair layout from two fp32 vectors */
 FS_TARGET_AVX512BF16 static inline __m512i att_pairs(__m512 first, __m512 second) {
@@ -541,17 +631,55 @@ FS_TARGET_AVX512BF16 static inline __m512 att_dp(__m512 acc, uint32_t pair, __m5
 
 /* x rows [0, T) (stride ld, HS columns) as xt2[c2 * Tp + u] = (x[u][2c2], x[u][2c2 + 1]) and
  * xp[u2 * HS + c] = (x[2u2][c], x[2u2 + 1][c]), each where not NULL; zero past T. */
+/* r[i] = row i of a 16 x 16 matrix of 32-bit words; on return r[j] = its column j. Pairs of
+ * rows interleaved by words, then by double words (column 4L + m of rows 4n .. 4n + 3 in
+ * 128-bit lane L of r[4n + m]), then the lanes gathered across the four groups. */
+FS_TARGET_AVX512 static inline __attribute__((always_inline)) void att_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512i v1 = _mm512_shuffle_i32x4(r[m], r[4 + m], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i v2 = _mm512_shuffle_i32x4(r[m], r[4 + m], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i w1 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i w2 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], _MM_SHUFFLE(3, 1, 3, 1));
+        t[m] = _mm512_shuffle_i32x4(v1, w1, _MM_SHUFFLE(2, 0, 2, 0));     /* column m */
+        t[4 + m] = _mm512_shuffle_i32x4(v2, w2, _MM_SHUFFLE(2, 0, 2, 0)); /* column 4 + m */
+        t[8 + m] = _mm512_shuffle_i32x4(v1, w1, _MM_SHUFFLE(3, 1, 3, 1)); /* column 8 + m */
+        t[12 + m] = _mm512_shuffle_i32x4(v2, w2, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* x rows [0, T) (stride ld, HS columns) as xt2[c2 * Tp + u] = (x[u][2c2], x[u][2c2 + 1]) and
+ * xp[u2 * HS + c] = (x[2u2][c], x[2u2 + 1][c]), each where not NULL; zero past T (Tp a
+ * multiple of 16). xt2 by 16 x 16 word blocks: 16 keys' pairs, transposed in registers. */
 FS_TARGET_AVX512BF16 static void att_pack_bf16(uint32_t *xt2, uint32_t *xp, const float *x, int64_t ld, int64_t T,
                                                int64_t Tp, int64_t HS) {
     const int64_t H2 = HS / 2;
-    for (int64_t u = 0; xt2 && u < Tp; u++) {
-        uint32_t row[ATT_VMAX_TILED * 8 + 8];
-        if (u < T)
-            att_row_pairs(row, x + u * ld, HS);
-        else
-            memset(row, 0, sizeof row);
-        for (int64_t c2 = 0; c2 < H2; c2++) xt2[c2 * Tp + u] = row[c2];
-    }
+    for (int64_t u0 = 0; xt2 && u0 < Tp; u0 += 16)
+        for (int64_t c2 = 0; c2 < H2; c2 += 16) { /* floats 2 c2 .. 2 c2 + 31 of 16 rows */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                __m512 lo = _mm512_setzero_ps(), hi = lo; /* zero past T */
+                if (u0 + i < T) {
+                    const float *xr = x + (u0 + i) * ld + 2 * c2;
+                    lo = _mm512_loadu_ps(xr);
+                    if (2 * c2 + 32 <= HS) hi = _mm512_loadu_ps(xr + 16);
+                }
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            }
+            att_transpose16(r);
+            for (int64_t c = 0; c < 16 && c2 + c < H2; c++) _mm512_storeu_si512((void *)(xt2 + (c2 + c) * Tp + u0), r[c]);
+        }
     if (!xp) return;
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t u2 = 0; u2 < Tp / 2; u2++) {
@@ -622,18 +750,7 @@ FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const u
                 memset(pp[i], 0, sizeof pp[i]);
                 continue;
             }
-            s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(j->scale));
-            const float block_max = _mm512_mask_reduce_max_ps(mask, s[i]);
-            if (block_max > row_max[i]) {
-                if (row_sum[i] > 0.0f) { /* rescale what was summed against the old max */
-                    const float corr = expf(row_max[i] - block_max);
-                    row_sum[i] *= corr;
-                    for (int64_t v = 0; v < NV; v++) o[i][v] = _mm512_mul_ps(o[i][v], _mm512_set1_ps(corr));
-                }
-                row_max[i] = block_max;
-            }
-            const __m512 p = _mm512_maskz_mov_ps(mask, fs_cpu_exp16(_mm512_sub_ps(s[i], _mm512_set1_ps(row_max[i]))));
-            row_sum[i] += _mm512_reduce_add_ps(p);
+            const __m512 p = att_softmax16(s[i], mask, j->scale, &row_max[i], &row_sum[i], o[i], NV);
             /* p as 8 key pairs (words 0-7) */
             _mm512_storeu_si512((void *)pp[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), p));
         }
@@ -655,18 +772,23 @@ FS_TARGET_AVX512BF16 static void att_forward_tile_bf16(const att_job *j, const u
     }
 }
 
+/* The forward's keys (kt2) and values (vp) of head bh's (batch, kv head), packed unless *have
+ * says they already are (consecutive heads share them). */
+FS_TARGET_AVX512BF16 static void att_pack_forward(const att_job *j, uint32_t *kt2, uint32_t *vp, int64_t bh,
+                                                  int64_t Tp, int64_t *have) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, b = bh / j->NH, g = bh % j->NH / (j->NH / j->NKV);
+    if (*have == b * j->NKV + g) return;
+    att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+    att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+    *have = b * j->NKV + g;
+}
+
 FS_TARGET_AVX512BF16 static void att_forward_bf16_range(const att_job *j, int64_t begin, int64_t end) {
-    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv;
-    const int64_t group = j->NH / j->NKV, Tp = (T + 15) / 16 * 16;
+    const int64_t T = j->T, HS = j->HS, Tp = (T + 15) / 16 * 16;
     uint32_t *kt2 = fs_cpu_scratch((size_t)(HS * Tp) * sizeof(uint32_t)), *vp = kt2 + HS / 2 * Tp;
     int64_t have = -1; /* the (b, g) packed */
     for (int64_t bh = begin; bh < end; bh++) {
-        const int64_t b = bh / j->NH, h = bh % j->NH, g = h / group;
-        if (have != b * j->NKV + g) {
-            att_pack_bf16(kt2, NULL, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
-            att_pack_bf16(NULL, vp, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
-            have = b * j->NKV + g;
-        }
+        att_pack_forward(j, kt2, vp, bh, Tp, &have);
         for (int64_t t = 0; t < T; t += ATT_QT) att_forward_tile_bf16(j, kt2, vp, bh, t, Tp);
     }
 }
@@ -675,10 +797,15 @@ static void att_forward_heads_bf16(void *arg, int64_t begin, int64_t end, int th
     att_forward_bf16_range(arg, begin, end);
 }
 
+static void att_forward_heads_amx(void *arg, int64_t begin, int64_t end, int thread) {
+    att_forward_amx_range(arg, begin, end);
+}
+
 void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const float *q, const float *k,
                                const float *v, int64_t ld_qkv, int64_t B, int64_t T, int64_t NH,
                                int64_t NKV, int64_t HS) {
-    if (!att_bf16_fits(HS)) {
+    const int amx = att_amx_fits(HS);
+    if (!amx && !att_bf16_fits(HS)) {
         fs_attention_forward(pool, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
         return;
     }
@@ -686,7 +813,7 @@ void fs_attention_forward_bf16(fs_pool *pool, float *out, float *lse, const floa
     att_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .ld_qkv = ld_qkv, .B = B,
                  .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                  .scale = (float)(1.0 / sqrt((double)HS))};
-    fs_pool_parallel_for(pool, B * NH, 1, att_forward_heads_bf16, &j);
+    fs_pool_parallel_for(pool, B * NH, 1, amx ? att_forward_heads_amx : att_forward_heads_bf16, &j);
 }
 
 /* Backward over a tile: scores and dp from the pair layouts; dq[i] += sum_u ds[i][u] k[u]
@@ -786,11 +913,16 @@ static void att_backward_groups_bf16(void *arg, int64_t begin, int64_t end, int 
     att_backward_bf16_range(arg, begin, end);
 }
 
+static void att_backward_groups_amx(void *arg, int64_t begin, int64_t end, int thread) {
+    att_backward_amx_range(arg, begin, end);
+}
+
 void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                 const float *dout, const float *q, const float *k, const float *v,
                                 int64_t ld_qkv, const float *out, const float *lse, int64_t B,
                                 int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    if (!att_bf16_fits(HS)) {
+    const int amx = att_amx_fits(HS);
+    if (!amx && !att_bf16_fits(HS)) {
         fs_attention_backward(pool, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T, NH, NKV, HS);
         return;
     }
@@ -799,5 +931,377 @@ void fs_attention_backward_bf16(fs_pool *pool, float *dq, float *dk, float *dv, 
                  .k = k, .v = v, .out_in = out, .lse_in = lse, .ld_qkv = ld_qkv, .B = B,
                  .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                  .scale = (float)(1.0 / sqrt((double)HS))};
-    fs_pool_parallel_for(pool, B * NKV, 1, att_backward_groups_bf16, &j);
+    fs_pool_parallel_for(pool, B * NKV, 1, amx ? att_backward_groups_amx : att_backward_groups_bf16, &j);
 }
+
+#if ATT_HAVE_AMX
+/* ------------------------------------------------------------------ the bf16 policy on AMX tiles
+ * The same contract and the same roundings as the AVX512-BF16 kernel above (q, k, v, dout
+ * rounded to bf16; p and ds rounded where they are operands; softmax, lse, D and every sum in
+ * fp32), with the six products on AMX tiles (TDPBF16PS: a 16 x 16 fp32 tile += a 16 x 32
+ * bf16 tile times a 32 x 16 one whose rows come in pairs, VNNI). Flash-style blocks of
+ * ATT_AMX_BLOCK = 32 queries x 32 keys: every tile is 16 rows of 64 bytes (32 bf16 or 16
+ * fp32), so one tile configuration serves all products. Per block:
+ *   forward:  S = Q.K^T (A: q rows, B: kt2) into a 32 x 32 fp32 buffer; the online softmax in
+ *             AVX-512 (as the tile kernels above, per 32 keys); O += P.V (A: p rows, B: vp)
+ *             with O in an fp32 buffer that the tiles load and store (the rescale by
+ *             exp(old max - new max) is an AVX-512 pass over O's rows before it).
+ *   backward: S and dP = dO.V^T (B: kt2, vt2); p and ds in AVX-512; dQ += dS.K (A: ds rows,
+ *             B: kp) into a 32 x HS buffer added to dq after the query block;
+ *             dK^T += Q^T.dS and dV^T += dO^T.P, with ds and p as row-pair (VNNI) B operands
+ *             and Q^T, dO^T (transposed once per query block, by gathers) as A operands, into
+ *             HS x Tp fp32 buffers added (transposed) to dk and dv after the (b, kv head)'s
+ *             query heads.
+ * Work is split as in the other kernels ((b, head) forward, (b, kv head) backward), and a
+ * tile product's sums run in the hardware's fixed order, so the bits do not depend on the
+ * pool size. Rows and keys past T are zero in the packed operands and masked out of p and ds.
+ * Each call loads its tile configuration on every thread that runs it and releases the tiles
+ * when done: oneDNN's AMX GEMMs share those threads and load their own configuration. */
+#define ATT_AMX_BLOCK 32
+#define ATT_TARGET_AMX \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
+
+typedef struct att_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} att_tilecfg;
+static const att_tilecfg att_amx_cfg __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* gcc's _tile_loadd is an asm statement without a memory clobber: without this barrier the
+ * compiler may keep a store to the buffer a tile loads until after the load. */
+#define ATT_TILE_LOAD(tile, base, stride)              \
+    do {                                               \
+        __asm__ volatile("" ::: "memory");             \
+        _tile_loadd(tile, (base), (long)(stride));     \
+    } while (0)
+
+/* The 32 x 32 fp32 product of the query block's A rows (a, 32 x HS bf16) and key block u0
+ * of a (head-dim pair, key) operand (xt2, HS/2 x Tp words), into out (row stride 32). */
+ATT_TARGET_AMX static void att_amx_scores(float *out, const uint16_t *a, const uint32_t *xt2, int64_t u0,
+                                          int64_t Tp, int64_t HS) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < HS; c += 32) {
+        ATT_TILE_LOAD(4, a + c, HS * 2);
+        ATT_TILE_LOAD(5, a + 16 * HS + c, HS * 2);
+        ATT_TILE_LOAD(6, xt2 + c / 2 * Tp + u0, Tp * 4);
+        ATT_TILE_LOAD(7, xt2 + c / 2 * Tp + u0 + 16, Tp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 128);
+    _tile_stored(1, out + 16, 128);
+    _tile_stored(2, out + 16 * 32, 128);
+    _tile_stored(3, out + 16 * 32 + 16, 128);
+}
+
+/* acc (32 x HS fp32, row stride HS) += a (32 x 32 bf16: the block's rows against its 32 keys)
+ * times rows u0/2 .. u0/2 + 15 of a (key pair, head dim) operand xp (Tp/2 x HS words). */
+ATT_TARGET_AMX static void att_amx_rows_times_keys(float *acc, const uint16_t *a, const uint32_t *xp, int64_t u0,
+                                                   int64_t HS) {
+    ATT_TILE_LOAD(4, a, 64);
+    ATT_TILE_LOAD(5, a + 16 * 32, 64);
+    for (int64_t c = 0; c < HS; c += 16) {
+        ATT_TILE_LOAD(0, acc + c, HS * 4);
+        ATT_TILE_LOAD(1, acc + 16 * HS + c, HS * 4);
+        ATT_TILE_LOAD(6, xp + u0 / 2 * HS + c, HS * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_stored(0, acc + c, HS * 4);
+        _tile_stored(1, acc + 16 * HS + c, HS * 4);
+    }
+}
+
+/* accT (head dim by key, fp32, by key blocks: key u, dim c at (u / 32) HS 32 + c 32 + u % 32)
+ * keys u0 .. u0 + 31 += xT (HS x 32 bf16: the block's rows transposed) times pairs (the
+ * block's 32 rows as 16 row pairs by 32 keys, VNNI words). Blocks of 32 keys rather than rows
+ * of Tp keys: tile rows Tp floats apart fell into a few L1 sets (a third of the backward's
+ * time went to these loads at T = 256). */
+ATT_TARGET_AMX static void att_amx_cols_times_rows(float *accT, const uint16_t *xT, const uint32_t *pairs,
+                                                   int64_t u0, int64_t HS) {
+    float *blk = accT + u0 / ATT_AMX_BLOCK * HS * ATT_AMX_BLOCK;
+    ATT_TILE_LOAD(6, pairs, 128);
+    ATT_TILE_LOAD(7, pairs + 16, 128);
+    for (int64_t c = 0; c < HS; c += 16) {
+        ATT_TILE_LOAD(4, xT + c * 32, 64);
+        ATT_TILE_LOAD(0, blk + c * 32, 128);
+        ATT_TILE_LOAD(1, blk + c * 32 + 16, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_stored(0, blk + c * 32, 128);
+        _tile_stored(1, blk + c * 32 + 16, 128);
+    }
+}
+
+/* Rows t0 .. t0 + nq - 1 of x (row stride ld, HS columns) as 32 bf16 rows (a, zero past nq)
+ * and, where xT is not NULL, transposed (xT[c * 32 + i], by 16-row gathers). */
+ATT_TARGET_AMX static void att_amx_rows(uint16_t *a, uint16_t *xT, const float *x, int64_t ld, int64_t nq,
+                                        int64_t HS) {
+    for (int64_t i = 0; i < ATT_AMX_BLOCK; i++) {
+        if (i < nq)
+            att_row_pairs((uint32_t *)(a + i * HS), x + i * ld, HS);
+        else
+            memset(a + i * HS, 0, (size_t)HS * sizeof(uint16_t));
+    }
+    if (!xT) return;
+    /* (row pair, head dim) words, 16 pairs by 16 dims at a time, transposed: xT row c is
+     * the words (x[2r][c], x[2r + 1][c]), r = 0 .. 15, i.e. the 32 rows' bf16 in order */
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t c = 0; c < HS; c += 16) {
+        __m512i r[16];
+        for (int64_t p = 0; p < 16; p++) {
+            const __m512 even = 2 * p < nq ? _mm512_loadu_ps(x + 2 * p * ld + c) : zero;
+            const __m512 odd = 2 * p + 1 < nq ? _mm512_loadu_ps(x + (2 * p + 1) * ld + c) : zero;
+            r[p] = att_pairs(even, odd);
+        }
+        att_transpose16(r);
+        for (int m = 0; m < 16; m++) _mm512_storeu_si512((void *)(xT + (c + m) * 32), r[m]);
+    }
+}
+
+/* Rows to prefetch while a query block computes: the HS columns of up to 32 rows of up to
+ * four arrays. The query blocks' rows are 4 cache lines every ld floats, which the hardware
+ * prefetchers followed too late (loads of q and stores of out were a third of the forward's
+ * time); asked for one block ahead, they arrive while the tiles work. Spread over the
+ * block's key blocks (att_ahead_part): all at once, the prefetches stalled on the misses
+ * already in flight (a fifth of the backward's time). */
+typedef struct att_ahead {
+    const float *x[4]; /* row 0 of each array's rows (NULL: none) */
+    int64_t ld[4], rows[4];
+    int write[4];
+} att_ahead;
+
+static inline void att_ahead_add(att_ahead *a, const float *x, int64_t ld, int64_t t0, int64_t T, int write) {
+    for (int s = 0; s < 4; s++)
+        if (!a->x[s]) {
+            a->x[s] = x + t0 * ld, a->ld[s] = ld, a->write[s] = write;
+            a->rows[s] = T - t0 < ATT_AMX_BLOCK ? T - t0 : ATT_AMX_BLOCK;
+            return;
+        }
+}
+
+/* Part `part` of `parts` of the rows (each array's rows split alike). */
+static inline void att_ahead_part(const att_ahead *a, int64_t part, int64_t parts, int64_t HS) {
+    for (int s = 0; s < 4 && a->x[s]; s++)
+        for (int64_t r = a->rows[s] * part / parts; r < a->rows[s] * (part + 1) / parts; r++)
+            for (int64_t c = 0; c < HS; c += 16) {
+                if (a->write[s]) __builtin_prefetch(a->x[s] + r * a->ld[s] + c, 1, 3);
+                else __builtin_prefetch(a->x[s] + r * a->ld[s] + c, 0, 3);
+            }
+}
+
+/* One block of 32 query rows t0 .. of head bh against every key block it sees. */
+ATT_TARGET_AMX static void att_forward_block_amx(const att_job *j, const uint32_t *kt2, const uint32_t *vp,
+                                                 uint16_t *qa, float *sbuf, uint16_t *pa, float *obuf, int64_t bh,
+                                                 int64_t t0, int64_t Tp, const att_ahead *ahead) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
+    const int64_t b = bh / j->NH, h = bh % j->NH;
+    const int64_t nq = T - t0 < ATT_AMX_BLOCK ? T - t0 : ATT_AMX_BLOCK, t_last = t0 + nq - 1;
+    const __m512 scale = _mm512_set1_ps(j->scale), neg_inf = _mm512_set1_ps(-INFINITY);
+    att_amx_rows(qa, NULL, j->q + (b * T + t0) * ld + h * HS, ld, nq, HS);
+    memset(obuf, 0, (size_t)(ATT_AMX_BLOCK * HS) * sizeof(float));
+    memset(pa, 0, ATT_AMX_BLOCK * ATT_AMX_BLOCK * sizeof(uint16_t)); /* rows past nq stay 0 */
+    float row_max[ATT_AMX_BLOCK], row_sum[ATT_AMX_BLOCK];
+    for (int i = 0; i < ATT_AMX_BLOCK; i++) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
+    for (int64_t u0 = 0; u0 <= t_last; u0 += ATT_AMX_BLOCK) {
+        att_ahead_part(ahead, u0 / ATT_AMX_BLOCK, t_last / ATT_AMX_BLOCK + 1, HS);
+        att_amx_scores(sbuf, qa, kt2, u0, Tp, HS);
+        for (int64_t i = 0; i < nq; i++) {
+            const __mmask16 m0 = att_causal_mask(t0 + i, u0), m1 = att_causal_mask(t0 + i, u0 + 16);
+            uint16_t *prow = pa + i * ATT_AMX_BLOCK;
+            if (!m0) { /* a block past this row: it adds nothing */
+                memset(prow, 0, ATT_AMX_BLOCK * sizeof(uint16_t));
+                continue;
+            }
+            const __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(sbuf + i * 32), scale);
+            const __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(sbuf + i * 32 + 16), scale);
+            const float block_max =
+                _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, m0, s0), _mm512_mask_mov_ps(neg_inf, m1, s1)));
+            float corr;
+            if (att_new_max(&row_max[i], &row_sum[i], block_max, &corr)) {
+                float *o = obuf + i * HS;
+                for (int64_t c = 0; c < HS; c += 16)
+                    _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(corr)));
+            }
+            const __m512 mx = _mm512_set1_ps(row_max[i]);
+            const __m512 p0 = _mm512_maskz_mov_ps(m0, fs_cpu_exp16(_mm512_sub_ps(s0, mx)));
+            const __m512 p1 = _mm512_maskz_mov_ps(m1, fs_cpu_exp16(_mm512_sub_ps(s1, mx)));
+            row_sum[i] += _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+            _mm512_storeu_si512((void *)prow, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)); /* keys u0.. in words 0-15 */
+        }
+        att_amx_rows_times_keys(obuf, pa, vp, u0, HS);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *out = j->out + (b * T + t0 + i) * C + h * HS;
+        const __m512 inv = _mm512_set1_ps(row_sum[i]);
+        for (int64_t c = 0; c < HS; c += 16)
+            _mm512_storeu_ps(out + c, _mm512_div_ps(_mm512_loadu_ps(obuf + i * HS + c), inv));
+        j->lse[bh * T + t0 + i] = row_max[i] + logf(row_sum[i]);
+    }
+}
+
+ATT_TARGET_AMX static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, C = j->NH * HS;
+    const int64_t Tp = (T + ATT_AMX_BLOCK - 1) / ATT_AMX_BLOCK * ATT_AMX_BLOCK, words = HS / 2 * Tp;
+    const int64_t Q = ATT_AMX_BLOCK, bytes = 2 * words * 4 + Q * HS * 2 + Q * Q * 4 + Q * Q * 2 + Q * HS * 4;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)bytes), *vp = kt2 + words;
+    uint16_t *qa = (uint16_t *)(vp + words);
+    float *sbuf = (float *)(qa + Q * HS);
+    uint16_t *pa = (uint16_t *)(sbuf + Q * Q);
+    float *obuf = (float *)(pa + Q * Q);
+    _tile_loadconfig(&att_amx_cfg);
+    int64_t have = -1; /* the (b, g) packed */
+    for (int64_t bh = begin; bh < end; bh++) {
+        att_pack_forward(j, kt2, vp, bh, Tp, &have);
+        for (int64_t t0 = 0; t0 < T; t0 += Q) {
+            const int64_t nbh = t0 + Q < T ? bh : bh + 1, nt0 = t0 + Q < T ? t0 + Q : 0; /* the next block */
+            att_ahead ahead = {0};
+            if (nbh < end) att_ahead_add(&ahead, j->q + (nbh / j->NH) * T * ld + (nbh % j->NH) * HS, ld, nt0, T, 0);
+            att_ahead_add(&ahead, j->out + (bh / j->NH) * T * C + (bh % j->NH) * HS, C, t0, T, 1);
+            att_forward_block_amx(j, kt2, vp, qa, sbuf, pa, obuf, bh, t0, Tp, &ahead);
+        }
+    }
+    _tile_release();
+}
+
+typedef struct att_amx_bwd_bufs {
+    uint16_t *qa, *ya, *qT, *yT, *dsa;
+    float *sbuf, *dpbuf, *dqbuf, *dkT, *dvT;
+    uint32_t *dsv, *pv;
+} att_amx_bwd_bufs;
+
+/* Backward of one block of 32 query rows t0 .. of head h (kv head g of batch b). */
+ATT_TARGET_AMX static void att_backward_block_amx(const att_job *j, const uint32_t *kt2, const uint32_t *vt2,
+                                                  const uint32_t *kp, const att_amx_bwd_bufs *w, int64_t b,
+                                                  int64_t h, int64_t t0, int64_t Tp, const att_ahead *ahead) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, C = j->NH * HS;
+    const int64_t nq = T - t0 < ATT_AMX_BLOCK ? T - t0 : ATT_AMX_BLOCK, t_last = t0 + nq - 1;
+    const __m512 scale = _mm512_set1_ps(j->scale), zero = _mm512_setzero_ps();
+    const float *q0 = j->q + (b * T + t0) * ld + h * HS, *y0 = j->dout + (b * T + t0) * C + h * HS;
+    att_amx_rows(w->qa, w->qT, q0, ld, nq, HS);
+    att_amx_rows(w->ya, w->yT, y0, C, nq, HS);
+    float lse[ATT_AMX_BLOCK], D[ATT_AMX_BLOCK];
+    for (int64_t i = 0; i < nq; i++) {
+        lse[i] = j->lse_in[(b * j->NH + h) * T + t0 + i];
+        D[i] = fs_cpu_dot(y0 + i * C, j->out_in + (b * T + t0 + i) * C + h * HS, HS);
+    }
+    memset(w->dqbuf, 0, (size_t)(ATT_AMX_BLOCK * HS) * sizeof(float));
+    for (int64_t u0 = 0; u0 <= t_last; u0 += ATT_AMX_BLOCK) {
+        att_ahead_part(ahead, u0 / ATT_AMX_BLOCK, t_last / ATT_AMX_BLOCK + 1, HS);
+        att_amx_scores(w->sbuf, w->qa, kt2, u0, Tp, HS);
+        att_amx_scores(w->dpbuf, w->ya, vt2, u0, Tp, HS);
+        for (int64_t r = 0; r < ATT_AMX_BLOCK / 2; r++) {
+            __m512 p[2][2], ds[2][2]; /* [row of the pair][16-key half] */
+            for (int e = 0; e < 2; e++) {
+                const int64_t i = 2 * r + e;
+                const __mmask16 m0 = i < nq ? att_causal_mask(t0 + i, u0) : 0;
+                const __mmask16 m1 = i < nq ? att_causal_mask(t0 + i, u0 + 16) : 0;
+                if (!m0) {
+                    p[e][0] = p[e][1] = ds[e][0] = ds[e][1] = zero;
+                } else {
+                    const __m512 l = _mm512_set1_ps(lse[i]), d = _mm512_set1_ps(D[i]);
+                    for (int x = 0; x < 2; x++) {
+                        const __m512 s = _mm512_loadu_ps(w->sbuf + i * 32 + 16 * x);
+                        const __m512 dp = _mm512_loadu_ps(w->dpbuf + i * 32 + 16 * x);
+                        p[e][x] = _mm512_maskz_mov_ps(x ? m1 : m0, fs_cpu_exp16(_mm512_fmsub_ps(scale, s, l)));
+                        ds[e][x] = _mm512_mul_ps(scale, _mm512_mul_ps(p[e][x], _mm512_sub_ps(dp, d)));
+                    }
+                }
+                _mm512_storeu_si512((void *)(w->dsa + i * 32), (__m512i)_mm512_cvtne2ps_pbh(ds[e][1], ds[e][0]));
+            }
+            for (int x = 0; x < 2; x++) {
+                _mm512_storeu_si512((void *)(w->dsv + r * 32 + 16 * x), att_pairs(ds[0][x], ds[1][x]));
+                _mm512_storeu_si512((void *)(w->pv + r * 32 + 16 * x), att_pairs(p[0][x], p[1][x]));
+            }
+        }
+        att_amx_rows_times_keys(w->dqbuf, w->dsa, kp, u0, HS);
+        att_amx_cols_times_rows(w->dkT, w->qT, w->dsv, u0, HS);
+        att_amx_cols_times_rows(w->dvT, w->yT, w->pv, u0, HS);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *dqt = j->dq + (b * T + t0 + i) * ldd + h * HS;
+        for (int64_t c = 0; c < HS; c += 16)
+            _mm512_storeu_ps(dqt + c, _mm512_add_ps(_mm512_loadu_ps(dqt + c), _mm512_loadu_ps(w->dqbuf + i * HS + c)));
+    }
+}
+
+/* x[u][c] (row stride ld) += xT's (u, c) (the layout of att_amx_cols_times_rows) for u < T,
+ * by 16 x 16 blocks transposed in registers (HS a multiple of 16) */
+ATT_TARGET_AMX static void att_add_transposed(float *x, int64_t ld, const float *xT, int64_t T, int64_t HS) {
+    for (int64_t u0 = 0; u0 < T; u0 += 16)
+        for (int64_t c = 0; c < HS; c += 16) {
+            const float *blk = xT + u0 / ATT_AMX_BLOCK * HS * ATT_AMX_BLOCK + u0 % ATT_AMX_BLOCK;
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(blk + (c + i) * ATT_AMX_BLOCK));
+            att_transpose16(r);
+            for (int64_t i = 0; i < 16 && u0 + i < T; i++) {
+                float *xr = x + (u0 + i) * ld + c;
+                _mm512_storeu_ps(xr, _mm512_add_ps(_mm512_loadu_ps(xr), (__m512)r[i]));
+            }
+        }
+}
+
+ATT_TARGET_AMX static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    const int64_t T = j->T, HS = j->HS, ld = j->ld_qkv, ldd = j->ld_dqkv, group = j->NH / j->NKV;
+    const int64_t Tp = (T + ATT_AMX_BLOCK - 1) / ATT_AMX_BLOCK * ATT_AMX_BLOCK, words = HS / 2 * Tp;
+    const int64_t Q = ATT_AMX_BLOCK;
+    const int64_t bytes = 3 * words * 4 + 2 * HS * Tp * 4 + 4 * Q * HS * 2 + Q * Q * 2 + 2 * Q * Q * 4 +
+                          Q * HS * 4 + 2 * (Q / 2) * Q * 4;
+    uint32_t *kt2 = fs_cpu_scratch((size_t)bytes), *vt2 = kt2 + words, *kp = vt2 + words;
+    att_amx_bwd_bufs w;
+    w.dkT = (float *)(kp + words);
+    w.dvT = w.dkT + HS * Tp;
+    w.qa = (uint16_t *)(w.dvT + HS * Tp);
+    w.ya = w.qa + Q * HS;
+    w.qT = w.ya + Q * HS;
+    w.yT = w.qT + Q * HS;
+    w.dsa = w.yT + Q * HS;
+    w.sbuf = (float *)(w.dsa + Q * Q);
+    w.dpbuf = w.sbuf + Q * Q;
+    w.dqbuf = w.dpbuf + Q * Q;
+    w.dsv = (uint32_t *)(w.dqbuf + Q * HS);
+    w.pv = w.dsv + (Q / 2) * Q;
+    _tile_loadconfig(&att_amx_cfg);
+    for (int64_t bg = begin; bg < end; bg++) {
+        const int64_t b = bg / j->NKV, g = bg % j->NKV;
+        att_pack_bf16(kt2, kp, j->k + b * T * ld + g * HS, ld, T, Tp, HS);
+        att_pack_bf16(vt2, NULL, j->v + b * T * ld + g * HS, ld, T, Tp, HS);
+        memset(w.dkT, 0, (size_t)(2 * HS * Tp) * sizeof(float));
+        const int64_t C = j->NH * HS;
+        for (int64_t h = g * group; h < (g + 1) * group; h++)
+            for (int64_t t0 = 0; t0 < T; t0 += Q) {
+                const int64_t nh = t0 + Q < T ? h : h + 1, nt0 = t0 + Q < T ? t0 + Q : 0; /* the next block */
+                att_ahead ahead = {0};
+                if (nh < (g + 1) * group) {
+                    att_ahead_add(&ahead, j->q + b * T * ld + nh * HS, ld, nt0, T, 0);
+                    att_ahead_add(&ahead, j->dout + b * T * C + nh * HS, C, nt0, T, 0);
+                    att_ahead_add(&ahead, j->out_in + b * T * C + nh * HS, C, nt0, T, 0);
+                }
+                att_ahead_add(&ahead, j->dq + b * T * ldd + h * HS, ldd, t0, T, 1);
+                att_backward_block_amx(j, kt2, vt2, kp, &w, b, h, t0, Tp, &ahead);
+            }
+        att_add_transposed(j->dk + b * T * ldd + g * HS, ldd, w.dkT, T, HS);
+        att_add_transposed(j->dv + b * T * ldd + g * HS, ldd, w.dvT, T, HS);
+    }
+    _tile_release();
+}
+#else
+/* never called: att_amx_fits is 0 in a build without the AMX kernel */
+static void att_forward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    (void)j, (void)begin, (void)end;
+    FS_ASSERT(!"attention: this build has no AMX kernel");
+}
+static void att_backward_amx_range(const att_job *j, int64_t begin, int64_t end) {
+    (void)j, (void)begin, (void)end;
+    FS_ASSERT(!"attention: this build has no AMX kernel");
+}
+#endif /* ATT_HAVE_AMX */
