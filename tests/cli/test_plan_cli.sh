@@ -22,7 +22,7 @@ flavor=release
 [ "$(basename "$BUILD")" = build-debug ] && flavor=debug
 [ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
 expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 cp "$WORK/out" "$WORK/cached.txt"
 expect "the second plan says the figures are cached, and from when" \
@@ -30,9 +30,9 @@ expect "the second plan says the figures are cached, and from when" \
 expect "the device line names this CPU, not a preset's" grep -qF "$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')" "$WORK/out"
 
 # the estimate is the documented formula on the cached figures: GEMM FLOPs over the bf16 GEMM
-# rate, attention FLOPs over the attention rate, the memory-bound and optimizer bytes over
-# AdamW's bytes/s (the optimizer: 42 bytes per shard element under bf16); on shared cores
-# every collective is exposed; busbw = memcpy x 0.4
+# rate, attention FLOPs over the bf16 attention rate (the bf16 policy's own kernel), the
+# memory-bound and optimizer bytes over AdamW's bytes/s (the optimizer: 42 bytes per shard
+# element under bf16); on shared cores every collective is exposed; busbw = memcpy x 0.4
 run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/cached.json"
 expect "the estimate uses the cached figures" $PY -c '
@@ -43,7 +43,7 @@ cal = dict(l.split(" ", 1) for l in open(sys.argv[2]).read().splitlines()[1:])
 est = e["estimate"]
 close = lambda got, want: abs(got - want) <= 1e-9 * abs(want)
 assert close(est["gemm_s"], (est["flops"] - est["attention_flops"]) / float(cal["gemm_bf16_flops"])), est
-assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_flops"])), est
+assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_bf16_flops"])), est
 assert close(est["memory_s"], est["memory_bytes"] / float(cal["adamw_bytes_per_s"])), est
 assert est["optimizer_bytes"] == 42 * (e["bytes"]["master"] // 4), (est["optimizer_bytes"], e["bytes"]["master"])
 assert close(est["optimizer_s"], est["optimizer_bytes"] / float(cal["adamw_bytes_per_s"])), est
@@ -54,7 +54,7 @@ assert est["exposed_comm_s"] == est["comm_s"], "shared cores hide nothing"
 assert abs(est["step_s"] - (est["compute_s"] + est["comm_s"])) <= 1e-12 * est["step_s"]
 ' "$WORK/cached.json" "$CACHE"
 expect "the device line prints every calibrated figure" grep -qE \
-    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention [0-9.]+ GFLOP/s, AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
+    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention fp32 [0-9.]+ / bf16 [0-9.]+ GFLOP/s \([a-z0-9]+\), AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
     "$WORK/cached.txt"
 
 # a corrupt cache is ignored and rewritten
@@ -67,7 +67,13 @@ printf 'flatshard calibration 1\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flo
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 1 cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a version 1 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
-expect "and rewritten as version 2" grep -qx 'flatshard calibration 2' "$CACHE"
+expect "and rewritten as version 3" grep -qx 'flatshard calibration 3' "$CACHE"
+# a cache of version 2 (one attention figure, the fp32 kernel's, for both precisions)
+printf 'flatshard calibration 2\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n' \
+    "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
+run "plan over a version 2 cache" 0 "$FS" plan "${SMALL[@]}" --json
+expect "a version 2 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+expect "and rewritten with both attention figures" grep -qE '^attention_bf16_flops [0-9]' "$CACHE"
 # another OpenBLAS core is another key: the cache is stale
 run "plan with another OpenBLAS core" 0 env OPENBLAS_CORETYPE=Haswell "$FS" plan "${SMALL[@]}" --json
 expect "a cache of another core is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
