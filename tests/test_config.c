@@ -580,6 +580,44 @@ static void write_text(const char *path, const char *text) {
     }
 }
 
+/* NCCL's device memory on a GPU (shard.h, docs/planner.md "NCCL's buffers"), by hand: per
+ * communicator of n > 1 ranks 32 channels x (4 MiB Simple + 512 KiB LL + 4,915,200 bytes
+ * LL128) = 308,281,344 bytes, plus flatshard's 4-byte barrier int; the world's communicator,
+ * and under hybrid sharding the group's and the replicas' too. */
+static void test_nccl_bytes_by_hand(void) {
+    const size_t ring = 32 * (4194304 + 524288 + 4915200); /* 308,281,344 */
+    CHECK(fs_nccl_comm_bytes(2) == ring + 4 && fs_nccl_comm_bytes(256) == ring + 4,
+          "a communicator of 2 or 256 ranks: %zu", fs_nccl_comm_bytes(2));
+    CHECK(fs_nccl_comm_bytes(1) == 4, "one rank: the barrier only, %zu", fs_nccl_comm_bytes(1));
+    fs_llama_config c;
+    fs_layout l;
+    CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": 2}", &c));
+    CHECK_OK(fs_layout_init(&l, &c, 0));
+    static const struct {
+        int group, replicas;
+        size_t want;
+    } cases[] = {
+        {1, 1, 0},                                   /* one GPU: no NCCL */
+        {4, 1, ring + 4},                            /* 4 ranks, plain sharding */
+        {4, 4, (ring + 4) + (ring + 4) + (ring + 4)}, /* 16 = 4 x 4: world, group, replicas */
+        {1, 16, (ring + 4) + 4 + (ring + 4)},        /* groups of one: the group's has no peers */
+        {8, 1, ring + 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fs_plan plan;
+        fs_plan_config pc = {.world = cases[i].group, .rank = 0, .replicas = cases[i].replicas,
+                             .strategy = FS_STRATEGY_YAFSDP, .precision = FS_PRECISION_BF16, .batch = 1,
+                             .seq = 16, .always_ring = 1, .fp32_grad_wire = 1};
+        fs_status st = fs_plan_init(&plan, &l, pc);
+        CHECK(st == FS_OK, "G %d x R %d: %s", cases[i].group, cases[i].replicas, fs_error_message());
+        if (st != FS_OK) continue;
+        CHECK(fs_plan_nccl_bytes(&plan) == cases[i].want, "G %d x R %d: %zu, expected %zu", cases[i].group,
+              cases[i].replicas, fs_plan_nccl_bytes(&plan), cases[i].want);
+        fs_plan_free(&plan);
+    }
+    fs_layout_free(&l);
+}
+
 static void test_calibration_and_cache(void) {
     char dir[] = "/tmp/flatshard-test-calibration-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -782,6 +820,7 @@ int main(void) {
     RUN(test_step_time_by_hand);
     RUN(test_ring_busbw);
     RUN(test_hsdp_step_by_hand);
+    RUN(test_nccl_bytes_by_hand);
     RUN(test_calibration_and_cache);
     RUN(test_safetensors_hostile_headers);
     RUN(test_safetensors_files);

@@ -88,6 +88,12 @@ run "plan with an unwritable cache directory" 0 env XDG_CACHE_HOME=/proc/flatsha
 expect "an unwritable cache is not an error, and says so" grep -q '^  device figures: measured now, not cached: ' "$WORK/out"
 run "plan on a published preset" 0 "$FS" plan --model small --device h100-80gb
 expect "a preset says it is one" grep -q '^  device figures: published preset (docs/planner.md)$' "$WORK/out"
+expect "a GPU preset shows NCCL's buffers as a category of their own (2 ranks: one communicator)" \
+    grep -qE "^  nccl +0\.287 \(NCCL's communicators beside the engine's allocator, an estimate: docs/planner.md\)$" "$WORK/out"
+run "plan one GPU alone" 0 "$FS" plan --model small --world 1 --device h100-80gb
+expect "one GPU has no NCCL communicator" grep -qE "^  nccl +0\.000 " "$WORK/out"
+run "plan this-machine as text" 0 "$FS" plan "${SMALL[@]}"
+expect "this machine's ranks talk over MPI or threads: no nccl line" bash -c '! grep -q "^  nccl " "$1"' _ "$WORK/out"
 
 # --- Llama 2 70B on 256 A100 80GB at 2 x 4096 tokens (a micro-batch that needs checkpointing):
 # every memory category against docs/planner.md's formulas, from the published config
@@ -114,6 +120,9 @@ want = {
     "weight_buf": 2 * R * 2 + Nn * 2 + Nn * 4,          # bf16 ring, gathered norms, fp32 norms
     "grad_buf": 2 * R * 4 + Nn * 4,                     # fp32 ring, gathered norm gradients (a GPU
                                                         # sends fp32 gradients: no bf16 wire ring)
+    # NCCL beside the allocator: one communicator of 256 ranks, 32 channels x (Simple 4 MiB +
+    # LL 512 KiB + LL128 120 x 640 x 8 x 8 bytes), and the 4-byte barrier int of nccl.c
+    "nccl": 32 * (4 * 2**20 + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8) + 4,
 }
 def acts(k, B=2, T=4096, act_bytes=2):                  # docs/planner.md, activations
     N = B * T; Sl = (L - k) + (1 if k else 0); r = lambda n: -(-n // 16) * 16
@@ -131,6 +140,7 @@ for k, v in want.items():
 assert b["other"] == other, (b["other"], other)
 assert b["comm"] == 0, b["comm"]                        # on a GPU the comm staging is host memory
 assert b["total"] == sum(v for k, v in b.items() if k != "total"), "total is the sum"
+assert want["nccl"] == 308281348, want["nccl"]
 fixed = sum(want.values()) + other + b["comm"]
 fewest = next(k for k in range(L + 1) if fixed + acts(k) <= 80 * 2**30)
 assert e["ckpt_layers"] == fewest > 0, (e["ckpt_layers"], fewest)
@@ -185,13 +195,26 @@ assert a["chosen"] == fastest == 1, (a["chosen"], fastest, {g: r["step_s"] for g
 assert auto["shard_group"] == 1 and auto["estimate"]["step_s"] == rows[1]["step_s"], "the plan printed is the chosen one"
 assert json.load(open(sys.argv[2] + "/g1.json"))["comm"]["reduce_scatter"]["count"] == 0, "G = 1 reduces nothing in a group"
 ' "$WORK/auto.json" "$WORK"
-mid=$($PY -c 'import json,sys; print((json.load(open(sys.argv[1]))["bytes"]["total"] + json.load(open(sys.argv[2]))["bytes"]["total"]) // 2)' "$WORK/g1.json" "$WORK/g2.json")
-run "plan --shard-group auto with room for G >= 2 only" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --device-mem "$mid" --json
-expect "G = 1 does not fit, and G = 16 (no replica all-reduce) is then fastest" $PY -c '
+# NCCL's buffers: G = 16 holds one communicator (the world's), G = 1 two (the world's and the
+# replicas' of 16; the group of one has no peers), G = 2, 4, 8 three: on tiny they outweigh
+# the sharded state, so G = 2..8 need more memory than G = 1, and G = 16 the least
+expect "the nccl category: 1, 2 or 3 communicators of 308,281,348 bytes (4 for a group of one)" $PY -c '
+import json, sys
+ring = 32 * (4194304 + 524288 + 4915200)
+want = {1: (ring + 4) + 4 + (ring + 4), 2: 3 * (ring + 4), 4: 3 * (ring + 4), 8: 3 * (ring + 4), 16: ring + 4}
+for g, n in want.items():
+    b = json.load(open(sys.argv[1] + "/g%d.json" % g))["bytes"]
+    assert b["nccl"] == n, (g, b["nccl"], n)
+    assert b["total"] == sum(v for k, v in b.items() if k != "total"), (g, "total is the sum, nccl in it")
+' "$WORK"
+mid=$($PY -c 'import json,sys; print((json.load(open(sys.argv[1]))["bytes"]["total"] + json.load(open(sys.argv[2]))["bytes"]["total"]) // 2)' "$WORK/g1.json" "$WORK/g16.json")
+run "plan --shard-group auto with room for G = 16 only" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --device-mem "$mid" --json
+expect "G = 1 does not fit (nor G = 2..8, with more NCCL buffers), and G = 16 is chosen" $PY -c '
 import json, sys
 a = json.load(open(sys.argv[1]))["shard_group_auto"]
 rows = {r["shard_group"]: r for r in a["candidates"]}
-assert not rows[1]["fits"] and all(rows[g]["fits"] for g in (2, 4, 8, 16)), rows
+assert rows[16]["fits"] and not any(rows[g]["fits"] for g in (1, 2, 4, 8)), rows
+assert all(rows[g]["total"] > rows[1]["total"] for g in (2, 4, 8)), rows
 assert a["chosen"] == 16 and a["fits"], a["chosen"]
 assert rows[16]["step_s"] < min(rows[g]["step_s"] for g in (2, 4, 8)), rows
 assert rows[1]["step_s"] < rows[16]["step_s"], "the excluded G = 1 was faster"
