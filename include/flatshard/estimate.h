@@ -94,7 +94,7 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 1.5-3 s) of the kernels the model runs, called through the CPU
+ * calibration (calibrate.c, 1-3 s) of the kernels the model runs, called through the CPU
  * device's kernel table (device.h) with each precision's flag: the linear layer in fp32
  * (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and both backward
  * products on one thread at a block-sized shape; attention forward and backward, fp32 and
@@ -130,7 +130,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (1.5-3 s of one core); fills key and date too. */
+/* Measures the running machine (1-3 s of one core); fills key and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);

@@ -31,9 +31,9 @@
  *     activations under both policies);
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 1.5-3 s in all on the Xeon with AMX (most of it the fp32 GEMMs; several times that where
- * OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take ~0.2 s). The buffers
- * (58 MiB at most at once) are freed before it returns.
+ * 1-3 s in all on the Xeon with AMX (1.3 s of CPU time measured, most of it the fp32 GEMMs;
+ * several times that where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take
+ * ~0.2 s). The buffers (58 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
