@@ -22,8 +22,8 @@
  *   - attention, attention_forward and attention_backward with the bf16 flag 0 and 1, on
  *     1 x 256 tokens, 12 query heads and 4 kv heads of 64 (`small`'s block): the T^2 work no
  *     GEMM rate describes (online softmax, exp, the causal loop; 3 x 2 N C (T+1) FLOPs). The
- *     bf16 policy runs its own kernel (bf16 products, AVX512-BF16 where the CPU has it), ~1.35x
- *     the fp32 one's rate on the Xeon with AMX: one figure per precision;
+ *     bf16 policy runs its own kernel (bf16 products, AVX512-BF16 where the CPU has it),
+ *     1.25-1.35x the fp32 one's rate on the Xeon with AMX: one figure per precision;
  *   - AdamW, adamw_update with the bf16 copy, over 1 Mi elements (18 MiB), its operands
  *     flushed from the caches before each run (clflush; the step's shards and activations
  *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
@@ -151,10 +151,10 @@ static double fastest(double t[CAL_REPS]) {
 }
 
 /* The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
- * o, gate/up and down, as (in, out) features. Their weights span 1.5-9.4 MiB in bf16: the
- * gate/up weight does not fit a core's L2, and ran at a third of the o_proj's forward rate on
+ * o, gate/up and down, as (in, out) features. Their weights span 1.1-9.0 MiB in bf16: the
+ * gate/up weight does not fit a core's L2, and its forward ran at ~0.4 of the o_proj's rate on
  * the Xeon with AMX (bench gemm, small), so one layer whose weight stays in cache would
- * overstate a step's rate (a single (768, 1024) layer did, by ~1.4x). */
+ * overstate a step's rate (a single (768, 1024) layer did, by ~1.5x). */
 static const struct {
     int64_t ic, oc;
 } cal_linears[] = {{768, 1280}, {768, 768}, {768, 6144}, {3072, 768}};
