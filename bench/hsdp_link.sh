@@ -24,26 +24,18 @@
 # otherwise. Touches no real network interface.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FS=${FS:-$PWD/build/flatshard}
+. bench/lib.sh
 MODEL=${MODEL:-tiny}
-BATCH=${BATCH:-4}
-SEQ=${SEQ:-256}
 STEPS=${STEPS:-5}
-RUNS=${RUNS:-3}
+bench_defaults
 RATES=${RATES:-1gbit 10gbit}
 PRECISION=${PRECISION:-bf16}
 STRATEGY=${STRATEGY:-yafsdp}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-hsdp-link}")
 
-. bench/lib.sh
-link_check
-ensure_corpus "$FS" "$DATA"
 rm -rf "$OUT"
-mkdir -p "$OUT"
-unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
-
-link_up "$OUT" 2
+link_bench_start "$OUT" 2
 mpi() { LINK_MPI_BYTES=1 link_mpi "$OUT" 4 "$@"; }
 
 bench_machine

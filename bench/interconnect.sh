@@ -19,26 +19,16 @@
 # exits 0 otherwise. Touches no real network interface.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FS=${FS:-$PWD/build/flatshard}
-MODEL=${MODEL:-small}
-BATCH=${BATCH:-4}
-SEQ=${SEQ:-256}
-STEPS=${STEPS:-4}
-RUNS=${RUNS:-3}
+. bench/lib.sh
+bench_defaults
 RATES=${RATES:-1gbit 10gbit}
 STRATEGIES=${STRATEGIES:-ddp zero3-param yafsdp}
 PRECISION=${PRECISION:-fp32}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-interconnect}")
 
-. bench/lib.sh
-link_check
-ensure_corpus "$FS" "$DATA"
-mkdir -p "$OUT"
+link_bench_start "$OUT" 1
 rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log
-unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
-
-link_up "$OUT" 1
 mpi() { link_mpi "$OUT" 2 "$@"; }
 common=(--model "$MODEL" --data "$DATA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --no-save
         --precision "$PRECISION"

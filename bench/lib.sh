@@ -30,6 +30,19 @@ bench_machine() {
          "(OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); tree $commit; $(date -u +%Y-%m-%d)"
 }
 
+# bench_defaults — the run most bench scripts time, for whatever the caller has not set:
+# FS (an absolute path: the link scripts run it inside other network namespaces), MODEL small,
+# BATCH 4 sequences of SEQ 256 tokens per rank, STEPS 4, RUNS 3. A script with other defaults
+# sets them before the call (MODEL=${MODEL:-tiny}).
+bench_defaults() {
+    FS=${FS:-$PWD/build/flatshard}
+    MODEL=${MODEL:-small}
+    BATCH=${BATCH:-4}
+    SEQ=${SEQ:-256}
+    STEPS=${STEPS:-4}
+    RUNS=${RUNS:-3}
+}
+
 # --- The emulated interconnect (../shared/MACHINE.md, "Emulating a slower interconnect"): two
 # network namespaces joined by a veth pair whose ends `tc ... tbf` rate-limits, OpenMPI over TCP
 # between them. interconnect.sh, wire_link.sh and hsdp_link.sh all set it up through these
@@ -44,6 +57,18 @@ link_check() {
     for tool in ip tc mpirun; do
         command -v "$tool" >/dev/null || { echo "skip: $tool is not installed (Debian: iproute2, openmpi-bin)"; exit 0; }
     done
+}
+
+# link_bench_start DIR SLOTS — the start every link script makes: a "skip:" line and exit 0
+# unless the namespaces can be made here (link_check), the corpus $DATA (ensure_corpus with
+# $FS), DIR, OpenBLAS's own core choice in the training runs (OPENBLAS_CORETYPE and
+# OPENBLAS_L2_SIZE unset: the figures name the core, bench_machine), then link_up DIR SLOTS.
+link_bench_start() {
+    link_check
+    ensure_corpus "$FS" "$DATA"
+    mkdir -p "$1"
+    unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+    link_up "$1" "$2"
 }
 
 # link_down — deletes both namespaces (the veth pair goes with them); safe to call twice.

@@ -23,24 +23,14 @@
 # iproute2 and OpenMPI; says so and exits 0 otherwise. Touches no real network interface.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FS=${FS:-$PWD/build/flatshard}
-MODEL=${MODEL:-small}
-BATCH=${BATCH:-4}
-SEQ=${SEQ:-256}
-STEPS=${STEPS:-4}
-RUNS=${RUNS:-3}
+. bench/lib.sh
+bench_defaults
 RATE=${RATE:-1gbit}
 DATA=$(realpath -m "${1:-data/fortunes-train.bin}")
 OUT=$(realpath -m "${OUT:-out/bench-wire-link}")
 
-. bench/lib.sh
-link_check
-ensure_corpus "$FS" "$DATA"
 rm -rf "$OUT"
-mkdir -p "$OUT"
-unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
-
-link_up "$OUT" 1
+link_bench_start "$OUT" 1
 link_rate "$RATE"
 mpi() { LINK_MPI_BYTES=1 link_mpi "$OUT" 2 "$@"; }
 

@@ -26,14 +26,18 @@ static const fs_command_help plan_help = {
         "model is a preset (tiny, small, llama2-7b, llama2-13b, llama2-70b, llama3-8b,\n"
         "llama3-70b) or a config.json; the device a published preset (figures and sources in\n"
         "docs/planner.md) or this-machine: this machine, one core per rank, measured by a\n"
-        "short calibration (GEMMs forward and backward, attention, AdamW, memcpy) that is\n"
-        "cached in $XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the\n"
-        "figures came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
+        "short calibration of the kernels each precision runs (a block's GEMMs forward and\n"
+        "backward, fp32 and bf16; attention, fp32 and bf16; AdamW; memcpy) that is cached in\n"
+        "$XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the figures\n"
+        "came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
         "--shard-group auto plans every group size G that divides W (hybrid sharding: shard\n"
         "within groups of G, all-reduce the gradient shards over the W/G replicas), each with\n"
         "its own --ckpt-layers, prints a table of them and the full plan of the fastest that\n"
         "fits. The presets' interconnect is NCCL bus bandwidth: NVLink inside a node of 8, one\n"
-        "InfiniBand NIC per GPU between nodes.",
+        "InfiniBand NIC per GPU between nodes. On a preset (a GPU) with W > 1 the memory has a\n"
+        "category of its own, nccl: the device memory of NCCL's communicators beside the\n"
+        "engine's allocator (flatshard's barrier int32 exactly; NCCL's ring buffers estimated\n"
+        "from its default sizes, 32 channels of 9,633,792 bytes per communicator).",
     .epilog = "examples:\n"
               "  flatshard plan --model llama2-70b --world 256 --seq 4096 --device a100-80gb --ckpt-layers auto\n"
               "  flatshard plan --model llama3-70b --world 256 --seq 4096 --device h100-80gb --ckpt-layers auto --shard-group auto\n"
@@ -48,10 +52,12 @@ typedef struct planned {
     fs_plan plan;
     fs_layout layout;
     uint64_t bytes[FS_MEM_N_CATEGORIES], total; /* exact: a double would round above 2^53 */
+    uint64_t nccl; /* a GPU's NCCL communicators (fs_plan_nccl_bytes), in total; 0 on the CPU */
 } planned;
 
 /* The plan of rank 0, its activations at the device's bytes per element (the plan's are
- * fp32, whole multiples of 64 bytes, so the scaling is exact). */
+ * fp32, whole multiples of 64 bytes, so the scaling is exact), and on a GPU the device memory
+ * NCCL's communicators take beside the engine's allocator. */
 static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train_config *tc, int world,
                            const fs_hardware *hw) {
     FS_TRY(fs_trainer_plan(&p->plan, &p->layout, mc, tc, world, 0));
@@ -65,6 +71,8 @@ static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train
         p->bytes[k] = b;
         p->total += b;
     }
+    p->nccl = tc->device == FS_DEVICE_CUDA ? fs_plan_nccl_bytes(&p->plan) : 0;
+    p->total += p->nccl;
     return FS_OK;
 }
 
@@ -248,7 +256,7 @@ int fs_cmd_plan(int argc, char **argv) {
                hw->name, origin_names[hw->origin], capacity, fits ? "true" : "false");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             printf("\"%s\":%" PRIu64 ",", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
-        printf("\"total\":%" PRIu64 "},\"comm\":{", p.total);
+        printf("\"nccl\":%" PRIu64 ",\"total\":%" PRIu64 "},\"comm\":{", p.nccl, p.total);
         for (int k = 0; k < FS_EST_N_KINDS; k++)
             printf("%s\"%s\":{\"count\":%" PRId64 ",\"bytes\":%.0f,\"wire_bytes\":%.0f}", k ? "," : "", kinds[k],
                    est.comm.count[k], est.comm.bytes[k], est.comm.wire[k]);
@@ -325,6 +333,9 @@ int fs_cmd_plan(int argc, char **argv) {
            hw->activation_bytes);
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
         printf("  %-14s %10.3f\n", fs_mem_category_name((fs_mem_category)k), (double)p.bytes[k] / 1073741824.0);
+    if (tc.device == FS_DEVICE_CUDA)
+        printf("  %-14s %10.3f (NCCL's communicators beside the engine's allocator, an estimate: docs/planner.md)\n",
+               "nccl", (double)p.nccl / 1073741824.0);
     printf("  %-14s %10.3f of %.1f: %s\n", "total", (double)p.total / 1073741824.0, capacity / 1073741824.0,
            fits ? "fits" : "DOES NOT FIT");
     printf("  %-14s %10.3f (the staging of the save of --out, at the end, on top of the total)\n", "final save",

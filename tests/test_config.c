@@ -408,14 +408,14 @@ static void test_step_time_by_hand(void) {
      * the measured GEMM rate, attention at the measured attention rate, memory-bound work at
      * AdamW's bytes/s with activations of 4 bytes, busbw = memcpy x 0.4, collectives on the
      * compute cores: nothing hidden */
-    fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .attention_flops = 5e9,
-                          .adamw_bytes_per_s = 20e9, .copy_bytes_per_s = 10e9};
+    fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .attention_fp32_flops = 4e9,
+                          .attention_bf16_flops = 5e9, .adamw_bytes_per_s = 20e9, .copy_bytes_per_s = 10e9};
     fs_hardware cpu;
     fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 2, &cpu);
     CHECK(cpu.peak_flops_fp32 == 100e9 && cpu.peak_flops_bf16 == 50e9, "peaks are the GEMM rates");
     CHECK(cpu.utilisation_fp32 == 1 && cpu.utilisation_bf16 == 1, "utilisations %g %g", cpu.utilisation_fp32,
           cpu.utilisation_bf16);
-    CHECK(cpu.attention_flops_fp32 == 5e9 && cpu.attention_flops_bf16 == 5e9 && cpu.memory_bw == 20e9,
+    CHECK(cpu.attention_flops_fp32 == 4e9 && cpu.attention_flops_bf16 == 5e9 && cpu.memory_bw == 20e9,
           "attention %g %g, memory %g", cpu.attention_flops_fp32, cpu.attention_flops_bf16, cpu.memory_bw);
     CHECK(cpu.intra_busbw == 4e9 && cpu.nic_busbw == 4e9, "busbw %g %g", cpu.intra_busbw, cpu.nic_busbw);
     CHECK(cpu.devices_per_node == 2 && cpu.memory_bytes == 24.0 * 1073741824.0 && cpu.comm_on_compute_cores &&
@@ -580,6 +580,44 @@ static void write_text(const char *path, const char *text) {
     }
 }
 
+/* NCCL's device memory on a GPU (shard.h, docs/planner.md "NCCL's buffers"), by hand: per
+ * communicator of n > 1 ranks 32 channels x (4 MiB Simple + 512 KiB LL + 4,915,200 bytes
+ * LL128) = 308,281,344 bytes, plus flatshard's 4-byte barrier int; the world's communicator,
+ * and under hybrid sharding the group's and the replicas' too. */
+static void test_nccl_bytes_by_hand(void) {
+    const size_t ring = 32 * (4194304 + 524288 + 4915200); /* 308,281,344 */
+    CHECK(fs_nccl_comm_bytes(2) == ring + 4 && fs_nccl_comm_bytes(256) == ring + 4,
+          "a communicator of 2 or 256 ranks: %zu", fs_nccl_comm_bytes(2));
+    CHECK(fs_nccl_comm_bytes(1) == 4, "one rank: the barrier only, %zu", fs_nccl_comm_bytes(1));
+    fs_llama_config c;
+    fs_layout l;
+    CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": 2}", &c));
+    CHECK_OK(fs_layout_init(&l, &c, 0));
+    static const struct {
+        int group, replicas;
+        size_t want;
+    } cases[] = {
+        {1, 1, 0},                                   /* one GPU: no NCCL */
+        {4, 1, ring + 4},                            /* 4 ranks, plain sharding */
+        {4, 4, (ring + 4) + (ring + 4) + (ring + 4)}, /* 16 = 4 x 4: world, group, replicas */
+        {1, 16, (ring + 4) + 4 + (ring + 4)},        /* groups of one: the group's has no peers */
+        {8, 1, ring + 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fs_plan plan;
+        fs_plan_config pc = {.world = cases[i].group, .rank = 0, .replicas = cases[i].replicas,
+                             .strategy = FS_STRATEGY_YAFSDP, .precision = FS_PRECISION_BF16, .batch = 1,
+                             .seq = 16, .always_ring = 1, .fp32_grad_wire = 1};
+        fs_status st = fs_plan_init(&plan, &l, pc);
+        CHECK(st == FS_OK, "G %d x R %d: %s", cases[i].group, cases[i].replicas, fs_error_message());
+        if (st != FS_OK) continue;
+        CHECK(fs_plan_nccl_bytes(&plan) == cases[i].want, "G %d x R %d: %zu, expected %zu", cases[i].group,
+              cases[i].replicas, fs_plan_nccl_bytes(&plan), cases[i].want);
+        fs_plan_free(&plan);
+    }
+    fs_layout_free(&l);
+}
+
 static void test_calibration_and_cache(void) {
     char dir[] = "/tmp/flatshard-test-calibration-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -599,11 +637,13 @@ static void test_calibration_and_cache(void) {
     fs_calibration m;
     CHECK_OK(fs_calibration_measure(&m));
     CHECK(m.gemm_fp32_flops > 1e8 && m.gemm_fp32_flops < 1e14 && m.gemm_bf16_flops > 1e7 &&
-              m.gemm_bf16_flops < 1e14 && m.attention_flops > 1e7 && m.attention_flops < 1e14 &&
-              m.adamw_bytes_per_s > 1e8 && m.adamw_bytes_per_s < 1e13 && m.copy_bytes_per_s > 1e8 &&
-              m.copy_bytes_per_s < 1e13,
-          "measured figures are plausible: %g %g %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
-          m.attention_flops, m.adamw_bytes_per_s, m.copy_bytes_per_s);
+              m.gemm_bf16_flops < 1e14 && m.attention_fp32_flops > 1e7 && m.attention_fp32_flops < 1e14 &&
+              m.attention_bf16_flops > 1e7 && m.attention_bf16_flops < 1e14 && m.adamw_bytes_per_s > 1e8 &&
+              m.adamw_bytes_per_s < 1e13 && m.copy_bytes_per_s > 1e8 && m.copy_bytes_per_s < 1e13,
+          "measured figures are plausible: %g %g %g %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
+          m.attention_fp32_flops, m.attention_bf16_flops, m.adamw_bytes_per_s, m.copy_bytes_per_s);
+    CHECK(strstr(key, "| attention ") && strstr(key, fs_attention_bf16_path(64)),
+          "the key names the bf16 attention's path: %s", key);
     CHECK(strcmp(m.key, key) == 0 && strlen(m.date) == 19, "key and date recorded: %s", m.date);
 
     /* round trip, bit for bit (%.17g) */
@@ -617,23 +657,27 @@ static void test_calibration_and_cache(void) {
               strstr(fs_error_message(), "another machine"),
           "a different key: %s", fs_error_message());
     /* corrupt files: refused, *out untouched */
-#define V2 "flatshard calibration 2\nkey K\ndate D\n"
-#define FIGURES "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\n"
+#define V3 "flatshard calibration 3\nkey K\ndate D\n"
+#define GEMMS "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\n"
+#define FIGURES GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10\n"
     static const char *const corrupt[] = {
-        "", "flatshard calibration 3\n", "garbage\n",
+        "", "flatshard calibration 4\n", "garbage\n",
         /* version 1 (no attention or AdamW figures, forward-only GEMMs): measured again */
         "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
-        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n", /* no attention, AdamW */
-        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\ncopy_bytes_per_s 1e10\n",
-        V2 FIGURES,
-        V2 "gemm_fp32_flops nan\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\n"
+        /* version 2 (one attention figure for both precisions): measured again */
+        "flatshard calibration 2\nkey K\ndate D\n" GEMMS "attention_flops 1e10\nadamw_bytes_per_s 2e10\n"
+        "copy_bytes_per_s 1e10\n",
+        V3 GEMMS "copy_bytes_per_s 1e10\n", /* no attention, AdamW */
+        V3 GEMMS "attention_fp32_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n", /* no bf16 one */
+        V3 GEMMS "attention_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
+        V3 FIGURES,
+        V3 "gemm_fp32_flops nan\ngemm_bf16_flops 1e11\nattention_fp32_flops 1e10\nattention_bf16_flops 1e10\n"
+           "adamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
+        V3 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops -1\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
+        V3 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10x\n"
            "copy_bytes_per_s 1e10\n",
-        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops -1\nadamw_bytes_per_s 2e10\n"
-           "copy_bytes_per_s 1e10\n",
-        V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10x\n"
-           "copy_bytes_per_s 1e10\n",
-        V2 FIGURES "copy_bytes_per_s 1e10", /* cut */
-        V2 FIGURES "copy_bytes_per_s 1e10\nextra 1\n",
+        V3 FIGURES "copy_bytes_per_s 1e10", /* cut */
+        V3 FIGURES "copy_bytes_per_s 1e10\nextra 1\n",
     };
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         write_text(path, corrupt[i]);
@@ -643,12 +687,14 @@ static void test_calibration_and_cache(void) {
               "corrupt case %zu: %s %s", i, fs_status_name(st), fs_error_message());
         CHECK(memcmp(&before, &r, sizeof r) == 0, "corrupt case %zu leaves *out alone", i);
     }
-    write_text(path, V2 "gemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\nattention_flops 3e10\nadamw_bytes_per_s 4e10\n"
-                        "copy_bytes_per_s 1e10\n");
-#undef V2
+    write_text(path, V3 "gemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\nattention_fp32_flops 3e10\n"
+                        "attention_bf16_flops 3.5e10\nadamw_bytes_per_s 4e10\ncopy_bytes_per_s 1e10\n");
+#undef V3
+#undef GEMMS
 #undef FIGURES
     CHECK_OK(fs_calibration_read(path, "K", &r));
-    CHECK(r.gemm_bf16_flops == 2e11 && r.attention_flops == 3e10 && r.adamw_bytes_per_s == 4e10 &&
+    CHECK(r.gemm_bf16_flops == 2e11 && r.attention_fp32_flops == 3e10 && r.attention_bf16_flops == 3.5e10 &&
+              r.adamw_bytes_per_s == 4e10 &&
               strcmp(r.date, "D") == 0,
           "a hand-written cache parses");
     unlink(path);
@@ -669,7 +715,8 @@ static void test_calibration_and_cache(void) {
               "the device line names the new figures: %s", hw->description);
         CHECK_OK(fs_calibration_read(path, key, &r));
         CHECK(r.gemm_fp32_flops == hw->peak_flops_fp32 && r.gemm_bf16_flops == hw->peak_flops_bf16 &&
-                  r.attention_flops == hw->attention_flops_bf16 && r.adamw_bytes_per_s == hw->memory_bw,
+                  r.attention_fp32_flops == hw->attention_flops_fp32 &&
+                  r.attention_bf16_flops == hw->attention_flops_bf16 && r.adamw_bytes_per_s == hw->memory_bw,
               "and rewritten with the figures in use");
     }
     const fs_hardware *again = NULL;
@@ -773,6 +820,7 @@ int main(void) {
     RUN(test_step_time_by_hand);
     RUN(test_ring_busbw);
     RUN(test_hsdp_step_by_hand);
+    RUN(test_nccl_bytes_by_hand);
     RUN(test_calibration_and_cache);
     RUN(test_safetensors_hostile_headers);
     RUN(test_safetensors_files);

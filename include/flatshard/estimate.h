@@ -94,23 +94,29 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 0.4-1.5 s): flatshard's own fp32 GEMM (OpenBLAS sgemm) and bf16
- * GEMM, a linear layer's forward and both backward products on one thread at a block-sized
- * shape; its attention forward and backward; its AdamW; and a one-thread memcpy (each the
- * fastest of seven runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * calibration (calibrate.c, 1-3 s) of the kernels the model runs, called through the CPU
+ * device's kernel table (device.h) with each precision's flag: the linear layer in fp32
+ * (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and both backward
+ * products on one thread at a block-sized shape; attention forward and backward, fp32 and
+ * bf16 (each policy's own kernel); AdamW; and a one-thread memcpy (each the fastest of seven
+ * runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
  * one thread, before training starts (never inside a step: it takes the core for up to ~1.5 s). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
-                                OpenBLAS's core, the build flavour, threads: the figures are
-                                valid while it holds */
+                                the bf16 GEMM's path, the bf16 attention's path, OpenBLAS's
+                                core, the build flavour, threads: the figures are valid while
+                                it holds */
     char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
-    double gemm_fp32_flops;  /* fs_matmul_forward + fs_matmul_backward (dinp and dweight), one
-                                thread, (256, 768) @ (1024, 768)^T: 3 x 0.4 GFLOP */
-    double gemm_bf16_flops;  /* fs_matmul_forward_bf16 + fs_matmul_backward_bf16, the same */
-    double attention_flops;  /* fs_attention_forward + fs_attention_backward, B 1, T 256,
-                                12 heads / 4 kv heads of 64: 3 x 2 N C (T+1) FLOPs */
+    double gemm_fp32_flops;  /* the table's linear_forward + linear_backward (dinp and dweight),
+                                bf16 flag 0, one thread, on the four linear layers of small's
+                                block at 256 tokens (calibrate.c): 13.3 GFLOP */
+    double gemm_bf16_flops;  /* the same with the bf16 flag (bf16 weights) */
+    double attention_fp32_flops; /* the table's attention_forward + attention_backward, bf16
+                                flag 0, B 1, T 256, 12 heads / 4 kv heads of 64:
+                                3 x 2 N C (T+1) FLOPs */
+    double attention_bf16_flops; /* the same with the bf16 flag (the bf16 policy's kernel) */
     double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 1 Mi elements, its
                                 operands flushed from the caches first: 30 bytes per element
                                 (param, m, v read and written, grad read, bf16 written) */
@@ -124,7 +130,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (0.4-1.5 s of one core); fills key and date too. */
+/* Measures the running machine (1-3 s of one core); fills key and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
@@ -139,8 +145,8 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *   peak_flops_fp32/bf16  the measured GEMM rates (what a core sustains on a block's GEMMs,
  *                         forward and backward)
  *   utilisation_fp32/bf16 1: those rates are already what a step's GEMMs sustain
- *   attention_flops_fp32/bf16  attention_flops, both (flatshard's CPU attention computes in
- *                         fp32 under both policies)
+ *   attention_flops_fp32/bf16  attention_fp32_flops / attention_bf16_flops (each policy
+ *                         runs its own attention kernel)
  *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
  *                         kernel of a step)
  *   intra/nic_busbw       copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR (one machine: the

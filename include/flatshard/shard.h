@@ -165,4 +165,47 @@ int fs_plan_bf16_grad_wire(const fs_plan *plan);
 int fs_strategy_full_weights(fs_strategy s); /* ddp, zero1, zero2 */
 int fs_strategy_full_grads(fs_strategy s);   /* ddp, zero1 */
 
+/* ------------------------------------------------------------------ NCCL's device memory
+ * On GPUs with W > 1 ranks the engine's collectives run on NCCL (src/comm/nccl.c), which
+ * takes device memory beside the engine's accounting allocator — not in fs_plan.bytes, but on
+ * the same GPU, so the planner counts it for the GPU presets (docs/planner.md, "NCCL's
+ * buffers"). Per communicator of n ranks:
+ *   - flatshard's own: FS_NCCL_BARRIER_BYTES (nccl.c's cudaMalloc of the barrier's int32).
+ *     Nothing else: the call ring's CUDA events are not device allocations, and the engine's
+ *     NCCL path has no staging (a reduce-scatter that accumulates sums in place into the
+ *     rank's chunk of its send buffer, a gradient ring buffer already in grad_buf; the fp32
+ *     gradient wire is that fp32 ring, fs_plan_config.fp32_grad_wire);
+ *   - NCCL's, an estimate for n > 1 (none for one rank: no peers): its ring connections hold
+ *     one buffer per protocol — Simple NCCL_BUFFSIZE (default 4 MiB), LL 512 KiB, LL128
+ *     4,915,200 bytes: NCCL's compile-time defaults (src/init.cc DEFAULT_BUFFSIZE,
+ *     DEFAULT_LL_BUFFSIZE = 8 lines x 512 threads x 8 steps x 16 bytes, DEFAULT_LL128_BUFFSIZE
+ *     = 120 x 640 threads x 8 steps x 8 bytes) — per channel and per connection, allocated on
+ *     one end of it; a rank is an end of two ring connections per channel (from its
+ *     predecessor, to its successor), one set of buffers each on average, and NCCL runs
+ *     FS_NCCL_CHANNELS channels. Trees, NVLS, CollNet, proxy buffers of the network transport,
+ *     and the CUDA context are not counted.
+ * The engine's communicators: the world's (W = G x R ranks), and under hybrid sharding
+ * (R > 1) the shard group's (G) and the replica set's (R), each with buffers of its own
+ * (communicators made by ncclCommSplit without splitShare share none: NVIDIA/nccl issue 986).
+ * Sizes follow the defaults: a run that sets NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE,
+ * NCCL_LL128_BUFFSIZE or NCCL_MAX_NCHANNELS uses other figures. */
+#define FS_NCCL_BUFFSIZE ((size_t)4 << 20)       /* Simple protocol, NCCL_BUFFSIZE's default */
+#define FS_NCCL_LL_BUFFSIZE ((size_t)524288)     /* LL: 8 x 512 x 8 x 16 */
+#define FS_NCCL_LL128_BUFFSIZE ((size_t)4915200) /* LL128: 120 x 640 x 8 x 8 */
+/* Channels per communicator: NCCL picks them from the topology (one ring per NVLink path or
+ * NIC); 32 is its MAXCHANNELS in the versions that run Hopper, and the count logged on
+ * H100s (NVIDIA/nccl issue 1685: 32 channels per pair; issue 1781: 24 collective channels,
+ * 32 point-to-point): an upper figure for the presets' 8-GPU NVLink nodes. */
+#define FS_NCCL_CHANNELS 32
+#define FS_NCCL_BARRIER_BYTES sizeof(int32_t)
+/* Device bytes of one NCCL communicator of `ranks` ranks (above): FS_NCCL_BARRIER_BYTES, plus
+ * FS_NCCL_CHANNELS x (FS_NCCL_BUFFSIZE + FS_NCCL_LL_BUFFSIZE + FS_NCCL_LL128_BUFFSIZE) when
+ * ranks > 1. */
+size_t fs_nccl_comm_bytes(int ranks);
+/* Device bytes of every NCCL communicator a rank of the plan holds on its GPU: 0 for one rank
+ * alone (no NCCL); the world's (cfg.world x replicas ranks), and with replicas > 1 the shard
+ * group's and the replica set's too. For a plan whose collectives run on NCCL (a GPU): the
+ * caller decides that. */
+size_t fs_plan_nccl_bytes(const fs_plan *plan);
+
 #endif /* FLATSHARD_SHARD_H */

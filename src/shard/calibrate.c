@@ -2,36 +2,44 @@
  * calibrate.c — "this-machine": the planner's hardware description measured on the machine it
  * runs on (contract in estimate.h, formulas in docs/planner.md), and its cache file.
  *
- * What is measured, on one thread (a rank's compute thread), each the fastest of seven timed
- * runs after one warm-up, timed by the thread's CPU time (the fastest, and CPU time, not the
- * median of wall-clock times: the machine may be shared, and the figure is what a core can
- * do, not what it did while something else ran):
- *   - flatshard's fp32 GEMM (OpenBLAS sgemm): a linear layer's three products, forward
- *     (fs_matmul_forward) and backward (fs_matmul_backward, dinp and dweight), on
- *     (256, 768) @ (1024, 768)^T: a micro-batch of 256 tokens through a block's projection
- *     (3 x 0.4 GFLOP). The backward products matter: the weight gradient (dout^T inp) runs
- *     at half the forward's rate on oneDNN's AMX path (bench gemm), and a step is two thirds
- *     backward;
- *   - the bf16 GEMM, fs_matmul_forward_bf16 and fs_matmul_backward_bf16, on the same shape,
- *     on the path in use (oneDNN's on AMX, kernels.h), its staging and primitives created by
- *     the warm-up run;
- *   - flatshard's attention, fs_attention_forward and fs_attention_backward, on 1 x 256 tokens,
- *     12 query heads and 4 kv heads of 64 (`small`'s block): the T^2 work no GEMM rate
- *     describes (online softmax, exp, the causal loop; 3 x 2 N C (T+1) FLOPs);
- *   - AdamW, fs_adamw_update with the bf16 copy, over 1 Mi elements (18 MiB), its operands
+ * Every kernel is called through the CPU device's kernel table (device.h), the entry points
+ * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
+ * table picks for it — the bf16 GEMM's path in use (oneDNN's on AMX), the bf16 attention —
+ * and a faster kernel behind the table is measured as soon as it is there. Measured on one
+ * thread (a rank's compute thread), each the fastest of seven timed runs after one warm-up,
+ * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
+ * times: the machine may be shared, and the figure is what a core can do, not what it did
+ * while something else ran):
+ *   - the linear layers of `small`'s block (qkv, o, gate/up, down: 768 -> 1280, 768 -> 768,
+ *     768 -> 6144, 3072 -> 768), fp32 (bf16 flag 0: OpenBLAS sgemm) and bf16 (flag 1), each
+ *     one's three products, forward (linear_forward) and backward (linear_backward, dinp and
+ *     dweight), on 256 tokens (oneDNN's tile; 13.3 GFLOP in all). The backward products
+ *     matter: the weight gradient (dout^T inp) runs at half the forward's rate on oneDNN's
+ *     AMX path (bench gemm), and a step is two thirds backward; so do the shapes: a weight
+ *     that does not fit the core's L2 (gate/up) runs slower than one that does. The bf16
+ *     GEMM stages its operands in a buffer reserved from an accounting allocator as the
+ *     model's is (fs_device_reserve_scratch), its primitives made first;
+ *   - attention, attention_forward and attention_backward with the bf16 flag 0 and 1, on
+ *     1 x 256 tokens, 12 query heads and 4 kv heads of 64 (`small`'s block): the T^2 work no
+ *     GEMM rate describes (online softmax, exp, the causal loop; 3 x 2 N C (T+1) FLOPs). The
+ *     bf16 policy runs its own kernel (bf16 products, AVX512-BF16 where the CPU has it),
+ *     1.25-1.35x the fp32 one's rate on the Xeon with AMX: one figure per precision;
+ *   - AdamW, adamw_update with the bf16 copy, over 1 Mi elements (18 MiB), its operands
  *     flushed from the caches before each run (clflush; the step's shards and activations
  *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
- *     and the rate the estimate gives all of them;
+ *     and the rate the estimate gives all of them (the elementwise kernels run on fp32
+ *     activations under both policies);
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 0.4-1.5 s in all (the most where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the
- * flushes take ~0.2 s). The buffers (18 MiB at most at once) are freed before it returns.
+ * 1-3 s in all on the Xeon with AMX (1.3 s of CPU time measured, most of it the fp32 GEMMs;
+ * several times that where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take
+ * ~0.2 s). The buffers (58 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
- * and its key (CPU model, flags, kernel ISA level and bf16 GEMM path, OpenBLAS core, build
- * flavour, threads) equals the running machine's: the same file on a home directory shared by
- * two kinds of machine, or after OPENBLAS_CORETYPE, FLATSHARD_KERNELS or FLATSHARD_GEMM
- * changed, is measured again and rewritten.
+ * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
+ * OpenBLAS core, build flavour, threads) equals the running machine's: the same file on a
+ * home directory shared by two kinds of machine, or after OPENBLAS_CORETYPE,
+ * FLATSHARD_KERNELS or FLATSHARD_GEMM changed, is measured again and rewritten.
  *
  * Not here: what the figures mean for a step (estimate.c), and any timing inside a step.
  */
@@ -45,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "flatshard/device.h"
 #include "flatshard/estimate.h"
 #include "flatshard/kernels.h"
 
@@ -52,9 +61,9 @@
 #include <immintrin.h> /* _mm_clflush, _mm_mfence: SSE2, in every x86-64 */
 #endif
 
-/* the calibration's GEMM: N tokens, IC inputs, OC outputs; its attention: T tokens of one
- * sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
-enum { CAL_N = 256, CAL_IC = 768, CAL_OC = 1024, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
+/* the calibration's GEMMs: N tokens (their layers: cal_linears below); its attention: T tokens
+ * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
+enum { CAL_N = 256, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
@@ -68,8 +77,10 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #define FS_BUILD_FLAVOR "unknown"
 #endif
 
-/* 2: the GEMMs forward and backward, attention and AdamW added (a version 1 cache is re-measured) */
-#define CACHE_MAGIC "flatshard calibration 2"
+/* 2: the GEMMs forward and backward, attention and AdamW added; 3: attention per precision
+ * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table. A cache
+ * of an earlier version is measured again. */
+#define CACHE_MAGIC "flatshard calibration 3"
 
 /* FNV-1a of a string: the flags line is long, the key keeps its hash. */
 static uint64_t fnv1a(const char *s) {
@@ -109,10 +120,13 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
     /* the key is one line of the cache file: no newline may come from cpuinfo */
     for (char *p = model; *p; p++)
         if (*p == '\n' || *p == '\r') *p = ' ';
-    /* "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path (kernels.h) */
-    snprintf(buf, buf_bytes, "%s | flags %016llx | kernels %s+%s | openblas %s | build %s | threads 1",
-             model, (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
-             fs_gemm_path_name(fs_gemm_path_in_use()), fs_kernels_blas_corename(), FS_BUILD_FLAVOR);
+    /* "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path; "attention
+     * avx512bf16": what the bf16 attention runs at the calibration's head size (kernels.h) */
+    snprintf(buf, buf_bytes,
+             "%s | flags %016llx | kernels %s+%s | attention %s | openblas %s | build %s | threads 1", model,
+             (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
+             fs_gemm_path_name(fs_gemm_path_in_use()), fs_attention_bf16_path(CAL_HS), fs_kernels_blas_corename(),
+             FS_BUILD_FLAVOR);
 }
 
 /* The calling thread's CPU time, the clock every figure is timed with: on a shared machine a
@@ -136,19 +150,62 @@ static double fastest(double t[CAL_REPS]) {
     return t[0];
 }
 
-/* The three products of a linear layer, fp32 and bf16: FLOP/s over their fastest times. */
-static fs_status measure_gemms(fs_calibration *c) {
-    const size_t n_in = (size_t)CAL_N * CAL_IC, n_w = (size_t)CAL_OC * CAL_IC;
-    const size_t n_out = (size_t)CAL_N * CAL_OC;
+/* The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
+ * o, gate/up and down, as (in, out) features. Their weights span 1.1-9.0 MiB in bf16: the
+ * gate/up weight does not fit a core's L2, and its forward ran at ~0.4 of the o_proj's rate on
+ * the Xeon with AMX (bench gemm, small), so one layer whose weight stays in cache would
+ * overstate a step's rate (a single (768, 1024) layer did, by ~1.5x). */
+static const struct {
+    int64_t ic, oc;
+} cal_linears[] = {{768, 1280}, {768, 768}, {768, 6144}, {3072, 768}};
+enum { CAL_MAX_IC = 3072, CAL_MAX_OC = 6144, CAL_MAX_W = 6144 * 768, CAL_WIDEST = 768 + 6144 };
+#define CAL_N_LINEARS ((int)(sizeof cal_linears / sizeof cal_linears[0]))
+
+/* The three products of every layer of cal_linears in one precision (bf16: the table's bf16
+ * flag) through the device's table: their FLOPs over the sum of their fastest times. */
+static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, float *dw, const float *inp,
+                           const void *w) {
+    const fs_kernel_table *K = fs_device_kernels(dev);
+    double flops = 0, seconds = 0;
+    for (int l = 0; l < CAL_N_LINEARS; l++) {
+        const int64_t IC = cal_linears[l].ic, OC = cal_linears[l].oc;
+        double tf[CAL_REPS], tb[CAL_REPS];
+        for (int r = -1; r < CAL_REPS; r++) {
+            double t0 = thread_seconds();
+            K->linear_forward(dev, o, inp, w, bf16, CAL_N, IC, OC, 0);
+            double t1 = thread_seconds();
+            K->linear_backward(dev, dinp, dw, o, inp, w, bf16, CAL_N, IC, OC, 0, 0);
+            if (r >= 0) {
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
+            }
+        }
+        flops += 3.0 * 2.0 * CAL_N * (double)IC * (double)OC;
+        seconds += fastest(tf) + fastest(tb);
+    }
+    return flops / seconds;
+}
+
+/* The block's linear layers, fp32 and bf16. The bf16 GEMM's staging comes from an accounting
+ * allocator and its oneDNN primitives are made before the first run, as fs_acts_prepare_gemms
+ * does for the model (a no-op on the flatshard path). */
+static fs_status measure_gemms(fs_device *dev, fs_calibration *c) {
+    const size_t n_in = (size_t)CAL_N * CAL_MAX_IC, n_w = CAL_MAX_W, n_out = (size_t)CAL_N * CAL_MAX_OC;
     float *inp = malloc(n_in * sizeof *inp), *w = malloc(n_w * sizeof *w);
     float *o = malloc(n_out * sizeof *o), *dinp = malloc(n_in * sizeof *dinp);
     float *dw = malloc(n_w * sizeof *dw);
     uint16_t *wb = malloc(n_w * sizeof *wb);
+    fs_mem *mem = NULL;
     fs_status st = FS_OK;
     if (!inp || !w || !o || !dinp || !dw || !wb)
         st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the GEMM operands");
-    double tf[CAL_REPS], tb[CAL_REPS];
-    const double flops = 2.0 * CAL_N * CAL_IC * CAL_OC;
+    if (st == FS_OK) st = fs_mem_init(&mem, 0);
+    /* N x (the widest IC + OC) bf16 and the second operand's alignment, as
+     * fs_acts_scratch_bytes counts it */
+    if (st == FS_OK)
+        st = fs_device_reserve_scratch(dev, mem, 1, ((size_t)CAL_N * CAL_WIDEST + 128) * sizeof(uint16_t));
+    for (int l = 0; l < CAL_N_LINEARS && st == FS_OK; l++)
+        st = fs_gemm_prepare_linear(CAL_N, cal_linears[l].ic, cal_linears[l].oc);
     if (st == FS_OK) {
         /* small values of both signs: no denormals, no overflow, nothing a kernel shortcuts */
         for (size_t i = 0; i < n_in; i++) inp[i] = (float)((int)(i % 17) - 8) * 0.0625f;
@@ -158,31 +215,13 @@ static fs_status measure_gemms(fs_calibration *c) {
             memcpy(&bits, &w[i], sizeof bits);
             wb[i] = (uint16_t)(bits >> 16); /* exact: the values have few mantissa bits */
         }
-        /* the output gradient is the forward's output (|values| < 100: nothing overflows) */
+        /* the output gradient is the forward's output (|values| < 1e3: nothing overflows) */
         memset(o, 0, n_out * sizeof *o);
-        for (int r = -1; r < CAL_REPS; r++) {
-            double t0 = thread_seconds();
-            fs_matmul_forward(NULL, o, inp, w, CAL_N, CAL_IC, CAL_OC, 0);
-            double t1 = thread_seconds();
-            fs_matmul_backward(NULL, dinp, dw, o, inp, w, CAL_N, CAL_IC, CAL_OC, 0, 0);
-            if (r >= 0) {
-                tf[r] = t1 - t0;
-                tb[r] = thread_seconds() - t1;
-            }
-        }
-        c->gemm_fp32_flops = 3.0 * flops / (fastest(tf) + fastest(tb));
-        for (int r = -1; r < CAL_REPS; r++) {
-            double t0 = thread_seconds();
-            fs_matmul_forward_bf16(NULL, NULL, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0);
-            double t1 = thread_seconds();
-            fs_matmul_backward_bf16(NULL, NULL, dinp, dw, o, inp, wb, CAL_N, CAL_IC, CAL_OC, 0, 0);
-            if (r >= 0) {
-                tf[r] = t1 - t0;
-                tb[r] = thread_seconds() - t1;
-            }
-        }
-        c->gemm_bf16_flops = 3.0 * flops / (fastest(tf) + fastest(tb));
+        c->gemm_fp32_flops = time_linears(dev, 0, o, dinp, dw, inp, w);
+        c->gemm_bf16_flops = time_linears(dev, 1, o, dinp, dw, inp, wb);
     }
+    fs_device_release_scratch(dev);
+    fs_mem_free(mem);
     free(inp);
     free(w);
     free(o);
@@ -192,9 +231,11 @@ static fs_status measure_gemms(fs_calibration *c) {
     return st;
 }
 
-/* Causal attention forward and backward on one sequence, q, k, v in one fused activation
- * as the model keeps them; FLOPs as the estimate counts them (3 x 2 N C (T+1)). */
-static fs_status measure_attention(fs_calibration *c) {
+/* Causal attention forward and backward on one sequence in one precision (the table's bf16
+ * flag), q, k, v in one fused activation as the model keeps them; FLOPs as the estimate
+ * counts them (3 x 2 N C (T+1)). */
+static fs_status measure_attention(fs_device *dev, int bf16, double *flops_out) {
+    const fs_kernel_table *K = fs_device_kernels(dev);
     const int64_t N = CAL_T, C = (int64_t)CAL_NH * CAL_HS, QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS;
     const size_t n_qkv = (size_t)(N * QKV), n_out = (size_t)(N * C), n_lse = (size_t)CAL_NH * CAL_T;
     float *qkv = malloc(n_qkv * sizeof *qkv), *dqkv = malloc(n_qkv * sizeof *dqkv);
@@ -212,16 +253,16 @@ static fs_status measure_attention(fs_calibration *c) {
         for (int r = -1; r < CAL_REPS; r++) {
             memset(dqkv, 0, n_qkv * sizeof *dqkv); /* backward accumulates, as in the model */
             double t0 = thread_seconds();
-            fs_attention_forward(NULL, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS);
+            K->attention_forward(dev, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
             double t1 = thread_seconds();
-            fs_attention_backward(NULL, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH,
-                                  CAL_NKV, CAL_HS);
+            K->attention_backward(dev, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH, CAL_NKV,
+                                  CAL_HS, bf16);
             if (r >= 0) {
                 tf[r] = t1 - t0;
                 tb[r] = thread_seconds() - t1;
             }
         }
-        c->attention_flops = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf) + fastest(tb));
+        *flops_out = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf) + fastest(tb));
     }
     free(qkv);
     free(dqkv);
@@ -248,7 +289,7 @@ static void evict(const void *p, size_t bytes) {
  * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
  * back (written a whole forward earlier) come from memory, and a loop over one buffer that
  * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
-static fs_status measure_adamw(fs_calibration *c) {
+static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
     const size_t n = CAL_ADAMW_NUMEL;
     float *param = malloc(n * sizeof *param), *m = malloc(n * sizeof *m);
     float *v = malloc(n * sizeof *v), *grad = malloc(n * sizeof *grad);
@@ -274,7 +315,7 @@ static fs_status measure_adamw(fs_calibration *c) {
             evict(grad, n * sizeof *grad);
             evict(param_bf16, n * sizeof *param_bf16);
             double t0 = thread_seconds();
-            fs_adamw_update(NULL, param, param_bf16, m, v, grad, (int64_t)n, hp);
+            fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, (int64_t)n, hp);
             if (r >= 0) t[r] = thread_seconds() - t0;
         }
         c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t);
@@ -316,17 +357,22 @@ fs_status fs_calibration_measure(fs_calibration *out) {
     fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
     fs_calibration c;
     memset(&c, 0, sizeof c);
-    FS_TRY(measure_gemms(&c));
-    FS_TRY(measure_attention(&c));
-    FS_TRY(measure_adamw(&c));
+    fs_device *dev = NULL; /* the CPU's kernel table on the calling thread (pool NULL) */
+    FS_TRY(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
+    fs_status st = measure_gemms(dev, &c);
+    if (st == FS_OK) st = measure_attention(dev, 0, &c.attention_fp32_flops);
+    if (st == FS_OK) st = measure_attention(dev, 1, &c.attention_bf16_flops);
+    if (st == FS_OK) st = measure_adamw(dev, &c);
+    fs_device_close(dev);
+    FS_TRY(st);
     FS_TRY(measure_copy(&c));
     fs_calibration_key(c.key, sizeof c.key);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(c.date, sizeof c.date, "%Y-%m-%d %H:%M:%S", &tm);
-    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.attention_flops) &&
-          isfinite(c.adamw_bytes_per_s) && isfinite(c.copy_bytes_per_s)))
+    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.attention_fp32_flops) &&
+          isfinite(c.attention_bf16_flops) && isfinite(c.adamw_bytes_per_s) && isfinite(c.copy_bytes_per_s)))
         return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
     *out = c;
     return FS_OK;
@@ -360,8 +406,8 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     memset(&c, 0, sizeof c);
     char line[1024];
     int seen = 0, magic = 0, bad = 0;
-    enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_ATTENTION = 16, HAVE_ADAMW = 32,
-           HAVE_COPY = 64, HAVE_ALL = 127 };
+    enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_ATTENTION_FP32 = 16,
+           HAVE_ATTENTION_BF16 = 32, HAVE_ADAMW = 64, HAVE_COPY = 128, HAVE_ALL = 255 };
     while (!bad && fgets(line, sizeof line, f)) {
         size_t len = strlen(line);
         if (len == 0 || line[len - 1] != '\n') { /* a line longer than any we write, or cut */
@@ -391,8 +437,10 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
             seen |= HAVE_FP32;
         } else if (strcmp(name, "gemm_bf16_flops") == 0 && parse_figure(value, &c.gemm_bf16_flops)) {
             seen |= HAVE_BF16;
-        } else if (strcmp(name, "attention_flops") == 0 && parse_figure(value, &c.attention_flops)) {
-            seen |= HAVE_ATTENTION;
+        } else if (strcmp(name, "attention_fp32_flops") == 0 && parse_figure(value, &c.attention_fp32_flops)) {
+            seen |= HAVE_ATTENTION_FP32;
+        } else if (strcmp(name, "attention_bf16_flops") == 0 && parse_figure(value, &c.attention_bf16_flops)) {
+            seen |= HAVE_ATTENTION_BF16;
         } else if (strcmp(name, "adamw_bytes_per_s") == 0 && parse_figure(value, &c.adamw_bytes_per_s)) {
             seen |= HAVE_ADAMW;
         } else if (strcmp(name, "copy_bytes_per_s") == 0 && parse_figure(value, &c.copy_bytes_per_s)) {
@@ -440,10 +488,10 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     FILE *f = fopen(tmp, "w");
     if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     fprintf(f,
-            "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_flops %.17g\n"
-            "adamw_bytes_per_s %.17g\ncopy_bytes_per_s %.17g\n",
-            CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_flops,
-            cal->adamw_bytes_per_s, cal->copy_bytes_per_s);
+            "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_fp32_flops %.17g\n"
+            "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\ncopy_bytes_per_s %.17g\n",
+            CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_fp32_flops,
+            cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->copy_bytes_per_s);
     int failed = ferror(f);
     failed |= fclose(f) != 0;
     if (failed || rename(tmp, path) != 0) {
@@ -462,8 +510,8 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->peak_flops_bf16 = cal->gemm_bf16_flops;
     out->utilisation_fp32 = 1; /* the rates are a layer's forward and backward products */
     out->utilisation_bf16 = 1;
-    out->attention_flops_fp32 = cal->attention_flops; /* the attention kernels are fp32 under */
-    out->attention_flops_bf16 = cal->attention_flops; /* both policies */
+    out->attention_flops_fp32 = cal->attention_fp32_flops; /* each policy's own kernel */
+    out->attention_flops_bf16 = cal->attention_bf16_flops;
     out->memory_bw = cal->adamw_bytes_per_s;
     out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
     out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
@@ -475,7 +523,7 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
 
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out) {
     static fs_hardware hw;
-    static char description[512], note[1200];
+    static char description[640], note[1200];
     static int have; /* measured or read once per process for FS_CALIBRATE_CACHED */
     if (have && mode == FS_CALIBRATE_CACHED) {
         *out = &hw;
@@ -503,11 +551,12 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     cpuinfo_field("model name", model, sizeof model);
     snprintf(description, sizeof description,
              "this machine, one core per rank (%s, %d cores): fp32 GEMM %.1f GFLOP/s (OpenBLAS core %s), "
-             "bf16 GEMM %.1f GFLOP/s (%s kernels, %s), attention %.1f GFLOP/s, AdamW %.1f GB/s, "
-             "memcpy %.1f GB/s",
+             "bf16 GEMM %.1f GFLOP/s (%s kernels, %s), attention fp32 %.1f / bf16 %.1f GFLOP/s (%s), "
+             "AdamW %.1f GB/s, memcpy %.1f GB/s",
              model[0] ? model : "unknown CPU", hw.devices_per_node, cal.gemm_fp32_flops / 1e9,
              fs_kernels_blas_corename(), cal.gemm_bf16_flops / 1e9, fs_kernels_isa_name(fs_kernels_isa()),
-             fs_gemm_path_name(fs_gemm_path_in_use()), cal.attention_flops / 1e9, cal.adamw_bytes_per_s / 1e9,
+             fs_gemm_path_name(fs_gemm_path_in_use()), cal.attention_fp32_flops / 1e9,
+             cal.attention_bf16_flops / 1e9, fs_attention_bf16_path(CAL_HS), cal.adamw_bytes_per_s / 1e9,
              cal.copy_bytes_per_s / 1e9);
     if (origin == FS_HW_CACHED)
         snprintf(note, sizeof note, "cached from %s UTC (%s)", cal.date, path);

@@ -37,39 +37,31 @@ static const fs_hardware a100 = {
     .latency_s = 50e-6,
     .activation_bytes = 2,
 };
+/* H100 and H200 SXM: the same Hopper die, NVLink 4 and NDR NIC per GPU; they differ in their
+ * HBM (size and bandwidth) only */
+#define HOPPER_SXM                                                                           \
+    .peak_flops_fp32 = 495e12, /* TF32 tensor cores, dense */                                \
+    .peak_flops_bf16 = 989e12, /* dense */                                                   \
+    .utilisation_fp32 = 0.4, .utilisation_bf16 = 0.4,                                        \
+    ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),                                      \
+    .intra_busbw = 360e9, /* NVLink 4: 450 GB/s per direction, ~80% as NCCL's busbw */       \
+    .nic_busbw = 45e9,    /* NDR 400 Gb/s = 50 GB/s per GPU; 8 of them: 360 GB/s per ring */ \
+    .devices_per_node = 8, .latency_s = 50e-6, .activation_bytes = 2
 static const fs_hardware h100 = {
     .name = "h100-80gb",
     PUBLISHED,
     .description = "NVIDIA H100 80GB SXM, 8 per node with NVLink 4, NDR InfiniBand 400 Gb/s per GPU",
     .memory_bytes = 80.0 * GIB,
-    .peak_flops_fp32 = 495e12,
-    .peak_flops_bf16 = 989e12,
-    .utilisation_fp32 = 0.4,
-    .utilisation_bf16 = 0.4,
-    ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
     .memory_bw = 3.35e12, /* HBM3 */
-    .intra_busbw = 360e9, /* NVLink 4: 450 GB/s per direction, ~80% as NCCL's busbw */
-    .nic_busbw = 45e9,    /* NDR 400 Gb/s = 50 GB/s per GPU; 8 of them: 360 GB/s per ring */
-    .devices_per_node = 8,
-    .latency_s = 50e-6,
-    .activation_bytes = 2,
+    HOPPER_SXM,
 };
 static const fs_hardware h200 = {
     .name = "h200",
     PUBLISHED,
     .description = "NVIDIA H200 141GB SXM, 8 per node with NVLink 4, NDR InfiniBand 400 Gb/s per GPU",
     .memory_bytes = 140.0 * GIB,
-    .peak_flops_fp32 = 495e12,
-    .peak_flops_bf16 = 989e12,
-    .utilisation_fp32 = 0.4,
-    .utilisation_bf16 = 0.4,
-    ATTENTION_AT_GEMM_RATE(495e12 * 0.4, 989e12 * 0.4),
     .memory_bw = 4.8e12, /* HBM3e */
-    .intra_busbw = 360e9, /* NVLink 4, as the H100 */
-    .nic_busbw = 45e9,    /* NDR 400 Gb/s per GPU, as the H100 */
-    .devices_per_node = 8,
-    .latency_s = 50e-6,
-    .activation_bytes = 2,
+    HOPPER_SXM,
 };
 
 const fs_hardware *const *fs_hardware_presets(void) {

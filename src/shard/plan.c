@@ -1,6 +1,7 @@
 /*
  * plan.c — the shard plan (contract in shard.h): pieces, padding, this rank's intervals, and
- * the bytes the engine allocates per category.
+ * the bytes the engine allocates per category; and the device bytes of NCCL's communicators
+ * beside them on a GPU.
  *
  * The byte figures mirror src/shard/engine.c allocation by allocation; test_engine checks
  * that the accounting allocator measures exactly these numbers.
@@ -346,4 +347,17 @@ void fs_plan_free(fs_plan *pl) {
     free(pl->pieces);
     free(pl->slices);
     memset(pl, 0, sizeof *pl);
+}
+
+size_t fs_nccl_comm_bytes(int ranks) {
+    const size_t per_channel = FS_NCCL_BUFFSIZE + FS_NCCL_LL_BUFFSIZE + FS_NCCL_LL128_BUFFSIZE;
+    return FS_NCCL_BARRIER_BYTES + (ranks > 1 ? (size_t)FS_NCCL_CHANNELS * per_channel : 0);
+}
+
+size_t fs_plan_nccl_bytes(const fs_plan *plan) {
+    const int G = plan->cfg.world, R = plan->cfg.replicas > 1 ? plan->cfg.replicas : 1;
+    if (G * R == 1) return 0; /* a GPU alone: no communicator */
+    size_t b = fs_nccl_comm_bytes(G * R);
+    if (R > 1) b += fs_nccl_comm_bytes(G) + fs_nccl_comm_bytes(R); /* the split's two */
+    return b;
 }

@@ -22,7 +22,7 @@ flavor=release
 [ "$(basename "$BUILD")" = build-debug ] && flavor=debug
 [ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
 expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 cp "$WORK/out" "$WORK/cached.txt"
 expect "the second plan says the figures are cached, and from when" \
@@ -30,9 +30,9 @@ expect "the second plan says the figures are cached, and from when" \
 expect "the device line names this CPU, not a preset's" grep -qF "$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')" "$WORK/out"
 
 # the estimate is the documented formula on the cached figures: GEMM FLOPs over the bf16 GEMM
-# rate, attention FLOPs over the attention rate, the memory-bound and optimizer bytes over
-# AdamW's bytes/s (the optimizer: 42 bytes per shard element under bf16); on shared cores
-# every collective is exposed; busbw = memcpy x 0.4
+# rate, attention FLOPs over the bf16 attention rate (the bf16 policy's own kernel), the
+# memory-bound and optimizer bytes over AdamW's bytes/s (the optimizer: 42 bytes per shard
+# element under bf16); on shared cores every collective is exposed; busbw = memcpy x 0.4
 run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/cached.json"
 expect "the estimate uses the cached figures" $PY -c '
@@ -43,7 +43,7 @@ cal = dict(l.split(" ", 1) for l in open(sys.argv[2]).read().splitlines()[1:])
 est = e["estimate"]
 close = lambda got, want: abs(got - want) <= 1e-9 * abs(want)
 assert close(est["gemm_s"], (est["flops"] - est["attention_flops"]) / float(cal["gemm_bf16_flops"])), est
-assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_flops"])), est
+assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_bf16_flops"])), est
 assert close(est["memory_s"], est["memory_bytes"] / float(cal["adamw_bytes_per_s"])), est
 assert est["optimizer_bytes"] == 42 * (e["bytes"]["master"] // 4), (est["optimizer_bytes"], e["bytes"]["master"])
 assert close(est["optimizer_s"], est["optimizer_bytes"] / float(cal["adamw_bytes_per_s"])), est
@@ -54,7 +54,7 @@ assert est["exposed_comm_s"] == est["comm_s"], "shared cores hide nothing"
 assert abs(est["step_s"] - (est["compute_s"] + est["comm_s"])) <= 1e-12 * est["step_s"]
 ' "$WORK/cached.json" "$CACHE"
 expect "the device line prints every calibrated figure" grep -qE \
-    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention [0-9.]+ GFLOP/s, AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
+    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention fp32 [0-9.]+ / bf16 [0-9.]+ GFLOP/s \([a-z0-9]+\), AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
     "$WORK/cached.txt"
 
 # a corrupt cache is ignored and rewritten
@@ -67,7 +67,13 @@ printf 'flatshard calibration 1\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flo
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 1 cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a version 1 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
-expect "and rewritten as version 2" grep -qx 'flatshard calibration 2' "$CACHE"
+expect "and rewritten as version 3" grep -qx 'flatshard calibration 3' "$CACHE"
+# a cache of version 2 (one attention figure, the fp32 kernel's, for both precisions)
+printf 'flatshard calibration 2\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n' \
+    "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
+run "plan over a version 2 cache" 0 "$FS" plan "${SMALL[@]}" --json
+expect "a version 2 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
+expect "and rewritten with both attention figures" grep -qE '^attention_bf16_flops [0-9]' "$CACHE"
 # another OpenBLAS core is another key: the cache is stale
 run "plan with another OpenBLAS core" 0 env OPENBLAS_CORETYPE=Haswell "$FS" plan "${SMALL[@]}" --json
 expect "a cache of another core is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
@@ -82,6 +88,12 @@ run "plan with an unwritable cache directory" 0 env XDG_CACHE_HOME=/proc/flatsha
 expect "an unwritable cache is not an error, and says so" grep -q '^  device figures: measured now, not cached: ' "$WORK/out"
 run "plan on a published preset" 0 "$FS" plan --model small --device h100-80gb
 expect "a preset says it is one" grep -q '^  device figures: published preset (docs/planner.md)$' "$WORK/out"
+expect "a GPU preset shows NCCL's buffers as a category of their own (2 ranks: one communicator)" \
+    grep -qE "^  nccl +0\.287 \(NCCL's communicators beside the engine's allocator, an estimate: docs/planner.md\)$" "$WORK/out"
+run "plan one GPU alone" 0 "$FS" plan --model small --world 1 --device h100-80gb
+expect "one GPU has no NCCL communicator" grep -qE "^  nccl +0\.000 " "$WORK/out"
+run "plan this-machine as text" 0 "$FS" plan "${SMALL[@]}"
+expect "this machine's ranks talk over MPI or threads: no nccl line" bash -c '! grep -q "^  nccl " "$1"' _ "$WORK/out"
 
 # --- Llama 2 70B on 256 A100 80GB at 2 x 4096 tokens (a micro-batch that needs checkpointing):
 # every memory category against docs/planner.md's formulas, from the published config
@@ -108,6 +120,9 @@ want = {
     "weight_buf": 2 * R * 2 + Nn * 2 + Nn * 4,          # bf16 ring, gathered norms, fp32 norms
     "grad_buf": 2 * R * 4 + Nn * 4,                     # fp32 ring, gathered norm gradients (a GPU
                                                         # sends fp32 gradients: no bf16 wire ring)
+    # NCCL beside the allocator: one communicator of 256 ranks, 32 channels x (Simple 4 MiB +
+    # LL 512 KiB + LL128 120 x 640 x 8 x 8 bytes), and the 4-byte barrier int of nccl.c
+    "nccl": 32 * (4 * 2**20 + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8) + 4,
 }
 def acts(k, B=2, T=4096, act_bytes=2):                  # docs/planner.md, activations
     N = B * T; Sl = (L - k) + (1 if k else 0); r = lambda n: -(-n // 16) * 16
@@ -125,6 +140,7 @@ for k, v in want.items():
 assert b["other"] == other, (b["other"], other)
 assert b["comm"] == 0, b["comm"]                        # on a GPU the comm staging is host memory
 assert b["total"] == sum(v for k, v in b.items() if k != "total"), "total is the sum"
+assert want["nccl"] == 308281348, want["nccl"]
 fixed = sum(want.values()) + other + b["comm"]
 fewest = next(k for k in range(L + 1) if fixed + acts(k) <= 80 * 2**30)
 assert e["ckpt_layers"] == fewest > 0, (e["ckpt_layers"], fewest)
@@ -179,13 +195,26 @@ assert a["chosen"] == fastest == 1, (a["chosen"], fastest, {g: r["step_s"] for g
 assert auto["shard_group"] == 1 and auto["estimate"]["step_s"] == rows[1]["step_s"], "the plan printed is the chosen one"
 assert json.load(open(sys.argv[2] + "/g1.json"))["comm"]["reduce_scatter"]["count"] == 0, "G = 1 reduces nothing in a group"
 ' "$WORK/auto.json" "$WORK"
-mid=$($PY -c 'import json,sys; print((json.load(open(sys.argv[1]))["bytes"]["total"] + json.load(open(sys.argv[2]))["bytes"]["total"]) // 2)' "$WORK/g1.json" "$WORK/g2.json")
-run "plan --shard-group auto with room for G >= 2 only" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --device-mem "$mid" --json
-expect "G = 1 does not fit, and G = 16 (no replica all-reduce) is then fastest" $PY -c '
+# NCCL's buffers: G = 16 holds one communicator (the world's), G = 1 two (the world's and the
+# replicas' of 16; the group of one has no peers), G = 2, 4, 8 three: on tiny they outweigh
+# the sharded state, so G = 2..8 need more memory than G = 1, and G = 16 the least
+expect "the nccl category: 1, 2 or 3 communicators of 308,281,348 bytes (4 for a group of one)" $PY -c '
+import json, sys
+ring = 32 * (4194304 + 524288 + 4915200)
+want = {1: (ring + 4) + 4 + (ring + 4), 2: 3 * (ring + 4), 4: 3 * (ring + 4), 8: 3 * (ring + 4), 16: ring + 4}
+for g, n in want.items():
+    b = json.load(open(sys.argv[1] + "/g%d.json" % g))["bytes"]
+    assert b["nccl"] == n, (g, b["nccl"], n)
+    assert b["total"] == sum(v for k, v in b.items() if k != "total"), (g, "total is the sum, nccl in it")
+' "$WORK"
+mid=$($PY -c 'import json,sys; print((json.load(open(sys.argv[1]))["bytes"]["total"] + json.load(open(sys.argv[2]))["bytes"]["total"]) // 2)' "$WORK/g1.json" "$WORK/g16.json")
+run "plan --shard-group auto with room for G = 16 only" 0 "$FS" plan "${TINY16[@]}" --shard-group auto --device-mem "$mid" --json
+expect "G = 1 does not fit (nor G = 2..8, with more NCCL buffers), and G = 16 is chosen" $PY -c '
 import json, sys
 a = json.load(open(sys.argv[1]))["shard_group_auto"]
 rows = {r["shard_group"]: r for r in a["candidates"]}
-assert not rows[1]["fits"] and all(rows[g]["fits"] for g in (2, 4, 8, 16)), rows
+assert rows[16]["fits"] and not any(rows[g]["fits"] for g in (1, 2, 4, 8)), rows
+assert all(rows[g]["total"] > rows[1]["total"] for g in (2, 4, 8)), rows
 assert a["chosen"] == 16 and a["fits"], a["chosen"]
 assert rows[16]["step_s"] < min(rows[g]["step_s"] for g in (2, 4, 8)), rows
 assert rows[1]["step_s"] < rows[16]["step_s"], "the excluded G = 1 was faster"
