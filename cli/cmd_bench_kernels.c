@@ -351,7 +351,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
             maxref = fmax(maxref, fabs((double)b.ref[i]));
             maxdiff = fmax(maxdiff, fabs((double)b.ref[i] - (double)o[i]));
         }
-        const int single = k == K_XENT_FWD || k == K_XENT_BWD || k == K_EMBED_FWD || k == K_EMBED_BWD ||
+        const int single = k == K_RMSNORM_FWD || k == K_RMSNORM_BWD || k == K_EMBED_FWD || k == K_EMBED_BWD ||
                            k == K_GEMM_FP32;
         /* the bf16 attention against the fp32 kernel (its portable fallback): bf16 operands,
          * so differences of a few 2^-8 of the largest value; past 2^-5, a bug */
