@@ -105,7 +105,7 @@ FS_TARGET_AVX512 static void xent_forward_rows_avx512(void *arg, int64_t begin, 
     for (int64_t n = begin; n < end; n++) {
         const float *x = j->logits + n * Vc;
         if (n + XENT_PREFETCH_ROWS < end) /* the exps leave the loads idle: fetch ahead */
-            for (int64_t i = 0; i < Vc; i += 16) _mm_prefetch((const char *)(x + XENT_PREFETCH_ROWS * Vc + i), _MM_HINT_T0);
+            for (int64_t i = 0; i < Vc; i += 16) __builtin_prefetch(x + XENT_PREFETCH_ROWS * Vc + i);
         __m512 m = _mm512_set1_ps(-INFINITY);
         for (int64_t i = 0; i < Vc; i += 16) {
             const __mmask16 k = Vc - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Vc - i)) - 1);
@@ -153,15 +153,29 @@ double fs_xent_finish(float *lse, float *losses, const float *row_max, const flo
     return N > 0 ? total / (double)N : 0.0;
 }
 
+/* dx[i] = dloss * exp(x[i] - lse) over one row: libm's expf, or fs_cpu_exp16. */
+typedef void (*xent_exp_row)(float *dx, const float *x, float lse, float dloss, int64_t Vc);
+
+static void xent_exp_row_portable(float *dx, const float *x, float lse, float dloss, int64_t Vc) {
+    for (int64_t i = 0; i < Vc; i++) dx[i] = dloss * expf(x[i] - lse);
+}
+
+FS_TARGET_AVX512 static void xent_exp_row_avx512(float *dx, const float *x, float lse, float dloss, int64_t Vc) {
+    const __m512 lv = _mm512_set1_ps(lse), dl = _mm512_set1_ps(dloss);
+    for (int64_t i = 0; i < Vc; i += 16) {
+        const __mmask16 k = Vc - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Vc - i)) - 1);
+        const __m512 e = fs_cpu_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), lv));
+        _mm512_mask_storeu_ps(dx + i, k, _mm512_mul_ps(dl, e));
+    }
+}
+
 /*
  * Forward: loss[n] = lse[n] - logits[n, target[n]],  lse[n] = log sum_j exp(logits[n, j]).
  * Backward: dlogits[n, j] = dloss * (softmax[n, j] - [j == target[n]]),
  * softmax[n, j] = exp(logits[n, j] - lse[n]). Written, not accumulated; in place allowed.
  */
-static void xent_backward_rows(void *arg, int64_t begin, int64_t end, int thread) {
-    const xent_job *j = arg;
+FS_CPU_BODY void xent_backward_range(const xent_job *j, int64_t begin, int64_t end, xent_exp_row exp_row) {
     const int64_t Vc = j->Vc;
-    const float dloss = j->dloss;
     for (int64_t n = begin; n < end; n++) {
         const float *x = j->logits + n * Vc;
         float *dx = j->dlogits + n * Vc; /* may be x itself: each element is read, then written */
@@ -169,32 +183,19 @@ static void xent_backward_rows(void *arg, int64_t begin, int64_t end, int thread
         int64_t tj = (int64_t)j->targets[n] - j->v0;
         int has_target = tj >= 0 && tj < Vc;
         float target_x = has_target ? x[tj] : 0.0f; /* read before an in-place overwrite */
-        for (int64_t i = 0; i < Vc; i++) dx[i] = dloss * expf(x[i] - lse);
-        if (has_target) dx[tj] = dloss * (expf(target_x - lse) - 1.0f);
+        if (n + XENT_PREFETCH_ROWS < end) /* as in the forward */
+            for (int64_t i = 0; i < Vc; i += 16) __builtin_prefetch(x + XENT_PREFETCH_ROWS * Vc + i);
+        exp_row(dx, x, lse, j->dloss, Vc);
+        if (has_target) dx[tj] = j->dloss * (expf(target_x - lse) - 1.0f);
     }
 }
 
-FS_TARGET_AVX512 static void xent_backward_rows_avx512(void *arg, int64_t begin, int64_t end, int thread) {
-    const xent_job *j = arg;
-    const int64_t Vc = j->Vc;
-    const __m512 dloss = _mm512_set1_ps(j->dloss);
-    for (int64_t n = begin; n < end; n++) {
-        const float *x = j->logits + n * Vc;
-        float *dx = j->dlogits + n * Vc; /* may be x itself: each element is read, then written */
-        const float lse = j->lse[n];
-        int64_t tj = (int64_t)j->targets[n] - j->v0;
-        int has_target = tj >= 0 && tj < Vc;
-        float target_x = has_target ? x[tj] : 0.0f; /* read before an in-place overwrite */
-        if (n + XENT_PREFETCH_ROWS < end)
-            for (int64_t i = 0; i < Vc; i += 16) _mm_prefetch((const char *)(x + XENT_PREFETCH_ROWS * Vc + i), _MM_HINT_T0);
-        const __m512 lv = _mm512_set1_ps(lse);
-        for (int64_t i = 0; i < Vc; i += 16) {
-            const __mmask16 k = Vc - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Vc - i)) - 1);
-            const __m512 e = fs_cpu_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), lv));
-            _mm512_mask_storeu_ps(dx + i, k, _mm512_mul_ps(dloss, e));
-        }
-        if (has_target) dx[tj] = j->dloss * (expf(target_x - lse) - 1.0f);
-    }
+static void xent_backward_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    xent_backward_range(arg, begin, end, xent_exp_row_portable);
+}
+
+static void xent_backward_rows_avx512(void *arg, int64_t begin, int64_t end, int thread) {
+    xent_backward_range(arg, begin, end, xent_exp_row_avx512);
 }
 
 void fs_xent_chunk_backward(fs_pool *pool, float *dlogits, const float *logits, const float *lse,
