@@ -204,9 +204,9 @@ static void memcpy_range(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* The median time of a memcpy that moves `traffic` bytes (copies traffic / 2: every byte read
  * once and written once), for a kernel that must read plus write as many. Each repetition
- * follows the same reset() as the kernel's: its source and destination, which reset does not
- * touch, start out of the L2 like the kernels' inputs (reset writes them first, then ~100 MiB
- * of other arrays). Warm, a few-MiB memcpy runs ~2x faster, and so do the kernels. */
+ * follows the same reset() as the kernel's, which does not touch memcpy's buffers and writes
+ * ~100 MiB after the kernels' inputs: both start out of the L2. Warm, a few-MiB memcpy runs
+ * ~2x faster, and so do the kernels. */
 static double time_memcpy(bufs *b, fs_pool *pool, char *dst, char *src, double traffic, double *t,
                           int64_t reps) {
     memcpy_job j = {.dst = dst, .src = src, .bytes = (int64_t)(traffic / 2)};
@@ -306,8 +306,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     char *copy_src = malloc(copy_bytes), *copy_dst = malloc(copy_bytes);
     if (copy_dst && copy_src) /* the first touch, outside any timing */
         memset(copy_dst, 0, copy_bytes), memset(copy_src, 0x5a, copy_bytes);
-    int ok = copy_src && copy_dst && b.w && b.qkv && b.dqkv && b.att && b.lse && b.cos && b.sin && b.p && b.m && b.v && b.g && b.p16 &&
-             b.w16 && b.r1 && b.r2 && b.r3 && b.tok && t;
+    int ok = b.w && b.qkv && b.dqkv && b.att && b.lse && b.cos && b.sin && b.p && b.m && b.v && b.g && b.p16 &&
+             b.w16 && b.r1 && b.r2 && b.r3 && b.tok && t && copy_src && copy_dst;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) ok = ok && *arrays[i];
     fs_pool *pool = NULL;
     if (ok) ok = fs_pool_init(&pool, (int)threads) == FS_OK;
