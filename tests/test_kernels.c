@@ -994,7 +994,16 @@ static void test_xent(void) {
     for (int64_t n = 0; n < N; n++) want_mean += want_losses[n] / (double)N;
     double *fd = dnew(N * V);
     fd_gradient(fd, c.logits, N * V, xent_loss, &c);
-    for (int p = 0; p < N_POOLS; p++) {
+    /* both paths (the AVX-512 one's exp is fs_cpu_exp16, within 2 ulp of expf: the bounds
+     * above hold with room) */
+    static const fs_kernel_isa xent_levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    isa_paths ps = paths_begin();
+    for (int pi = 0; pi < 2 * N_POOLS; pi++) {
+        const int p = pi % N_POOLS;
+        if (p == 0 && !paths_use(&ps, xent_levels[pi / N_POOLS])) {
+            pi++;
+            continue;
+        }
         double mean1 = xent_chunked(pools[p], lse, losses, dl, logits, targets, N, V, one, 1,
                                     dloss, 0);
         CHECK_CLOSE("xent lse, one chunk", lse, want_lse, N, 1e-6, 1e-6);
@@ -1016,6 +1025,7 @@ static void test_xent(void) {
         xent_chunked(pools[p], lse3, losses3, dl_in, logits, targets, N, V, three, 3, dloss, 1);
         CHECK(same_bits(dl_in, dl3, N * V), "xent backward in place differs from out of place");
     }
+    paths_end(&ps);
     /* a row whose target lies in no chunk seen (another rank's part of the vocabulary) has
      * target_logit 0, so that per-rank states can be summed */
     {
@@ -1077,19 +1087,20 @@ static void test_backward_kernels_accumulate(void) {
         accumulates("embedding dwte", a, b, g0, V * C);
         free(dout), free(g0), free(a), free(b);
     }
-    /* rmsnorm */
-    {
+    /* rmsnorm, on one thread (dweight in the rows pass) and on three (by columns) */
+    for (int p = 0; p < N_POOLS; p++) {
+        fs_pool *rms_pool = pools[p];
         const int64_t N = 7, C = 40;
         float *inp = fnew(N * C), *w = fnew(C), *dout = fnew(N * C), *out = fnew(N * C);
         float *rstd = fnew(N), *g0i = fnew(N * C), *g0w = fnew(C);
         float *ai = fnew(N * C), *aw = fnew(C), *bi = fnew(N * C), *bw = fnew(C);
         fill_normal(inp, N * C, 1.0f), fill_normal(w, C, 1.0f), fill_normal(dout, N * C, 1.0f);
         fill_normal(g0i, N * C, 1.0f), fill_normal(g0w, C, 1.0f);
-        fs_rmsnorm_forward(pool, out, rstd, inp, w, N, C, 1e-5f);
+        fs_rmsnorm_forward(rms_pool, out, rstd, inp, w, N, C, 1e-5f);
         memcpy(bi, g0i, (size_t)(N * C) * sizeof(float));
         memcpy(bw, g0w, (size_t)C * sizeof(float));
-        fs_rmsnorm_backward(pool, ai, aw, dout, inp, w, rstd, N, C);
-        fs_rmsnorm_backward(pool, bi, bw, dout, inp, w, rstd, N, C);
+        fs_rmsnorm_backward(rms_pool, ai, aw, dout, inp, w, rstd, N, C);
+        fs_rmsnorm_backward(rms_pool, bi, bw, dout, inp, w, rstd, N, C);
         accumulates("rmsnorm dinp", ai, bi, g0i, N * C);
         accumulates("rmsnorm dweight", aw, bw, g0w, C);
         free(inp), free(w), free(dout), free(out), free(rstd), free(g0i), free(g0w);
@@ -1521,6 +1532,98 @@ static void test_swiglu_paths_agree(void) {
     free(gu), free(o1), free(o2), free(dy), free(d1), free(d2);
 }
 
+/* RoPE: the AVX-512 copy runs the portable loop's operations in the same order, so the same
+ * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
+ * 16), rows of several heads inside a wider row (ld), on one thread and three. */
+static void test_rope_paths_same_bits(void) {
+    if (fs_kernels_cpu_isa() < FS_ISA_AVX512)
+        SKIP(FS_SKIP_NOT_APPLICABLE, "the avx512 RoPE path is not available on this CPU (best: %s)",
+             fs_kernels_isa_name(fs_kernels_cpu_isa()));
+    static const int64_t halves[] = {1, 7, 8, 9, 16, 24, 40, 100};
+    const fs_kernel_isa before = fs_kernels_isa();
+    for (size_t s = 0; s < sizeof halves / sizeof halves[0]; s++) {
+        const int64_t T = 3, B = 4, nh = 3, HS = 2 * halves[s], ld = nh * HS + 5;
+        float *cs = fnew(T * HS / 2), *sn = fnew(T * HS / 2), *q0 = fnew(B * T * ld), *q[2];
+        fs_rope_table(cs, sn, T, HS, 10000.0f);
+        fill_normal(q0, B * T * ld, 1.0f);
+        for (int dir = 0; dir < 2; dir++)
+            for (int p = 0; p < N_POOLS; p++) {
+                for (int i = 0; i < 2; i++) {
+                    fs_kernels_set_isa(i ? FS_ISA_AVX512 : FS_ISA_PORTABLE);
+                    q[i] = fcopy(q0, B * T * ld);
+                    (dir ? fs_rope_backward : fs_rope_forward)(pools[p], q[i], ld, cs, sn, B, T, nh, HS);
+                }
+                CHECK(same_bits(q[0], q[1], B * T * ld), "rope %s HS=%lld pool %d: avx512 differs from portable",
+                      dir ? "backward" : "forward", (long long)HS, pool_sizes[p]);
+                free(q[0]), free(q[1]);
+            }
+        free(cs), free(sn), free(q0);
+    }
+    fs_kernels_set_isa(before);
+    fs_test_note("avx512 vs portable");
+}
+
+/* The cross-entropy's AVX-512 path (fs_cpu_exp16) against the portable one (libm expf), over
+ * logits spread across -170 .. 80 and chunks that end inside a vector: the running max the
+ * same bits (a max is exact), the running sums within 4 ulp (2 ulp of each exp; the lanes
+ * are the same), the target logits the same bits, and each gradient within 4 ulp of the
+ * larger value plus 4 ulp of dloss (the target's p - 1 cancels). */
+static void test_xent_paths_agree(void) {
+    if (fs_kernels_cpu_isa() < FS_ISA_AVX512)
+        SKIP(FS_SKIP_NOT_APPLICABLE, "the avx512 cross-entropy path is not available on this CPU (best: %s)",
+             fs_kernels_isa_name(fs_kernels_cpu_isa()));
+    const int64_t N = 5, V = 301, bounds[] = {0, 13, 14, 150, V};
+    float *logits = fnew(N * V), *st[2][3], *dl[2];
+    int32_t targets[5] = {0, 13, 200, V - 1, 42};
+    for (int64_t i = 0; i < N * V; i++) logits[i] = -80.0f + 160.0f * (float)((i * 7919) % 1009) / 1008.0f;
+    for (int64_t i = 0; i < V; i++) logits[i] -= 90.0f; /* row 0 all negative: a tail must not count as 0 */
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 3; k++) st[i][k] = fnew(N);
+        dl[i] = fnew(N * V);
+    }
+    const fs_kernel_isa before = fs_kernels_isa();
+    const float dloss = 0.37f;
+    for (int i = 0; i < 2; i++) {
+        fs_kernels_set_isa(i ? FS_ISA_AVX512 : FS_ISA_PORTABLE);
+        float *chunk = fnew(N * V);
+        for (int c = 0; c < 4; c++) {
+            const int64_t v0 = bounds[c], Vc = bounds[c + 1] - v0;
+            for (int64_t n = 0; n < N; n++) memcpy(chunk + n * Vc, logits + n * V + v0, (size_t)Vc * sizeof(float));
+            fs_xent_chunk_forward(pools[1], st[i][0], st[i][1], st[i][2], chunk, targets, N, Vc, v0, c == 0);
+        }
+        float lse[5];
+        for (int64_t n = 0; n < N; n++) lse[n] = st[0][0][n] + logf(st[0][1][n]); /* both: the portable state */
+        for (int c = 0; c < 4; c++) {
+            const int64_t v0 = bounds[c], Vc = bounds[c + 1] - v0;
+            for (int64_t n = 0; n < N; n++) memcpy(chunk + n * Vc, logits + n * V + v0, (size_t)Vc * sizeof(float));
+            fs_xent_chunk_backward(pools[1], chunk, chunk, lse, targets, N, Vc, v0, dloss);
+            for (int64_t n = 0; n < N; n++) memcpy(dl[i] + n * V + v0, chunk + n * Vc, (size_t)Vc * sizeof(float));
+        }
+        free(chunk);
+    }
+    fs_kernels_set_isa(before);
+    CHECK(same_bits(st[0][0], st[1][0], N), "xent running max: avx512 differs from portable");
+    CHECK(same_bits(st[0][2], st[1][2], N), "xent target logits: avx512 differ from portable");
+    for (int64_t n = 0; n < N; n++)
+        CHECK(fabs((double)st[0][1][n] - (double)st[1][1][n]) <= 4.0 * 0x1p-23 * fabs((double)st[0][1][n]),
+              "xent running sum row %lld: portable %.9g, avx512 %.9g", (long long)n, (double)st[0][1][n],
+              (double)st[1][1][n]);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < N * V; i++) {
+        const double a = dl[0][i], b = dl[1][i];
+        const double tol = 4.0 * 0x1p-23 * (fmax(fabs(a), fabs(b)) + dloss);
+        if (!(fabs(a - b) <= tol) && bad++ < 3)
+            CHECK(0, "xent dlogits[%lld]: portable %.9g, avx512 %.9g", (long long)i, a, b);
+    }
+    CHECK(bad == 0, "%lld xent gradients differ by more than the tolerance", (long long)bad);
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 3; k++) free(st[i][k]);
+        free(dl[i]);
+    }
+    free(logits);
+    fs_test_note("avx512 vs portable");
+}
+
 /* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
  * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
 static void test_sum_squares_and_scale(void) {
@@ -1590,6 +1693,8 @@ int main(void) {
     RUN_SEEDED(test_adamw_matches_pytorch);
     RUN_SEEDED(test_adamw_writes_the_bf16_copy);
     RUN_SEEDED(test_swiglu_paths_agree);
+    RUN_SEEDED(test_rope_paths_same_bits);
+    RUN_SEEDED(test_xent_paths_agree);
     RUN_SEEDED(test_sum_squares_and_scale);
     for (int p = 0; p < N_POOLS; p++) fs_pool_free(pools[p]);
     return fs_test_summary();
