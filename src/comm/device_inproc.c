@@ -38,6 +38,11 @@
  * free its communicator destroys all of them, with its own device (one GPU, or emulated: the
  * event needs no other): by then every rank has left its last collective.
  *
+ * A rank that leaves a collective with a failure fails the communicator (every peer is released
+ * at its next rendezvous) and returns only once no rank is inside one of its collectives: a
+ * peer past the last rendezvous it met may still be reading this rank's buffers, which the
+ * caller frees as soon as the call returns.
+ *
  * Sums are fp32 (the engine's gradients); conversion and accumulate are refused as NCCL
  * refuses them. What this file does not do: more than one GPU, or ranks of other processes.
  */
@@ -46,6 +51,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "flatshard/device.h"
 
@@ -68,6 +74,7 @@ typedef struct di_hello {
 /* The ranks' events, shared (see the header comment). */
 typedef struct di_shared {
     atomic_int refs;          /* ranks whose communicator is alive */
+    atomic_int inside;        /* ranks between the first rendezvous of a collective and its end */
     int world;
     fs_device_event **ev;     /* (world x DI_PHASES) */
 } di_shared;
@@ -107,6 +114,8 @@ static fs_status sum_chunk(fs_comm *c, fs_stream s, float *out, size_t at, size_
     return FS_OK;
 }
 
+static fs_status di_phases(fs_comm *c, const fs_comm_op *op);
+
 static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
     di_impl *d = impl_of(c);
     const int reduces = op->coll == FS_COLL_REDUCE_SCATTER || op->coll == FS_COLL_ALL_REDUCE;
@@ -114,6 +123,29 @@ static fs_status di_builtin(fs_comm *c, const fs_comm_op *op) {
     if (reduces && (op->dtype != FS_DTYPE_FP32 || op->op != FS_REDOP_SUM))
         return fs_errorf(FS_ERR_USAGE, "rank %d: the in-process device backend sums fp32 only, not "
                                        "%s %s", fs_comm_global_rank(c, c->rank), fs_dtype_name(op->dtype), fs_redop_name(op->op));
+    /* A rank that leaves a collective early (its failure, or a failure that crossed from
+     * another communicator) must not let its caller free the buffers a peer may still be
+     * reading after their last rendezvous (an ASan use-after-free, seen once in CI under
+     * load): it fails the communicator, which releases every peer at its next rendezvous,
+     * and returns once no rank is inside a collective of it any more. A rank that leaves
+     * normally has met every peer after their last read of its buffers. */
+    di_shared *g = d->shared;
+    atomic_fetch_add_explicit(&g->inside, 1, memory_order_acq_rel);
+    fs_status st = di_phases(c, op);
+    atomic_fetch_sub_explicit(&g->inside, 1, memory_order_acq_rel);
+    if (st != FS_OK) {
+        fs_comm_abort(d->inner);
+        while (atomic_load_explicit(&g->inside, memory_order_acquire) > 0) {
+            const struct timespec pause = {0, 100 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    return st;
+}
+
+/* The phases of one collective (the header comment). */
+static fs_status di_phases(fs_comm *c, const fs_comm_op *op) {
+    di_impl *d = impl_of(c);
     const fs_stream s = (fs_stream)op->stream;
     const size_t elem = fs_dtype_size(op->dtype), n = op->count;
     const int W = c->world, r = c->rank;
@@ -241,6 +273,7 @@ static fs_status di_create(fs_comm *inner, fs_comm *control, fs_device *dev, int
         if (g) {
             g->world = c->world;
             atomic_init(&g->refs, c->world);
+            atomic_init(&g->inside, 0);
         } else {
             st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the device rendezvous' events");
         }
