@@ -540,6 +540,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
                          fs_comm_world(cfg.data_comm) == e->ranks &&
                          fs_comm_rank(cfg.data_comm) == fs_comm_rank(comm));
     if ((e->on_gpu && e->ranks != 1 && !cfg.data_comm) || !data_ok) {
+        const int ranks = e->ranks; /* for the message, after e is gone */
         fs_device_close(e->own_dev);
         if (e->group != comm) fs_comm_free(e->group);
         fs_comm_free(e->replica);
@@ -552,7 +553,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         return fs_errorf(FS_ERR_USAGE,
                          "--device %s with %d ranks needs NCCL (a data communicator): one GPU "
                          "per MPI process, in a build with NCCL",
-                         fs_device_kind_name(fs_device_kind_of(cfg.device)), e->ranks);
+                         fs_device_kind_name(fs_device_kind_of(cfg.device)), ranks);
     }
     e->data = cfg.data_comm;
     if (replicas > 1 && e->on_gpu) {
