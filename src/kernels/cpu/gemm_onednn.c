@@ -486,23 +486,6 @@ FS_TARGET_AVX512BF16 static void pack_block_avx512bf16(const pack_job *j, uint16
     }
 }
 
-static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
-    const pack_job *j = arg;
-    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
-    for (int64_t i = begin; i < end; i++) {
-        const int64_t k0 = i % j->kb * 32, n0 = i / j->kb * 64;
-        uint16_t *out = j->out + i * 2048;
-        if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
-            pack_block_avx512bf16(j, out, k0, n0);
-            continue;
-        }
-        for (int64_t k = 0; k < 32; k++) /* an edge block, zero-padded */
-            for (int64_t n = 0; n < 64; n++)
-                out[(k / 2 * 64 + n) * 2 + k % 2] =
-                    k0 + k < j->K && n0 + n < j->N ? fs_fp32_to_bf16(j->in[(k0 + k) * j->ld + n0 + n]) : 0;
-    }
-}
-
 /* A bf16 B stored transposed (the forward's weight, (N, K)): a row pair of B at column n is
  * the 32-bit word at k of the weight's row n, so a block is a 64 x 16 -> 16 x 64 transpose of
  * 32-bit words, four transpose16 of whole 64-byte rows (bits moved, none changed). */
@@ -515,19 +498,26 @@ FS_TARGET_AVX512BF16 static void pack_block_bf16t_avx512(const pack_job *j, uint
     }
 }
 
-static void pack_blocks_bf16t(void *arg, int64_t begin, int64_t end, int thread) {
+/* B's value at (k, n) as bf16: rounded from an fp32 B, or read from a transposed bf16 one */
+static inline uint16_t pack_value(const pack_job *j, int64_t k, int64_t n) {
+    return j->in16 ? j->in16[n * j->ld + k] : fs_fp32_to_bf16(j->in[k * j->ld + n]);
+}
+
+static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     const pack_job *j = arg;
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
     for (int64_t i = begin; i < end; i++) {
         const int64_t k0 = i % j->kb * 32, n0 = i / j->kb * 64;
         uint16_t *out = j->out + i * 2048;
         if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
-            pack_block_bf16t_avx512(j, out, k0, n0);
+            if (j->in16) pack_block_bf16t_avx512(j, out, k0, n0);
+            else pack_block_avx512bf16(j, out, k0, n0);
             continue;
         }
-        for (int64_t k = 0; k < 32; k++)
+        for (int64_t k = 0; k < 32; k++) /* an edge block, zero-padded */
             for (int64_t n = 0; n < 64; n++)
-                out[(k / 2 * 64 + n) * 2 + k % 2] = k0 + k < j->K && n0 + n < j->N ? j->in16[(n0 + n) * j->ld + k0 + k] : 0;
+                out[(k / 2 * 64 + n) * 2 + k % 2] =
+                    k0 + k < j->K && n0 + n < j->N ? pack_value(j, k0 + k, n0 + n) : 0;
     }
 }
 
@@ -536,7 +526,7 @@ static void pack_blocks_bf16t(void *arg, int64_t begin, int64_t end, int thread)
 static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int64_t m) {
     if (o.dtype == FS_GEMM_BF16 && stage_packs(o, 0, rows, cols, m)) {
         pack_job j = {.in16 = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
-        fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks_bf16t, &j);
+        fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks, &j);
         return;
     }
     if (o.dtype != FS_GEMM_F32) return;
