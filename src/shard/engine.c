@@ -10,10 +10,15 @@
  *   adam_m/v    fp32 (F) ddp, else (S)
  *   compute     bf16 copy of the weights: (F) for ddp/zero1/zero2, (S) otherwise
  *   ring[2]     yafsdp: the two weight buffers (R, compute dtype)
- *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32)
- *   gwire[2]    yafsdp, zero2 under bf16 with W > 1: each gradient buffer rounded to bf16
- *               (R, bf16), which the reduce-scatter sends and sums in fp32
- *               (fs_plan_bf16_grad_wire): half the bytes on the wire
+ *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32), which the reduce-scatter
+ *               sends; under the bf16 wire one (gring[0]), since the collective reads its
+ *               bf16 copy
+ *   gwire[2]    yafsdp, zero2 under bf16 with W > 1: each backward op's gradient rounded
+ *               to bf16 (R, bf16), which the reduce-scatter sends and sums in fp32
+ *               (fs_plan_bf16_grad_wire): half the bytes on the wire. The fp32 buffer is
+ *               free again once it is rounded (on the compute thread or stream, before
+ *               the collective is queued), so two wire buffers and one fp32 buffer carry
+ *               the same overlap as two fp32 buffers, R x 4 bytes fewer
  *   norm_buf    sharded weights: the gathered norm group (Nn, compute dtype)
  *   norm_grads  sharded gradients: the norm group's gradient (Nn, fp32)
  *   norm32      bf16: the norm group in fp32 (Nn), which the kernels read
@@ -609,7 +614,8 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         ALLOC(FS_MEM_WEIGHT_BUF, Nn * f4, "fp32 norm weights", &e->norm32);
     }
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !e->in_place)
-        for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
+        for (int b = 0; b < (fs_plan_bf16_grad_wire(plan) ? 1 : 2); b++)
+            ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
     if (fs_plan_bf16_grad_wire(plan))
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * 2, "bf16 gradient wire buffer", &e->gwire[b]);
     if (!fs_strategy_full_grads(s) && !e->in_place)
@@ -769,6 +775,10 @@ fs_status fs_engine_acquire_backward(fs_engine *e, int op, const void **weights,
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2:
+        if (e->gwire[b]) { /* the one fp32 buffer: the collectives read the wire copies */
+            *grads = e->gring[0];
+            return FS_OK;
+        }
         /* the buffer's previous reduce-scatter (op + 2's) must be done reading it */
         FS_TRY(wait_ticket(e, e->gring_ticket[b]));
         *grads = e->gring[b];
@@ -814,14 +824,17 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2: {
+        float *grads = e->gwire[b] ? e->gring[0] : e->gring[b];
         /* the padding must reach the reduce-scatter as zeros */
-        e->K->zero(e->dev, e->gring[b] + numel, (size_t)(su->full_numel - numel) * sizeof(float));
+        e->K->zero(e->dev, grads + numel, (size_t)(su->full_numel - numel) * sizeof(float));
         /* bf16 on the wire: the unit's fp32 gradient rounded once (on the compute thread,
-         * before the collective is queued), the sum over ranks in fp32 into the fp32 shard */
-        const void *send = e->gring[b];
+         * before the collective is queued), the sum over ranks in fp32 into the fp32 shard;
+         * the wire buffer's previous reduce-scatter (op + 2's) must be done reading it */
+        const void *send = grads;
         fs_dtype send_dtype = FS_DTYPE_FP32;
         if (e->gwire[b]) {
-            e->K->cast_fp32_to_bf16(e->dev, e->gwire[b], e->gring[b], su->full_numel);
+            FS_TRY(wait_ticket(e, e->gring_ticket[b]));
+            e->K->cast_fp32_to_bf16(e->dev, e->gwire[b], grads, su->full_numel);
             send = e->gwire[b];
             send_dtype = FS_DTYPE_BF16;
         }
