@@ -445,7 +445,9 @@ static void test_reference_model_loads_in_flatshard(void) {
 /* Block l's forward and backward as llama.c ran them while it kept ln1, ln2, h and xmid:
  * every activation in an array of its own, read back in backward. llama.c now makes those
  * four again in backward; with the same kernels on the same inputs the gradients must be the very
- * same bits (fp32 and bf16 policies). */
+ * same bits (fp32 and bf16 policies). Under bf16 llama.c also takes the CPU's bf16 dgu route
+ * (fs_swiglu_backward_bf16 into the gate/up backward GEMMs), which this reference does not:
+ * the same bits again. */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     float *dres, *dln, *dqkv, *datt, *dgu, *dh;

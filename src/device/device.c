@@ -387,6 +387,17 @@ static void cpu_swiglu_backward(fs_device *d, float *dgu, const float *dout, con
     fs_swiglu_backward(d->pool, dgu, dout, gu, N, FF);
 }
 
+static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, const float *dout, const float *gu,
+                                     int64_t N, int64_t FF) {
+    fs_swiglu_backward_bf16(d->pool, dgu, dout, gu, N, FF);
+}
+
+static void cpu_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                          const float *inp, const void *w, int64_t N, int64_t IC,
+                                          int64_t OC, int acc_dinp, int acc_dw) {
+    fs_matmul_backward_bf16_dout(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
 static void cpu_xent_chunk_forward(fs_device *d, float *row_max, float *row_sum,
                                    float *target_logit, const float *logits,
                                    const int32_t *targets, int64_t N, int64_t Vc, int64_t v0,
@@ -446,6 +457,8 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .attention_backward = cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
+    .linear_backward_bf16_dout = cpu_linear_backward_bf16_dout,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,

@@ -454,13 +454,26 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     PROF(m, FS_PROF_GEMM,
          linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
-    PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
-    PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+    /* under bf16, where the device has them, dgu is written as bf16 into the first half of
+     * its array (the GEMMs below would round it to bf16 anyway: the same bits, half the bytes,
+     * no zeroing pass) */
+    const int dgu16 = m->bf16_weights && K->swiglu_backward_bf16 && K->linear_backward_bf16_dout;
+    uint16_t *dgu_bf16 = (uint16_t *)(void *)a->dgu;
+    if (dgu16) {
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, a->dh, gu, N, FF));
+    } else {
+        PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+    }
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    if (dgu16)
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_dout(dev, a->dln, bg.gu, dgu_bf16, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    else
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
          K->rmsnorm_backward(dev, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */

@@ -51,7 +51,8 @@ typedef struct fs_cpu_linear_gemm {
     int64_t M, N, K, ldc;
 } fs_cpu_linear_gemm;
 fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const float *inp, const uint16_t *weight,
-                                         const float *dout, int64_t N, int64_t IC, int64_t OC);
+                                         const void *dout, int dout_bf16, int64_t N, int64_t IC,
+                                         int64_t OC);
 /* fs_gemm_bf16 on the oneDNN path (gemm_onednn.c); M, N, K > 0. */
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
