@@ -1535,12 +1535,12 @@ static void test_swiglu_paths_agree(void) {
 /* RoPE: the AVX-512 copy runs the portable loop's operations in the same order, so the same
  * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
  * 16), rows of several heads inside a wider row (ld), on one thread and three. */
-/* fs_swiglu_backward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of what
- * fs_swiglu_backward leaves in a zeroed dgu, on each path against the same path's fp32
+/* fs_swiglu_forward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of fs_swiglu_forward's
+ * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu, on each path against the same path's fp32
  * kernel, on 1 and 3 threads: the gate over -100..100 (exp overflowing: silu = -0, which the
  * zeroed fp32 dgu turns into +0), a masked tail (FF = 1001), and NaN (one whose payload
  * needs the NaN rounding branch) and infinite gradients. */
-static void test_swiglu_backward_bf16(void) {
+static void test_swiglu_bf16_outputs(void) {
     static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
     const int64_t N = 5, FF = 1001;
     float *gu = fnew(N * 2 * FF), *dy = fnew(N * FF), *d32 = fnew(N * 2 * FF);
@@ -1563,6 +1563,15 @@ static void test_swiglu_backward_bf16(void) {
         fs_kernel_isa before = fs_kernels_set_isa(levels[li]);
         for (int p = 0; p < 2; p++) {
             fs_pool *pool = pools[p];
+            memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
+            memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            fs_swiglu_forward(pool, d32, gu, N, FF); /* h, and its bf16 form */
+            fs_swiglu_forward_bf16(pool, d16, gu, N, FF);
+            int64_t hbad = 0;
+            for (int64_t i = 0; i < N * FF; i++)
+                if (d16[i] != fs_fp32_to_bf16(d32[i]) && hbad++ < 3)
+                    CHECK(0, "%s, pool %d: h[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)", fs_kernels_isa_name(levels[li]),
+                          p ? 3 : 1, (long long)i, d16[i], fs_fp32_to_bf16(d32[i]), d32[i]);
             memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
             memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             fs_swiglu_backward(pool, d32, dy, gu, N, FF);
@@ -1733,7 +1742,7 @@ int main(void) {
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);
     RUN_SEEDED(test_attention_bf16);
-    RUN(test_swiglu_backward_bf16);
+    RUN(test_swiglu_bf16_outputs);
     RUN_SEEDED(test_cast_bf16);
     RUN_SEEDED(test_swiglu);
     RUN_SEEDED(test_xent);

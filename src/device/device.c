@@ -392,6 +392,21 @@ static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, const float *d
     fs_swiglu_backward_bf16(d->pool, dgu, dout, gu, N, FF);
 }
 
+static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF) {
+    fs_swiglu_forward_bf16(d->pool, out, gu, N, FF);
+}
+
+static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
+                                        int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    fs_matmul_forward_bf16_inp(d->pool, &d->stage, out, inp, w, N, IC, OC, accumulate);
+}
+
+static void cpu_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
+                                         const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                         int64_t OC, int acc_dinp, int acc_dw) {
+    fs_matmul_backward_bf16_inp(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
 static void cpu_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
                                           const float *inp, const void *w, int64_t N, int64_t IC,
                                           int64_t OC, int acc_dinp, int acc_dw) {
@@ -459,6 +474,9 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .swiglu_backward = cpu_swiglu_backward,
     .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
     .linear_backward_bf16_dout = cpu_linear_backward_bf16_dout,
+    .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
+    .linear_forward_bf16_inp = cpu_linear_forward_bf16_inp,
+    .linear_backward_bf16_inp = cpu_linear_backward_bf16_inp,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,

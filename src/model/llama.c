@@ -338,6 +338,14 @@ static int64_t slot_of(const fs_acts *a, int l) {
     return l < a->ckpt_layers ? 0 : l - a->ckpt_layers + 1;
 }
 
+/* Under bf16, where the device has the kernels, h is made in bf16 (into the first half of its
+ * scratch) and read so by the down projection's GEMMs, which would round an fp32 h to bf16
+ * anyway: the same bits, half the bytes written, no rounding stage. */
+static int h_in_bf16(const fs_model *m) {
+    const fs_kernel_table *K = m->dev->kernels;
+    return m->bf16_weights && K->swiglu_forward_bf16 && K->linear_forward_bf16_inp && K->linear_backward_bf16_inp;
+}
+
 /* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in
  * backward without touching x[l+1], which the following blocks have already consumed. */
 static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
@@ -375,6 +383,13 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
     if (!write_output) return; /* h only feeds the down projection; backward makes it again */
+    if (h_in_bf16(m)) {
+        uint16_t *h16 = (uint16_t *)(void *)h;
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+        PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, x_next, h16, bw.down, N, FF, C, 1));
+        return;
+    }
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
@@ -451,9 +466,16 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
     /* dres = dL/dx[l+1] on entry; MLP branch */
-    PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+    if (h_in_bf16(m)) {
+        uint16_t *h16 = (uint16_t *)(void *)h;
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, a->dh, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+    } else {
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+    }
     /* under bf16, where the device has them, dgu is written as bf16 into the first half of
      * its array (the GEMMs below would round it to bf16 anyway: the same bits, half the bytes,
      * no zeroing pass) */

@@ -58,6 +58,51 @@ FS_TARGET_AVX512 static void swiglu_forward_rows_avx512(void *arg, int64_t begin
     }
 }
 
+/* h rounded to bf16: the same values, then fs_fp32_to_bf16 (round16_bf16 below). */
+typedef struct swiglu16f_job {
+    uint16_t *out;
+    const float *gu;
+    int64_t FF;
+} swiglu16f_job;
+
+static void swiglu_forward_bf16_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu16f_job *j = arg;
+    const int64_t FF = j->FF;
+    for (int64_t n = begin; n < end; n++) {
+        const float *restrict gate = j->gu + n * 2 * FF;
+        const float *restrict up = gate + FF;
+        uint16_t *restrict o = j->out + n * FF;
+        for (int64_t i = 0; i < FF; i++) {
+            float x = gate[i];
+            o[i] = fs_fp32_to_bf16(x / (1.0f + expf(-x)) * up[i]);
+        }
+    }
+}
+
+FS_TARGET_AVX512 static inline __m256i round16_bf16(__m512 v);
+
+FS_TARGET_AVX512 static void swiglu_forward_bf16_rows_avx512(void *arg, int64_t begin, int64_t end, int thread) {
+    const swiglu16f_job *j = arg;
+    const int64_t FF = j->FF;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t n = begin; n < end; n++) {
+        const float *gate = j->gu + n * 2 * FF, *up = gate + FF;
+        uint16_t *o = j->out + n * FF;
+        for (int64_t i = 0; i < FF; i += 16) {
+            const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
+            const __m512 x = _mm512_maskz_loadu_ps(k, gate + i);
+            const __m512 e1 = _mm512_add_ps(one, fs_cpu_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+            _mm256_mask_storeu_epi16(o + i, k, round16_bf16(_mm512_mul_ps(_mm512_div_ps(x, e1), _mm512_maskz_loadu_ps(k, up + i))));
+        }
+    }
+}
+
+void fs_swiglu_forward_bf16(fs_pool *pool, uint16_t *out, const float *gu, int64_t N, int64_t FF) {
+    swiglu16f_job j = {.out = out, .gu = gu, .FF = FF};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF),
+                         fs_kernels_isa() >= FS_ISA_AVX512 ? swiglu_forward_bf16_rows_avx512 : swiglu_forward_bf16_rows, &j);
+}
+
 void fs_swiglu_forward(fs_pool *pool, float *out, const float *gu, int64_t N, int64_t FF) {
     swiglu_job j = {.out = out, .gu = gu, .FF = FF};
     fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF),
