@@ -1536,7 +1536,8 @@ static void test_swiglu_paths_agree(void) {
  * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
  * 16), rows of several heads inside a wider row (ld), on one thread and three. */
 /* fs_swiglu_forward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of fs_swiglu_forward's
- * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu, on each path against the same path's fp32
+ * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu (and
+ * its optional h that of fs_swiglu_forward_bf16), on each path against the same path's fp32
  * kernel, on 1 and 3 threads: the gate over -100..100 (exp overflowing: silu = -0, which the
  * zeroed fp32 dgu turns into +0), a masked tail (FF = 1001), and NaN (one whose payload
  * needs the NaN rounding branch) and infinite gradients. */
@@ -1544,7 +1545,8 @@ static void test_swiglu_bf16_outputs(void) {
     static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
     const int64_t N = 5, FF = 1001;
     float *gu = fnew(N * 2 * FF), *dy = fnew(N * FF), *d32 = fnew(N * 2 * FF);
-    uint16_t *d16 = xcalloc(N * 2 * FF, sizeof(uint16_t));
+    uint16_t *d16 = xcalloc(N * 2 * FF, sizeof(uint16_t)), *d2 = xcalloc(N * 2 * FF, sizeof(uint16_t));
+    uint16_t *h1 = xcalloc(N * FF, sizeof(uint16_t)), *h2 = xcalloc(N * FF, sizeof(uint16_t));
     for (int64_t n = 0; n < N; n++)
         for (int64_t i = 0; i < FF; i++) {
             gu[n * 2 * FF + i] = -100.0f + 200.0f * (float)i / (float)(FF - 1) + 0.37f * (float)n;
@@ -1567,6 +1569,7 @@ static void test_swiglu_bf16_outputs(void) {
             memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             fs_swiglu_forward(pool, d32, gu, N, FF); /* h, and its bf16 form */
             fs_swiglu_forward_bf16(pool, d16, gu, N, FF);
+            memcpy(h1, d16, (size_t)(N * FF) * sizeof(uint16_t));
             int64_t hbad = 0;
             for (int64_t i = 0; i < N * FF; i++)
                 if (d16[i] != fs_fp32_to_bf16(d32[i]) && hbad++ < 3)
@@ -1575,7 +1578,7 @@ static void test_swiglu_bf16_outputs(void) {
             memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
             memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             fs_swiglu_backward(pool, d32, dy, gu, N, FF);
-            fs_swiglu_backward_bf16(pool, d16, dy, gu, N, FF);
+            fs_swiglu_backward_bf16(pool, d16, NULL, dy, gu, N, FF);
             int64_t bad = 0, zeros = 0;
             for (int64_t i = 0; i < N * 2 * FF; i++) {
                 zeros += d16[i] == 0;
@@ -1587,10 +1590,19 @@ static void test_swiglu_bf16_outputs(void) {
             CHECK(bad == 0, "%s, pool %d: %lld of %lld values differ", fs_kernels_isa_name(levels[li]), p ? 3 : 1,
                   (long long)bad, (long long)(N * 2 * FF));
             CHECK(zeros > 0, "the case never produced a zero gradient (the -0 -> +0 rule went untested)");
+            /* with h: the same dgu, and h as fs_swiglu_forward_bf16 makes it */
+            memset(d2, 0xcd, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            memset(h2, 0xcd, (size_t)(N * FF) * sizeof(uint16_t));
+            fs_swiglu_backward_bf16(pool, d2, h2, dy, gu, N, FF);
+            CHECK(memcmp(d2, d16, (size_t)(N * 2 * FF) * sizeof(uint16_t)) == 0, "%s, pool %d: dgu changed with h",
+                  fs_kernels_isa_name(levels[li]), p ? 3 : 1);
+            CHECK(memcmp(h2, h1, (size_t)(N * FF) * sizeof(uint16_t)) == 0,
+                  "%s, pool %d: the backward's h differs from fs_swiglu_forward_bf16's", fs_kernels_isa_name(levels[li]),
+                  p ? 3 : 1);
         }
         fs_kernels_set_isa(before);
     }
-    free(gu), free(dy), free(d32), free(d16);
+    free(gu), free(dy), free(d32), free(d16), free(d2), free(h1), free(h2);
 }
 
 static void test_rope_paths_same_bits(void) {

@@ -186,8 +186,8 @@ typedef struct fs_kernel_table {
     void (*cast_bf16_to_fp32)(fs_device *d, float *out, const uint16_t *in, int64_t n);
     void (*copy)(fs_device *d, void *dst, const void *src, size_t bytes);
     void (*zero)(fs_device *d, void *dst, size_t bytes);
-    void (*swiglu_backward_bf16)(fs_device *d, uint16_t *dgu, const float *dout, const float *gu,
-                                 int64_t N, int64_t FF);
+    void (*swiglu_backward_bf16)(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
+                                 const float *gu, int64_t N, int64_t FF);
     void (*linear_backward_bf16_dout)(fs_device *d, float *dinp, float *dweight, const uint16_t *dout,
                                       const float *inp, const void *weight, int64_t N, int64_t IC,
                                       int64_t OC, int accumulate_dinp, int accumulate_dweight);

@@ -363,6 +363,9 @@ void fs_swiglu_forward_bf16(fs_pool *pool,
  * half the bytes written, no zeroing pass, no rounding in the GEMMs' staging. */
 void fs_swiglu_backward_bf16(fs_pool *pool,
                              uint16_t *dgu,     /* (N, 2*FF) */
+                             uint16_t *h,       /* (N, FF) or NULL: also fs_swiglu_forward_bf16's
+                                                 * out, bit for bit, from the same exp and
+                                                 * division (backward makes h again anyway) */
                              const float *dout, /* (N, FF) */
                              const float *gu,   /* (N, 2*FF) */
                              int64_t N, int64_t FF);

@@ -387,9 +387,9 @@ static void cpu_swiglu_backward(fs_device *d, float *dgu, const float *dout, con
     fs_swiglu_backward(d->pool, dgu, dout, gu, N, FF);
 }
 
-static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, const float *dout, const float *gu,
-                                     int64_t N, int64_t FF) {
-    fs_swiglu_backward_bf16(d->pool, dgu, dout, gu, N, FF);
+static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
+                                     const float *gu, int64_t N, int64_t FF) {
+    fs_swiglu_backward_bf16(d->pool, dgu, h, dout, gu, N, FF);
 }
 
 static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF) {

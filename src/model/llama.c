@@ -465,27 +465,38 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
      * reader (the attention backward) */
     float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
-    /* dres = dL/dx[l+1] on entry; MLP branch */
-    if (h_in_bf16(m)) {
-        uint16_t *h16 = (uint16_t *)(void *)h;
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
-        PROF(m, FS_PROF_GEMM,
-             K->linear_backward_bf16_inp(dev, a->dh, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
-    } else {
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-        PROF(m, FS_PROF_GEMM,
-             linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
-    }
-    /* under bf16, where the device has them, dgu is written as bf16 into the first half of
-     * its array (the GEMMs below would round it to bf16 anyway: the same bits, half the bytes,
-     * no zeroing pass) */
+    /* dres = dL/dx[l+1] on entry; MLP branch. Under bf16, where the device has them, dgu is
+     * written as bf16 into the first half of its array (the GEMMs below would round it to bf16
+     * anyway: the same bits, half the bytes, no zeroing pass) */
     const int dgu16 = m->bf16_weights && K->swiglu_backward_bf16 && K->linear_backward_bf16_dout;
     uint16_t *dgu_bf16 = (uint16_t *)(void *)a->dgu;
-    if (dgu16) {
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, a->dh, gu, N, FF));
+    if (dgu16 && h_in_bf16(m)) {
+        /* dh first (the down projection's input gradient reads no h), then one SwiGLU pass
+         * makes dgu and h again from the same exp and division (h: the forward's bits), h
+         * after the bf16 dgu in dgu's array; then the down weight gradient reads h */
+        uint16_t *h16 = dgu_bf16 + N * 2 * FF;
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, a->dh, NULL, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, h16, a->dh, gu, N, FF));
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, NULL, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
     } else {
-        PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+        if (h_in_bf16(m)) {
+            uint16_t *h16 = (uint16_t *)(void *)h;
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+            PROF(m, FS_PROF_GEMM,
+                 K->linear_backward_bf16_inp(dev, a->dh, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+        } else {
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
+            PROF(m, FS_PROF_GEMM,
+                 linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+        }
+        if (dgu16) {
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, NULL, a->dh, gu, N, FF));
+        } else {
+            PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+        }
     }
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));

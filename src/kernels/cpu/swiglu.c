@@ -174,6 +174,7 @@ void fs_swiglu_backward(fs_pool *pool, float *dgu, const float *dout, const floa
 
 typedef struct swiglu16_job {
     uint16_t *dgu; /* (N, 2*FF) */
+    uint16_t *h;   /* (N, FF) or NULL: the forward's output, rounded, from the same exp and division */
     const float *dout, *gu;
     int64_t FF;
 } swiglu16_job;
@@ -189,11 +190,14 @@ static void swiglu_backward_bf16_rows(void *arg, int64_t begin, int64_t end, int
         const float *restrict dy = j->dout + n * FF;
         uint16_t *restrict dgate = j->dgu + n * 2 * FF;
         uint16_t *restrict dup = dgate + FF;
+        uint16_t *restrict h = j->h ? j->h + n * FF : NULL;
         for (int64_t i = 0; i < FF; i++) {
             float dg, du;
             swiglu_grad(gate[i], up[i], dy[i], &dg, &du);
             dgate[i] = fs_fp32_to_bf16(0.0f + dg);
             dup[i] = fs_fp32_to_bf16(0.0f + du);
+            /* the forward's x / (1 + exp(-x)) * up, as swiglu_forward_bf16_rows computes it */
+            if (h) h[i] = fs_fp32_to_bf16(gate[i] / (1.0f + expf(-gate[i])) * up[i]);
         }
     }
 }
@@ -216,7 +220,7 @@ FS_TARGET_AVX512 static void swiglu_backward_bf16_rows_avx512(void *arg, int64_t
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     for (int64_t n = begin; n < end; n++) {
         const float *gate = j->gu + n * 2 * FF, *up = gate + FF, *dy = j->dout + n * FF;
-        uint16_t *dgate = j->dgu + n * 2 * FF, *dup = dgate + FF;
+        uint16_t *dgate = j->dgu + n * 2 * FF, *dup = dgate + FF, *h = j->h ? j->h + n * FF : NULL;
         for (int64_t i = 0; i < FF; i += 16) {
             const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
             const __m512 x = _mm512_maskz_loadu_ps(k, gate + i), u = _mm512_maskz_loadu_ps(k, up + i);
@@ -227,13 +231,15 @@ FS_TARGET_AVX512 static void swiglu_backward_bf16_rows_avx512(void *arg, int64_t
             const __m512 dg = _mm512_mul_ps(_mm512_mul_ps(g, u), dsilu);
             _mm256_mask_storeu_epi16(dgate + i, k, round16_bf16(_mm512_add_ps(zero, dg)));
             _mm256_mask_storeu_epi16(dup + i, k, round16_bf16(_mm512_add_ps(zero, _mm512_mul_ps(g, silu))));
+            /* h = x / e1 * u with the forward's e1 (one + exp16(0 - x)): its very bits */
+            if (h) _mm256_mask_storeu_epi16(h + i, k, round16_bf16(_mm512_mul_ps(silu, u)));
         }
     }
 }
 
-void fs_swiglu_backward_bf16(fs_pool *pool, uint16_t *dgu, const float *dout, const float *gu,
+void fs_swiglu_backward_bf16(fs_pool *pool, uint16_t *dgu, uint16_t *h, const float *dout, const float *gu,
                              int64_t N, int64_t FF) {
-    swiglu16_job j = {.dgu = dgu, .dout = dout, .gu = gu, .FF = FF};
+    swiglu16_job j = {.dgu = dgu, .h = h, .dout = dout, .gu = gu, .FF = FF};
     fs_pool_parallel_for(pool, N, fs_cpu_row_grain(2 * FF),
                          fs_kernels_isa() >= FS_ISA_AVX512 ? swiglu_backward_bf16_rows_avx512
                                                            : swiglu_backward_bf16_rows,
