@@ -1535,6 +1535,76 @@ static void test_swiglu_paths_agree(void) {
 /* RoPE: the AVX-512 copy runs the portable loop's operations in the same order, so the same
  * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
  * 16), rows of several heads inside a wider row (ld), on one thread and three. */
+/* fs_swiglu_forward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of fs_swiglu_forward's
+ * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu (and
+ * its optional h that of fs_swiglu_forward_bf16), on each path against the same path's fp32
+ * kernel, on 1 and 3 threads: the gate over -100..100 (exp overflowing: silu = -0, which the
+ * zeroed fp32 dgu turns into +0), a masked tail (FF = 1001), and NaN (one whose payload
+ * needs the NaN rounding branch) and infinite gradients. */
+static void test_swiglu_bf16_outputs(void) {
+    static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    const int64_t N = 5, FF = 1001;
+    float *gu = fnew(N * 2 * FF), *dy = fnew(N * FF), *d32 = fnew(N * 2 * FF);
+    uint16_t *d16 = xcalloc(N * 2 * FF, sizeof(uint16_t)), *d2 = xcalloc(N * 2 * FF, sizeof(uint16_t));
+    uint16_t *h1 = xcalloc(N * FF, sizeof(uint16_t)), *h2 = xcalloc(N * FF, sizeof(uint16_t));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < FF; i++) {
+            gu[n * 2 * FF + i] = -100.0f + 200.0f * (float)i / (float)(FF - 1) + 0.37f * (float)n;
+            gu[n * 2 * FF + FF + i] = (float)fs_rand_normal(0x5e, 1, (uint64_t)(n * FF + i));
+            dy[n * FF + i] = (float)fs_rand_normal(0x5e, 2, (uint64_t)(n * FF + i));
+        }
+    /* a NaN whose payload would round up into -0 without fs_fp32_to_bf16's NaN branch */
+    const uint32_t nan_bits = 0x7fffffffu;
+    memcpy(&dy[3], &nan_bits, sizeof nan_bits);
+    dy[FF + 7] = INFINITY, dy[2 * FF + 11] = -0.0f;
+    for (int li = 0; li < 2; li++) {
+        if (fs_kernels_cpu_isa() < levels[li]) {
+            fs_test_note("%s: not on this CPU", fs_kernels_isa_name(levels[li]));
+            continue;
+        }
+        fs_kernel_isa before = fs_kernels_set_isa(levels[li]);
+        for (int p = 0; p < 2; p++) {
+            fs_pool *pool = pools[p];
+            memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
+            memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            fs_swiglu_forward(pool, d32, gu, N, FF); /* h, and its bf16 form */
+            fs_swiglu_forward_bf16(pool, d16, gu, N, FF);
+            memcpy(h1, d16, (size_t)(N * FF) * sizeof(uint16_t));
+            int64_t hbad = 0;
+            for (int64_t i = 0; i < N * FF; i++)
+                if (d16[i] != fs_fp32_to_bf16(d32[i]) && hbad++ < 3)
+                    CHECK(0, "%s, pool %d: h[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)", fs_kernels_isa_name(levels[li]),
+                          p ? 3 : 1, (long long)i, d16[i], fs_fp32_to_bf16(d32[i]), d32[i]);
+            memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
+            memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            fs_swiglu_backward(pool, d32, dy, gu, N, FF);
+            fs_swiglu_backward_bf16(pool, d16, NULL, dy, gu, N, FF);
+            int64_t bad = 0, zeros = 0;
+            for (int64_t i = 0; i < N * 2 * FF; i++) {
+                zeros += d16[i] == 0;
+                if (d16[i] != fs_fp32_to_bf16(d32[i]) && bad++ < 3)
+                    CHECK(0, "%s, pool %d: dgu[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)",
+                          fs_kernels_isa_name(levels[li]), p ? 3 : 1, (long long)i, d16[i],
+                          fs_fp32_to_bf16(d32[i]), d32[i]);
+            }
+            CHECK(bad == 0, "%s, pool %d: %lld of %lld values differ", fs_kernels_isa_name(levels[li]), p ? 3 : 1,
+                  (long long)bad, (long long)(N * 2 * FF));
+            CHECK(zeros > 0, "the case never produced a zero gradient (the -0 -> +0 rule went untested)");
+            /* with h: the same dgu, and h as fs_swiglu_forward_bf16 makes it */
+            memset(d2, 0xcd, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            memset(h2, 0xcd, (size_t)(N * FF) * sizeof(uint16_t));
+            fs_swiglu_backward_bf16(pool, d2, h2, dy, gu, N, FF);
+            CHECK(memcmp(d2, d16, (size_t)(N * 2 * FF) * sizeof(uint16_t)) == 0, "%s, pool %d: dgu changed with h",
+                  fs_kernels_isa_name(levels[li]), p ? 3 : 1);
+            CHECK(memcmp(h2, h1, (size_t)(N * FF) * sizeof(uint16_t)) == 0,
+                  "%s, pool %d: the backward's h differs from fs_swiglu_forward_bf16's", fs_kernels_isa_name(levels[li]),
+                  p ? 3 : 1);
+        }
+        fs_kernels_set_isa(before);
+    }
+    free(gu), free(dy), free(d32), free(d16), free(d2), free(h1), free(h2);
+}
+
 static void test_rope_paths_same_bits(void) {
     if (fs_kernels_cpu_isa() < FS_ISA_AVX512)
         SKIP(FS_SKIP_NOT_APPLICABLE, "the avx512 RoPE path is not available on this CPU (best: %s)",
@@ -1684,6 +1754,7 @@ int main(void) {
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);
     RUN_SEEDED(test_attention_bf16);
+    RUN(test_swiglu_bf16_outputs);
     RUN_SEEDED(test_cast_bf16);
     RUN_SEEDED(test_swiglu);
     RUN_SEEDED(test_xent);

@@ -87,6 +87,25 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                              const uint16_t *weight, /* (OC, IC) bf16 */
                              int64_t N, int64_t IC, int64_t OC,
                              int accumulate_dinp, int accumulate_dweight);
+/* The same with dout already in bf16 (fs_swiglu_backward_bf16's dgu): the same bits as
+ * fs_matmul_backward_bf16 given the fp32 dout it was rounded from, on either GEMM path. The
+ * _inp variants take inp in bf16 instead (fs_swiglu_forward_bf16's h), with the same
+ * promise. */
+void fs_matmul_backward_bf16_dout(fs_pool *pool, const fs_gemm_stage *stage,
+                                  float *dinp, float *dweight,
+                                  const uint16_t *dout, /* (N, OC) bf16 */
+                                  const float *inp, const uint16_t *weight,
+                                  int64_t N, int64_t IC, int64_t OC,
+                                  int accumulate_dinp, int accumulate_dweight);
+void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float *out,
+                                const uint16_t *inp, /* (N, IC) bf16 */
+                                const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
+                                int accumulate);
+void fs_matmul_backward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage,
+                                 float *dinp, float *dweight, const float *dout,
+                                 const uint16_t *inp, /* (N, IC) bf16 */
+                                 const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
+                                 int accumulate_dinp, int accumulate_dweight);
 
 /* The general product behind them: C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N), where an
  * operand is fp32 or bf16 storage, row-major with leading dimension ld, transposed or not. */
@@ -332,6 +351,24 @@ void fs_swiglu_backward(fs_pool *pool,
                         const float *dout, /* (N, FF) */
                         const float *gu,   /* (N, 2*FF) */
                         int64_t N, int64_t FF);
+/* out rounded to bf16 (fs_fp32_to_bf16 of fs_swiglu_forward's values, bit for bit): the bf16
+ * policy's h, which only the down projection's GEMMs read, rounded to bf16 anyway. */
+void fs_swiglu_forward_bf16(fs_pool *pool,
+                            uint16_t *out,   /* (N, FF) */
+                            const float *gu, /* (N, 2*FF) */
+                            int64_t N, int64_t FF);
+/* The same gradients written (not added) as bf16: dgu[i] = fs_fp32_to_bf16(0 + g[i]), g what
+ * fs_swiglu_backward adds, bit for bit what it leaves in a zeroed dgu, rounded. For the bf16
+ * policy, whose gate/up backward GEMMs round dgu to bf16 anyway (fs_matmul_backward_bf16_dout):
+ * half the bytes written, no zeroing pass, no rounding in the GEMMs' staging. */
+void fs_swiglu_backward_bf16(fs_pool *pool,
+                             uint16_t *dgu,     /* (N, 2*FF) */
+                             uint16_t *h,       /* (N, FF) or NULL: also fs_swiglu_forward_bf16's
+                                                 * out, bit for bit, from the same exp and
+                                                 * division (backward makes h again anyway) */
+                             const float *dout, /* (N, FF) */
+                             const float *gu,   /* (N, 2*FF) */
+                             int64_t N, int64_t FF);
 
 /* ------------------------------------------------------------------ softmax cross-entropy
  * Over vocabulary chunks, so that the B x T x V logits never exist at once: chunk c holds the
