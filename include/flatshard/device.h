@@ -179,9 +179,8 @@ typedef struct fs_kernel_table {
                                 const float *lse, const int32_t *targets, int64_t N,
                                 int64_t Vc, int64_t v0, float dloss);
     void (*adamw_update)(fs_device *d, float *param, uint16_t *param_bf16, float *m, float *v,
-                         const float *grad, int64_t n, fs_adamw_params hp);
+                         const float *grad, float grad_scale, int64_t n, fs_adamw_params hp);
     double (*sum_squares)(fs_device *d, const float *x, int64_t n);
-    void (*scale)(fs_device *d, float *x, int64_t n, float alpha);
     void (*cast_fp32_to_bf16)(fs_device *d, uint16_t *out, const float *in, int64_t n);
     void (*cast_bf16_to_fp32)(fs_device *d, float *out, const uint16_t *in, int64_t n);
     void (*copy)(fs_device *d, void *dst, const void *src, size_t bytes);

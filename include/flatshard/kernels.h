@@ -413,7 +413,11 @@ void fs_xent_chunk_backward(fs_pool *pool,
  *   v = beta2 * v + (1 - beta2) * grad^2
  *   param -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
  * with the same operation order and float rounding points as PyTorch's single-tensor CPU
- * implementation; bias corrections are computed in double and rounded once to float. */
+ * implementation; bias corrections are computed in double and rounded once to float.
+ * grad is read as grad * grad_scale, one fp32 product per element (the mean over ranks and
+ * micro-batches times the clip factor: what PyTorch's grad.mul_ or clip_grad_norm_ leave in
+ * grad before the step), so the gradient is neither written back nor read twice; grad keeps
+ * its unscaled values. */
 typedef struct fs_adamw_params {
     /* double, like PyTorch's Python-side hyperparameters: derived scalars (1 - lr*wd,
      * 1 - beta1, lr / bias_correction1, ...) are formed in double and rounded to float once,
@@ -427,8 +431,8 @@ void fs_adamw_update(fs_pool *pool,
                      uint16_t *param_bf16, /* (n) fs_fp32_to_bf16 of the new param, or NULL */
                      float *m,          /* (n) */
                      float *v,          /* (n) */
-                     const float *grad, /* (n) */
-                     int64_t n, fs_adamw_params hp);
+                     const float *grad, /* (n), read as grad * grad_scale */
+                     float grad_scale, int64_t n, fs_adamw_params hp);
 
 /* ------------------------------------------------------------------ reductions and scaling */
 
@@ -436,9 +440,6 @@ void fs_adamw_update(fs_pool *pool,
  * the pool size), each summed in a fixed order (eight lanes, see reduce.c) and the pieces
  * added in order: the same bits on any pool size. */
 double fs_sum_squares(fs_pool *pool, const float *x, int64_t n);
-
-/* x *= alpha */
-void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha);
 
 /* ------------------------------------------------------------------ casts */
 

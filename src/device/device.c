@@ -433,15 +433,14 @@ static void cpu_xent_chunk_backward(fs_device *d, float *dlogits, const float *l
 }
 
 static void cpu_adamw_update(fs_device *d, float *param, uint16_t *param_bf16, float *m, float *v,
-                             const float *grad, int64_t n, fs_adamw_params hp) {
-    fs_adamw_update(d->pool, param, param_bf16, m, v, grad, n, hp);
+                             const float *grad, float grad_scale, int64_t n, fs_adamw_params hp) {
+    fs_adamw_update(d->pool, param, param_bf16, m, v, grad, grad_scale, n, hp);
 }
 
 static double cpu_sum_squares(fs_device *d, const float *x, int64_t n) {
     return fs_sum_squares(d->pool, x, n);
 }
 
-static void cpu_scale(fs_device *d, float *x, int64_t n, float alpha) { fs_scale(d->pool, x, n, alpha); }
 
 static void cpu_cast_fp32_to_bf16(fs_device *d, uint16_t *out, const float *in, int64_t n) {
     fs_cast_fp32_to_bf16(d->pool, out, in, n);
@@ -482,7 +481,6 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .xent_chunk_backward = cpu_xent_chunk_backward,
     .adamw_update = cpu_adamw_update,
     .sum_squares = cpu_sum_squares,
-    .scale = cpu_scale,
     .cast_fp32_to_bf16 = cpu_cast_fp32_to_bf16,
     .cast_bf16_to_fp32 = cpu_cast_bf16_to_fp32,
     .copy = cpu_copy,

@@ -955,7 +955,7 @@ static int64_t compute_position(const fs_engine *e, const fs_shard_slice *sl, co
 
 /* AdamW over the rank's tensor slices; under bf16 the same pass writes the bf16 copy. The
  * padding between slices is never updated: its bf16 copy, cast once at start, stays zero. */
-static void optimizer_step(fs_engine *e, double lr, int64_t step) {
+static void optimizer_step(fs_engine *e, double lr, int64_t step, float grad_scale) {
     const fs_plan *p = e->plan;
     const fs_layout *l = e->layout;
     int64_t n_grads;
@@ -972,7 +972,7 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step) {
                               .step = step};
         uint16_t *param_bf16 = e->bf16 ? e->compute + compute_position(e, sl, pc) : NULL;
         e->K->adamw_update(e->dev, e->master + param_at, param_bf16, e->adam_m + sl->shard_pos,
-                           e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
+                           e->adam_v + sl->shard_pos, grads + sl->shard_pos, grad_scale, n, hp);
     }
 }
 
@@ -1042,8 +1042,8 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                          (long long)step, out->loss, norm, (long long)step - 1);
     }
     const double clip = fs_clip_factor(norm, e->cfg.clip);
-    e->K->scale(e->dev, grads, n_grads, (float)(mean_scale * clip));
-    optimizer_step(e, lr, step);
+    /* AdamW reads each gradient times this: no pass of its own over the gradients */
+    optimizer_step(e, lr, step, (float)(mean_scale * clip));
     FS_TRY(refresh_weights(e, 0)); /* optimizer_step wrote the bf16 copy */
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
     out->clip_factor = clip;
