@@ -123,6 +123,7 @@ struct fs_engine {
     float *norm32, *norm_grads;
     int norm_ready;
     uint64_t norm_ticket;
+    float grad_scale; /* what AdamW multiplied the last step's gradients by (1: none) */
 
     z3_weights zw[2];
     z3_grads zg[2];
@@ -582,6 +583,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     e->world = plan->cfg.world;
     e->rank = plan->cfg.rank;
     e->bf16 = plan->cfg.precision == FS_PRECISION_BF16;
+    e->grad_scale = 1.0f;
     e->full_master = s == FS_STRATEGY_DDP || (fs_strategy_full_weights(s) && !e->bf16);
     e->in_place = fs_plan_in_place(plan);
     e->cdtype = e->bf16 ? FS_DTYPE_BF16 : FS_DTYPE_FP32;
@@ -978,6 +980,7 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step, float grad_sca
 
 fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t step,
                              fs_engine_step_stats *out) {
+    e->grad_scale = 1.0f; /* until AdamW runs on this step's gradients */
     FS_TRY(reduce_rest(e));
     FS_TRY(flush(e));
     if (e->strategy == FS_STRATEGY_ZERO3_PARAM) /* every send is over */
@@ -1043,7 +1046,8 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     }
     const double clip = fs_clip_factor(norm, e->cfg.clip);
     /* AdamW reads each gradient times this: no pass of its own over the gradients */
-    optimizer_step(e, lr, step, (float)(mean_scale * clip));
+    e->grad_scale = (float)(mean_scale * clip);
+    optimizer_step(e, lr, step, e->grad_scale);
     FS_TRY(refresh_weights(e, 0)); /* optimizer_step wrote the bf16 copy */
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
     out->clip_factor = clip;
@@ -1083,8 +1087,11 @@ fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w) {
     const float *src = full ? full : tmp;
     for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) { /* a memcpy on the CPU */
         const fs_shard_piece *pc = &p->pieces[pi];
-        st = fs_device_download(e->dev, fs_weights_unit(w, pc->unit) + pc->unit_offset,
-                                src + pc->full_offset, (size_t)pc->numel * sizeof(float));
+        float *dst = fs_weights_unit(w, pc->unit) + pc->unit_offset;
+        st = fs_device_download(e->dev, dst, src + pc->full_offset, (size_t)pc->numel * sizeof(float));
+        /* the gradients as AdamW read them: the same fp32 product, so the same bits */
+        if (grads && st == FS_OK)
+            for (int64_t i = 0; i < pc->numel; i++) dst[i] *= e->grad_scale;
     }
     fs_mem_release(e->mem, tmp);
     return st;
