@@ -6,7 +6,7 @@
 . "$(dirname "$0")/lib.sh"
 
 run "bench kernels on tiny" 0 "$FS" bench kernels --model tiny --batch 2 --seq 80 --reps 1 --opt-elements 100003 --json
-expect "every kernel is listed with a check" [ "$(grep -c '^{"bench":"kernels"' "$WORK/out")" -eq 20 ]
+expect "every kernel is listed with a check" [ "$(grep -c '^{"bench":"kernels"' "$WORK/out")" -eq 22 ]
 expect "no kernel differs from the portable path" bash -c "! grep -q FAIL '$WORK/out'"
 # the bf16 GEMM: flatshard's own kernel gives the portable path's bits; oneDNN (the path on
 # AMX) sums in its own order, so bench kernels reports its largest difference instead, and
