@@ -70,6 +70,17 @@ typedef struct fs_hardware {
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
+    /* Contention (this-machine): the same rates measured with busy_cores cores computing at
+     * once, each on its own operands (shared caches, memory bus, AMX: calibrate.c). 0 and
+     * unused on the presets and where the machine has one core. fs_estimate_step uses them
+     * by the ranks that compute at once on one host (docs/planner.md, "contention"). The
+     * peaks above stay one core's alone: MFU is against them. */
+    int busy_cores;
+    double busy_flops_fp32;           /* sustained GEMM rates (utilisation 1), all busy */
+    double busy_flops_bf16;
+    double busy_attention_flops_fp32;
+    double busy_attention_flops_bf16;
+    double busy_memory_bw;
 } fs_hardware;
 
 /* The bus bandwidth (nccl-tests' busbw, bytes/s) of the ring collectives among `ranks`
@@ -99,15 +110,19 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
  * (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and both backward
  * products on one thread at a block-sized shape; attention forward and backward, fp32 and
  * bf16 (each policy's own kernel); AdamW; and a one-thread memcpy (each the fastest of seven
- * runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * runs, timed by the thread's CPU time). The GEMMs, attention and AdamW are timed twice: with
+ * the other cores idle ("alone"), and with every core busy (one thread per core running the
+ * same kernel on its own operands, the calibrating thread's runs kept only where the others
+ * were on their cores throughout: "busy"), since ranks on every core slow each other through
+ * the shared caches and memory. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes the core for up to ~1.5 s). */
+ * one thread, before training starts (never inside a step: it takes every core for ~2-3 s). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
                                 the bf16 GEMM's path, the bf16 attention's path, OpenBLAS's
-                                core, the build flavour, threads: the figures are valid while
-                                it holds */
+                                core, the build flavour, threads (1) and busy cores: the
+                                figures are valid while it holds */
     char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
     double gemm_fp32_flops;  /* the table's linear_forward + linear_backward (dinp and dweight),
                                 bf16 flag 0, one thread, on the four linear layers of small's
@@ -121,7 +136,21 @@ typedef struct fs_calibration {
                                 operands flushed from the caches first: 30 bytes per element
                                 (param, m, v read and written, grad read, bf16 written) */
     double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
+    int busy_cores;          /* threads computing at once for the *_busy figures: the online
+                                cores, at most FS_CALIBRATION_MAX_BUSY; 1 on one core (the
+                                busy figures are then the alone ones) */
+    double gemm_fp32_flops_busy; /* gemm_fp32_flops timed on one thread while busy_cores - 1
+                                other threads run the same GEMMs on their own operands, one
+                                per core: what each rank's core sustains with all busy */
+    double gemm_bf16_flops_busy;
+    double attention_fp32_flops_busy;
+    double attention_bf16_flops_busy;
+    double adamw_bytes_per_s_busy;
 } fs_calibration;
+
+/* The most threads the calibration keeps busy at once (its memory: ~58 MiB of GEMM operands
+ * a thread); a machine with more cores is calibrated with this many busy. */
+#define FS_CALIBRATION_MAX_BUSY 8
 
 typedef enum fs_calibrate_mode {
     FS_CALIBRATE_CACHED, /* the cache if it is valid for this machine, else measure and cache */
@@ -130,7 +159,8 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (1-3 s of one core); fills key and date too. */
+/* Measures the running machine (2-3 s, every core busy for about half of it); fills key and
+ * date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
@@ -152,6 +182,7 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *   intra/nic_busbw       copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR (one machine: the
  *                         "NIC" figure is the same memory)
  *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
+ *   busy_cores, busy_*    the *_busy figures and busy_cores where busy_cores > 1; else 0
  * name, description and origin_note are left NULL for the caller. */
 void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
                                   int devices_per_node, fs_hardware *out);
@@ -192,6 +223,11 @@ typedef struct fs_step_estimate {
     double mfu;              /* model FLOPs (without recomputation) / (peak x time) */
     double busbw;            /* the bus bandwidth the (shard group's) ring runs at */
     double replica_busbw;    /* hybrid sharding: the replica sets' ring; else 0 */
+    int cores_busy;          /* ranks computing at once on one host: min(W x R, devices per
+                                node), one compute thread each */
+    double contention;       /* where the compute rates lie between one core's alone (0) and
+                                the hardware's all-busy figures (1): (cores_busy - 1) /
+                                (busy_cores - 1), clamped; 0 without busy figures */
     fs_step_comm comm;
 } fs_step_estimate;
 
