@@ -71,9 +71,9 @@
 
 /* the calibration's GEMMs: N tokens (their layers: cal_linears below); its attention: T tokens
  * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
-enum { CAL_N = 256, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 5 };
+enum { CAL_N = 256, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 5, CAL_BUSY_REPS = 3 };
 /* a busy run counts when every loading thread was on its core for this share of it; a kernel
- * gets at most CAL_TRIES times CAL_REPS busy runs to find CAL_REPS that count */
+ * gets at most CAL_TRIES times CAL_BUSY_REPS busy runs to find CAL_BUSY_REPS that count */
 #define CAL_BUSY_SHARE 0.9
 enum { CAL_TRIES = 2 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
@@ -191,8 +191,9 @@ static double clock_seconds(clockid_t id) {
  * On a shared machine a loading thread may wait for its core while the calibrating one runs:
  * such a run did not see every core busy. A busy run counts only if every loading thread got
  * CAL_BUSY_SHARE of its wall-clock time as CPU time (its thread CPU clock); up to CAL_TRIES
- * times the runs are tried to find CAL_REPS that count, and where none does the fastest of
- * them all stands (the busy figure is then too high, as a loaded machine's figures are). */
+ * times the runs are tried to find CAL_BUSY_REPS that count (3: the busy figures cost the
+ * time of the alone ones once more otherwise), and where none does the fastest of them all
+ * stands (the busy figure is then too high, as a loaded machine's figures are). */
 enum { PHASE_IDLE, PHASE_GEMM_PAUSE, PHASE_GEMM_FP32, PHASE_GEMM_BF16, PHASE_ATTENTION_FP32, PHASE_ATTENTION_BF16,
        PHASE_ADAMW, PHASE_STOP };
 
@@ -236,14 +237,15 @@ static void fastest_add(fastest *f, double t, int counts) {
 static double fastest_get(const fastest *f) { return f->got ? f->counted : f->any; }
 
 /* Begins a run (r = -1: the warm-up; r >= 0 timed): 0 when there is none to do. A loading
- * thread runs while its phase lasts; the calibrating thread until it has CAL_REPS runs that
- * count or has tried CAL_TRIES times as many, and notes the clocks. */
+ * thread runs while its phase lasts; the calibrating thread until it has CAL_REPS runs (busy:
+ * CAL_BUSY_REPS that count, or CAL_TRIES times as many tried), and notes the clocks. */
 static int run_begin(cal_ctx *x, const fastest *f, int r) {
     if (x->phase) {
         if (r == -1) atomic_store(x->ack, x->my_phase);
         return atomic_load(x->phase) == x->my_phase;
     }
-    if (r >= 0 && (f->got >= CAL_REPS || f->tries >= CAL_TRIES * CAL_REPS)) return 0;
+    const int reps = x->n_load ? CAL_BUSY_REPS : CAL_REPS;
+    if (r >= 0 && (f->got >= reps || f->tries >= CAL_TRIES * reps)) return 0;
     x->w0 = wall_seconds();
     for (int i = 0; i < x->n_load; i++) x->l0[i] = clock_seconds(x->load_clock[i]);
     return 1;
