@@ -117,7 +117,8 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
  * the shared caches and memory. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes every core for ~2-3 s). */
+ * one thread, before training starts (never inside a step: it takes the cores for a few
+ * seconds, 3.3 s on the 2-core Xeon with AMX with another process on one core). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
                                 the bf16 GEMM's path, the bf16 attention's path, OpenBLAS's
@@ -159,8 +160,8 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (2-3 s, every core busy for about half of it); fills key and
- * date too. */
+/* Measures the running machine (a few seconds, every core busy for part of it); fills key
+ * and date too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);

@@ -35,11 +35,15 @@
  * and busy, with one loading thread per other core running the same kernel on its own
  * operands (the ranks of a host on every core slow each other through the shared caches and
  * memory: on the Xeon with AMX two ranks' bf16 steps took ~11% more CPU time than one's;
- * "alone and busy" below). The memcpy is timed alone only: the ring's factor over it was
- * measured with both ranks copying (estimate.h).
- * 2-3 s in all on the Xeon with AMX (most of it the fp32 GEMMs; several times that where
- * OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take ~0.2 s). The buffers
- * (58 MiB at most at once per thread) are freed and the threads joined before it returns.
+ * "alone and busy" below). At these shapes, whose operands stay in the caches, that machine
+ * showed no such slowdown when quiet (busy within 1% of alone, docs/planner.md): what the
+ * ranks contend for is likely a step's working set (~0.7 GB per rank), which this pass does
+ * not reproduce. The memcpy is timed alone only: the ring's factor over it was measured with
+ * both ranks copying (estimate.h).
+ * 3.3 s in all on the Xeon with AMX with another process on a core (1.25 s before the busy
+ * figures; most of it the fp32 GEMMs; several times that where OpenBLAS falls back to an
+ * SSE3 core, ~13 GFLOP/s; the flushes take ~0.2 s). The buffers (58 MiB at most at once per
+ * thread) are freed and the threads joined before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
@@ -177,9 +181,8 @@ static double clock_seconds(clockid_t id) {
  * same operands: alone (the other cores idle) and busy, while busy_cores - 1 loading threads,
  * one per other core, run the same kernel on operands of their own, as ranks on every core
  * do in a step. Back to back, because the two must be compared in the same state: on the Xeon
- * with AMX a whole alone pass and a busy pass after it gave a bf16 GEMM rate ~1.0x alone (the
- * busy pass ran warmer: a second alone pass gave 734-764 GFLOP/s where the first gave 588-628),
- * where alone and busy in the same state gave 0.80-0.85, as the training step's ~11%.
+ * with AMX a pass run after a whole alone pass ran warmer than it (a second alone pass gave
+ * the bf16 GEMM 734-764 GFLOP/s where the first gave 588-628, shared machine).
  * The calibrating thread sets `phase` to the kernel whose busy runs come next and waits until
  * every loading thread has acknowledged it (`ack`, stored when its operands are ready and its
  * loop starts); a loading thread loops over that kernel until the phase changes. For its
