@@ -27,11 +27,11 @@ static const fs_command_help plan_help = {
         "llama3-70b) or a config.json; the device a published preset (figures and sources in\n"
         "docs/planner.md) or this-machine: this machine, one core per rank, measured by a\n"
         "short calibration of the kernels each precision runs (a block's GEMMs forward and\n"
-        "backward, fp32 and bf16; attention, fp32 and bf16; AdamW; memcpy), each alone and\n"
-        "with every core busy, that is cached in $XDG_CACHE_HOME/flatshard or\n"
-        "~/.cache/flatshard; ranks that fill the cores are estimated at the busy rates. The\n"
-        "output says where the figures came from. --ckpt-layers auto finds the fewest\n"
-        "checkpointed blocks that fit.\n"
+        "backward, fp32 and bf16; attention, fp32 and bf16; AdamW; a block forward and\n"
+        "backward alone and with every core busy; the CPU ring between 2 ranks), cached in\n"
+        "$XDG_CACHE_HOME/flatshard or ~/.cache/flatshard; ranks that fill the cores are\n"
+        "estimated slower by the block's busy / alone time. The output says where the figures\n"
+        "came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
         "--shard-group auto plans every group size G that divides W (hybrid sharding: shard\n"
         "within groups of G, all-reduce the gradient shards over the W/G replicas), each with\n"
         "its own --ckpt-layers, prints a table of them and the full plan of the fastest that\n"
@@ -355,8 +355,9 @@ int fs_cmd_plan(int argc, char **argv) {
                    est.comm.wire[k] / 1073741824.0);
     if (hw->busy_cores > 1)
         printf("compute rates: %d rank%s computing at once on a host of %d cores; contention %.2f (0: one core's "
-               "figures alone, 1: with all %d calibrated cores busy; docs/planner.md)\n",
-               est.cores_busy, est.cores_busy == 1 ? "" : "s", hw->devices_per_node, est.contention, hw->busy_cores);
+               "figures alone, 1: x%.3f, a block's time with all %d calibrated cores busy; docs/planner.md)\n",
+               est.cores_busy, est.cores_busy == 1 ? "" : "s", hw->devices_per_node, est.contention,
+               p.plan.cfg.precision == FS_PRECISION_BF16 ? hw->contention_bf16 : hw->contention_fp32, hw->busy_cores);
     printf("estimated step (docs/planner.md): compute %.3f s (GEMM %.3f, attention %.3f, memory-bound %.3f, "
            "optimizer %.3f), communication %.3f s at %.1f GB/s bus bandwidth of which %.3f s exposed -> %.3f s per "
            "step, %.0f tokens/s, MFU %.1f%%\n",

@@ -70,17 +70,16 @@ typedef struct fs_hardware {
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
-    /* Contention (this-machine): the same rates measured with busy_cores cores computing at
-     * once, each on its own operands (shared caches, memory bus, AMX: calibrate.c). 0 and
-     * unused on the presets and where the machine has one core. fs_estimate_step uses them
-     * by the ranks that compute at once on one host (docs/planner.md, "contention"). The
-     * peaks above stay one core's alone: MFU is against them. */
+    /* Contention (this-machine): with busy_cores cores computing at once, each on its own
+     * step-sized work (one block forward and backward, calibrate.c), a core takes
+     * contention_fp32 / _bf16 times its time alone (>= 1; shared cache, memory bus).
+     * fs_estimate_step divides every compute rate of the precision by it, interpolated by the
+     * ranks that compute at once on one host (docs/planner.md, "contention"). 0 and unused on
+     * the presets and where the machine has one core. The peaks above stay one core's alone:
+     * MFU is against them. */
     int busy_cores;
-    double busy_flops_fp32;           /* sustained GEMM rates (utilisation 1), all busy */
-    double busy_flops_bf16;
-    double busy_attention_flops_fp32;
-    double busy_attention_flops_bf16;
-    double busy_memory_bw;
+    double contention_fp32;
+    double contention_bf16;
 } fs_hardware;
 
 /* The bus bandwidth (nccl-tests' busbw, bytes/s) of the ring collectives among `ranks`
@@ -105,20 +104,19 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 1-3 s) of the kernels the model runs, called through the CPU
- * device's kernel table (device.h) with each precision's flag: the linear layer in fp32
- * (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and both backward
- * products on one thread at a block-sized shape; attention forward and backward, fp32 and
- * bf16 (each policy's own kernel); AdamW; and a one-thread memcpy (each the fastest of seven
- * runs, timed by the thread's CPU time). The GEMMs, attention and AdamW are timed twice: with
- * the other cores idle ("alone"), and with every core busy (one thread per core running the
- * same kernel on its own operands, the calibrating thread's runs kept only where the others
- * were on their cores throughout: "busy"), since ranks on every core slow each other through
- * the shared caches and memory. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * calibration (calibrate.c, ~2 s on the 2-core Xeon with AMX) of the kernels the model runs,
+ * called through the CPU device's kernel table (device.h) with each precision's flag: the
+ * linear layer in fp32 (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and
+ * both backward products on one thread at a block-sized shape; attention forward and
+ * backward, fp32 and bf16 (each policy's own kernel); AdamW (each the fastest of five runs,
+ * timed by the thread's CPU time); per precision, the contention factor: one block of small
+ * forward and backward on 512 tokens timed alone and while one thread per other core runs
+ * the same (busy / alone); and the CPU ring's all-gather and reduce-scatter between two
+ * in-process ranks. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes the cores for a few
- * seconds, 3.3 s on the 2-core Xeon with AMX with another process on one core). */
+ * one thread, before training starts (never inside a step: it takes every core for part of
+ * it). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
                                 the bf16 GEMM's path, the bf16 attention's path, OpenBLAS's
@@ -136,21 +134,20 @@ typedef struct fs_calibration {
     double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 1 Mi elements, its
                                 operands flushed from the caches first: 30 bytes per element
                                 (param, m, v read and written, grad read, bf16 written) */
-    double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
-    int busy_cores;          /* threads computing at once for the *_busy figures: the online
-                                cores, at most FS_CALIBRATION_MAX_BUSY; 1 on one core (the
-                                busy figures are then the alone ones) */
-    double gemm_fp32_flops_busy; /* gemm_fp32_flops timed on one thread while busy_cores - 1
-                                other threads run the same GEMMs on their own operands, one
-                                per core: what each rank's core sustains with all busy */
-    double gemm_bf16_flops_busy;
-    double attention_fp32_flops_busy;
-    double attention_bf16_flops_busy;
-    double adamw_bytes_per_s_busy;
+    double ring_busbw;       /* the CPU ring between 2 in-process ranks (fs_comm_inproc_run):
+                                all-gather and reduce-scatter of 16 MiB in fp32 and in bf16,
+                                the bytes each moves per rank (S / 2) over the CPU time a
+                                rank's thread took, both ranks running at once */
+    int busy_cores;          /* threads computing at once for the contention factors: the
+                                online cores, at most FS_CALIBRATION_MAX_BUSY */
+    double contention_fp32;  /* one block of small forward and backward (512 tokens, bf16 flag
+                                0) timed with busy_cores - 1 other threads running the same on
+                                their own buffers, over its time alone: >= 1; 1 on one core */
+    double contention_bf16;  /* the same with the bf16 flag */
 } fs_calibration;
 
-/* The most threads the calibration keeps busy at once (its memory: ~58 MiB of GEMM operands
- * a thread); a machine with more cores is calibrated with this many busy. */
+/* The most threads the contention pass keeps busy at once (its memory: ~110 MiB of block
+ * buffers a thread); a machine with more cores is calibrated with this many busy. */
 #define FS_CALIBRATION_MAX_BUSY 8
 
 typedef enum fs_calibrate_mode {
@@ -160,14 +157,15 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (a few seconds, every core busy for part of it); fills key
- * and date too. */
+/* Measures the running machine (~2 s, every core busy for part of it); fills key and date
+ * too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
 /* Reads a cache file. FS_ERR_IO: missing or unreadable; FS_ERR_FORMAT: corrupt (a line
  * missing or malformed, a figure not finite and positive), or measured under another key (the
- * message says which); FS_OK: *out filled. *out is unchanged on error. */
+ * message says which, and names the version of a cache an older build wrote); FS_OK: *out
+ * filled. *out is unchanged on error. */
 fs_status fs_calibration_read(const char *path, const char *key, fs_calibration *out);
 /* Writes it through a temporary file and a rename (the directory is created): a concurrent
  * reader sees the old file or the new one, never a part. */
@@ -180,21 +178,15 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *                         runs its own attention kernel)
  *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
  *                         kernel of a step)
- *   intra/nic_busbw       copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR (one machine: the
- *                         "NIC" figure is the same memory)
+ *   intra/nic_busbw       ring_busbw (one machine: the "NIC" figure is the same memory)
  *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
- *   busy_cores, busy_*    the *_busy figures and busy_cores where busy_cores > 1; else 0
+ *   busy_cores, contention_fp32/bf16  as measured where busy_cores > 1; else 0
  * name, description and origin_note are left NULL for the caller. */
 void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
                                   int devices_per_node, fs_hardware *out);
 /* this-machine, calibrated or from the cache (see fs_calibrate_mode); the description lives
  * until the next call. A cache that cannot be written is not an error (origin_note says so). */
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out);
-
-/* Ring busbw over one thread's memcpy rate, measured on the Zen 5 VM: the ring all-gather and
- * reduce-scatter through the worker reach 6 GB/s on 2 ranks at 64 MiB against ~15 GB/s
- * memcpy (MACHINE.md); the ring copies, sums and synchronises. */
-#define FS_CPU_RING_COPY_FACTOR 0.4
 
 /* The collectives of one optimizer step, by kind, as one device sees them. */
 typedef enum fs_coll_kind {
@@ -227,8 +219,9 @@ typedef struct fs_step_estimate {
     int cores_busy;          /* ranks computing at once on one host: min(W x R, devices per
                                 node), one compute thread each */
     double contention;       /* where the compute rates lie between one core's alone (0) and
-                                the hardware's all-busy figures (1): (cores_busy - 1) /
-                                (busy_cores - 1), clamped; 0 without busy figures */
+                                all busy_cores busy (1): (cores_busy - 1) / (busy_cores - 1),
+                                clamped; 0 without contention figures. Every compute time is
+                                multiplied by 1 + contention x (the precision's factor - 1) */
     fs_step_comm comm;
 } fs_step_estimate;
 

@@ -6,7 +6,7 @@
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
  * table picks for it — the bf16 GEMM's path in use (oneDNN's on AMX), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
- * thread (a rank's compute thread), each the fastest of five timed runs after one warm-up,
+ * thread (a rank's compute thread), each the fastest of seven timed runs after one warm-up,
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
  * times: the machine may be shared, and the figure is what a core can do, not what it did
  * while something else ran):
@@ -31,23 +31,13 @@
  *     activations under both policies);
  *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
  *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * The GEMMs, attention and AdamW are timed twice, back to back: alone, the other cores idle,
- * and busy, with one loading thread per other core running the same kernel on its own
- * operands (the ranks of a host on every core slow each other through the shared caches and
- * memory: on the Xeon with AMX two ranks' bf16 steps took ~11% more CPU time than one's;
- * "alone and busy" below). At these shapes, whose operands stay in the caches, that machine
- * showed no such slowdown when quiet (busy within 1% of alone, docs/planner.md): what the
- * ranks contend for is likely a step's working set (~0.7 GB per rank), which this pass does
- * not reproduce. The memcpy is timed alone only: the ring's factor over it was measured with
- * both ranks copying (estimate.h).
- * 3.3 s in all on the Xeon with AMX with another process on a core (1.25 s before the busy
- * figures; most of it the fp32 GEMMs; several times that where OpenBLAS falls back to an
- * SSE3 core, ~13 GFLOP/s; the flushes take ~0.2 s). The buffers (58 MiB at most at once per
- * thread) are freed and the threads joined before it returns.
+ * 1-3 s in all on the Xeon with AMX (1.3 s of CPU time measured, most of it the fp32 GEMMs;
+ * several times that where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take
+ * ~0.2 s). The buffers (58 MiB at most at once) are freed before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
- * OpenBLAS core, build flavour, threads, busy cores) equals the running machine's: the same file on a
+ * OpenBLAS core, build flavour, threads) equals the running machine's: the same file on a
  * home directory shared by two kinds of machine, or after OPENBLAS_CORETYPE,
  * FLATSHARD_KERNELS or FLATSHARD_GEMM changed, is measured again and rewritten.
  *
@@ -65,6 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "flatshard/comm.h"
 #include "flatshard/device.h"
 #include "flatshard/estimate.h"
 #include "flatshard/kernels.h"
@@ -75,11 +66,7 @@
 
 /* the calibration's GEMMs: N tokens (their layers: cal_linears below); its attention: T tokens
  * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
-enum { CAL_N = 256, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 5, CAL_BUSY_REPS = 3 };
-/* a busy run counts when every loading thread was on its core for this share of it; a kernel
- * gets at most CAL_TRIES times CAL_BUSY_REPS busy runs to find CAL_BUSY_REPS that count */
-#define CAL_BUSY_SHARE 0.9
-enum { CAL_TRIES = 2 };
+enum { CAL_N = 256, CAL_REPS = 5 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
@@ -94,10 +81,12 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #endif
 
 /* 2: the GEMMs forward and backward, attention and AdamW added; 3: attention per precision
- * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table; 4: the
- * all-cores-busy figures (busy_cores, *_busy). A cache of an earlier version is measured
- * again. */
-#define CACHE_MAGIC "flatshard calibration 4"
+ * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table; 4 (never
+ * merged): each kernel timed with every core busy; 5: the contention factors of a block
+ * (busy_cores, contention_fp32, contention_bf16) and the ring's own busbw (ring_busbw, was
+ * copy_bytes_per_s x 0.4). A cache of an earlier version is measured again, and the plan
+ * says why (fs_calibration_read's message). */
+#define CACHE_MAGIC "flatshard calibration 5"
 
 /* FNV-1a of a string: the flags line is long, the key keeps its hash. */
 static uint64_t fnv1a(const char *s) {
@@ -129,7 +118,7 @@ static void cpuinfo_field(const char *field, char *out, size_t n) {
     fclose(f);
 }
 
-/* The threads the busy pass keeps computing at once: the online cores, at most
+/* The threads the contention pass keeps computing at once: the online cores, at most
  * FS_CALIBRATION_MAX_BUSY. */
 static int busy_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -164,103 +153,14 @@ static double thread_seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static double wall_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
-static double clock_seconds(clockid_t id) {
-    struct timespec t;
-    if (clock_gettime(id, &t) != 0) return 0;
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ------------------------------------------------------------------ alone and busy
- * DESIGN. Every kernel is timed by one thread, the calibrating one, twice, back to back on the
- * same operands: alone (the other cores idle) and busy, while busy_cores - 1 loading threads,
- * one per other core, run the same kernel on operands of their own, as ranks on every core
- * do in a step. Back to back, because the two must be compared in the same state: on the Xeon
- * with AMX a pass run after a whole alone pass ran warmer than it (a second alone pass gave
- * the bf16 GEMM 734-764 GFLOP/s where the first gave 588-628, shared machine).
- * The calibrating thread sets `phase` to the kernel whose busy runs come next and waits until
- * every loading thread has acknowledged it (`ack`, stored when its operands are ready and its
- * loop starts); a loading thread loops over that kernel until the phase changes. For its
- * alone runs the calibrating thread sets a pause (the GEMMs: PHASE_GEMM_PAUSE, which keeps
- * the loading threads' operands; else PHASE_IDLE, which frees them) and waits for its ack
- * too, so no loading thread runs during them. PHASE_STOP ends them. Nothing else is shared:
- * each loading thread has its own device (its own GEMM staging) and buffers; oneDNN's
- * primitive cache is shared and locked, as for ranks that are threads (kernels.h).
- * On a shared machine a loading thread may wait for its core while the calibrating one runs:
- * such a run did not see every core busy. A busy run counts only if every loading thread got
- * CAL_BUSY_SHARE of its wall-clock time as CPU time (its thread CPU clock); up to CAL_TRIES
- * times the runs are tried to find CAL_BUSY_REPS that count (3: the busy figures cost the
- * time of the alone ones once more otherwise), and where none does the fastest of them all
- * stands (the busy figure is then too high, as a loaded machine's figures are). */
-enum { PHASE_IDLE, PHASE_GEMM_PAUSE, PHASE_GEMM_FP32, PHASE_GEMM_BF16, PHASE_ATTENTION_FP32, PHASE_ATTENTION_BF16,
-       PHASE_ADAMW, PHASE_STOP };
-
-struct busy_set;
-
-typedef struct cal_ctx {
-    int n_load;               /* the calibrating thread: loading threads running now (0: alone) */
-    clockid_t load_clock[FS_CALIBRATION_MAX_BUSY]; /* their CPU-time clocks */
-    double w0, l0[FS_CALIBRATION_MAX_BUSY];        /* wall and their CPU time at a run's start */
-    struct busy_set *busy;    /* the calibrating thread: the loading threads; NULL: none */
-    const atomic_int *phase;  /* a loading thread: run while *phase == my_phase; NULL: timing */
-    int my_phase;
-    atomic_int *ack;          /* a loading thread: my_phase stored when its loop starts */
-} cal_ctx;
-
-static fs_status enter_phase(struct busy_set *b, int p);
-
-/* The calibrating thread, before a kernel's alone runs (busy 0: the loading threads paused in
- * `pause`) or its busy runs (busy 1: the loading threads on `phase`); 0 when there are no
- * loading threads to do the busy runs with. */
-static int ctx_switch(cal_ctx *x, int busy, int phase, fs_status *st);
-
-/* The fastest of a kernel's runs: among those that count (busy: every other core busy
- * throughout), else among all. */
-typedef struct fastest {
-    double counted, any;
-    int got, tries;
-} fastest;
-
-static fastest fastest_init(void) { return (fastest){.counted = INFINITY, .any = INFINITY}; }
-
-static void fastest_add(fastest *f, double t, int counts) {
-    f->tries++;
-    if (t < f->any) f->any = t;
-    if (counts) {
-        f->got++;
-        if (t < f->counted) f->counted = t;
-    }
-}
-
-static double fastest_get(const fastest *f) { return f->got ? f->counted : f->any; }
-
-/* Begins a run (r = -1: the warm-up; r >= 0 timed): 0 when there is none to do. A loading
- * thread runs while its phase lasts; the calibrating thread until it has CAL_REPS runs (busy:
- * CAL_BUSY_REPS that count, or CAL_TRIES times as many tried), and notes the clocks. */
-static int run_begin(cal_ctx *x, const fastest *f, int r) {
-    if (x->phase) {
-        if (r == -1) atomic_store(x->ack, x->my_phase);
-        return atomic_load(x->phase) == x->my_phase;
-    }
-    const int reps = x->n_load ? CAL_BUSY_REPS : CAL_REPS;
-    if (r >= 0 && (f->got >= reps || f->tries >= CAL_TRIES * reps)) return 0;
-    x->w0 = wall_seconds();
-    for (int i = 0; i < x->n_load; i++) x->l0[i] = clock_seconds(x->load_clock[i]);
-    return 1;
-}
-
-/* Whether the run just ended counts: alone always; busy when every loading thread was on
- * its core for CAL_BUSY_SHARE of it. */
-static int run_counts(const cal_ctx *x) {
-    const double w = wall_seconds() - x->w0;
-    for (int i = 0; i < x->n_load; i++)
-        if (clock_seconds(x->load_clock[i]) - x->l0[i] < CAL_BUSY_SHARE * w) return 0;
-    return 1;
+static double fastest(double t[CAL_REPS]) {
+    qsort(t, CAL_REPS, sizeof t[0], cmp_double);
+    return t[0];
 }
 
 /* The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
@@ -275,47 +175,34 @@ enum { CAL_MAX_IC = 3072, CAL_MAX_OC = 6144, CAL_MAX_W = 6144 * 768, CAL_WIDEST 
 #define CAL_N_LINEARS ((int)(sizeof cal_linears / sizeof cal_linears[0]))
 
 /* The three products of every layer of cal_linears in one precision (bf16: the table's bf16
- * flag) through the device's table: their FLOPs over the sum of their fastest times. A
- * loading thread runs the layers in turn until its phase ends (and returns 0). */
-static double time_linears(fs_device *dev, cal_ctx *x, int bf16, float *o, float *dinp, float *dw, const float *inp,
+ * flag) through the device's table: their FLOPs over the sum of their fastest times. */
+static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, float *dw, const float *inp,
                            const void *w) {
     const fs_kernel_table *K = fs_device_kernels(dev);
-    if (x->phase) {
-        for (int r = -1; run_begin(x, NULL, r); r = 0)
-            for (int l = 0; l < CAL_N_LINEARS; l++) {
-                K->linear_forward(dev, o, inp, w, bf16, CAL_N, cal_linears[l].ic, cal_linears[l].oc, 0);
-                K->linear_backward(dev, dinp, dw, o, inp, w, bf16, CAL_N, cal_linears[l].ic, cal_linears[l].oc, 0, 0);
-            }
-        return 0;
-    }
     double flops = 0, seconds = 0;
     for (int l = 0; l < CAL_N_LINEARS; l++) {
         const int64_t IC = cal_linears[l].ic, OC = cal_linears[l].oc;
-        fastest tf = fastest_init(), tb = fastest_init();
-        for (int r = -1; run_begin(x, &tf, r); r++) {
+        double tf[CAL_REPS], tb[CAL_REPS];
+        for (int r = -1; r < CAL_REPS; r++) {
             double t0 = thread_seconds();
             K->linear_forward(dev, o, inp, w, bf16, CAL_N, IC, OC, 0);
             double t1 = thread_seconds();
             K->linear_backward(dev, dinp, dw, o, inp, w, bf16, CAL_N, IC, OC, 0, 0);
-            double t2 = thread_seconds();
             if (r >= 0) {
-                int counts = run_counts(x);
-                fastest_add(&tf, t1 - t0, counts);
-                fastest_add(&tb, t2 - t1, counts);
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
             }
         }
         flops += 3.0 * 2.0 * CAL_N * (double)IC * (double)OC;
-        seconds += fastest_get(&tf) + fastest_get(&tb);
+        seconds += fastest(tf) + fastest(tb);
     }
     return flops / seconds;
 }
 
-/* The block's linear layers, fp32 and bf16, alone and busy ([0], [1]; a loading thread:
- * NULL, and it runs the precision of its phase, or waits in PHASE_GEMM_PAUSE, until the GEMM
- * phases end). The bf16 GEMM's staging comes from an accounting allocator and its oneDNN
- * primitives are made before the first run, as fs_acts_prepare_gemms does for the model (a
- * no-op on the flatshard path). */
-static fs_status measure_gemms(fs_device *dev, cal_ctx *x, double fp32[2], double bf16[2]) {
+/* The block's linear layers, fp32 and bf16. The bf16 GEMM's staging comes from an accounting
+ * allocator and its oneDNN primitives are made before the first run, as fs_acts_prepare_gemms
+ * does for the model (a no-op on the flatshard path). */
+static fs_status measure_gemms(fs_device *dev, fs_calibration *c) {
     const size_t n_in = (size_t)CAL_N * CAL_MAX_IC, n_w = CAL_MAX_W, n_out = (size_t)CAL_N * CAL_MAX_OC;
     float *inp = malloc(n_in * sizeof *inp), *w = malloc(n_w * sizeof *w);
     float *o = malloc(n_out * sizeof *o), *dinp = malloc(n_in * sizeof *dinp);
@@ -343,28 +230,8 @@ static fs_status measure_gemms(fs_device *dev, cal_ctx *x, double fp32[2], doubl
         }
         /* the output gradient is the forward's output (|values| < 1e3: nothing overflows) */
         memset(o, 0, n_out * sizeof *o);
-        if (x->phase) {
-            for (int p; (p = atomic_load(x->phase)) == PHASE_GEMM_FP32 || p == PHASE_GEMM_BF16 ||
-                        p == PHASE_GEMM_PAUSE;) {
-                if (p == PHASE_GEMM_PAUSE) {
-                    atomic_store(x->ack, p);
-                    nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-                    continue;
-                }
-                x->my_phase = p;
-                time_linears(dev, x, p == PHASE_GEMM_BF16, o, dinp, dw, inp, p == PHASE_GEMM_BF16 ? (void *)wb : w);
-            }
-        } else {
-            for (int prec = 0; prec < 2 && st == FS_OK; prec++) {
-                double *out = prec ? bf16 : fp32;
-                const void *wp = prec ? (const void *)wb : w;
-                if (ctx_switch(x, 0, PHASE_GEMM_PAUSE, &st)) out[0] = time_linears(dev, x, prec, o, dinp, dw, inp, wp);
-                out[1] = out[0];
-                if (ctx_switch(x, 1, prec ? PHASE_GEMM_BF16 : PHASE_GEMM_FP32, &st))
-                    out[1] = time_linears(dev, x, prec, o, dinp, dw, inp, wp);
-            }
-            ctx_switch(x, 0, PHASE_IDLE, &st);
-        }
+        c->gemm_fp32_flops = time_linears(dev, 0, o, dinp, dw, inp, w);
+        c->gemm_bf16_flops = time_linears(dev, 1, o, dinp, dw, inp, wb);
     }
     fs_device_release_scratch(dev);
     fs_mem_free(mem);
@@ -380,32 +247,8 @@ static fs_status measure_gemms(fs_device *dev, cal_ctx *x, double fp32[2], doubl
 /* Causal attention forward and backward on one sequence in one precision (the table's bf16
  * flag), q, k, v in one fused activation as the model keeps them; FLOPs as the estimate
  * counts them (3 x 2 N C (T+1)). */
-static double time_attention(fs_device *dev, cal_ctx *x, int bf16, float *qkv, float *dqkv, float *att,
-                             const float *datt, float *lse) {
+static fs_status measure_attention(fs_device *dev, int bf16, double *flops_out) {
     const fs_kernel_table *K = fs_device_kernels(dev);
-    const int64_t N = CAL_T, C = (int64_t)CAL_NH * CAL_HS, QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS;
-    const float *q = qkv, *k = qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
-    float *dq = dqkv, *dk = dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
-    fastest tf = fastest_init(), tb = fastest_init();
-    for (int r = -1; run_begin(x, &tf, r); r = x->phase ? 0 : r + 1) {
-        memset(dqkv, 0, (size_t)(N * QKV) * sizeof *dqkv); /* backward accumulates, as in the model */
-        double t0 = thread_seconds();
-        K->attention_forward(dev, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
-        double t1 = thread_seconds();
-        K->attention_backward(dev, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS,
-                              bf16);
-        double t2 = thread_seconds();
-        if (r >= 0 && !x->phase) {
-            int counts = run_counts(x);
-            fastest_add(&tf, t1 - t0, counts);
-            fastest_add(&tb, t2 - t1, counts);
-        }
-    }
-    return 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest_get(&tf) + fastest_get(&tb));
-}
-
-/* Attention in one precision, alone and busy (flops[0], [1]; a loading thread: NULL). */
-static fs_status measure_attention(fs_device *dev, cal_ctx *x, int bf16, double flops[2]) {
     const int64_t N = CAL_T, C = (int64_t)CAL_NH * CAL_HS, QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS;
     const size_t n_qkv = (size_t)(N * QKV), n_out = (size_t)(N * C), n_lse = (size_t)CAL_NH * CAL_T;
     float *qkv = malloc(n_qkv * sizeof *qkv), *dqkv = malloc(n_qkv * sizeof *dqkv);
@@ -414,18 +257,25 @@ static fs_status measure_attention(fs_device *dev, cal_ctx *x, int bf16, double 
     fs_status st = FS_OK;
     if (!qkv || !dqkv || !att || !datt || !lse)
         st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the attention operands");
+    double tf[CAL_REPS], tb[CAL_REPS];
     if (st == FS_OK) {
         for (size_t i = 0; i < n_qkv; i++) qkv[i] = (float)((int)(i % 19) - 9) * 0.05f;
         for (size_t i = 0; i < n_out; i++) datt[i] = (float)((int)(i % 11) - 5) * 0.01f;
-        const int phase = bf16 ? PHASE_ATTENTION_BF16 : PHASE_ATTENTION_FP32;
-        if (x->phase) {
-            time_attention(dev, x, bf16, qkv, dqkv, att, datt, lse);
-        } else {
-            if (ctx_switch(x, 0, PHASE_IDLE, &st)) flops[0] = time_attention(dev, x, bf16, qkv, dqkv, att, datt, lse);
-            flops[1] = flops[0];
-            if (ctx_switch(x, 1, phase, &st)) flops[1] = time_attention(dev, x, bf16, qkv, dqkv, att, datt, lse);
-            ctx_switch(x, 0, PHASE_IDLE, &st);
+        const float *q = qkv, *k = qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
+        float *dq = dqkv, *dk = dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
+        for (int r = -1; r < CAL_REPS; r++) {
+            memset(dqkv, 0, n_qkv * sizeof *dqkv); /* backward accumulates, as in the model */
+            double t0 = thread_seconds();
+            K->attention_forward(dev, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
+            double t1 = thread_seconds();
+            K->attention_backward(dev, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH, CAL_NKV,
+                                  CAL_HS, bf16);
+            if (r >= 0) {
+                tf[r] = t1 - t0;
+                tb[r] = thread_seconds() - t1;
+            }
         }
+        *flops_out = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf) + fastest(tb));
     }
     free(qkv);
     free(dqkv);
@@ -451,30 +301,8 @@ static void evict(const void *p, size_t bytes) {
  * the same stream). Every run starts with its operands out of the caches, as a step's do: the
  * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
  * back (written a whole forward earlier) come from memory, and a loop over one buffer that
- * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). A loading
- * thread flushes its own operands the same way: its traffic goes to memory too. */
-static double time_adamw(fs_device *dev, cal_ctx *x, float *param, uint16_t *param_bf16, float *m, float *v,
-                         const float *grad) {
-    const size_t n = CAL_ADAMW_NUMEL;
-    fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    fastest t = fastest_init();
-    for (int r = -1, i = 0; run_begin(x, &t, r); r = x->phase ? 0 : r + 1, i++) {
-        hp.step = 2 + i % 1000; /* a loading thread runs on: its steps wrap */
-        evict(param, n * sizeof *param);
-        evict(m, n * sizeof *m);
-        evict(v, n * sizeof *v);
-        evict(grad, n * sizeof *grad);
-        evict(param_bf16, n * sizeof *param_bf16);
-        double t0 = thread_seconds();
-        fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, (int64_t)n, hp);
-        double t1 = thread_seconds();
-        if (r >= 0 && !x->phase) fastest_add(&t, t1 - t0, run_counts(x));
-    }
-    return CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest_get(&t);
-}
-
-/* AdamW, alone and busy (bytes_per_s[0], [1]; a loading thread: NULL). */
-static fs_status measure_adamw(fs_device *dev, cal_ctx *x, double bytes_per_s[2]) {
+ * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
+static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
     const size_t n = CAL_ADAMW_NUMEL;
     float *param = malloc(n * sizeof *param), *m = malloc(n * sizeof *m);
     float *v = malloc(n * sizeof *v), *grad = malloc(n * sizeof *grad);
@@ -482,6 +310,7 @@ static fs_status measure_adamw(fs_device *dev, cal_ctx *x, double bytes_per_s[2]
     fs_status st = FS_OK;
     if (!param || !m || !v || !grad || !param_bf16)
         st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the AdamW state");
+    double t[CAL_REPS];
     if (st == FS_OK) {
         for (size_t i = 0; i < n; i++) {
             param[i] = (float)((int)(i % 23) - 11) * 0.01f;
@@ -490,14 +319,19 @@ static fs_status measure_adamw(fs_device *dev, cal_ctx *x, double bytes_per_s[2]
         memset(m, 0, n * sizeof *m);
         memset(v, 0, n * sizeof *v);
         memset(param_bf16, 0, n * sizeof *param_bf16);
-        if (x->phase) {
-            time_adamw(dev, x, param, param_bf16, m, v, grad);
-        } else {
-            if (ctx_switch(x, 0, PHASE_IDLE, &st)) bytes_per_s[0] = time_adamw(dev, x, param, param_bf16, m, v, grad);
-            bytes_per_s[1] = bytes_per_s[0];
-            if (ctx_switch(x, 1, PHASE_ADAMW, &st)) bytes_per_s[1] = time_adamw(dev, x, param, param_bf16, m, v, grad);
-            ctx_switch(x, 0, PHASE_IDLE, &st);
+        fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        for (int r = -1; r < CAL_REPS; r++) {
+            hp.step = r + 2;
+            evict(param, n * sizeof *param);
+            evict(m, n * sizeof *m);
+            evict(v, n * sizeof *v);
+            evict(grad, n * sizeof *grad);
+            evict(param_bf16, n * sizeof *param_bf16);
+            double t0 = thread_seconds();
+            fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, (int64_t)n, hp);
+            if (r >= 0) t[r] = thread_seconds() - t0;
         }
+        c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t);
     }
     free(param);
     free(m);
@@ -507,92 +341,322 @@ static fs_status measure_adamw(fs_device *dev, cal_ctx *x, double bytes_per_s[2]
     return st;
 }
 
-static fs_status measure_copy(fs_calibration *c) {
-    char *src = malloc(CAL_COPY_BYTES), *dst = malloc(CAL_COPY_BYTES);
-    if (!src || !dst) {
-        free(src);
-        free(dst);
-        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the copy buffers");
+/* ------------------------------------------------------------------ contention
+ * DESIGN. The rates above are one core's, its operands in cache (256 tokens). The ranks of a
+ * host on every core slow each other through what they share: the last-level cache and the
+ * memory bus, which a step's working set (hundreds of MiB a rank) goes through and the
+ * calibration's shapes do not (timed kernel by kernel with a loading thread per other core,
+ * at those shapes busy was within 1% of alone on the Xeon with AMX, while two one-rank bf16
+ * trainings side by side took 7-8% more CPU time a step each). So one factor per precision is
+ * measured on step-sized work: one block of `small`, forward and backward, on CAL_BLOCK_N
+ * tokens (RMSNorm, the qkv GEMM, attention over sequences of CAL_T, the o GEMM, RMSNorm,
+ * gate/up, SwiGLU, down; then the backward of each, in the order the model runs them), every
+ * kernel through the table with the precision's flag, ~120 MiB of weights, gradients and
+ * activations per thread. Timed by the calibrating thread's CPU time alone (the fastest of
+ * CAL_BLOCK_REPS after a warm-up), then while busy_cores - 1 loading threads, one per other
+ * core, run the same block on buffers of their own (the fastest of CAL_BLOCK_REPS runs that
+ * count: every loading thread on its core for CAL_BUSY_SHARE of the run, its thread CPU
+ * clock; at most 2 x CAL_BLOCK_REPS tries, else the fastest of all, which understates the
+ * contention). The factor is busy / alone, at least 1. */
+enum { CAL_BLOCK_N = 512, CAL_BLOCK_REPS = 2 };
+#define CAL_BUSY_SHARE 0.9
+
+/* small's block: C 768, FF 3072 (gate and up fused: 6144), qkv 1280 */
+enum { BK_C = 768, BK_FF = 3072, BK_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS };
+
+typedef struct block_bufs {
+    float *w[4], *dw[4];  /* qkv, o, gate/up, down: fp32 weights and their gradients */
+    uint16_t *wb[4];      /* the bf16 copies */
+    float *nw, *dnw;      /* the RMSNorm weight (both norms) and its gradient */
+    float *x, *xn, *rstd, *qkv, *att, *lse, *h, *hn, *rstd2, *gu, *sw, *out;
+    float *dout, *dsw, *dgu, *dhn, *dh, *datt, *dqkv, *dxn, *dx;
+    fs_mem *mem;
+} block_bufs;
+
+static const struct {
+    int64_t ic, oc;
+} block_linears[] = {{BK_C, BK_QKV}, {BK_C, BK_C}, {BK_C, 2 * BK_FF}, {BK_FF, BK_C}};
+
+static void block_free(block_bufs *b) {
+    for (int i = 0; i < 4; i++) {
+        free(b->w[i]);
+        free(b->dw[i]);
+        free(b->wb[i]);
     }
-    fastest t = fastest_init();
-    memset(src, 1, CAL_COPY_BYTES);
-    memset(dst, 2, CAL_COPY_BYTES);
-    volatile char sink = 0; /* a read of each copy, so that none is optimised away */
-    for (int r = -1; r < CAL_REPS; r++) {
-        src[r & 1023] = (char)r;
-        double t0 = thread_seconds();
-        memcpy(dst, src, CAL_COPY_BYTES);
-        if (r >= 0) fastest_add(&t, thread_seconds() - t0, 1);
-        sink = dst[r & 1023];
-    }
-    (void)sink;
-    free(src);
-    free(dst);
-    c->copy_bytes_per_s = (double)CAL_COPY_BYTES / fastest_get(&t);
-    return FS_OK;
+    float *a[] = {b->nw,  b->dnw, b->x,   b->xn,   b->rstd, b->qkv, b->att, b->lse,  b->h,   b->hn,  b->rstd2, b->gu,
+                  b->sw,  b->out, b->dout, b->dsw, b->dgu,  b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx};
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) free(a[i]);
+    fs_mem_free(b->mem);
+    memset(b, 0, sizeof *b);
 }
 
-/* ------------------------------------------------------------------ the loading threads */
-
-typedef struct load_thread {
-    pthread_t thread;
-    atomic_int ack;       /* the phase whose loop it has started; PHASE_STOP: it failed */
-    atomic_int *phase;
-    fs_status status;     /* why it failed, and the message */
-    char message[256];
-} load_thread;
-
-typedef struct busy_set {
-    atomic_int phase; /* what the loading threads run, PHASE_IDLE, or PHASE_STOP */
-    int n;            /* loading threads running */
-    load_thread L[FS_CALIBRATION_MAX_BUSY];
-} busy_set;
-
-static void *load_main(void *arg) {
-    load_thread *L = arg;
-    fs_device *dev = NULL;
-    fs_status st = fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL);
-    for (int p; st == FS_OK && (p = atomic_load(L->phase)) != PHASE_STOP;) {
-        cal_ctx x = {.phase = L->phase, .my_phase = p, .ack = &L->ack};
-        if (p == PHASE_GEMM_FP32 || p == PHASE_GEMM_BF16 || p == PHASE_GEMM_PAUSE) {
-            st = measure_gemms(dev, &x, NULL, NULL);
-        } else if (p == PHASE_ATTENTION_FP32 || p == PHASE_ATTENTION_BF16) {
-            st = measure_attention(dev, &x, p == PHASE_ATTENTION_BF16, NULL);
-        } else if (p == PHASE_ADAMW) {
-            st = measure_adamw(dev, &x, NULL);
-        } else { /* PHASE_IDLE */
-            atomic_store(&L->ack, p);
-            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+static fs_status block_alloc(fs_device *dev, block_bufs *b) {
+    memset(b, 0, sizeof *b);
+    const size_t N = CAL_BLOCK_N;
+    int ok = 1;
+#define BK_ALLOC(p, n) ok &= ((p) = malloc((size_t)(n) * sizeof *(p))) != NULL
+    for (int i = 0; i < 4; i++) {
+        const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
+        BK_ALLOC(b->w[i], n);
+        BK_ALLOC(b->dw[i], n);
+        BK_ALLOC(b->wb[i], n);
+    }
+    BK_ALLOC(b->nw, BK_C);
+    BK_ALLOC(b->dnw, BK_C);
+    BK_ALLOC(b->x, N * BK_C);
+    BK_ALLOC(b->xn, N * BK_C);
+    BK_ALLOC(b->rstd, N);
+    BK_ALLOC(b->qkv, N * BK_QKV);
+    BK_ALLOC(b->att, N * BK_C);
+    BK_ALLOC(b->lse, N * CAL_NH);
+    BK_ALLOC(b->h, N * BK_C);
+    BK_ALLOC(b->hn, N * BK_C);
+    BK_ALLOC(b->rstd2, N);
+    BK_ALLOC(b->gu, N * 2 * BK_FF);
+    BK_ALLOC(b->sw, N * BK_FF);
+    BK_ALLOC(b->out, N * BK_C);
+    BK_ALLOC(b->dout, N * BK_C);
+    BK_ALLOC(b->dsw, N * BK_FF);
+    BK_ALLOC(b->dgu, N * 2 * BK_FF);
+    BK_ALLOC(b->dhn, N * BK_C);
+    BK_ALLOC(b->dh, N * BK_C);
+    BK_ALLOC(b->datt, N * BK_C);
+    BK_ALLOC(b->dqkv, N * BK_QKV);
+    BK_ALLOC(b->dxn, N * BK_C);
+    BK_ALLOC(b->dx, N * BK_C);
+#undef BK_ALLOC
+    if (!ok) {
+        block_free(b);
+        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the contention block");
+    }
+    /* small values of both signs, as the GEMMs' operands above; the weights scaled so that
+     * activations stay O(1) through the block (nothing overflows, no denormals) */
+    for (int i = 0; i < 4; i++) {
+        const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
+        for (size_t j = 0; j < n; j++) {
+            b->w[i][j] = (float)((int)(j % 13) - 6) * 0.0078125f;
+            uint32_t bits;
+            memcpy(&bits, &b->w[i][j], sizeof bits);
+            b->wb[i][j] = (uint16_t)(bits >> 16); /* exact: few mantissa bits */
         }
     }
-    if (st != FS_OK) {
-        L->status = st;
-        snprintf(L->message, sizeof L->message, "%s", fs_error_message());
-        atomic_store(&L->ack, PHASE_STOP);
+    for (size_t j = 0; j < BK_C; j++) b->nw[j] = 1.0f + (float)(j % 5) * 0.01f;
+    for (size_t j = 0; j < N * BK_C; j++) {
+        b->x[j] = (float)((int)(j % 17) - 8) * 0.0625f;
+        b->dout[j] = (float)((int)(j % 11) - 5) * 0.01f;
     }
+    /* every other buffer touched once: no first-touch page faults inside a timed run */
+    float *z[] = {b->xn, b->qkv, b->att, b->h, b->hn, b->gu, b->sw, b->out, b->dsw, b->dgu, b->dhn, b->dh, b->datt,
+                  b->dqkv, b->dxn, b->dx};
+    const size_t zn[] = {N * BK_C, N * BK_QKV, N * BK_C, N * BK_C, N * BK_C, N * 2 * BK_FF, N * BK_FF, N * BK_C,
+                         N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C, N * BK_C, N * BK_QKV, N * BK_C, N * BK_C};
+    for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) memset(z[i], 0, zn[i] * sizeof(float));
+    fs_status st = fs_mem_init(&b->mem, 0);
+    /* the bf16 GEMM's staging, as measure_gemms reserves it, for the widest layer */
+    if (st == FS_OK)
+        st = fs_device_reserve_scratch(dev, b->mem, 1,
+                                       ((size_t)N * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t));
+    for (int l = 0; l < 4 && st == FS_OK; l++)
+        st = fs_gemm_prepare_linear(CAL_BLOCK_N, block_linears[l].ic, block_linears[l].oc);
+    if (st != FS_OK) {
+        fs_device_release_scratch(dev);
+        block_free(b);
+    }
+    return st;
+}
+
+/* One block forward and backward in one precision, as llama.c sequences a block's kernels
+ * (no residual adds, RoPE or recomputation: small next to the rest). */
+static void block_run(fs_device *dev, block_bufs *b, int bf16) {
+    const fs_kernel_table *K = fs_device_kernels(dev);
+    const int64_t N = CAL_BLOCK_N, B = CAL_BLOCK_N / CAL_T;
+    const void *w[4];
+    for (int i = 0; i < 4; i++) w[i] = bf16 ? (const void *)b->wb[i] : (const void *)b->w[i];
+    const float *q = b->qkv, *k = b->qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
+    float *dq = b->dqkv, *dk = b->dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
+    K->rmsnorm_forward(dev, b->xn, b->rstd, b->x, b->nw, N, BK_C, 1e-5f);
+    K->linear_forward(dev, b->qkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0);
+    K->attention_forward(dev, b->att, b->lse, q, k, v, BK_QKV, B, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
+    K->linear_forward(dev, b->h, b->att, w[1], bf16, N, BK_C, BK_C, 0);
+    K->rmsnorm_forward(dev, b->hn, b->rstd2, b->h, b->nw, N, BK_C, 1e-5f);
+    K->linear_forward(dev, b->gu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0);
+    K->swiglu_forward(dev, b->sw, b->gu, N, BK_FF);
+    K->linear_forward(dev, b->out, b->sw, w[3], bf16, N, BK_FF, BK_C, 0);
+    K->linear_backward(dev, b->dsw, b->dw[3], b->dout, b->sw, w[3], bf16, N, BK_FF, BK_C, 0, 0);
+    K->swiglu_backward(dev, b->dgu, b->dsw, b->gu, N, BK_FF);
+    K->linear_backward(dev, b->dhn, b->dw[2], b->dgu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0, 0);
+    K->rmsnorm_backward(dev, b->dh, b->dnw, b->dhn, b->h, b->nw, b->rstd2, N, BK_C);
+    K->linear_backward(dev, b->datt, b->dw[1], b->dh, b->att, w[1], bf16, N, BK_C, BK_C, 0, 0);
+    memset(b->dqkv, 0, (size_t)(N * BK_QKV) * sizeof(float)); /* attention backward accumulates */
+    K->attention_backward(dev, dq, dk, dv, BK_QKV, b->datt, q, k, v, BK_QKV, b->att, b->lse, B, CAL_T, CAL_NH,
+                          CAL_NKV, CAL_HS, bf16);
+    K->linear_backward(dev, b->dxn, b->dw[0], b->dqkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0, 0);
+    K->rmsnorm_backward(dev, b->dx, b->dnw, b->dxn, b->x, b->nw, b->rstd, N, BK_C);
+}
+
+/* The loading threads: each opens its own device (its own GEMM staging) and buffers, then
+ * runs the block in `prec` until `stop`; `ready` counts those running, `failed` those that
+ * could not start. */
+typedef struct block_load {
+    atomic_int stop, ready, failed;
+    int bf16;
+} block_load;
+
+static void *block_load_main(void *arg) {
+    block_load *L = arg;
+    fs_device *dev = NULL;
+    block_bufs b;
+    if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || block_alloc(dev, &b) != FS_OK) {
+        fs_device_close(dev);
+        atomic_fetch_add(&L->failed, 1);
+        return NULL;
+    }
+    atomic_fetch_add(&L->ready, 1); /* its buffers touched: no page faults to come */
+    while (!atomic_load(&L->stop)) block_run(dev, &b, L->bf16);
+    fs_device_release_scratch(dev);
+    block_free(&b);
     fs_device_close(dev);
     return NULL;
 }
 
-/* Sets the phase and waits until every loading thread is in it: FS_OK, or the first
- * failure. */
-static fs_status enter_phase(busy_set *b, int p) {
-    atomic_store(&b->phase, p);
-    for (int i = 0; i < b->n; i++) {
-        int a;
-        while ((a = atomic_load(&b->L[i].ack)) != p && a != PHASE_STOP)
-            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        if (a == PHASE_STOP) return fs_errorf(b->L[i].status, "calibration, busy pass: %s", b->L[i].message);
+static double wall_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double clock_of(clockid_t id) {
+    struct timespec t;
+    if (clock_gettime(id, &t) != 0) return 0;
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The contention factor of one precision (busy / alone CPU time of the block) with `cores`
+ * threads computing, the calibrating one included; 1 on one core. */
+static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int cores, double *factor) {
+    double alone = INFINITY, busy = INFINITY, busy_any = INFINITY;
+    *factor = 1;
+    if (cores <= 1) return FS_OK;
+    /* no warm-up run: the block's buffers are touched and its GEMMs prepared (block_alloc),
+     * the kernels ran just before at the calibration's shapes, and its ~110 MiB do not stay
+     * in the caches from one run to the next anyway */
+    for (int r = 0; r < CAL_BLOCK_REPS; r++) {
+        double t0 = thread_seconds();
+        block_run(dev, b, bf16);
+        double t = thread_seconds() - t0;
+        if (t < alone) alone = t;
     }
+    block_load L;
+    atomic_init(&L.stop, 0);
+    atomic_init(&L.ready, 0);
+    atomic_init(&L.failed, 0);
+    L.bf16 = bf16;
+    pthread_t th[FS_CALIBRATION_MAX_BUSY];
+    clockid_t ck[FS_CALIBRATION_MAX_BUSY];
+    int n = 0;
+    fs_status st = FS_OK;
+    for (; n < cores - 1; n++) {
+        if (pthread_create(&th[n], NULL, block_load_main, &L) != 0) {
+            st = fs_errorf(FS_ERR_INTERNAL, "calibration: cannot start a loading thread");
+            break;
+        }
+        if (pthread_getcpuclockid(th[n], &ck[n]) != 0) ck[n] = CLOCK_THREAD_CPUTIME_ID; /* never counts */
+    }
+    while (st == FS_OK && atomic_load(&L.ready) + atomic_load(&L.failed) < n)
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    if (st == FS_OK && atomic_load(&L.failed))
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: a loading thread could not allocate its block");
+    for (int r = 0, got = 0; st == FS_OK && got < CAL_BLOCK_REPS && r < 2 * CAL_BLOCK_REPS; r++) {
+        double l0[FS_CALIBRATION_MAX_BUSY], w0 = wall_seconds(), t0 = thread_seconds();
+        for (int i = 0; i < n; i++) l0[i] = clock_of(ck[i]);
+        block_run(dev, b, bf16);
+        double t = thread_seconds() - t0, w = wall_seconds() - w0;
+        int counts = 1;
+        for (int i = 0; i < n; i++)
+            if (ck[i] == CLOCK_THREAD_CPUTIME_ID || clock_of(ck[i]) - l0[i] < CAL_BUSY_SHARE * w) counts = 0;
+        if (t < busy_any) busy_any = t;
+        if (counts) {
+            got++;
+            if (t < busy) busy = t;
+        }
+    }
+    atomic_store(&L.stop, 1);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    FS_TRY(st);
+    if (!isfinite(busy)) busy = busy_any;
+    *factor = busy > alone ? busy / alone : 1.0;
     return FS_OK;
 }
 
-static int ctx_switch(cal_ctx *x, int busy, int phase, fs_status *st) {
-    if (*st != FS_OK) return 0;
-    if (!x->busy) return !busy; /* one core: alone only */
-    *st = enter_phase(x->busy, phase);
-    x->n_load = busy ? x->busy->n : 0;
-    return *st == FS_OK;
+/* Both precisions' contention factors; the block's buffers are freed before it returns. */
+static fs_status measure_contentions(fs_device *dev, fs_calibration *c) {
+    c->contention_fp32 = c->contention_bf16 = 1;
+    if (c->busy_cores <= 1) return FS_OK;
+    block_bufs b;
+    FS_TRY(block_alloc(dev, &b));
+    fs_status st = measure_contention(dev, &b, 0, c->busy_cores, &c->contention_fp32);
+    if (st == FS_OK) st = measure_contention(dev, &b, 1, c->busy_cores, &c->contention_bf16);
+    fs_device_release_scratch(dev);
+    block_free(&b);
+    return st;
+}
+
+/* ------------------------------------------------------------------ the ring
+ * What a collective costs the CPU per byte, the ring itself measured: two ranks of an
+ * in-process group (threads, as `train --ranks` runs them, the communicator the engine's
+ * worker drives) each all-gather and reduce-scatter CAL_RING_BYTES of fp32 and of bf16 (the
+ * weights and the gradients on the wire under each policy), each rank timing its own thread's
+ * CPU time (a rank's comm thread takes its compute core: every collective is exposed on
+ * shared cores, docs/planner.md). busbw = the bytes each collective moves per rank, S (W - 1)
+ * / W, summed over the four, over the CPU time they took, the fastest of CAL_REPS rounds,
+ * the slower rank's. */
+enum { CAL_RING_BYTES = 8 << 20, CAL_RING_REPS = 3 };
+
+typedef struct ring_arg {
+    double seconds[2];
+} ring_arg;
+
+static fs_status ring_rank(fs_comm *comm, void *arg) {
+    ring_arg *a = arg;
+    const int rank = fs_comm_rank(comm);
+    const size_t n32 = CAL_RING_BYTES / 4, n16 = CAL_RING_BYTES / 2;
+    float *send32 = malloc(CAL_RING_BYTES), *recv32 = malloc(CAL_RING_BYTES);
+    uint16_t *send16 = malloc(CAL_RING_BYTES), *recv16 = malloc(CAL_RING_BYTES);
+    fs_status st = FS_OK;
+    if (!send32 || !recv32 || !send16 || !recv16)
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the ring's buffers");
+    if (st == FS_OK) { /* values whose sums neither overflow nor go denormal; 0x3c00: bf16 2^-7 */
+        for (size_t i = 0; i < n32; i++) send32[i] = (float)(i % 7) * 0.125f;
+        for (size_t i = 0; i < n16; i++) send16[i] = (uint16_t)(0x3c00 + (i % 5));
+        memset(recv32, 0, CAL_RING_BYTES);
+        memset(recv16, 0, CAL_RING_BYTES);
+    }
+    double best = INFINITY;
+    for (int r = -1; r < CAL_RING_REPS && st == FS_OK; r++) {
+        st = fs_comm_barrier(comm); /* both ranks start together */
+        double t0 = thread_seconds();
+        if (st == FS_OK) st = fs_comm_all_gather(send32, recv32, n32 / 2, FS_DTYPE_FP32, comm);
+        if (st == FS_OK) st = fs_comm_reduce_scatter(send32, recv32, n32 / 2, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
+        if (st == FS_OK) st = fs_comm_all_gather(send16, recv16, n16 / 2, FS_DTYPE_BF16, comm);
+        if (st == FS_OK) st = fs_comm_reduce_scatter(send16, recv16, n16 / 2, FS_DTYPE_BF16, FS_REDOP_SUM, comm);
+        double t = thread_seconds() - t0;
+        if (r >= 0 && t < best) best = t;
+    }
+    a->seconds[rank] = best;
+    free(send32);
+    free(recv32);
+    free(send16);
+    free(recv16);
+    return st;
+}
+
+static fs_status measure_ring(fs_calibration *c) {
+    ring_arg a = {{0, 0}};
+    FS_TRY(fs_comm_inproc_run(2, fs_comm_config_default(), ring_rank, &a));
+    const double t = a.seconds[0] > a.seconds[1] ? a.seconds[0] : a.seconds[1];
+    /* four collectives of CAL_RING_BYTES, each moving S (W - 1) / W = S / 2 per rank */
+    c->ring_busbw = 4.0 * (CAL_RING_BYTES / 2.0) / t;
+    return FS_OK;
 }
 
 fs_status fs_calibration_measure(fs_calibration *out) {
@@ -602,59 +666,23 @@ fs_status fs_calibration_measure(fs_calibration *out) {
     c.busy_cores = busy_cores();
     fs_device *dev = NULL; /* the CPU's kernel table on the calling thread (pool NULL) */
     FS_TRY(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
-    /* the loading threads, one per other core (none on one core: the busy figures are then
-     * the alone ones) */
-    busy_set b;
-    atomic_init(&b.phase, PHASE_IDLE);
-    b.n = 0;
-    cal_ctx x = {.busy = c.busy_cores > 1 ? &b : NULL};
-    fs_status st = FS_OK;
-    for (int i = 0; i < c.busy_cores - 1 && st == FS_OK; i++) {
-        load_thread *L = &b.L[i];
-        L->phase = &b.phase;
-        L->status = FS_OK;
-        L->message[0] = 0;
-        atomic_init(&L->ack, -1);
-        if (pthread_create(&L->thread, NULL, load_main, L) != 0) {
-            st = fs_errorf(FS_ERR_INTERNAL, "calibration: cannot start a loading thread");
-            break;
-        }
-        b.n++;
-        if (pthread_getcpuclockid(L->thread, &x.load_clock[i]) != 0)
-            st = fs_errorf(FS_ERR_INTERNAL, "calibration: no CPU clock for a loading thread");
-    }
-    double gemm_fp32[2] = {0, 0}, gemm_bf16[2] = {0, 0}, att_fp32[2] = {0, 0}, att_bf16[2] = {0, 0}, adamw[2] = {0, 0};
-    if (st == FS_OK) st = measure_gemms(dev, &x, gemm_fp32, gemm_bf16);
-    if (st == FS_OK) st = measure_attention(dev, &x, 0, att_fp32);
-    if (st == FS_OK) st = measure_attention(dev, &x, 1, att_bf16);
-    if (st == FS_OK) st = measure_adamw(dev, &x, adamw);
-    atomic_store(&b.phase, PHASE_STOP);
-    for (int i = 0; i < b.n; i++) pthread_join(b.L[i].thread, NULL);
+    fs_status st = measure_gemms(dev, &c);
+    if (st == FS_OK) st = measure_attention(dev, 0, &c.attention_fp32_flops);
+    if (st == FS_OK) st = measure_attention(dev, 1, &c.attention_bf16_flops);
+    if (st == FS_OK) st = measure_adamw(dev, &c);
+    if (st == FS_OK) st = measure_contentions(dev, &c);
     fs_device_close(dev);
     FS_TRY(st);
-    FS_TRY(measure_copy(&c));
-    c.gemm_fp32_flops = gemm_fp32[0];
-    c.gemm_bf16_flops = gemm_bf16[0];
-    c.attention_fp32_flops = att_fp32[0];
-    c.attention_bf16_flops = att_bf16[0];
-    c.adamw_bytes_per_s = adamw[0];
-    c.gemm_fp32_flops_busy = gemm_fp32[1];
-    c.gemm_bf16_flops_busy = gemm_bf16[1];
-    c.attention_fp32_flops_busy = att_fp32[1];
-    c.attention_bf16_flops_busy = att_bf16[1];
-    c.adamw_bytes_per_s_busy = adamw[1];
+    FS_TRY(measure_ring(&c));
     fs_calibration_key(c.key, sizeof c.key);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(c.date, sizeof c.date, "%Y-%m-%d %H:%M:%S", &tm);
-    const double figures[] = {c.gemm_fp32_flops,           c.gemm_bf16_flops,           c.attention_fp32_flops,
-                              c.attention_bf16_flops,      c.adamw_bytes_per_s,         c.copy_bytes_per_s,
-                              c.gemm_fp32_flops_busy,      c.gemm_bf16_flops_busy,      c.attention_fp32_flops_busy,
-                              c.attention_bf16_flops_busy, c.adamw_bytes_per_s_busy};
-    for (size_t i = 0; i < sizeof figures / sizeof figures[0]; i++)
-        if (!(isfinite(figures[i]) && figures[i] > 0))
-            return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
+    if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.attention_fp32_flops) &&
+          isfinite(c.attention_bf16_flops) && isfinite(c.adamw_bytes_per_s) && isfinite(c.ring_busbw) &&
+          c.ring_busbw > 0 && isfinite(c.contention_fp32) && isfinite(c.contention_bf16)))
+        return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
     *out = c;
     return FS_OK;
 }
@@ -688,10 +716,10 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     char line[1024];
     int seen = 0, magic = 0, bad = 0;
     enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_ATTENTION_FP32 = 16,
-           HAVE_ATTENTION_BF16 = 32, HAVE_ADAMW = 64, HAVE_COPY = 128, HAVE_BUSY_CORES = 256,
-           HAVE_FP32_BUSY = 512, HAVE_BF16_BUSY = 1024, HAVE_ATTENTION_FP32_BUSY = 2048,
-           HAVE_ATTENTION_BF16_BUSY = 4096, HAVE_ADAMW_BUSY = 8192, HAVE_ALL = 16383 };
+           HAVE_ATTENTION_BF16 = 32, HAVE_ADAMW = 64, HAVE_RING = 128, HAVE_BUSY = 256, HAVE_C_FP32 = 512,
+           HAVE_C_BF16 = 1024, HAVE_ALL = 2047 };
     double busy = 0;
+    char version[64] = "";
     while (!bad && fgets(line, sizeof line, f)) {
         size_t len = strlen(line);
         if (len == 0 || line[len - 1] != '\n') { /* a line longer than any we write, or cut */
@@ -702,6 +730,7 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
         if (!magic) {
             magic = strcmp(line, CACHE_MAGIC) == 0;
             bad = !magic;
+            if (bad && strncmp(line, "flatshard calibration ", 22) == 0) snprintf(version, sizeof version, "%.40s", line + 22);
             continue;
         }
         char *sp = strchr(line, ' ');
@@ -727,24 +756,18 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
             seen |= HAVE_ATTENTION_BF16;
         } else if (strcmp(name, "adamw_bytes_per_s") == 0 && parse_figure(value, &c.adamw_bytes_per_s)) {
             seen |= HAVE_ADAMW;
-        } else if (strcmp(name, "copy_bytes_per_s") == 0 && parse_figure(value, &c.copy_bytes_per_s)) {
-            seen |= HAVE_COPY;
+        } else if (strcmp(name, "ring_busbw") == 0 && parse_figure(value, &c.ring_busbw)) {
+            seen |= HAVE_RING;
         } else if (strcmp(name, "busy_cores") == 0 && parse_figure(value, &busy) && busy == floor(busy) &&
                    busy <= FS_CALIBRATION_MAX_BUSY) {
             c.busy_cores = (int)busy;
-            seen |= HAVE_BUSY_CORES;
-        } else if (strcmp(name, "gemm_fp32_flops_busy") == 0 && parse_figure(value, &c.gemm_fp32_flops_busy)) {
-            seen |= HAVE_FP32_BUSY;
-        } else if (strcmp(name, "gemm_bf16_flops_busy") == 0 && parse_figure(value, &c.gemm_bf16_flops_busy)) {
-            seen |= HAVE_BF16_BUSY;
-        } else if (strcmp(name, "attention_fp32_flops_busy") == 0 &&
-                   parse_figure(value, &c.attention_fp32_flops_busy)) {
-            seen |= HAVE_ATTENTION_FP32_BUSY;
-        } else if (strcmp(name, "attention_bf16_flops_busy") == 0 &&
-                   parse_figure(value, &c.attention_bf16_flops_busy)) {
-            seen |= HAVE_ATTENTION_BF16_BUSY;
-        } else if (strcmp(name, "adamw_bytes_per_s_busy") == 0 && parse_figure(value, &c.adamw_bytes_per_s_busy)) {
-            seen |= HAVE_ADAMW_BUSY;
+            seen |= HAVE_BUSY;
+        } else if (strcmp(name, "contention_fp32") == 0 && parse_figure(value, &c.contention_fp32) &&
+                   c.contention_fp32 >= 1) {
+            seen |= HAVE_C_FP32;
+        } else if (strcmp(name, "contention_bf16") == 0 && parse_figure(value, &c.contention_bf16) &&
+                   c.contention_bf16 >= 1) {
+            seen |= HAVE_C_BF16;
         } else {
             bad = 1;
         }
@@ -752,6 +775,9 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     int read_error = ferror(f);
     fclose(f);
     if (read_error) return fs_errorf(FS_ERR_IO, "%s: read error", path);
+    if (version[0])
+        return fs_errorf(FS_ERR_FORMAT, "%s: a cache of calibration version %s, this build measures version %s", path,
+                         version, CACHE_MAGIC + 22);
     if (bad || !magic || seen != HAVE_ALL)
         return fs_errorf(FS_ERR_FORMAT, "%s: not a valid calibration cache (a line is missing or malformed)", path);
     if (strcmp(c.key, key) != 0)
@@ -789,13 +815,11 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     fprintf(f,
             "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_fp32_flops %.17g\n"
-            "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\ncopy_bytes_per_s %.17g\nbusy_cores %d\n"
-            "gemm_fp32_flops_busy %.17g\ngemm_bf16_flops_busy %.17g\nattention_fp32_flops_busy %.17g\n"
-            "attention_bf16_flops_busy %.17g\nadamw_bytes_per_s_busy %.17g\n",
+            "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\nring_busbw %.17g\nbusy_cores %d\n"
+            "contention_fp32 %.17g\ncontention_bf16 %.17g\n",
             CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_fp32_flops,
-            cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->copy_bytes_per_s, cal->busy_cores,
-            cal->gemm_fp32_flops_busy, cal->gemm_bf16_flops_busy, cal->attention_fp32_flops_busy,
-            cal->attention_bf16_flops_busy, cal->adamw_bytes_per_s_busy);
+            cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->ring_busbw, cal->busy_cores, cal->contention_fp32,
+            cal->contention_bf16);
     int failed = ferror(f);
     failed |= fclose(f) != 0;
     if (failed || rename(tmp, path) != 0) {
@@ -818,24 +842,21 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->attention_flops_bf16 = cal->attention_bf16_flops;
     out->memory_bw = cal->adamw_bytes_per_s;
     out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
-    out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
+    out->intra_busbw = cal->ring_busbw; /* the ring itself, both ranks copying (measure_ring) */
     out->nic_busbw = out->intra_busbw; /* ranks of one machine: no second level */
     out->devices_per_node = devices_per_node > 0 ? devices_per_node : 1;
     out->latency_s = 50e-6;      /* one collective through the worker, 35-60 us (BENCHMARKS.md) */
     out->activation_bytes = 4;   /* flatshard's CPU kernels keep activations in fp32 */
     if (cal->busy_cores > 1) { /* the estimate's contention rule: estimate.c */
         out->busy_cores = cal->busy_cores;
-        out->busy_flops_fp32 = cal->gemm_fp32_flops_busy;
-        out->busy_flops_bf16 = cal->gemm_bf16_flops_busy;
-        out->busy_attention_flops_fp32 = cal->attention_fp32_flops_busy;
-        out->busy_attention_flops_bf16 = cal->attention_bf16_flops_busy;
-        out->busy_memory_bw = cal->adamw_bytes_per_s_busy;
+        out->contention_fp32 = cal->contention_fp32;
+        out->contention_bf16 = cal->contention_bf16;
     }
 }
 
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out) {
     static fs_hardware hw;
-    static char description[900], note[1200];
+    static char description[900], note[1800];
     static int have; /* measured or read once per process for FS_CALIBRATE_CACHED */
     if (have && mode == FS_CALIBRATE_CACHED) {
         *out = &hw;
@@ -848,9 +869,12 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     if (path_st != FS_OK) snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
     fs_calibration cal;
     fs_hw_origin origin = FS_HW_MEASURED;
+    char refused[600] = ""; /* why a cache that is there was not used */
     if (mode == FS_CALIBRATE_CACHED && path_st == FS_OK && fs_calibration_read(path, key, &cal) == FS_OK) {
         origin = FS_HW_CACHED;
     } else {
+        if (mode == FS_CALIBRATE_CACHED && path_st == FS_OK && access(path, F_OK) == 0)
+            snprintf(refused, sizeof refused, "; the cache there was not used: %s", fs_error_message());
         FS_TRY(fs_calibration_measure(&cal));
         if (path_st == FS_OK && fs_calibration_write(path, &cal) != FS_OK)
             snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
@@ -864,27 +888,19 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     snprintf(description, sizeof description,
              "this machine, one core per rank (%s, %d cores): fp32 GEMM %.1f GFLOP/s (OpenBLAS core %s), "
              "bf16 GEMM %.1f GFLOP/s (%s kernels, %s), attention fp32 %.1f / bf16 %.1f GFLOP/s (%s), "
-             "AdamW %.1f GB/s, memcpy %.1f GB/s",
+             "AdamW %.1f GB/s, ring %.1f GB/s busbw (2 ranks); with %d cores busy a block takes x%.3f (fp32) "
+             "x%.3f (bf16) its time alone",
              model[0] ? model : "unknown CPU", hw.devices_per_node, cal.gemm_fp32_flops / 1e9,
              fs_kernels_blas_corename(), cal.gemm_bf16_flops / 1e9, fs_kernels_isa_name(fs_kernels_isa()),
              fs_gemm_path_name(fs_gemm_path_in_use()), cal.attention_fp32_flops / 1e9,
              cal.attention_bf16_flops / 1e9, fs_attention_bf16_path(CAL_HS), cal.adamw_bytes_per_s / 1e9,
-             cal.copy_bytes_per_s / 1e9);
-    if (cal.busy_cores > 1) {
-        size_t len = strlen(description);
-        snprintf(description + len, sizeof description - len,
-                 "; with %d cores busy at once: fp32 GEMM %.1f, bf16 GEMM %.1f, attention fp32 %.1f / bf16 %.1f GFLOP/s, "
-                 "AdamW %.1f GB/s",
-                 cal.busy_cores, cal.gemm_fp32_flops_busy / 1e9, cal.gemm_bf16_flops_busy / 1e9,
-                 cal.attention_fp32_flops_busy / 1e9, cal.attention_bf16_flops_busy / 1e9,
-                 cal.adamw_bytes_per_s_busy / 1e9);
-    }
+             cal.ring_busbw / 1e9, cal.busy_cores, cal.contention_fp32, cal.contention_bf16);
     if (origin == FS_HW_CACHED)
         snprintf(note, sizeof note, "cached from %s UTC (%s)", cal.date, path);
     else if (why_not_cached[0])
         snprintf(note, sizeof note, "measured now, not cached: %s", why_not_cached);
     else
-        snprintf(note, sizeof note, "measured now (cached in %s)", path);
+        snprintf(note, sizeof note, "measured now (cached in %s%s)", path, refused);
     hw.name = "this-machine";
     hw.description = description;
     hw.origin = origin;

@@ -210,24 +210,17 @@ static double unit_bytes(const fs_plan *p, int u, double elem) {
     return (double)p->units[u].full_numel * elem;
 }
 
-/* A rate where a fraction f of the way from alone to all-busy (both positive): the time per
- * unit of work interpolated, 1 / ((1 - f) / alone + f / busy). */
-static double contended(double alone, double busy, double f) {
-    if (!(f > 0) || !(busy > 0)) return alone;
-    return 1.0 / ((1.0 - f) / alone + f / busy);
-}
-
 /* Contention (docs/planner.md): the ranks that compute at once on one host, one compute
  * thread each (this-machine plans one core per rank), k = min(ranks, devices per node), slow
- * each other through the shared caches, memory bus and (on the Xeon with AMX) the bf16
- * units: one rank alone (k = 1) runs at the alone rates, k = busy_cores (every core the
- * calibration loaded) at the all-busy ones, and between them the time per unit of work is
- * interpolated linearly in k (the slowdown taken as proportional to the other busy cores: a
- * guess, measured only at its two ends, on 2 cores). */
+ * each other through the shared cache and memory bus: one rank alone (k = 1) runs at the
+ * calibrated rates, k = busy_cores (every core the calibration loaded) takes the precision's
+ * contention factor times as long, and between them the time is interpolated linearly in k
+ * (the slowdown taken as proportional to the other busy cores: a guess, measured only at its
+ * two ends, on 2 cores). */
 static double contention_of(const fs_hardware *hw, int ranks, int *cores_busy) {
     const int d = hw->devices_per_node > 0 ? hw->devices_per_node : 1;
     *cores_busy = ranks < d ? ranks : d;
-    if (hw->busy_cores <= 1) return 0;
+    if (hw->busy_cores <= 1 || !(hw->contention_fp32 > 0) || !(hw->contention_bf16 > 0)) return 0;
     const double f = (double)(*cores_busy - 1) / (double)(hw->busy_cores - 1);
     return f < 0 ? 0 : f > 1 ? 1 : f;
 }
@@ -245,12 +238,13 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
     const int R = p->cfg.replicas > 1 ? p->cfg.replicas : 1, ranks = W * R;
     const double f = contention_of(hw, ranks, &out->cores_busy);
     out->contention = f;
-    const rates r = {
-        .gemm = contended(fs_hardware_peak(hw, p->cfg.precision) * (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32),
-                          bf16 ? hw->busy_flops_bf16 : hw->busy_flops_fp32, f),
-        .attention = contended(bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32,
-                               bf16 ? hw->busy_attention_flops_bf16 : hw->busy_attention_flops_fp32, f),
-        .memory = contended(hw->memory_bw, hw->busy_memory_bw, f)};
+    /* every compute time x slow: the block's contention spans its GEMMs, attention and
+     * elementwise kernels alike */
+    const double slow = f > 0 ? 1.0 + f * ((bf16 ? hw->contention_bf16 : hw->contention_fp32) - 1.0) : 1.0;
+    const rates r = {.gemm = fs_hardware_peak(hw, p->cfg.precision) *
+                             (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32) / slow,
+                     .attention = (bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32) / slow,
+                     .memory = hw->memory_bw / slow};
     comm_model m = {.bw = fs_hardware_ring_busbw(hw, ranks, W, 1), .latency = hw->latency_s, .world = W,
                     .acc = &out->comm};
     comm_model rm = {.bw = fs_hardware_ring_busbw(hw, ranks, R, W), .latency = hw->latency_s, .world = R,
