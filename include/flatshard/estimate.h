@@ -104,7 +104,7 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, ~2 s on the 2-core Xeon with AMX) of the kernels the model runs,
+ * calibration (calibrate.c, 2-2.5 s on the 2-core Xeon with AMX) of the kernels the model runs,
  * called through the CPU device's kernel table (device.h) with each precision's flag: the
  * linear layer in fp32 (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and
  * both backward products on one thread at a block-sized shape; attention forward and
@@ -146,7 +146,7 @@ typedef struct fs_calibration {
     double contention_bf16;  /* the same with the bf16 flag */
 } fs_calibration;
 
-/* The most threads the contention pass keeps busy at once (its memory: ~110 MiB of block
+/* The most threads the contention pass keeps busy at once (its memory: ~145 MiB of block
  * buffers a thread); a machine with more cores is calibrated with this many busy. */
 #define FS_CALIBRATION_MAX_BUSY 8
 
@@ -157,7 +157,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (~2 s, every core busy for part of it); fills key and date
+/* Measures the running machine (2-2.5 s, every core busy for part of it); fills key and date
  * too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */

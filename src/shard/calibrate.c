@@ -6,7 +6,7 @@
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
  * table picks for it — the bf16 GEMM's path in use (oneDNN's on AMX), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
- * thread (a rank's compute thread), each the fastest of seven timed runs after one warm-up,
+ * thread (a rank's compute thread), each the fastest of five timed runs after one warm-up,
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
  * times: the machine may be shared, and the figure is what a core can do, not what it did
  * while something else ran):
@@ -29,15 +29,20 @@
  *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
  *     and the rate the estimate gives all of them (the elementwise kernels run on fp32
  *     activations under both policies);
- *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
- *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 1-3 s in all on the Xeon with AMX (1.3 s of CPU time measured, most of it the fp32 GEMMs;
- * several times that where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take
- * ~0.2 s). The buffers (58 MiB at most at once) are freed before it returns.
+ *   - per precision, the contention factor: one block of `small` forward and backward on 512
+ *     tokens, alone and with a loading thread per other core running the same ("contention"
+ *     below);
+ *   - the CPU ring's busbw: two in-process ranks all-gathering and reduce-scattering ("the
+ *     ring" below).
+ * 2.2-2.4 s wall in all on the Xeon with AMX with another helper's processes on the cores
+ * (~1.3 s before the contention and ring passes; most of the addition is the fp32 block; the
+ * flushes take ~0.2 s; several times that where OpenBLAS falls back to an SSE3 core, ~13
+ * GFLOP/s). The buffers (~145 MiB a thread at most) are freed and the threads joined before
+ * it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
- * OpenBLAS core, build flavour, threads) equals the running machine's: the same file on a
+ * OpenBLAS core, build flavour, threads, busy cores) equals the running machine's: the same file on a
  * home directory shared by two kinds of machine, or after OPENBLAS_CORETYPE,
  * FLATSHARD_KERNELS or FLATSHARD_GEMM changed, is measured again and rewritten.
  *
@@ -351,7 +356,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * measured on step-sized work: one block of `small`, forward and backward, on CAL_BLOCK_N
  * tokens (RMSNorm, the qkv GEMM, attention over sequences of CAL_T, the o GEMM, RMSNorm,
  * gate/up, SwiGLU, down; then the backward of each, in the order the model runs them), every
- * kernel through the table with the precision's flag, ~120 MiB of weights, gradients and
+ * kernel through the table with the precision's flag, ~145 MiB of weights, gradients and
  * activations per thread. Timed by the calibrating thread's CPU time alone (the fastest of
  * CAL_BLOCK_REPS after a warm-up), then while busy_cores - 1 loading threads, one per other
  * core, run the same block on buffers of their own (the fastest of CAL_BLOCK_REPS runs that
@@ -538,7 +543,7 @@ static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int
     *factor = 1;
     if (cores <= 1) return FS_OK;
     /* no warm-up run: the block's buffers are touched and its GEMMs prepared (block_alloc),
-     * the kernels ran just before at the calibration's shapes, and its ~110 MiB do not stay
+     * the kernels ran just before at the calibration's shapes, and its ~145 MiB do not stay
      * in the caches from one run to the next anyway */
     for (int r = 0; r < CAL_BLOCK_REPS; r++) {
         double t0 = thread_seconds();
