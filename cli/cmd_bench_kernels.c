@@ -153,7 +153,7 @@ static const float *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_o
     case K_ADAMW:
     case K_ADAMW_BF16: {
         fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 1};
-        fs_adamw_update(pool, b->p, k == K_ADAMW_BF16 ? b->p16 : NULL, b->m, b->v, b->g, b->n_opt, hp);
+        fs_adamw_update(pool, b->p, k == K_ADAMW_BF16 ? b->p16 : NULL, b->m, b->v, b->g, 1.0f, b->n_opt, hp);
         *n_out = b->n_opt;
         return b->p;
     }

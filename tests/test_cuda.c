@@ -313,8 +313,8 @@ static void test_cuda_casts(void) {
     free(x), free(want), free(got), free(cpu), free(all), free(wide_want), free(wide_got);
 }
 
-/* One rounded product (scale) or sum (add) per element, as on the CPU: bit for bit. */
-static void test_cuda_scale_add(void) {
+/* One rounded sum per element, as on the CPU: bit for bit. */
+static void test_cuda_add(void) {
     static const int64_t sizes[] = {1, 7, 70, 1000, ONE_GRID + 3};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         const int64_t n = sizes[s];
@@ -322,12 +322,7 @@ static void test_cuda_scale_add(void) {
         fill_normal(x, n, 10.0f);
         fill_normal(y, n, 1e-3f);
         float *dx = dev_upload(x, n), *dy = dev_upload(y, n);
-        CHECK_OK(fs_cuda_scale(test_stream, dx, n, 0.3f));
-        dev_download(got, dx, n);
         float *want = fcopy(x, n);
-        fs_scale(NULL, want, n, 0.3f);
-        CHECK_BITS("scale", got, want, n);
-        /* dx now holds 0.3 x (= want) */
         CHECK_OK(fs_cuda_add(test_stream, dx, dy, n));
         dev_download(got, dx, n);
         for (int64_t i = 0; i < n; i++) want[i] += y[i];
@@ -345,7 +340,6 @@ static void test_cuda_empty_and_bad_sizes(void) {
         .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 1};
     CHECK_OK(fs_cuda_cast_fp32_to_bf16(st, NULL, NULL, 0));
     CHECK_OK(fs_cuda_cast_bf16_to_fp32(st, NULL, NULL, 0));
-    CHECK_OK(fs_cuda_scale(st, NULL, 0, 2.0f));
     CHECK_OK(fs_cuda_add(st, NULL, NULL, 0));
     CHECK_OK(fs_cuda_embedding_forward(st, NULL, NULL, NULL, 0, 8, 0, 4));
     CHECK_OK(fs_cuda_embedding_forward_bf16(st, NULL, NULL, NULL, 3, 0, 0, 4));
@@ -359,12 +353,11 @@ static void test_cuda_empty_and_bad_sizes(void) {
     CHECK_OK(fs_cuda_xent_chunk_forward(st, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 1));
     CHECK_OK(fs_cuda_xent_finish(st, NULL, NULL, NULL, NULL, 0, NULL));
     CHECK_OK(fs_cuda_xent_chunk_backward(st, NULL, NULL, NULL, NULL, 0, 8, 0, 1.0f));
-    CHECK_OK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 0, hp));
-    CHECK(fs_cuda_scale(st, NULL, -1, 2.0f) == FS_ERR_USAGE, "negative n must be a usage error");
+    CHECK_OK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp));
     CHECK(fs_cuda_rope_forward(st, NULL, 8, NULL, NULL, 1, 1, 1, 7) == FS_ERR_USAGE,
           "an odd head size must be a usage error");
     hp.step = 0;
-    CHECK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 0, hp) == FS_ERR_USAGE,
+    CHECK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) == FS_ERR_USAGE,
           "adamw step 0 must be a usage error");
     CHECK(cudaDeviceSynchronize() == cudaSuccess, "device error after the empty calls");
 }
@@ -879,9 +872,11 @@ static void test_cuda_adamw(void) {
                 fill_normal(g, n, 1e-2f);
                 static const float planted_g[5] = {0.0f, 3e-39f, 1e-30f, -1e20f, 5.0f};
                 for (int k = 0; k < 5 && k < n; k++) g[(k + step) % n] = planted_g[k];
-                fs_adamw_update(NULL, p, with_copy ? copy : NULL, m, v, g, n, hp);
+                /* the engine's grad_scale (mean and clip factor), one rounded product */
+                const float grad_scale = step == 2 ? 0.3f : 1.0f;
+                fs_adamw_update(NULL, p, with_copy ? copy : NULL, m, v, g, grad_scale, n, hp);
                 dev_put(dg, g, (size_t)n * sizeof(float));
-                CHECK_OK(fs_cuda_adamw_update(test_stream, dp, dcopy, dm, dv, dg, n, hp));
+                CHECK_OK(fs_cuda_adamw_update(test_stream, dp, dcopy, dm, dv, dg, grad_scale, n, hp));
                 dev_download(got_p, dp, n);
                 dev_download(got_m, dm, n);
                 dev_download(got_v, dv, n);
@@ -1106,7 +1101,7 @@ int main(void) {
         return 2;
     }
     RUN_SEEDED(test_cuda_casts);
-    RUN_SEEDED(test_cuda_scale_add);
+    RUN_SEEDED(test_cuda_add);
     RUN_SEEDED(test_cuda_empty_and_bad_sizes);
     RUN_SEEDED(test_cuda_sum_squares);
     RUN_SEEDED(test_cuda_embedding);

@@ -301,6 +301,74 @@ static void test_onednn_prepare_linear(void) {
     fs_gemm_set_path(before);
 }
 
+/* The products with dout already in bf16 (fs_swiglu_backward_bf16's dgu), or inp
+ * (fs_swiglu_forward_bf16's h), give the bits of the products given the fp32 operand it was
+ * rounded from, on every path (flatshard's fast and portable kernels, oneDNN: there a
+ * transposed bf16 A is staged by a transposing copy, a plain one read in place, and the
+ * weight gradient's bf16 inp packed into the blocked layout like an fp32 one), on 1 and 3
+ * threads, writing and accumulating, within the staging fs_gemm_stage_bytes reserves.
+ * Shapes: whole 32 x 32 transpose blocks and 32 x 64 pack blocks, and every kind of edge. */
+static void test_bf16_activation_operands_same_bits(void) {
+    static const int64_t sh[][3] = {{300, 70, 130}, {517, 33, 200}, {320, 96, 320}, {64, 40, 31}};
+    int paths = 0;
+    for (int path = 0; path < 3; path++) {
+        if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) continue;
+        if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) continue;
+        paths++;
+        fs_gemm_path pbefore = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
+        fs_kernel_isa ibefore = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
+        for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
+            const int64_t N = sh[k][0], IC = sh[k][1], OC = sh[k][2];
+            float *inp = rand_f32(N * IC), *dout = rand_f32(N * OC), *w32 = rand_f32(OC * IC);
+            uint16_t *w16 = to_bf16(w32, OC * IC), *d16 = to_bf16(dout, N * OC), *i16 = to_bf16(inp, N * IC);
+            float *di[3], *dw[3], *o[3];
+            fs_gemm_stage stage = {.bytes = fs_gemm_stage_bytes(N, IC, OC)};
+            stage.data = aligned_alloc(64, (stage.bytes + 63) / 64 * 64 + 64);
+            for (int acc = 0; acc < 2; acc++)
+                for (int p = 0; p < 2; p++) {
+                    fs_pool *pool = p ? pool3 : NULL;
+                    di[0] = rand_f32(N * IC), dw[0] = rand_f32(OC * IC); /* what accumulating adds to */
+                    o[0] = rand_f32(N * OC);
+                    for (int v = 1; v < 3; v++) {
+                        di[v] = malloc((size_t)(N * IC) * sizeof(float)), dw[v] = malloc((size_t)(OC * IC) * sizeof(float));
+                        o[v] = malloc((size_t)(N * OC) * sizeof(float));
+                        memcpy(di[v], di[0], (size_t)(N * IC) * sizeof(float));
+                        memcpy(dw[v], dw[0], (size_t)(OC * IC) * sizeof(float));
+                        memcpy(o[v], o[0], (size_t)(N * OC) * sizeof(float));
+                    }
+                    memset(stage.data, 0xff, stage.bytes);
+                    fs_matmul_backward_bf16(pool, &stage, di[0], dw[0], dout, inp, w16, N, IC, OC, acc, acc);
+                    memset(stage.data, 0xff, stage.bytes);
+                    fs_matmul_backward_bf16_dout(pool, &stage, di[1], dw[1], d16, inp, w16, N, IC, OC, acc, acc);
+                    memset(stage.data, 0xff, stage.bytes);
+                    fs_matmul_backward_bf16_inp(pool, &stage, di[2], dw[2], dout, i16, w16, N, IC, OC, acc, acc);
+                    memset(stage.data, 0xff, stage.bytes);
+                    fs_matmul_forward_bf16(pool, &stage, o[0], inp, w16, N, IC, OC, acc);
+                    memset(stage.data, 0xff, stage.bytes);
+                    fs_matmul_forward_bf16_inp(pool, &stage, o[2], i16, w16, N, IC, OC, acc);
+                    CHECK(memcmp(di[0], di[2], (size_t)(N * IC) * sizeof(float)) == 0 &&
+                              memcmp(dw[0], dw[2], (size_t)(OC * IC) * sizeof(float)) == 0,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: the backward from a bf16 inp differs",
+                          path, (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
+                    CHECK(memcmp(o[0], o[2], (size_t)(N * OC) * sizeof(float)) == 0,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: the forward from a bf16 inp differs",
+                          path, (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
+                    CHECK(memcmp(di[0], di[1], (size_t)(N * IC) * sizeof(float)) == 0,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dinp from a bf16 dout differs", path,
+                          (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
+                    CHECK(memcmp(dw[0], dw[1], (size_t)(OC * IC) * sizeof(float)) == 0,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dweight from a bf16 dout differs", path,
+                          (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
+                    for (int v = 0; v < 3; v++) free(di[v]), free(dw[v]), free(o[v]);
+                }
+            free(inp), free(dout), free(w32), free(w16), free(d16), free(i16), free(stage.data);
+        }
+        fs_kernels_set_isa(ibefore);
+        fs_gemm_set_path(pbefore);
+    }
+    fs_test_note("%d paths", paths);
+}
+
 static void test_gemm_path_choice(void) {
     CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_FLATSHARD), "flatshard") == 0, "name of the flatshard path");
     CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_ONEDNN), "onednn") == 0, "name of the oneDNN path");
@@ -343,6 +411,7 @@ int main(void) {
     RUN(test_onednn_pool_size_independent);
     RUN(test_onednn_caller_staging);
     RUN(test_onednn_prepare_linear);
+    RUN(test_bf16_activation_operands_same_bits);
     if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) { /* test 4 again on the oneDNN path */
         fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
         RUN(test_linear_layers_match_fp32_on_exact_inputs);

@@ -1253,8 +1253,8 @@ static void test_pool_size_independence(void) {
         float *vs[2] = {fcopy(vv, n), fcopy(vv, n)};
         fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                               .weight_decay = 0.1, .step = 1};
-        fs_adamw_update(p1, pp[0], NULL, mm[0], vs[0], g, n, hp);
-        fs_adamw_update(p3, pp[1], NULL, mm[1], vs[1], g, n, hp);
+        fs_adamw_update(p1, pp[0], NULL, mm[0], vs[0], g, 0.37f, n, hp);
+        fs_adamw_update(p3, pp[1], NULL, mm[1], vs[1], g, 0.37f, n, hp);
         CHECK(same_bits(pp[0], pp[1], n) && same_bits(mm[0], mm[1], n) &&
                   same_bits(vs[0], vs[1], n),
               "adamw differs between pools");
@@ -1294,7 +1294,7 @@ static void test_adamw_vs_double(void) {
         for (int step = 1; step <= 5; step++) {
             fill_normal(g, n, 0.01f);
             hp.step = step;
-            fs_adamw_update(pools[step % 2], p, NULL, m, v, g, n, hp);
+            fs_adamw_update(pools[step % 2], p, NULL, m, v, g, 1.0f, n, hp);
             ref_adamw(dp, dm, dv, g, n, hp);
         }
         CHECK_CLOSE(wd ? "adamw param (wd 0.1)" : "adamw param (wd 0)", p, dp, n, 1e-8, 1.2e-6);
@@ -1379,10 +1379,10 @@ static void test_adamw_matches_pytorch(void) {
                     const float *g = adamw_golden_g + (step - 1) * n;
                     hp.step = step;
                     if (split) {
-                        fs_adamw_update(pools[pi], p, NULL, m, v, g, 13, hp);
-                        fs_adamw_update(pools[pi], p + 13, NULL, m + 13, v + 13, g + 13, n - 13, hp);
+                        fs_adamw_update(pools[pi], p, NULL, m, v, g, 1.0f, 13, hp);
+                        fs_adamw_update(pools[pi], p + 13, NULL, m + 13, v + 13, g + 13, 1.0f, n - 13, hp);
                     } else {
-                        fs_adamw_update(pools[pi], p, NULL, m, v, g, n, hp);
+                        fs_adamw_update(pools[pi], p, NULL, m, v, g, 1.0f, n, hp);
                     }
                 }
                 for (int i = 0; i < n; i++) {
@@ -1400,6 +1400,37 @@ static void test_adamw_matches_pytorch(void) {
 
 /* ------------------------------------------------------------------ reductions */
 
+/* grad_scale (the mean and clip factor the engine folds into AdamW): a step on g with scale s
+ * has the bits of a step on the rounded products g * s with scale 1 — what the engine's
+ * separate scaling pass gave before it was folded in — on every ISA path (vector bodies and
+ * the scalar tail), and leaves g as it was. */
+static void test_adamw_grad_scale(void) {
+    const int64_t n = 3 * 4096 + 19;
+    const float s = 0.3f; /* not a power of two: the product rounds */
+    float *p = fnew(n), *m = fnew(n), *v = fnew(n), *g = fnew(n);
+    fill_normal(p, n, 1.0f), fill_normal(m, n, 1e-3f), fill_normal(v, n, 1e-3f), fill_normal(g, n, 1e-2f);
+    for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *gs = fcopy(g, n), *g0 = fcopy(g, n);
+    for (int64_t i = 0; i < n; i++) gs[i] = g[i] * s;
+    fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 3};
+    isa_paths ps = paths_begin();
+    const fs_kernel_isa levels[3] = {FS_ISA_PORTABLE, FS_ISA_AVX2, FS_ISA_AVX512};
+    for (int li = 0; li < 3; li++) {
+        if (!paths_use(&ps, levels[li])) continue;
+        float *pa = fcopy(p, n), *ma = fcopy(m, n), *va = fcopy(v, n);
+        float *pb = fcopy(p, n), *mb = fcopy(m, n), *vb = fcopy(v, n);
+        fs_adamw_update(pools[1], pa, NULL, ma, va, g, s, n, hp);
+        fs_adamw_update(pools[1], pb, NULL, mb, vb, gs, 1.0f, n, hp);
+        CHECK(same_bits(pa, pb, n) && same_bits(ma, mb, n) && same_bits(va, vb, n),
+              "isa %d: adamw on g with grad_scale %g differs from adamw on g * %g", (int)levels[li],
+              (double)s, (double)s);
+        CHECK(same_bits(g, g0, n), "isa %d: adamw wrote its gradient", (int)levels[li]);
+        free(pa), free(ma), free(va), free(pb), free(mb), free(vb);
+    }
+    fs_kernels_set_isa(ps.before);
+    free(p), free(m), free(v), free(g), free(gs), free(g0);
+}
+
 /* The bf16 copy AdamW writes in the same pass equals fs_fp32_to_bf16 of the new weights:
  * after a real step on random data, and, with lr = 0 (weights unchanged), on the values
  * where rounding is delicate — ties to even both ways, the largest value that rounds up to
@@ -1411,7 +1442,7 @@ static void test_adamw_writes_the_bf16_copy(void) {
     fill_normal(p, n, 1.0f), fill_normal(g, n, 1.0f);
     memset(m, 0, (size_t)n * sizeof *m), memset(v, 0, (size_t)n * sizeof *v);
     fs_adamw_params hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 1};
-    fs_adamw_update(pools[1], p, copy, m, v, g, n, hp);
+    fs_adamw_update(pools[1], p, copy, m, v, g, 1.0f, n, hp);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) bad += copy[i] != fs_fp32_to_bf16(p[i]);
     CHECK(bad == 0, "%lld of %lld bf16 copies differ from the cast of the new weights after a step",
@@ -1423,7 +1454,7 @@ static void test_adamw_writes_the_bf16_copy(void) {
     for (int64_t i = 0; i < n; i++) memcpy(&p[i], &special[i % ns], sizeof(float));
     memset(g, 0, (size_t)n * sizeof *g);
     hp.lr = 0.0;
-    fs_adamw_update(pools[0], p, copy, m, v, g, n, hp);
+    fs_adamw_update(pools[0], p, copy, m, v, g, 1.0f, n, hp);
     bad = 0;
     for (int64_t i = 0; i < n; i++) {
         uint32_t bits;
@@ -1535,6 +1566,76 @@ static void test_swiglu_paths_agree(void) {
 /* RoPE: the AVX-512 copy runs the portable loop's operations in the same order, so the same
  * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
  * 16), rows of several heads inside a wider row (ld), on one thread and three. */
+/* fs_swiglu_forward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of fs_swiglu_forward's
+ * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu (and
+ * its optional h that of fs_swiglu_forward_bf16), on each path against the same path's fp32
+ * kernel, on 1 and 3 threads: the gate over -100..100 (exp overflowing: silu = -0, which the
+ * zeroed fp32 dgu turns into +0), a masked tail (FF = 1001), and NaN (one whose payload
+ * needs the NaN rounding branch) and infinite gradients. */
+static void test_swiglu_bf16_outputs(void) {
+    static const fs_kernel_isa levels[2] = {FS_ISA_PORTABLE, FS_ISA_AVX512};
+    const int64_t N = 5, FF = 1001;
+    float *gu = fnew(N * 2 * FF), *dy = fnew(N * FF), *d32 = fnew(N * 2 * FF);
+    uint16_t *d16 = xcalloc(N * 2 * FF, sizeof(uint16_t)), *d2 = xcalloc(N * 2 * FF, sizeof(uint16_t));
+    uint16_t *h1 = xcalloc(N * FF, sizeof(uint16_t)), *h2 = xcalloc(N * FF, sizeof(uint16_t));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < FF; i++) {
+            gu[n * 2 * FF + i] = -100.0f + 200.0f * (float)i / (float)(FF - 1) + 0.37f * (float)n;
+            gu[n * 2 * FF + FF + i] = (float)fs_rand_normal(0x5e, 1, (uint64_t)(n * FF + i));
+            dy[n * FF + i] = (float)fs_rand_normal(0x5e, 2, (uint64_t)(n * FF + i));
+        }
+    /* a NaN whose payload would round up into -0 without fs_fp32_to_bf16's NaN branch */
+    const uint32_t nan_bits = 0x7fffffffu;
+    memcpy(&dy[3], &nan_bits, sizeof nan_bits);
+    dy[FF + 7] = INFINITY, dy[2 * FF + 11] = -0.0f;
+    for (int li = 0; li < 2; li++) {
+        if (fs_kernels_cpu_isa() < levels[li]) {
+            fs_test_note("%s: not on this CPU", fs_kernels_isa_name(levels[li]));
+            continue;
+        }
+        fs_kernel_isa before = fs_kernels_set_isa(levels[li]);
+        for (int p = 0; p < 2; p++) {
+            fs_pool *pool = pools[p];
+            memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
+            memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            fs_swiglu_forward(pool, d32, gu, N, FF); /* h, and its bf16 form */
+            fs_swiglu_forward_bf16(pool, d16, gu, N, FF);
+            memcpy(h1, d16, (size_t)(N * FF) * sizeof(uint16_t));
+            int64_t hbad = 0;
+            for (int64_t i = 0; i < N * FF; i++)
+                if (d16[i] != fs_fp32_to_bf16(d32[i]) && hbad++ < 3)
+                    CHECK(0, "%s, pool %d: h[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)", fs_kernels_isa_name(levels[li]),
+                          p ? 3 : 1, (long long)i, d16[i], fs_fp32_to_bf16(d32[i]), d32[i]);
+            memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
+            memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            fs_swiglu_backward(pool, d32, dy, gu, N, FF);
+            fs_swiglu_backward_bf16(pool, d16, NULL, dy, gu, N, FF);
+            int64_t bad = 0, zeros = 0;
+            for (int64_t i = 0; i < N * 2 * FF; i++) {
+                zeros += d16[i] == 0;
+                if (d16[i] != fs_fp32_to_bf16(d32[i]) && bad++ < 3)
+                    CHECK(0, "%s, pool %d: dgu[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)",
+                          fs_kernels_isa_name(levels[li]), p ? 3 : 1, (long long)i, d16[i],
+                          fs_fp32_to_bf16(d32[i]), d32[i]);
+            }
+            CHECK(bad == 0, "%s, pool %d: %lld of %lld values differ", fs_kernels_isa_name(levels[li]), p ? 3 : 1,
+                  (long long)bad, (long long)(N * 2 * FF));
+            CHECK(zeros > 0, "the case never produced a zero gradient (the -0 -> +0 rule went untested)");
+            /* with h: the same dgu, and h as fs_swiglu_forward_bf16 makes it */
+            memset(d2, 0xcd, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+            memset(h2, 0xcd, (size_t)(N * FF) * sizeof(uint16_t));
+            fs_swiglu_backward_bf16(pool, d2, h2, dy, gu, N, FF);
+            CHECK(memcmp(d2, d16, (size_t)(N * 2 * FF) * sizeof(uint16_t)) == 0, "%s, pool %d: dgu changed with h",
+                  fs_kernels_isa_name(levels[li]), p ? 3 : 1);
+            CHECK(memcmp(h2, h1, (size_t)(N * FF) * sizeof(uint16_t)) == 0,
+                  "%s, pool %d: the backward's h differs from fs_swiglu_forward_bf16's", fs_kernels_isa_name(levels[li]),
+                  p ? 3 : 1);
+        }
+        fs_kernels_set_isa(before);
+    }
+    free(gu), free(dy), free(d32), free(d16), free(d2), free(h1), free(h2);
+}
+
 static void test_rope_paths_same_bits(void) {
     if (fs_kernels_cpu_isa() < FS_ISA_AVX512)
         SKIP(FS_SKIP_NOT_APPLICABLE, "the avx512 RoPE path is not available on this CPU (best: %s)",
@@ -1657,13 +1758,7 @@ static void test_sum_squares_and_scale(void) {
         if (ran == 3)
             CHECK(memcmp(&by_path[0], &by_path[1], sizeof(double)) == 0,
                   "sum_squares n=%lld: avx512 %.17g, portable %.17g", (long long)n, by_path[1], by_path[0]);
-        /* scale: one rounded product per element, so exact equality with x * alpha */
-        float *y = fcopy(x, n);
-        fs_scale(pools[1], y, n, 0.3f);
-        int ok = 1;
-        for (int64_t i = 0; i < n; i++) ok &= y[i] == x[i] * 0.3f;
-        CHECK(ok, "fs_scale n=%lld", (long long)n);
-        free(x), free(y);
+        free(x);
     }
     fs_pool_free(extra[0]);
     fs_pool_free(extra[1]);
@@ -1684,6 +1779,7 @@ int main(void) {
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);
     RUN_SEEDED(test_attention_bf16);
+    RUN(test_swiglu_bf16_outputs);
     RUN_SEEDED(test_cast_bf16);
     RUN_SEEDED(test_swiglu);
     RUN_SEEDED(test_xent);
@@ -1691,6 +1787,7 @@ int main(void) {
     RUN_SEEDED(test_pool_size_independence);
     RUN_SEEDED(test_adamw_vs_double);
     RUN_SEEDED(test_adamw_matches_pytorch);
+    RUN_SEEDED(test_adamw_grad_scale);
     RUN_SEEDED(test_adamw_writes_the_bf16_copy);
     RUN_SEEDED(test_swiglu_paths_agree);
     RUN_SEEDED(test_rope_paths_same_bits);

@@ -445,10 +445,13 @@ static void test_reference_model_loads_in_flatshard(void) {
 /* Block l's forward and backward as llama.c ran them while it kept ln1, ln2, h and xmid:
  * every activation in an array of its own, read back in backward. llama.c now makes those
  * four again in backward; with the same kernels on the same inputs the gradients must be the very
- * same bits (fp32 and bf16 policies). */
+ * same bits (fp32 and bf16 policies). Under bf16 llama.c also takes the CPU's bf16 dgu route
+ * (fs_swiglu_backward_bf16 into the gate/up backward GEMMs), which this reference does not:
+ * the same bits again. */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     float *dres, *dln, *dqkv, *datt, *dgu, *dh;
+    float *xnext; /* the block's output, on the fp32-h route */
 } kept_block;
 
 static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, const void *w,
@@ -480,6 +483,8 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
     K->rmsnorm_forward(dev, k->ln2, k->rstd2, k->xmid, ln2_w, N, C, eps);
     K->linear_forward(dev, k->gu, k->ln2, wgu, bf16, N, C, 2 * FF, 0);
     K->swiglu_forward(dev, k->h, k->gu, N, FF);
+    K->copy(dev, k->xnext, k->xmid, (size_t)(N * C) * sizeof(float));
+    K->linear_forward(dev, k->xnext, k->h, wd, bf16, N, FF, C, 1);
     memcpy(k->dres, dres_in, (size_t)(N * C) * sizeof(float));
     memset(dnorm, 0, (size_t)(2 * C) * sizeof(float));
     K->linear_backward(dev, k->dh, gd, k->dres, k->h, wd, bf16, N, FF, C, 0, 0);
@@ -537,10 +542,10 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             float *norm_dw = fs_weights_unit(&g, l.norm_unit);
             kept_block k;
             float **bufs[] = {&k.ln1, &k.rstd1, &k.qkv, &k.att, &k.lse, &k.xmid, &k.ln2, &k.rstd2,
-                              &k.gu, &k.h, &k.dres, &k.dln, &k.dqkv, &k.datt, &k.dgu, &k.dh};
+                              &k.gu, &k.h, &k.dres, &k.dln, &k.dqkv, &k.datt, &k.dgu, &k.dh, &k.xnext};
             const int64_t sizes[] = {N * C, N, N * QKV, N * C, N * c->num_attention_heads, N * C,
                                      N * C, N, N * 2 * FF, N * FF, N * C, N * C, N * QKV, N * C,
-                                     N * 2 * FF, N * FF};
+                                     N * 2 * FF, N * FF, N * C};
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
                 *bufs[i] = calloc((size_t)sizes[i], sizeof(float));
             float *dres_in = calloc((size_t)(N * C), sizeof(float));
@@ -557,6 +562,10 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                 fs_model_backward(&m, &a, op, UNIT_W(u), fs_weights_unit(&g, u), 0, norm_w, norm_dw);
                 if (!is_block) continue;
                 kept_block_backward(&m, &a, bl, UNIT_W(u), norm_w, dres_in, &k, kdw, kdnorm);
+                /* the forward's output too (under bf16 llama.c made h in bf16) */
+                CHECK(memcmp(k.xnext, a.x + (bl + 1) * N * C, (size_t)(N * C) * sizeof(float)) == 0,
+                      "bf16 %d, %lld checkpointed: block %d's output equals the fp32-h route's bit for bit", bf16,
+                      (long long)ckpt, bl);
                 int same = memcmp(kdw, fs_weights_unit(&g, u),
                                   (size_t)l.units[u].numel * sizeof(float)) == 0 &&
                            memcmp(kdnorm, norm_dw + 2 * bl * C, (size_t)(2 * C) * sizeof(float)) == 0 &&

@@ -129,7 +129,13 @@ fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const f
  *   xent_finish   adds the micro-batch's mean loss to *loss_sum (device memory, one double)
  *                 instead of returning it: the GPU never waits for the loss inside a step;
  *   sum_squares   returns the double (on the GPU it waits: the end-of-step gradient norm);
- *   copy, zero    memcpy and memset of device memory, on the compute stream. */
+ *   copy, zero    memcpy and memset of device memory, on the compute stream.
+ * Optional entries (NULL where a device has none; the model then takes the fp32 route):
+ *   swiglu_backward_bf16, linear_backward_bf16_dout  the bf16 policy's MLP backward with dgu
+ *                 written and read as bf16 (kernels.h: fs_swiglu_backward_bf16; the same bits
+ *                 as the fp32 dgu, which the GEMMs would round anyway);
+ *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  the same for h
+ *                 (fs_swiglu_forward_bf16), in forward and in backward. The CPU's. */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -173,13 +179,23 @@ typedef struct fs_kernel_table {
                                 const float *lse, const int32_t *targets, int64_t N,
                                 int64_t Vc, int64_t v0, float dloss);
     void (*adamw_update)(fs_device *d, float *param, uint16_t *param_bf16, float *m, float *v,
-                         const float *grad, int64_t n, fs_adamw_params hp);
+                         const float *grad, float grad_scale, int64_t n, fs_adamw_params hp);
     double (*sum_squares)(fs_device *d, const float *x, int64_t n);
-    void (*scale)(fs_device *d, float *x, int64_t n, float alpha);
     void (*cast_fp32_to_bf16)(fs_device *d, uint16_t *out, const float *in, int64_t n);
     void (*cast_bf16_to_fp32)(fs_device *d, float *out, const uint16_t *in, int64_t n);
     void (*copy)(fs_device *d, void *dst, const void *src, size_t bytes);
     void (*zero)(fs_device *d, void *dst, size_t bytes);
+    void (*swiglu_backward_bf16)(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
+                                 const float *gu, int64_t N, int64_t FF);
+    void (*linear_backward_bf16_dout)(fs_device *d, float *dinp, float *dweight, const uint16_t *dout,
+                                      const float *inp, const void *weight, int64_t N, int64_t IC,
+                                      int64_t OC, int accumulate_dinp, int accumulate_dweight);
+    void (*swiglu_forward_bf16)(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF);
+    void (*linear_forward_bf16_inp)(fs_device *d, float *out, const uint16_t *inp, const void *weight,
+                                    int64_t N, int64_t IC, int64_t OC, int accumulate);
+    void (*linear_backward_bf16_inp)(fs_device *d, float *dinp, float *dweight, const float *dout,
+                                     const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
+                                     int64_t OC, int accumulate_dinp, int accumulate_dweight);
 } fs_kernel_table;
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);

@@ -192,8 +192,9 @@ void fs_engine_request_stop(fs_engine *e, int reason);
 fs_status fs_engine_inject_desync(fs_engine *e);
 
 /* Collective: every rank receives the full fp32 master weights (or, with grads = 1, the
- * gradient of the last step, before clipping and scaling are undone: as AdamW saw them)
- * in w, which must be laid out for the same layout. For tests, saving and export. */
+ * gradient of the last step as AdamW read it: the reduced sum times the step's mean and clip
+ * factor, which AdamW applies as it reads and the engine applies here again, the same fp32
+ * product) in w, which must be laid out for the same layout. For tests, saving and export. */
 fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w);
 
 /* The rank's master shard, for tests: element i of the shard arrays (fs_plan). Full

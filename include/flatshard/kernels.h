@@ -87,6 +87,25 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                              const uint16_t *weight, /* (OC, IC) bf16 */
                              int64_t N, int64_t IC, int64_t OC,
                              int accumulate_dinp, int accumulate_dweight);
+/* The same with dout already in bf16 (fs_swiglu_backward_bf16's dgu): the same bits as
+ * fs_matmul_backward_bf16 given the fp32 dout it was rounded from, on either GEMM path. The
+ * _inp variants take inp in bf16 instead (fs_swiglu_forward_bf16's h), with the same
+ * promise. */
+void fs_matmul_backward_bf16_dout(fs_pool *pool, const fs_gemm_stage *stage,
+                                  float *dinp, float *dweight,
+                                  const uint16_t *dout, /* (N, OC) bf16 */
+                                  const float *inp, const uint16_t *weight,
+                                  int64_t N, int64_t IC, int64_t OC,
+                                  int accumulate_dinp, int accumulate_dweight);
+void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float *out,
+                                const uint16_t *inp, /* (N, IC) bf16 */
+                                const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
+                                int accumulate);
+void fs_matmul_backward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage,
+                                 float *dinp, float *dweight, const float *dout,
+                                 const uint16_t *inp, /* (N, IC) bf16 */
+                                 const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
+                                 int accumulate_dinp, int accumulate_dweight);
 
 /* The general product behind them: C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N), where an
  * operand is fp32 or bf16 storage, row-major with leading dimension ld, transposed or not. */
@@ -332,6 +351,24 @@ void fs_swiglu_backward(fs_pool *pool,
                         const float *dout, /* (N, FF) */
                         const float *gu,   /* (N, 2*FF) */
                         int64_t N, int64_t FF);
+/* out rounded to bf16 (fs_fp32_to_bf16 of fs_swiglu_forward's values, bit for bit): the bf16
+ * policy's h, which only the down projection's GEMMs read, rounded to bf16 anyway. */
+void fs_swiglu_forward_bf16(fs_pool *pool,
+                            uint16_t *out,   /* (N, FF) */
+                            const float *gu, /* (N, 2*FF) */
+                            int64_t N, int64_t FF);
+/* The same gradients written (not added) as bf16: dgu[i] = fs_fp32_to_bf16(0 + g[i]), g what
+ * fs_swiglu_backward adds, bit for bit what it leaves in a zeroed dgu, rounded. For the bf16
+ * policy, whose gate/up backward GEMMs round dgu to bf16 anyway (fs_matmul_backward_bf16_dout):
+ * half the bytes written, no zeroing pass, no rounding in the GEMMs' staging. */
+void fs_swiglu_backward_bf16(fs_pool *pool,
+                             uint16_t *dgu,     /* (N, 2*FF) */
+                             uint16_t *h,       /* (N, FF) or NULL: also fs_swiglu_forward_bf16's
+                                                 * out, bit for bit, from the same exp and
+                                                 * division (backward makes h again anyway) */
+                             const float *dout, /* (N, FF) */
+                             const float *gu,   /* (N, 2*FF) */
+                             int64_t N, int64_t FF);
 
 /* ------------------------------------------------------------------ softmax cross-entropy
  * Over vocabulary chunks, so that the B x T x V logits never exist at once: chunk c holds the
@@ -376,7 +413,11 @@ void fs_xent_chunk_backward(fs_pool *pool,
  *   v = beta2 * v + (1 - beta2) * grad^2
  *   param -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
  * with the same operation order and float rounding points as PyTorch's single-tensor CPU
- * implementation; bias corrections are computed in double and rounded once to float. */
+ * implementation; bias corrections are computed in double and rounded once to float.
+ * grad is read as grad * grad_scale, one fp32 product per element (the mean over ranks and
+ * micro-batches times the clip factor: what PyTorch's grad.mul_ or clip_grad_norm_ leave in
+ * grad before the step), so the gradient is neither written back nor read twice; grad keeps
+ * its unscaled values. */
 typedef struct fs_adamw_params {
     /* double, like PyTorch's Python-side hyperparameters: derived scalars (1 - lr*wd,
      * 1 - beta1, lr / bias_correction1, ...) are formed in double and rounded to float once,
@@ -390,8 +431,8 @@ void fs_adamw_update(fs_pool *pool,
                      uint16_t *param_bf16, /* (n) fs_fp32_to_bf16 of the new param, or NULL */
                      float *m,          /* (n) */
                      float *v,          /* (n) */
-                     const float *grad, /* (n) */
-                     int64_t n, fs_adamw_params hp);
+                     const float *grad, /* (n), read as grad * grad_scale */
+                     float grad_scale, int64_t n, fs_adamw_params hp);
 
 /* ------------------------------------------------------------------ reductions and scaling */
 
@@ -399,9 +440,6 @@ void fs_adamw_update(fs_pool *pool,
  * the pool size), each summed in a fixed order (eight lanes, see reduce.c) and the pieces
  * added in order: the same bits on any pool size. */
 double fs_sum_squares(fs_pool *pool, const float *x, int64_t n);
-
-/* x *= alpha */
-void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha);
 
 /* ------------------------------------------------------------------ casts */
 

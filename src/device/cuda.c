@@ -460,8 +460,8 @@ static void cuda_xent_chunk_backward(fs_device *d, float *dlogits, const float *
 }
 
 static void cuda_adamw_update(fs_device *d, float *param, uint16_t *param_bf16, float *m, float *v,
-                              const float *grad, int64_t n, fs_adamw_params hp) {
-    LAUNCH(d, fs_cuda_adamw_update(STREAM(d), param, param_bf16, m, v, grad, n, hp));
+                              const float *grad, float grad_scale, int64_t n, fs_adamw_params hp) {
+    LAUNCH(d, fs_cuda_adamw_update(STREAM(d), param, param_bf16, m, v, grad, grad_scale, n, hp));
 }
 
 /* The one kernel whose result the host needs inside fs_engine_end_step: it waits. */
@@ -475,9 +475,6 @@ static double cuda_sum_squares(fs_device *d, const float *x, int64_t n) {
     return result;
 }
 
-static void cuda_scale(fs_device *d, float *x, int64_t n, float alpha) {
-    LAUNCH(d, fs_cuda_scale(STREAM(d), x, n, alpha));
-}
 
 static void cuda_cast_fp32_to_bf16(fs_device *d, uint16_t *out, const float *in, int64_t n) {
     LAUNCH(d, fs_cuda_cast_fp32_to_bf16(STREAM(d), out, in, n));
@@ -516,7 +513,6 @@ static const fs_kernel_table fs_cuda_kernel_table = {
     .xent_chunk_backward = cuda_xent_chunk_backward,
     .adamw_update = cuda_adamw_update,
     .sum_squares = cuda_sum_squares,
-    .scale = cuda_scale,
     .cast_fp32_to_bf16 = cuda_cast_fp32_to_bf16,
     .cast_bf16_to_fp32 = cuda_cast_bf16_to_fp32,
     .copy = cuda_copy,

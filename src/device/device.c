@@ -387,6 +387,32 @@ static void cpu_swiglu_backward(fs_device *d, float *dgu, const float *dout, con
     fs_swiglu_backward(d->pool, dgu, dout, gu, N, FF);
 }
 
+static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
+                                     const float *gu, int64_t N, int64_t FF) {
+    fs_swiglu_backward_bf16(d->pool, dgu, h, dout, gu, N, FF);
+}
+
+static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF) {
+    fs_swiglu_forward_bf16(d->pool, out, gu, N, FF);
+}
+
+static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
+                                        int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    fs_matmul_forward_bf16_inp(d->pool, &d->stage, out, inp, w, N, IC, OC, accumulate);
+}
+
+static void cpu_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
+                                         const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                         int64_t OC, int acc_dinp, int acc_dw) {
+    fs_matmul_backward_bf16_inp(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
+static void cpu_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                          const float *inp, const void *w, int64_t N, int64_t IC,
+                                          int64_t OC, int acc_dinp, int acc_dw) {
+    fs_matmul_backward_bf16_dout(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
 static void cpu_xent_chunk_forward(fs_device *d, float *row_max, float *row_sum,
                                    float *target_logit, const float *logits,
                                    const int32_t *targets, int64_t N, int64_t Vc, int64_t v0,
@@ -407,15 +433,14 @@ static void cpu_xent_chunk_backward(fs_device *d, float *dlogits, const float *l
 }
 
 static void cpu_adamw_update(fs_device *d, float *param, uint16_t *param_bf16, float *m, float *v,
-                             const float *grad, int64_t n, fs_adamw_params hp) {
-    fs_adamw_update(d->pool, param, param_bf16, m, v, grad, n, hp);
+                             const float *grad, float grad_scale, int64_t n, fs_adamw_params hp) {
+    fs_adamw_update(d->pool, param, param_bf16, m, v, grad, grad_scale, n, hp);
 }
 
 static double cpu_sum_squares(fs_device *d, const float *x, int64_t n) {
     return fs_sum_squares(d->pool, x, n);
 }
 
-static void cpu_scale(fs_device *d, float *x, int64_t n, float alpha) { fs_scale(d->pool, x, n, alpha); }
 
 static void cpu_cast_fp32_to_bf16(fs_device *d, uint16_t *out, const float *in, int64_t n) {
     fs_cast_fp32_to_bf16(d->pool, out, in, n);
@@ -446,12 +471,16 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .attention_backward = cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
+    .linear_backward_bf16_dout = cpu_linear_backward_bf16_dout,
+    .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
+    .linear_forward_bf16_inp = cpu_linear_forward_bf16_inp,
+    .linear_backward_bf16_inp = cpu_linear_backward_bf16_inp,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,
     .adamw_update = cpu_adamw_update,
     .sum_squares = cpu_sum_squares,
-    .scale = cpu_scale,
     .cast_fp32_to_bf16 = cpu_cast_fp32_to_bf16,
     .cast_bf16_to_fp32 = cpu_cast_bf16_to_fp32,
     .copy = cpu_copy,

@@ -338,6 +338,14 @@ static int64_t slot_of(const fs_acts *a, int l) {
     return l < a->ckpt_layers ? 0 : l - a->ckpt_layers + 1;
 }
 
+/* Under bf16, where the device has the kernels, h is made in bf16 (into the first half of its
+ * scratch) and read so by the down projection's GEMMs, which would round an fp32 h to bf16
+ * anyway: the same bits, half the bytes written, no rounding stage. */
+static int h_in_bf16(const fs_model *m) {
+    const fs_kernel_table *K = m->dev->kernels;
+    return m->bf16_weights && K->swiglu_forward_bf16 && K->linear_forward_bf16_inp && K->linear_backward_bf16_inp;
+}
+
 /* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in
  * backward without touching x[l+1], which the following blocks have already consumed. */
 static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, const void *w,
@@ -375,6 +383,13 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
     if (!write_output) return; /* h only feeds the down projection; backward makes it again */
+    if (h_in_bf16(m)) {
+        uint16_t *h16 = (uint16_t *)(void *)h;
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+        PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, x_next, h16, bw.down, N, FF, C, 1));
+        return;
+    }
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
     PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
@@ -450,17 +465,48 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
      * reader (the attention backward) */
     float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
-    /* dres = dL/dx[l+1] on entry; MLP branch */
-    PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
-    PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
-    PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+    /* dres = dL/dx[l+1] on entry; MLP branch. Under bf16, where the device has them, dgu is
+     * written as bf16 into the first half of its array (the GEMMs below would round it to bf16
+     * anyway: the same bits, half the bytes, no zeroing pass) */
+    const int dgu16 = m->bf16_weights && K->swiglu_backward_bf16 && K->linear_backward_bf16_dout;
+    uint16_t *dgu_bf16 = (uint16_t *)(void *)a->dgu;
+    if (dgu16 && h_in_bf16(m)) {
+        /* dh first (the down projection's input gradient reads no h), then one SwiGLU pass
+         * makes dgu and h again from the same exp and division (h: the forward's bits), h
+         * after the bf16 dgu in dgu's array; then the down weight gradient reads h */
+        uint16_t *h16 = dgu_bf16 + N * 2 * FF;
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, a->dh, NULL, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, h16, a->dh, gu, N, FF));
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, NULL, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+    } else {
+        if (h_in_bf16(m)) {
+            uint16_t *h16 = (uint16_t *)(void *)h;
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+            PROF(m, FS_PROF_GEMM,
+                 K->linear_backward_bf16_inp(dev, a->dh, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
+        } else {
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
+            PROF(m, FS_PROF_GEMM,
+                 linear_backward(m, a->dh, bg.down, a->dres, h, bw.down, N, FF, C, 0, accumulate));
+        }
+        if (dgu16) {
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, NULL, a->dh, gu, N, FF));
+        } else {
+            PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
+            PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
+        }
+    }
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    if (dgu16)
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_dout(dev, a->dln, bg.gu, dgu_bf16, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    else
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
     PROF(m, FS_PROF_NORM,
          K->rmsnorm_backward(dev, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */

@@ -333,7 +333,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
             evict(grad, n * sizeof *grad);
             evict(param_bf16, n * sizeof *param_bf16);
             double t0 = thread_seconds();
-            fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, (int64_t)n, hp);
+            fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, 1.0f, (int64_t)n, hp);
             if (r >= 0) t[r] = thread_seconds() - t0;
         }
         c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t);

@@ -10,10 +10,15 @@
  *   adam_m/v    fp32 (F) ddp, else (S)
  *   compute     bf16 copy of the weights: (F) for ddp/zero1/zero2, (S) otherwise
  *   ring[2]     yafsdp: the two weight buffers (R, compute dtype)
- *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32)
- *   gwire[2]    yafsdp, zero2 under bf16 with W > 1: each gradient buffer rounded to bf16
- *               (R, bf16), which the reduce-scatter sends and sums in fp32
- *               (fs_plan_bf16_grad_wire): half the bytes on the wire
+ *   gring[2]    yafsdp, zero2: the two gradient buffers (R, fp32), which the reduce-scatter
+ *               sends; under the bf16 wire one (gring[0]), since the collective reads its
+ *               bf16 copy
+ *   gwire[2]    yafsdp, zero2 under bf16 with W > 1: each backward op's gradient rounded
+ *               to bf16 (R, bf16), which the reduce-scatter sends and sums in fp32
+ *               (fs_plan_bf16_grad_wire): half the bytes on the wire. The fp32 buffer is
+ *               free again once it is rounded (on the compute thread or stream, before
+ *               the collective is queued), so two wire buffers and one fp32 buffer carry
+ *               the same overlap as two fp32 buffers, R x 4 bytes fewer
  *   norm_buf    sharded weights: the gathered norm group (Nn, compute dtype)
  *   norm_grads  sharded gradients: the norm group's gradient (Nn, fp32)
  *   norm32      bf16: the norm group in fp32 (Nn), which the kernels read
@@ -118,6 +123,7 @@ struct fs_engine {
     float *norm32, *norm_grads;
     int norm_ready;
     uint64_t norm_ticket;
+    float grad_scale; /* what AdamW multiplied the last step's gradients by (1: none) */
 
     z3_weights zw[2];
     z3_grads zg[2];
@@ -577,6 +583,7 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
     e->world = plan->cfg.world;
     e->rank = plan->cfg.rank;
     e->bf16 = plan->cfg.precision == FS_PRECISION_BF16;
+    e->grad_scale = 1.0f;
     e->full_master = s == FS_STRATEGY_DDP || (fs_strategy_full_weights(s) && !e->bf16);
     e->in_place = fs_plan_in_place(plan);
     e->cdtype = e->bf16 ? FS_DTYPE_BF16 : FS_DTYPE_FP32;
@@ -609,7 +616,8 @@ fs_status fs_engine_init(fs_engine **out, const fs_plan *plan, fs_comm *comm, fs
         ALLOC(FS_MEM_WEIGHT_BUF, Nn * f4, "fp32 norm weights", &e->norm32);
     }
     if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !e->in_place)
-        for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
+        for (int b = 0; b < (fs_plan_bf16_grad_wire(plan) ? 1 : 2); b++)
+            ALLOC(FS_MEM_GRAD_BUF, R * f4, "gradient ring buffer", &e->gring[b]);
     if (fs_plan_bf16_grad_wire(plan))
         for (int b = 0; b < 2; b++) ALLOC(FS_MEM_GRAD_BUF, R * 2, "bf16 gradient wire buffer", &e->gwire[b]);
     if (!fs_strategy_full_grads(s) && !e->in_place)
@@ -769,6 +777,10 @@ fs_status fs_engine_acquire_backward(fs_engine *e, int op, const void **weights,
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2:
+        if (e->gwire[b]) { /* the one fp32 buffer: the collectives read the wire copies */
+            *grads = e->gring[0];
+            return FS_OK;
+        }
         /* the buffer's previous reduce-scatter (op + 2's) must be done reading it */
         FS_TRY(wait_ticket(e, e->gring_ticket[b]));
         *grads = e->gring[b];
@@ -814,14 +826,17 @@ fs_status fs_engine_release_backward(fs_engine *e, int op) {
     switch (e->strategy) {
     case FS_STRATEGY_YAFSDP:
     case FS_STRATEGY_ZERO2: {
+        float *grads = e->gwire[b] ? e->gring[0] : e->gring[b];
         /* the padding must reach the reduce-scatter as zeros */
-        e->K->zero(e->dev, e->gring[b] + numel, (size_t)(su->full_numel - numel) * sizeof(float));
+        e->K->zero(e->dev, grads + numel, (size_t)(su->full_numel - numel) * sizeof(float));
         /* bf16 on the wire: the unit's fp32 gradient rounded once (on the compute thread,
-         * before the collective is queued), the sum over ranks in fp32 into the fp32 shard */
-        const void *send = e->gring[b];
+         * before the collective is queued), the sum over ranks in fp32 into the fp32 shard;
+         * the wire buffer's previous reduce-scatter (op + 2's) must be done reading it */
+        const void *send = grads;
         fs_dtype send_dtype = FS_DTYPE_FP32;
         if (e->gwire[b]) {
-            e->K->cast_fp32_to_bf16(e->dev, e->gwire[b], e->gring[b], su->full_numel);
+            FS_TRY(wait_ticket(e, e->gring_ticket[b]));
+            e->K->cast_fp32_to_bf16(e->dev, e->gwire[b], grads, su->full_numel);
             send = e->gwire[b];
             send_dtype = FS_DTYPE_BF16;
         }
@@ -942,7 +957,7 @@ static int64_t compute_position(const fs_engine *e, const fs_shard_slice *sl, co
 
 /* AdamW over the rank's tensor slices; under bf16 the same pass writes the bf16 copy. The
  * padding between slices is never updated: its bf16 copy, cast once at start, stays zero. */
-static void optimizer_step(fs_engine *e, double lr, int64_t step) {
+static void optimizer_step(fs_engine *e, double lr, int64_t step, float grad_scale) {
     const fs_plan *p = e->plan;
     const fs_layout *l = e->layout;
     int64_t n_grads;
@@ -959,12 +974,13 @@ static void optimizer_step(fs_engine *e, double lr, int64_t step) {
                               .step = step};
         uint16_t *param_bf16 = e->bf16 ? e->compute + compute_position(e, sl, pc) : NULL;
         e->K->adamw_update(e->dev, e->master + param_at, param_bf16, e->adam_m + sl->shard_pos,
-                           e->adam_v + sl->shard_pos, grads + sl->shard_pos, n, hp);
+                           e->adam_v + sl->shard_pos, grads + sl->shard_pos, grad_scale, n, hp);
     }
 }
 
 fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t step,
                              fs_engine_step_stats *out) {
+    e->grad_scale = 1.0f; /* until AdamW runs on this step's gradients */
     FS_TRY(reduce_rest(e));
     FS_TRY(flush(e));
     if (e->strategy == FS_STRATEGY_ZERO3_PARAM) /* every send is over */
@@ -1029,8 +1045,9 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
                          (long long)step, out->loss, norm, (long long)step - 1);
     }
     const double clip = fs_clip_factor(norm, e->cfg.clip);
-    e->K->scale(e->dev, grads, n_grads, (float)(mean_scale * clip));
-    optimizer_step(e, lr, step);
+    /* AdamW reads each gradient times this: no pass of its own over the gradients */
+    e->grad_scale = (float)(mean_scale * clip);
+    optimizer_step(e, lr, step, e->grad_scale);
     FS_TRY(refresh_weights(e, 0)); /* optimizer_step wrote the bf16 copy */
     e->ring_unit[0] = e->ring_unit[1] = -1; /* the buffers hold last step's weights */
     out->clip_factor = clip;
@@ -1070,8 +1087,11 @@ fs_status fs_engine_gather_full(fs_engine *e, int grads, fs_weights *w) {
     const float *src = full ? full : tmp;
     for (int pi = 0; pi < p->n_pieces && st == FS_OK; pi++) { /* a memcpy on the CPU */
         const fs_shard_piece *pc = &p->pieces[pi];
-        st = fs_device_download(e->dev, fs_weights_unit(w, pc->unit) + pc->unit_offset,
-                                src + pc->full_offset, (size_t)pc->numel * sizeof(float));
+        float *dst = fs_weights_unit(w, pc->unit) + pc->unit_offset;
+        st = fs_device_download(e->dev, dst, src + pc->full_offset, (size_t)pc->numel * sizeof(float));
+        /* the gradients as AdamW read them: the same fp32 product, so the same bits */
+        if (grads && st == FS_OK)
+            for (int64_t i = 0; i < pc->numel; i++) dst[i] *= e->grad_scale;
     }
     fs_mem_release(e->mem, tmp);
     return st;

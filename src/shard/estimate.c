@@ -283,11 +283,11 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
     out->memory_bytes = all.bytes * micro;
     model_flops *= micro;
     /* after backward, over the elements the rank's optimizer updates (all of them under ddp):
-     * the gradient's sum of squares (read 4 bytes), its scaling by 1/(W x micro-batches) and
-     * the clip factor (read and write 8), AdamW (param, m, v read and written, grad read: 28)
-     * and under bf16 the compute copy AdamW writes beside (2) */
+     * the gradient's sum of squares (read 4 bytes), AdamW (param, m, v read and written, grad
+     * read and scaled by 1/(W x micro-batches) and the clip factor as it is read: 28) and under
+     * bf16 the compute copy AdamW writes beside (2) */
     const double opt_numel = (double)(s == FS_STRATEGY_DDP ? p->full_numel : p->shard_numel);
-    out->optimizer_bytes = opt_numel * (4.0 + 8.0 + 28.0 + (bf16 ? 2.0 : 0.0));
+    out->optimizer_bytes = opt_numel * (4.0 + 28.0 + (bf16 ? 2.0 : 0.0));
     out->gemm_s = all.gemm * micro / r.gemm;
     out->attention_s = out->attention_flops / r.attention;
     out->memory_s = out->memory_bytes / r.memory;

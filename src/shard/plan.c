@@ -219,10 +219,12 @@ static void predict_bytes(fs_plan *pl) {
     if (s == FS_STRATEGY_YAFSDP && !in_place) wb += 2 * R * c_bytes;
     if (!fs_strategy_full_weights(s) && !in_place) wb += Nn * c_bytes;
     if (bf16) wb += Nn * f4;
-    /* gradient buffers: zero2 and yafsdp reduce-scatter each unit through two of them; the
+    /* gradient buffers: zero2 and yafsdp reduce-scatter each unit through two of them; under
+     * the bf16 wire through two bf16 copies of one fp32 buffer (engine.c's gring, gwire); the
      * sharded strategies gather norm gradients in a full buffer */
-    if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !in_place) gb += 2 * R * f4;
-    if (fs_plan_bf16_grad_wire(pl)) gb += 2 * R * 2; /* their bf16 copies for the wire */
+    if ((s == FS_STRATEGY_YAFSDP || s == FS_STRATEGY_ZERO2) && !in_place)
+        gb += (fs_plan_bf16_grad_wire(pl) ? 1 : 2) * R * f4;
+    if (fs_plan_bf16_grad_wire(pl)) gb += 2 * R * 2;
     if (!fs_strategy_full_grads(s) && !in_place) gb += Nn * f4;
     pl->allocs_per_step = 0;
     if (s == FS_STRATEGY_ZERO3_PARAM) {

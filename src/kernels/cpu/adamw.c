@@ -34,6 +34,7 @@ typedef struct adamw_job {
     float *param, *m, *v;
     uint16_t *param_bf16; /* NULL, or the bf16 copy written in the same pass */
     const float *grad;
+    float grad_scale;     /* grad is read as grad * grad_scale */
     float decay;          /* 1 - lr * wd */
     float beta1, one_minus_beta1;
     float beta2, one_minus_beta2;
@@ -47,11 +48,12 @@ static void adamw_scalar(const adamw_job *j, int64_t begin, int64_t end) {
     const float *restrict g = j->grad;
     const float decay = j->decay, b1 = j->beta1, a1 = j->one_minus_beta1;
     const float b2 = j->beta2, a2 = j->one_minus_beta2, bc2_sqrt = j->bc2_sqrt;
-    const float eps = j->eps, neg_step = j->neg_step_size;
+    const float eps = j->eps, neg_step = j->neg_step_size, gs = j->grad_scale;
     for (int64_t i = begin; i < end; i++) {
+        const float gi = g[i] * gs;
         float pi = p[i] * decay;
-        float mi = fmaf(g[i], a1, m[i] * b1);
-        float vi = fmaf(a2 * g[i], g[i], v[i] * b2);
+        float mi = fmaf(gi, a1, m[i] * b1);
+        float vi = fmaf(a2 * gi, gi, v[i] * b2);
         float denom = sqrtf(vi) / bc2_sqrt + eps;
         p[i] = pi + (neg_step * mi) / denom;
         m[i] = mi;
@@ -81,9 +83,10 @@ __attribute__((target("avx2,fma"))) static void adamw_avx2(const adamw_job *j, i
     const __m256 a1 = _mm256_set1_ps(j->one_minus_beta1), b2 = _mm256_set1_ps(j->beta2);
     const __m256 a2 = _mm256_set1_ps(j->one_minus_beta2), bc2_sqrt = _mm256_set1_ps(j->bc2_sqrt);
     const __m256 eps = _mm256_set1_ps(j->eps), neg_step = _mm256_set1_ps(j->neg_step_size);
+    const __m256 gs = _mm256_set1_ps(j->grad_scale);
     int64_t i = begin;
     for (; i + 8 <= end; i += 8) {
-        __m256 g = _mm256_loadu_ps(j->grad + i);
+        __m256 g = _mm256_mul_ps(_mm256_loadu_ps(j->grad + i), gs);
         __m256 p = _mm256_mul_ps(_mm256_loadu_ps(j->param + i), decay);
         __m256 m = _mm256_fmadd_ps(g, a1, _mm256_mul_ps(_mm256_loadu_ps(j->m + i), b1));
         __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(a2, g), g,
@@ -106,11 +109,12 @@ static void adamw_range(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 void fs_adamw_update(fs_pool *pool, float *param, uint16_t *param_bf16, float *m, float *v,
-                     const float *grad, int64_t n, fs_adamw_params hp) {
+                     const float *grad, float grad_scale, int64_t n, fs_adamw_params hp) {
     FS_ASSERT(hp.step >= 1);
     double bc1 = 1.0 - pow(hp.beta1, (double)hp.step);
     double bc2 = 1.0 - pow(hp.beta2, (double)hp.step);
-    adamw_job j = {.param = param, .m = m, .v = v, .grad = grad, .param_bf16 = param_bf16,
+    adamw_job j = {.param = param, .m = m, .v = v, .grad = grad, .grad_scale = grad_scale,
+                   .param_bf16 = param_bf16,
                    .decay = (float)(1.0 - hp.lr * hp.weight_decay),
                    .beta1 = (float)hp.beta1, .one_minus_beta1 = (float)(1.0 - hp.beta1),
                    .beta2 = (float)hp.beta2, .one_minus_beta2 = (float)(1.0 - hp.beta2),

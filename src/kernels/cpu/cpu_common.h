@@ -49,13 +49,16 @@ enum { FS_CPU_LINEAR_FWD, FS_CPU_LINEAR_DINP, FS_CPU_LINEAR_DW };
 typedef struct fs_cpu_linear_gemm {
     fs_gemm_operand A, B;
     int64_t M, N, K, ldc;
+    int pack_b; /* a plain bf16 B (the weight gradient's bf16 inp) the oneDNN path packs once per
+                 * product into its blocked layout, as it does an fp32 B: the same staging bytes */
 } fs_cpu_linear_gemm;
-fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const float *inp, const uint16_t *weight,
-                                         const float *dout, int64_t N, int64_t IC, int64_t OC);
+fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const void *inp, int inp_bf16, const uint16_t *weight,
+                                         const void *dout, int dout_bf16, int64_t N, int64_t IC,
+                                         int64_t OC);
 /* fs_gemm_bf16 on the oneDNN path (gemm_onednn.c); M, N, K > 0. */
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
-                        int64_t N, int64_t K);
+                        int64_t N, int64_t K, int pack_b);
 
 /* expf for 16 floats: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor polynomial to
  * r^7 (truncation below 1e-8 relative), 2^n applied by vscalefps, which saturates to 0 and

@@ -358,7 +358,7 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
     FS_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return;
     if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN) {
-        fs_cpu_onednn_gemm(pool, stage, C, ldc, accumulate, A, B, M, N, K);
+        fs_cpu_onednn_gemm(pool, stage, C, ldc, accumulate, A, B, M, N, K, 0);
         return;
     }
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
@@ -385,37 +385,77 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
 
 static int64_t ld_of(int64_t n) { return n < 1 ? 1 : n; }
 
-fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const float *inp, const uint16_t *weight,
-                                         const float *dout, int64_t N, int64_t IC, int64_t OC) {
+fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const void *inp, int inp_bf16, const uint16_t *weight,
+                                         const void *dout, int dout_bf16, int64_t N, int64_t IC,
+                                         int64_t OC) {
     fs_cpu_linear_gemm g;
+    const fs_gemm_dtype dt = dout_bf16 ? FS_GEMM_BF16 : FS_GEMM_F32, it = inp_bf16 ? FS_GEMM_BF16 : FS_GEMM_F32;
     if (pass == FS_CPU_LINEAR_FWD) { /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
-        g = (fs_cpu_linear_gemm){.A = {inp, FS_GEMM_F32, 0, ld_of(IC)}, .B = {weight, FS_GEMM_BF16, 1, ld_of(IC)},
-                                 .M = N, .N = OC, .K = IC, .ldc = ld_of(OC)};
+        g = (fs_cpu_linear_gemm){.A = {inp, it, 0, ld_of(IC)}, .B = {weight, FS_GEMM_BF16, 1, ld_of(IC)},
+                                 .M = N, .N = OC, .K = IC, .ldc = ld_of(OC), .pack_b = 0};
     } else if (pass == FS_CPU_LINEAR_DINP) { /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-        g = (fs_cpu_linear_gemm){.A = {dout, FS_GEMM_F32, 0, ld_of(OC)}, .B = {weight, FS_GEMM_BF16, 0, ld_of(IC)},
-                                 .M = N, .N = IC, .K = OC, .ldc = ld_of(IC)};
+        g = (fs_cpu_linear_gemm){.A = {dout, dt, 0, ld_of(OC)}, .B = {weight, FS_GEMM_BF16, 0, ld_of(IC)},
+                                 .M = N, .N = IC, .K = OC, .ldc = ld_of(IC), .pack_b = 0};
     } else { /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout stored (N, OC) */
-        g = (fs_cpu_linear_gemm){.A = {dout, FS_GEMM_F32, 1, ld_of(OC)}, .B = {inp, FS_GEMM_F32, 0, ld_of(IC)},
-                                 .M = OC, .N = IC, .K = N, .ldc = ld_of(IC)};
+        g = (fs_cpu_linear_gemm){.A = {dout, dt, 1, ld_of(OC)}, .B = {inp, it, 0, ld_of(IC)},
+                                 .M = OC, .N = IC, .K = N, .ldc = ld_of(IC), .pack_b = inp_bf16};
     }
     return g;
 }
 
+/* One product of a linear layer: fs_gemm_bf16, or on the oneDNN path with its B packing. */
+static void run_linear(fs_pool *pool, const fs_gemm_stage *stage, float *C, int accumulate, const fs_cpu_linear_gemm *g) {
+    if (g->pack_b && g->M > 0 && g->N > 0 && g->K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN)
+        fs_cpu_onednn_gemm(pool, stage, C, g->ldc, accumulate, g->A, g->B, g->M, g->N, g->K, 1);
+    else
+        fs_gemm_bf16(pool, stage, C, g->ldc, accumulate, g->A, g->B, g->M, g->N, g->K);
+}
+
 void fs_matmul_forward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *out, const float *inp,
                             const uint16_t *weight, int64_t N, int64_t IC, int64_t OC, int accumulate) {
-    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, weight, NULL, N, IC, OC);
+    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 0, weight, NULL, 0, N, IC, OC);
     fs_gemm_bf16(pool, stage, out, g.ldc, accumulate, g.A, g.B, g.M, g.N, g.K);
+}
+
+void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float *out, const uint16_t *inp,
+                                const uint16_t *weight, int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 1, weight, NULL, 0, N, IC, OC);
+    fs_gemm_bf16(pool, stage, out, g.ldc, accumulate, g.A, g.B, g.M, g.N, g.K);
+}
+
+static void backward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
+                          const void *dout, int dout_bf16, const void *inp, int inp_bf16,
+                          const uint16_t *weight,
+                          int64_t N, int64_t IC, int64_t OC, int accumulate_dinp, int accumulate_dweight) {
+    if (dinp) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DINP, inp, inp_bf16, weight, dout, dout_bf16, N, IC, OC);
+        fs_gemm_bf16(pool, stage, dinp, g.ldc, accumulate_dinp, g.A, g.B, g.M, g.N, g.K);
+    }
+    if (dweight) {
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DW, inp, inp_bf16, weight, dout, dout_bf16, N, IC, OC);
+        run_linear(pool, stage, dweight, accumulate_dweight, &g);
+    }
 }
 
 void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
                              const float *dout, const float *inp, const uint16_t *weight, int64_t N,
                              int64_t IC, int64_t OC, int accumulate_dinp, int accumulate_dweight) {
-    if (dinp) {
-        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DINP, inp, weight, dout, N, IC, OC);
-        fs_gemm_bf16(pool, stage, dinp, g.ldc, accumulate_dinp, g.A, g.B, g.M, g.N, g.K);
-    }
-    if (dweight) {
-        fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_DW, inp, weight, dout, N, IC, OC);
-        fs_gemm_bf16(pool, stage, dweight, g.ldc, accumulate_dweight, g.A, g.B, g.M, g.N, g.K);
-    }
+    backward_bf16(pool, stage, dinp, dweight, dout, 0, inp, 0, weight, N, IC, OC, accumulate_dinp,
+                  accumulate_dweight);
+}
+
+void fs_matmul_backward_bf16_dout(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
+                                  const uint16_t *dout, const float *inp, const uint16_t *weight,
+                                  int64_t N, int64_t IC, int64_t OC, int accumulate_dinp,
+                                  int accumulate_dweight) {
+    backward_bf16(pool, stage, dinp, dweight, dout, 1, inp, 0, weight, N, IC, OC, accumulate_dinp,
+                  accumulate_dweight);
+}
+
+void fs_matmul_backward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
+                                 const float *dout, const uint16_t *inp, const uint16_t *weight,
+                                 int64_t N, int64_t IC, int64_t OC, int accumulate_dinp,
+                                 int accumulate_dweight) {
+    backward_bf16(pool, stage, dinp, dweight, dout, 0, inp, 1, weight, N, IC, OC, accumulate_dinp,
+                  accumulate_dweight);
 }

@@ -16,7 +16,9 @@
  *      rounded before the tiles, over the pool, straight into that layout, so that no tile
  *      repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
  *      just before its oneDNN call (still in that core's cache when oneDNN reads them), a
- *      transposed one (the weight gradient's dout^T) transposed on the way.
+ *      transposed one (the weight gradient's dout^T) transposed on the way; a transposed
+ *      bf16 A (dgu^T from fs_swiglu_backward_bf16) is only transposed, a plain one read in
+ *      place.
  *   2. C is cut into tiles of FS_GEMM_ONEDNN_TILE rows (the last one shorter); each tile is
  *      one oneDNN call on one thread, the tiles spread over the pool. oneDNN is told to use
  *      one thread (omp_set_num_threads(1) on each thread that calls it: Debian's build
@@ -160,25 +162,30 @@ const char *fs_gemm_path_detail(void) {
  * the product's staging stays within A + C: `small`'s forward ran 1.1-1.25x faster (gate_up
  * 18.5 -> 14.5 ms, one thread, CPU time). A plain bf16 B (the input gradient's weight) is read
  * in place: packed with oneDNN's reorder it ran slower (gate_up 19.4 -> 21.3 ms), and
- * flatshard's own pack of that layout was not measured. */
-static int stage_packs(fs_gemm_operand o, int is_a, int64_t rows, int64_t cols, int64_t m) {
+ * flatshard's own pack of that layout was not measured. A plain bf16 B marked .pack (the weight
+ * gradient's bf16 inp, fs_swiglu_forward_bf16's h; pack_b) is packed as its fp32 form would be:
+ * the same staging bytes. */
+static int stage_packs(fs_gemm_operand o, int is_a, int64_t rows, int64_t cols, int64_t m, int pack) {
     if (is_a) return 0;
     if (o.dtype == FS_GEMM_F32) return !o.trans;
+    if (pack && !o.trans) return 1; /* a plain bf16 B the caller marks (the weight gradient's inp) */
     return o.trans && (double)((rows + 31) / 32 * 32) * (double)((cols + 63) / 64 * 64) <= (double)m * (double)cols;
 }
 
 static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 /* Bytes of an operand's staged copy, a multiple of 64 (the next one starts 64-aligned). */
-static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a, int64_t m) {
-    const int packs = stage_packs(o, is_a, rows, cols, m);
-    if (o.dtype != FS_GEMM_F32 && !packs) return 0;
+static int stage_transposes(fs_gemm_operand o, int is_a);
+
+static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a, int64_t m, int pack) {
+    const int packs = stage_packs(o, is_a, rows, cols, m, pack);
+    if (o.dtype != FS_GEMM_F32 && !packs && !stage_transposes(o, is_a)) return 0;
     const int64_t n = packs ? round_up(rows, 32) * round_up(cols, 64) : rows * cols;
     return ((size_t)n * sizeof(uint16_t) + 63) / 64 * 64;
 }
 
-static size_t stage_need(fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
-    return staged_bytes(A, M, K, 1, M) + staged_bytes(B, K, N, 0, M);
+static size_t stage_need(fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K, int pack_b) {
+    return staged_bytes(A, M, K, 1, M, 0) + staged_bytes(B, K, N, 0, M, pack_b);
 }
 
 /* A pure function of the shape (the plan calls it with no oneDNN in the build or on the CPU):
@@ -191,8 +198,8 @@ size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC) {
     static const float f[1];
     static const uint16_t h[1];
     for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
-        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, f, h, f, N, IC, OC);
-        const size_t need = g.M > 0 && g.N > 0 && g.K > 0 ? stage_need(g.A, g.B, g.M, g.N, g.K) : 0;
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, f, 0, h, f, 0, N, IC, OC);
+        const size_t need = g.M > 0 && g.N > 0 && g.K > 0 ? stage_need(g.A, g.B, g.M, g.N, g.K, g.pack_b) : 0;
         if (need > most) most = need;
     }
     return most;
@@ -205,7 +212,7 @@ uint64_t fs_gemm_primitives_created(void) { return 0; }
 uint64_t fs_gemm_primitives_not_amx(void) { return 0; }
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
-                        int64_t N, int64_t K) {
+                        int64_t N, int64_t K, int pack_b) {
     FS_ASSERT(!"the oneDNN GEMM path in a build without oneDNN");
 }
 
@@ -349,23 +356,23 @@ static void stored_dims(fs_gemm_operand o, int64_t rows, int64_t cols, int64_t *
     *sc = o.trans ? rows : cols;
 }
 
-/* Whether a staged operand is also transposed while it is rounded: a transposed fp32 A (the
- * weight gradient's dout^T). oneDNN 2.6's AMX brgemm matmul takes no transposed source: with
+/* Whether a staged operand is also transposed while it is rounded: a transposed A (the
+ * weight gradient's dout^T, fp32, or bf16 from fs_swiglu_backward_bf16, only transposed). oneDNN 2.6's AMX brgemm matmul takes no transposed source: with
  * one it falls back to "gemm:jit", which ran the weight-gradient tiles at a third of the AMX
  * rate (ONEDNN_VERBOSE, `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged
  * as (M, K), every product runs on brgemm. Only A: a transposed B ("ba" weights) runs on
  * brgemm as it is. */
-static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.dtype == FS_GEMM_F32 && o.trans; }
+static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.trans; }
 
 /* The operand as the tiles read it: staged (compact, ld = stored columns, or op() columns when
  * staging transposes it) when fp32. */
 static bf16_operand staged_layout(fs_gemm_operand o, int64_t rows, int64_t cols, const void *at, int is_a,
-                                  int64_t m) {
+                                  int64_t m, int pack) {
     int64_t sr, sc;
     stored_dims(o, rows, cols, &sr, &sc);
-    if (stage_packs(o, is_a, rows, cols, m)) return (bf16_operand){at, B_BLOCKED, 0};
-    if (o.dtype == FS_GEMM_BF16) return (bf16_operand){o.data, o.trans, o.ld};
+    if (stage_packs(o, is_a, rows, cols, m, pack)) return (bf16_operand){at, B_BLOCKED, 0};
     if (stage_transposes(o, is_a)) return (bf16_operand){at, B_PLAIN, cols < 1 ? 1 : cols};
+    if (o.dtype == FS_GEMM_BF16) return (bf16_operand){o.data, o.trans, o.ld};
     return (bf16_operand){at, o.trans, sc < 1 ? 1 : sc};
 }
 
@@ -429,6 +436,7 @@ FS_TARGET_AVX512BF16 static inline void transpose16(__m512 r[16]) {
 
 typedef struct tcast_job {
     const float *in;
+    const uint16_t *in16; /* or a bf16 source (then only transposed: bf16 -> fp32 -> bf16 is exact) */
     uint16_t *out;
     int64_t ld, rows, cols; /* op() shape; stored (cols, rows) */
 } tcast_job;
@@ -445,6 +453,29 @@ FS_TARGET_AVX512BF16 static void tcast_block_avx512bf16(const tcast_job *j, int6
         _mm512_storeu_si512((void *)(j->out + (r0 + i) * j->cols + c0), (__m512i)_mm512_cvtne2ps_pbh(hi[i], lo[i]));
 }
 
+/* The same for a bf16 source (nothing to round: bits moved only), 32 op() rows x 32 op()
+ * columns at a time, as 32-bit words: a stored row's 64 bytes at column r0 are the value pairs
+ * (r0 + 2w, r0 + 2w + 1), w < 16, so two transpose16 of 16 stored rows each leave in word
+ * row w the pairs of 16 op() columns; one vpermt2w per op() row then takes the even (or odd)
+ * halves of both into that row's 32 values. */
+FS_TARGET_AVX512BF16 static void tcast_block16_avx512(const tcast_job *j, int64_t r0, int64_t c0) {
+    static const uint16_t even[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                      32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+    const __m512i ie = _mm512_loadu_si512((const void *)even), io = _mm512_add_epi16(ie, _mm512_set1_epi16(1));
+    __m512 lo[16], hi[16];
+    for (int i = 0; i < 16; i++) {
+        lo[i] = _mm512_loadu_ps((const void *)(j->in16 + (c0 + i) * j->ld + r0));
+        hi[i] = _mm512_loadu_ps((const void *)(j->in16 + (c0 + 16 + i) * j->ld + r0));
+    }
+    transpose16(lo);
+    transpose16(hi);
+    for (int w = 0; w < 16; w++) {
+        const __m512i a = _mm512_castps_si512(lo[w]), b = _mm512_castps_si512(hi[w]);
+        _mm512_storeu_si512((void *)(j->out + (r0 + 2 * w) * j->cols + c0), _mm512_permutex2var_epi16(a, ie, b));
+        _mm512_storeu_si512((void *)(j->out + (r0 + 2 * w + 1) * j->cols + c0), _mm512_permutex2var_epi16(a, io, b));
+    }
+}
+
 /* op() rows [r_begin, r_end) of the transposed operand (a tile's); r_begin a multiple of 16.
  * The 32 x 16 blocks go column block by column block (the source read as 32 runs of
  * contiguous values); row blocks outermost measured the same. Either way this stage runs at
@@ -452,14 +483,17 @@ FS_TARGET_AVX512BF16 static void tcast_block_avx512bf16(const tcast_job *j, int6
 static void tcast_range(const tcast_job *j, int64_t r_begin, int64_t r_end) {
     int64_t r_full = r_begin, c_full = 0; /* rows [r_begin, r_full) x columns [0, c_full) in blocks */
     if (fs_kernels_isa() == FS_ISA_AVX512_BF16) {
-        r_full = r_begin + (r_end - r_begin) / 16 * 16;
+        const int64_t rb = j->in16 ? 32 : 16; /* op() rows per block */
+        r_full = r_begin + (r_end - r_begin) / rb * rb;
         c_full = j->cols / 32 * 32;
         for (int64_t c = 0; c < c_full; c += 32)
-            for (int64_t r0 = r_begin; r0 < r_full; r0 += 16) tcast_block_avx512bf16(j, r0, c);
+            for (int64_t r0 = r_begin; r0 < r_full; r0 += rb)
+                if (j->in16) tcast_block16_avx512(j, r0, c);
+                else tcast_block_avx512bf16(j, r0, c);
     }
     for (int64_t r = r_begin; r < r_end; r++)
         for (int64_t c = r < r_full ? c_full : 0; c < j->cols; c++)
-            j->out[r * j->cols + c] = fs_fp32_to_bf16(j->in[c * j->ld + r]);
+            j->out[r * j->cols + c] = j->in16 ? j->in16[c * j->ld + r] : fs_fp32_to_bf16(j->in[c * j->ld + r]);
 }
 
 /* The packing stage (B_BLOCKED): block i = (column block) x kb + (row block) of an fp32 B
@@ -467,6 +501,7 @@ static void tcast_range(const tcast_job *j, int64_t r_begin, int64_t r_end) {
 typedef struct pack_job {
     const float *in;     /* an fp32 B stored (K, N) */
     const uint16_t *in16; /* or a bf16 B stored transposed, (N, K) */
+    const uint16_t *in16p; /* or a bf16 B stored (K, N) (operand.pack) */
     uint16_t *out;
     int64_t ld, K, N, kb;
 } pack_job;
@@ -498,8 +533,25 @@ FS_TARGET_AVX512BF16 static void pack_block_bf16t_avx512(const pack_job *j, uint
     }
 }
 
-/* B's value at (k, n) as bf16: rounded from an fp32 B, or read from a transposed bf16 one */
+/* A plain bf16 B (K, N): per row pair, the 64 columns of both rows interleaved word by word
+ * by two vpermt2w per 32 columns (bits moved, none changed). */
+FS_TARGET_AVX512BF16 static void pack_block_bf16p_avx512(const pack_job *j, uint16_t *out, int64_t k0, int64_t n0) {
+    static const uint16_t lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i il = _mm512_loadu_si512((const void *)lo), ih = _mm512_add_epi16(il, _mm512_set1_epi16(16));
+    for (int64_t p = 0; p < 16; p++) {
+        const uint16_t *r0 = j->in16p + (k0 + 2 * p) * j->ld + n0, *r1 = r0 + j->ld;
+        for (int q = 0; q < 2; q++) {
+            const __m512i a = _mm512_loadu_si512((const void *)(r0 + 32 * q)), b = _mm512_loadu_si512((const void *)(r1 + 32 * q));
+            _mm512_storeu_si512((void *)(out + (p * 64 + 32 * q) * 2), _mm512_permutex2var_epi16(a, il, b));
+            _mm512_storeu_si512((void *)(out + (p * 64 + 32 * q + 16) * 2), _mm512_permutex2var_epi16(a, ih, b));
+        }
+    }
+}
+
+/* B's value at (k, n) as bf16: rounded from an fp32 B, or read from a bf16 one */
 static inline uint16_t pack_value(const pack_job *j, int64_t k, int64_t n) {
+    if (j->in16p) return j->in16p[k * j->ld + n];
     return j->in16 ? j->in16[n * j->ld + k] : fs_fp32_to_bf16(j->in[k * j->ld + n]);
 }
 
@@ -511,6 +563,7 @@ static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
         uint16_t *out = j->out + i * 2048;
         if (fast && k0 + 32 <= j->K && n0 + 64 <= j->N) {
             if (j->in16) pack_block_bf16t_avx512(j, out, k0, n0);
+            else if (j->in16p) pack_block_bf16p_avx512(j, out, k0, n0);
             else pack_block_avx512bf16(j, out, k0, n0);
             continue;
         }
@@ -523,14 +576,16 @@ static void pack_blocks(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* Stages an fp32 B (the weight gradient's inp) before the tiles, over the pool: every tile
  * reads all of it. */
-static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int64_t m) {
-    if (o.dtype == FS_GEMM_BF16 && stage_packs(o, 0, rows, cols, m)) {
-        pack_job j = {.in16 = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
+static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols, uint16_t *at, int64_t m,
+                    int pack) {
+    if (o.dtype == FS_GEMM_BF16 && stage_packs(o, 0, rows, cols, m, pack)) {
+        pack_job j = {.in16 = o.trans ? o.data : NULL, .in16p = o.trans ? NULL : o.data, .out = at, .ld = o.ld,
+                      .K = rows, .N = cols, .kb = (rows + 31) / 32};
         fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks, &j);
         return;
     }
     if (o.dtype != FS_GEMM_F32) return;
-    if (stage_packs(o, 0, rows, cols, m)) {
+    if (stage_packs(o, 0, rows, cols, m, 0)) {
         pack_job j = {.in = o.data, .out = at, .ld = o.ld, .K = rows, .N = cols, .kb = (rows + 31) / 32};
         fs_pool_parallel_for(pool, j.kb * ((cols + 63) / 64), 1, pack_blocks, &j);
         return;
@@ -545,12 +600,14 @@ static void stage_b(fs_pool *pool, fs_gemm_operand o, int64_t rows, int64_t cols
  * thread, so that they are still in its cache when oneDNN reads them (a pass over all of A
  * before the tiles wrote it out to memory and read it back). */
 static void stage_a_rows(fs_gemm_operand o, int64_t M, int64_t K, uint16_t *at, int64_t m0, int64_t mt) {
-    if (o.dtype != FS_GEMM_F32) return;
     if (stage_transposes(o, 1)) {
-        tcast_job j = {.in = o.data, .out = at, .ld = o.ld, .rows = M, .cols = K};
+        const int f32 = o.dtype == FS_GEMM_F32;
+        tcast_job j = {.in = f32 ? o.data : NULL, .in16 = f32 ? NULL : o.data, .out = at, .ld = o.ld,
+                       .rows = M, .cols = K};
         tcast_range(&j, m0, m0 + mt);
         return;
     }
+    if (o.dtype != FS_GEMM_F32) return;
     cast_job j = {.in = o.data, .out = at, .ld = o.ld, .cols = K};
     cast_rows(&j, m0, m0 + mt, 0);
 }
@@ -638,8 +695,8 @@ static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
 
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
-                        int64_t N, int64_t K) {
-    const size_t a_bytes = staged_bytes(A, M, K, 1, M), need = stage_need(A, B, M, N, K);
+                        int64_t N, int64_t K, int pack_b) {
+    const size_t a_bytes = staged_bytes(A, M, K, 1, M, 0), need = stage_need(A, B, M, N, K, pack_b);
     uint16_t *base = NULL;
     if (need) {
         if (stage && stage->data) {
@@ -653,8 +710,8 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
             base = fs_cpu_scratch_stage(need);
         }
     }
-    tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1, M),
-                  .b = staged_layout(B, K, N, (char *)base + a_bytes, 0, M),
+    tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1, M, 0),
+                  .b = staged_layout(B, K, N, (char *)base + a_bytes, 0, M, pack_b),
                   .C = C, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
     const int64_t full = M < FS_GEMM_ONEDNN_TILE ? M : FS_GEMM_ONEDNN_TILE, rest = M % FS_GEMM_ONEDNN_TILE;
     prim_key kf = tile_key(&j.a, &j.b, full, N, K, ldc, accumulate), kt = kf;
@@ -662,7 +719,7 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
     fs_status st = lookup(&kf, &j.full);
     if (st == FS_OK && M > FS_GEMM_ONEDNN_TILE && rest) st = lookup(&kt, &j.tail);
     if (st != FS_OK) fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
-    stage_b(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes), M);
+    stage_b(pool, B, K, N, (uint16_t *)(void *)((char *)base + a_bytes), M, pack_b);
     const int64_t tiles = (M + FS_GEMM_ONEDNN_TILE - 1) / FS_GEMM_ONEDNN_TILE;
     fs_pool_parallel_for(pool, tiles, 1, tile_range, &j);
 }
@@ -675,9 +732,10 @@ fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) {
      * non-NULL staging address stands in for the staged ones) */
     static const uint16_t dummy[1];
     for (int pass = FS_CPU_LINEAR_FWD; pass <= FS_CPU_LINEAR_DW; pass++) {
-        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, (const float *)dummy, dummy,
-                                                     (const float *)dummy, N, IC, OC);
-        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1, g.M), b = staged_layout(g.B, g.K, g.N, dummy, 0, g.M);
+        fs_cpu_linear_gemm g = fs_cpu_linear_product(pass, (const float *)dummy, 0, dummy,
+                                                     (const float *)dummy, 0, N, IC, OC);
+        bf16_operand a = staged_layout(g.A, g.M, g.K, dummy, 1, g.M, 0),
+                     b = staged_layout(g.B, g.K, g.N, dummy, 0, g.M, g.pack_b);
         for (int acc = 0; acc <= 1; acc++) {
             const int64_t full = g.M < FS_GEMM_ONEDNN_TILE ? g.M : FS_GEMM_ONEDNN_TILE;
             const int64_t rest = g.M % FS_GEMM_ONEDNN_TILE;

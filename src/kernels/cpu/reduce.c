@@ -1,5 +1,5 @@
 /*
- * reduce.c — the sum of squares (for gradient-norm clipping) and in-place scaling.
+ * reduce.c — the sum of squares (for gradient-norm clipping).
  *
  * fs_sum_squares cuts the vector into FS_SUMSQ_PIECES pieces at boundaries that depend only
  * on n; each piece is summed in double over eight fixed lanes (lane j takes the elements j mod
@@ -13,7 +13,6 @@
 #include "cpu_common.h"
 
 #define FS_SUMSQ_PIECES 64
-#define SCALE_GRAIN 16384
 
 typedef struct sumsq_job {
     const float *x;
@@ -71,20 +70,4 @@ double fs_sum_squares(fs_pool *pool, const float *x, int64_t n) {
     double total = 0.0;
     for (int p = 0; p < FS_SUMSQ_PIECES; p++) total += piece_sums[p];
     return total;
-}
-
-typedef struct scale_job {
-    float *x;
-    float alpha;
-} scale_job;
-
-static void scale_range(void *arg, int64_t begin, int64_t end, int thread) {
-    const scale_job *j = arg;
-    float *restrict x = j->x;
-    for (int64_t i = begin; i < end; i++) x[i] *= j->alpha;
-}
-
-void fs_scale(fs_pool *pool, float *x, int64_t n, float alpha) {
-    scale_job j = {.x = x, .alpha = alpha};
-    fs_pool_parallel_for(pool, n, SCALE_GRAIN, scale_range, &j);
 }

@@ -53,7 +53,6 @@ fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int
 /* ------------------------------------------------------------------ element-wise and small */
 fs_status fs_cuda_cast_fp32_to_bf16(void *stream, uint16_t *out, const float *in, int64_t n);
 fs_status fs_cuda_cast_bf16_to_fp32(void *stream, float *out, const uint16_t *in, int64_t n);
-fs_status fs_cuda_scale(void *stream, float *x, int64_t n, float alpha);
 /* dst[i] += src[i] (a reduce-scatter's accumulation when a rank is alone) */
 fs_status fs_cuda_add(void *stream, float *dst, const float *src, int64_t n);
 
@@ -142,7 +141,8 @@ fs_status fs_cuda_xent_chunk_backward(void *stream, float *dlogits, const float 
 /* PyTorch's AdamW with the CPU kernel's rounding points (adamw.c: the scalars formed in
  * double and rounded to float once, fmaf where PyTorch fuses): the same bits as the CPU. */
 fs_status fs_cuda_adamw_update(void *stream, float *param, uint16_t *param_bf16, float *m,
-                               float *v, const float *grad, int64_t n, fs_adamw_params hp);
+                               float *v, const float *grad, float grad_scale, int64_t n,
+                               fs_adamw_params hp);
 
 #ifdef __cplusplus
 }

@@ -130,10 +130,6 @@ static __global__ void cast_bf16_to_fp32_kernel(float *out, const uint16_t *in, 
     for (int64_t i = global_index(); i < n; i += grid_stride()) out[i] = fp32_of(in[i]);
 }
 
-static __global__ void scale_kernel(float *x, int64_t n, float alpha) {
-    for (int64_t i = global_index(); i < n; i += grid_stride()) x[i] *= alpha;
-}
-
 static __global__ void add_kernel(float *dst, const float *src, int64_t n) {
     for (int64_t i = global_index(); i < n; i += grid_stride()) dst[i] += src[i];
 }
@@ -150,13 +146,6 @@ fs_status fs_cuda_cast_bf16_to_fp32(void *stream, float *out, const uint16_t *in
     if (n == 0) return FS_OK;
     cast_bf16_to_fp32_kernel<<<blocks_for(n, THREADS), THREADS, 0, as_stream(stream)>>>(out, in, n);
     return launched("cast_bf16_to_fp32");
-}
-
-fs_status fs_cuda_scale(void *stream, float *x, int64_t n, float alpha) {
-    if (n < 0) return negative("scale", "n", n);
-    if (n == 0) return FS_OK;
-    scale_kernel<<<blocks_for(n, THREADS), THREADS, 0, as_stream(stream)>>>(x, n, alpha);
-    return launched("scale");
 }
 
 fs_status fs_cuda_add(void *stream, float *dst, const float *src, int64_t n) {
@@ -667,9 +656,10 @@ typedef struct adamw_scalars {
 } // namespace
 
 static __global__ void adamw_kernel(float *param, uint16_t *param_bf16, float *m, float *v,
-                                    const float *grad, int64_t n, adamw_scalars s) {
+                                    const float *grad, float grad_scale, int64_t n,
+                                    adamw_scalars s) {
     for (int64_t i = global_index(); i < n; i += grid_stride()) {
-        const float g = grad[i];
+        const float g = grad[i] * grad_scale;
         const float pi = param[i] * s.decay;
         const float mi = fmaf(g, s.one_minus_beta1, m[i] * s.beta1);
         const float vi = fmaf(s.one_minus_beta2 * g, g, v[i] * s.beta2);
@@ -683,7 +673,8 @@ static __global__ void adamw_kernel(float *param, uint16_t *param_bf16, float *m
 }
 
 fs_status fs_cuda_adamw_update(void *stream, float *param, uint16_t *param_bf16, float *m, float *v,
-                               const float *grad, int64_t n, fs_adamw_params hp) {
+                               const float *grad, float grad_scale, int64_t n,
+                               fs_adamw_params hp) {
     if (n < 0) return negative("adamw_update", "n", n);
     if (hp.step < 1)
         return fs_errorf(FS_ERR_USAGE, "cuda kernel adamw_update: step %lld, must be >= 1",
@@ -705,6 +696,6 @@ fs_status fs_cuda_adamw_update(void *stream, float *param, uint16_t *param_bf16,
     s.eps = (float)hp.eps;
     s.neg_step_size = (float)(-(hp.lr / bc1));
     adamw_kernel<<<blocks_for(n, THREADS), THREADS, 0, as_stream(stream)>>>(param, param_bf16, m, v,
-                                                                            grad, n, s);
+                                                                            grad, grad_scale, n, s);
     return launched("adamw_update");
 }
