@@ -27,8 +27,10 @@ static const fs_command_help plan_help = {
         "llama3-70b) or a config.json; the device a published preset (figures and sources in\n"
         "docs/planner.md) or this-machine: this machine, one core per rank, measured by a\n"
         "short calibration of the kernels each precision runs (a block's GEMMs forward and\n"
-        "backward, fp32 and bf16; attention, fp32 and bf16; AdamW; memcpy) that is cached in\n"
-        "$XDG_CACHE_HOME/flatshard or ~/.cache/flatshard. The output says where the figures\n"
+        "backward, fp32 and bf16; attention, fp32 and bf16; AdamW; a block forward and\n"
+        "backward alone and with every core busy; the CPU ring between 2 ranks), cached in\n"
+        "$XDG_CACHE_HOME/flatshard or ~/.cache/flatshard; ranks that fill the cores are\n"
+        "estimated slower by the block's busy / alone time. The output says where the figures\n"
         "came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
         "--shard-group auto plans every group size G that divides W (hybrid sharding: shard\n"
         "within groups of G, all-reduce the gradient shards over the W/G replicas), each with\n"
@@ -263,10 +265,11 @@ int fs_cmd_plan(int argc, char **argv) {
         printf("},\"estimate\":{\"compute_s\":%.17g,\"gemm_s\":%.17g,\"attention_s\":%.17g,\"memory_s\":%.17g,"
                "\"optimizer_s\":%.17g,\"comm_s\":%.17g,\"exposed_comm_s\":%.17g,\"step_s\":%.17g,"
                "\"tokens_per_s\":%.17g,\"mfu\":%.17g,\"busbw\":%.17g,\"flops\":%.17g,\"attention_flops\":%.17g,"
-               "\"memory_bytes\":%.17g,\"optimizer_bytes\":%.17g,\"replica_busbw\":%.17g}",
+               "\"memory_bytes\":%.17g,\"optimizer_bytes\":%.17g,\"replica_busbw\":%.17g,\"cores_busy\":%d,"
+               "\"contention\":%.17g}",
                est.compute_s, est.gemm_s, est.attention_s, est.memory_s, est.optimizer_s, est.comm_s,
                est.exposed_comm_s, est.step_s, est.tokens_per_s, est.mfu, est.busbw, est.flops, est.attention_flops,
-               est.memory_bytes, est.optimizer_bytes, est.replica_busbw);
+               est.memory_bytes, est.optimizer_bytes, est.replica_busbw, est.cores_busy, est.contention);
         if (auto_group) {
             printf(",\"shard_group_auto\":{\"chosen\":%d,\"fits\":%s,\"candidates\":[", rows[chosen].group,
                    rows[chosen].fits ? "true" : "false");
@@ -350,6 +353,11 @@ int fs_cmd_plan(int argc, char **argv) {
         if (est.comm.count[k])
             printf("  %-15s %8" PRId64 " %14.3f %14.3f\n", kinds[k], est.comm.count[k], est.comm.bytes[k] / 1073741824.0,
                    est.comm.wire[k] / 1073741824.0);
+    if (hw->busy_cores > 1)
+        printf("compute rates: %d rank%s computing at once on a host of %d cores; contention %.2f (0: one core's "
+               "figures alone, 1: x%.3f, a block's time with all %d calibrated cores busy; docs/planner.md)\n",
+               est.cores_busy, est.cores_busy == 1 ? "" : "s", hw->devices_per_node, est.contention,
+               p.plan.cfg.precision == FS_PRECISION_BF16 ? hw->contention_bf16 : hw->contention_fp32, hw->busy_cores);
     printf("estimated step (docs/planner.md): compute %.3f s (GEMM %.3f, attention %.3f, memory-bound %.3f, "
            "optimizer %.3f), communication %.3f s at %.1f GB/s bus bandwidth of which %.3f s exposed -> %.3f s per "
            "step, %.0f tokens/s, MFU %.1f%%\n",

@@ -409,7 +409,7 @@ static void test_step_time_by_hand(void) {
      * AdamW's bytes/s with activations of 4 bytes, busbw = memcpy x 0.4, collectives on the
      * compute cores: nothing hidden */
     fs_calibration cal = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .attention_fp32_flops = 4e9,
-                          .attention_bf16_flops = 5e9, .adamw_bytes_per_s = 20e9, .copy_bytes_per_s = 10e9};
+                          .attention_bf16_flops = 5e9, .adamw_bytes_per_s = 20e9, .ring_busbw = 4e9};
     fs_hardware cpu;
     fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 2, &cpu);
     CHECK(cpu.peak_flops_fp32 == 100e9 && cpu.peak_flops_bf16 == 50e9, "peaks are the GEMM rates");
@@ -432,6 +432,89 @@ static void test_step_time_by_hand(void) {
     CHECK_REL(e.step_s, cpu_compute + cpu_comm, "cpu step");
     CHECK_REL(e.mfu, model / (50e9 * (cpu_compute + cpu_comm)), "cpu MFU");
     fs_plan_free(&plan);
+    fs_layout_free(&l);
+}
+
+/* Contention (docs/planner.md): ranks that fill the calibrated cores take the precision's
+ * contention factor times a core's time alone for every compute term, one rank takes the
+ * alone time, and between them the factor is interpolated in the ranks computing at once on
+ * a host; MFU stays against the alone peak, the ring is the measured one. */
+static void test_contention_rule(void) {
+    fs_layout l;
+    fs_plan plan4, plan1, plan4f;
+    small_plan(&l, &plan4); /* 4 ranks, bf16 */
+    fs_plan_config pc = plan4.cfg;
+    pc.world = 1;
+    CHECK_OK(fs_plan_init(&plan1, &l, pc));
+    pc = plan4.cfg;
+    pc.precision = FS_PRECISION_FP32;
+    CHECK_OK(fs_plan_init(&plan4f, &l, pc));
+    const fs_calibration alone = {.gemm_fp32_flops = 100e9, .gemm_bf16_flops = 50e9, .attention_fp32_flops = 4e9,
+                                  .attention_bf16_flops = 5e9, .adamw_bytes_per_s = 20e9, .ring_busbw = 3e9};
+    fs_calibration cal = alone;
+    cal.busy_cores = 2;
+    cal.contention_fp32 = 1.1;
+    cal.contention_bf16 = 1.25;
+    /* the rates divided by the bf16 factor, as if alone: what 2 bf16 ranks on 2 cores must be
+     * estimated at */
+    fs_calibration as_busy = {.gemm_fp32_flops = 100e9 / 1.1, .gemm_bf16_flops = 50e9 / 1.25,
+                              .attention_fp32_flops = 4e9 / 1.1, .attention_bf16_flops = 5e9 / 1.25,
+                              .adamw_bytes_per_s = 20e9 / 1.25, .ring_busbw = 3e9};
+    fs_hardware hw, hw_alone, hw_busy;
+    fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 2, &hw);
+    fs_hardware_from_calibration(&alone, 24.0 * 1073741824.0, 2, &hw_alone);
+    fs_hardware_from_calibration(&as_busy, 24.0 * 1073741824.0, 2, &hw_busy);
+    CHECK(hw.busy_cores == 2 && hw.contention_fp32 == 1.1 && hw.contention_bf16 == 1.25 &&
+              hw.peak_flops_bf16 == 50e9 && hw.intra_busbw == 3e9 && hw.nic_busbw == 3e9,
+          "the factors are carried, the peaks stay alone, the ring's busbw is the measured one");
+    CHECK(hw_alone.busy_cores == 0 && hw_alone.contention_bf16 == 0, "no contention pass: no factors");
+    fs_step_estimate e, want;
+    /* 4 ranks on hosts of 2 cores: both cores compute, x the bf16 factor */
+    fs_estimate_step(&plan4, &hw, 2, &e);
+    fs_estimate_step(&plan4, &hw_busy, 2, &want);
+    CHECK(e.cores_busy == 2 && e.contention == 1, "4 ranks on 2 cores: %d busy, contention %g", e.cores_busy,
+          e.contention);
+    CHECK_REL(e.gemm_s, want.gemm_s, "busy: GEMM time x the factor");
+    CHECK_REL(e.attention_s, want.attention_s, "busy: attention x the factor");
+    CHECK_REL(e.memory_s, want.memory_s, "busy: memory-bound time x the factor");
+    CHECK_REL(e.optimizer_s, want.optimizer_s, "busy: optimizer x the factor");
+    CHECK_REL(e.comm_s, want.comm_s, "busy: the ring unchanged");
+    CHECK_REL(e.step_s, want.step_s, "busy: step");
+    CHECK_REL(e.mfu, want.mfu * 40e9 / 50e9, "MFU against the alone peak");
+    /* fp32 takes its own factor */
+    fs_estimate_step(&plan4f, &hw, 2, &e);
+    fs_estimate_step(&plan4f, &hw_alone, 2, &want);
+    CHECK_REL(e.compute_s, want.compute_s * 1.1, "fp32: compute x the fp32 factor");
+    /* one rank: the alone rates */
+    fs_estimate_step(&plan1, &hw, 2, &e);
+    fs_estimate_step(&plan1, &hw_alone, 2, &want);
+    CHECK(e.cores_busy == 1 && e.contention == 0, "1 rank: %d busy, contention %g", e.cores_busy, e.contention);
+    CHECK_REL(e.compute_s, want.compute_s, "alone: compute at the alone rates");
+    CHECK_REL(e.step_s, want.step_s, "alone: step");
+    /* 4 ranks on a host of 8 cores calibrated with all 8 busy: 3/7 of the way, every compute
+     * time x (1 + 3/7 x 0.25) */
+    fs_calibration cal8 = cal;
+    cal8.busy_cores = 8;
+    fs_hardware hw8, hw8_alone;
+    fs_hardware_from_calibration(&cal8, 24.0 * 1073741824.0, 8, &hw8);
+    fs_hardware_from_calibration(&alone, 24.0 * 1073741824.0, 8, &hw8_alone);
+    fs_estimate_step(&plan4, &hw8, 2, &e);
+    fs_estimate_step(&plan4, &hw8_alone, 2, &want);
+    CHECK(e.cores_busy == 4 && rel_err(e.contention, 3.0 / 7.0) <= 1e-12, "4 of 8: contention %g", e.contention);
+    const double slow = 1.0 + 3.0 / 7.0 * 0.25;
+    CHECK_REL(e.gemm_s, want.gemm_s * slow, "4 of 8 cores: interpolated GEMM time");
+    CHECK_REL(e.attention_s, want.attention_s * slow, "interpolated attention");
+    CHECK_REL(e.memory_s, want.memory_s * slow, "interpolated memory-bound");
+    /* a published preset has no factors: unchanged by the rank count */
+    const fs_hardware *a100 = NULL;
+    CHECK_OK(fs_hardware_find("a100-80gb", &a100));
+    if (a100) {
+        fs_estimate_step(&plan4, a100, 2, &e);
+        CHECK(e.contention == 0 && a100->busy_cores == 0, "a preset: no contention");
+    }
+    fs_plan_free(&plan4);
+    fs_plan_free(&plan4f);
+    fs_plan_free(&plan1);
     fs_layout_free(&l);
 }
 
@@ -633,15 +716,29 @@ static void test_calibration_and_cache(void) {
     CHECK(strcmp(path, want) == 0, "cache path %s", path);
     fs_calibration_key(key, sizeof key);
     CHECK(strstr(key, fs_kernels_blas_corename()) && strstr(key, "threads 1"), "key %s", key);
+    {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int want_busy = cores < 1 ? 1 : cores > FS_CALIBRATION_MAX_BUSY ? FS_CALIBRATION_MAX_BUSY : (int)cores;
+        char busy[32];
+        snprintf(busy, sizeof busy, "| busy %d", want_busy);
+        CHECK(strstr(key, busy) != NULL, "the key names the cores kept busy (%s): %s", busy, key);
+    }
 
     fs_calibration m;
     CHECK_OK(fs_calibration_measure(&m));
     CHECK(m.gemm_fp32_flops > 1e8 && m.gemm_fp32_flops < 1e14 && m.gemm_bf16_flops > 1e7 &&
               m.gemm_bf16_flops < 1e14 && m.attention_fp32_flops > 1e7 && m.attention_fp32_flops < 1e14 &&
               m.attention_bf16_flops > 1e7 && m.attention_bf16_flops < 1e14 && m.adamw_bytes_per_s > 1e8 &&
-              m.adamw_bytes_per_s < 1e13 && m.copy_bytes_per_s > 1e8 && m.copy_bytes_per_s < 1e13,
+              m.adamw_bytes_per_s < 1e13 && m.ring_busbw > 1e7 && m.ring_busbw < 1e13,
           "measured figures are plausible: %g %g %g %g %g %g", m.gemm_fp32_flops, m.gemm_bf16_flops,
-          m.attention_fp32_flops, m.attention_bf16_flops, m.adamw_bytes_per_s, m.copy_bytes_per_s);
+          m.attention_fp32_flops, m.attention_bf16_flops, m.adamw_bytes_per_s, m.ring_busbw);
+    /* the contention factors: measured, at least 1, and below what two ranks sharing caches
+     * and memory could cost (they do not stop each other) */
+    CHECK(m.busy_cores >= 1 && m.busy_cores <= FS_CALIBRATION_MAX_BUSY, "busy cores %d", m.busy_cores);
+    CHECK(m.contention_fp32 >= 1 && m.contention_fp32 < 4 && m.contention_bf16 >= 1 && m.contention_bf16 < 4,
+          "contention %g (fp32) %g (bf16)", m.contention_fp32, m.contention_bf16);
+    if (m.busy_cores == 1)
+        CHECK(m.contention_fp32 == 1 && m.contention_bf16 == 1, "one core: no contention");
     CHECK(strstr(key, "| attention ") && strstr(key, fs_attention_bf16_path(64)),
           "the key names the bf16 attention's path: %s", key);
     CHECK(strcmp(m.key, key) == 0 && strlen(m.date) == 19, "key and date recorded: %s", m.date);
@@ -657,27 +754,27 @@ static void test_calibration_and_cache(void) {
               strstr(fs_error_message(), "another machine"),
           "a different key: %s", fs_error_message());
     /* corrupt files: refused, *out untouched */
-#define V3 "flatshard calibration 3\nkey K\ndate D\n"
+#define V5 "flatshard calibration 5\nkey K\ndate D\n"
 #define GEMMS "gemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\n"
 #define FIGURES GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10\n"
+#define BUSY "ring_busbw 3e9\nbusy_cores 2\ncontention_fp32 1.02\ncontention_bf16 1.05\n"
     static const char *const corrupt[] = {
-        "", "flatshard calibration 4\n", "garbage\n",
-        /* version 1 (no attention or AdamW figures, forward-only GEMMs): measured again */
-        "flatshard calibration 1\nkey K\ndate D\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n",
-        /* version 2 (one attention figure for both precisions): measured again */
-        "flatshard calibration 2\nkey K\ndate D\n" GEMMS "attention_flops 1e10\nadamw_bytes_per_s 2e10\n"
-        "copy_bytes_per_s 1e10\n",
-        V3 GEMMS "copy_bytes_per_s 1e10\n", /* no attention, AdamW */
-        V3 GEMMS "attention_fp32_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n", /* no bf16 one */
-        V3 GEMMS "attention_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
-        V3 FIGURES,
-        V3 "gemm_fp32_flops nan\ngemm_bf16_flops 1e11\nattention_fp32_flops 1e10\nattention_bf16_flops 1e10\n"
-           "adamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
-        V3 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops -1\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n",
-        V3 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10x\n"
-           "copy_bytes_per_s 1e10\n",
-        V3 FIGURES "copy_bytes_per_s 1e10", /* cut */
-        V3 FIGURES "copy_bytes_per_s 1e10\nextra 1\n",
+        "", "garbage\n",
+        /* version 5 without a figure, or with a busy core count that is not one, or a factor
+         * below 1 */
+        V5 FIGURES, V5 FIGURES "ring_busbw 3e9\nbusy_cores 2\ncontention_fp32 1.02\n",
+        V5 FIGURES "busy_cores 2\ncontention_fp32 1.02\ncontention_bf16 1.05\n",
+        V5 FIGURES "ring_busbw 3e9\nbusy_cores 2.5\ncontention_fp32 1.02\ncontention_bf16 1.05\n",
+        V5 FIGURES "ring_busbw 3e9\nbusy_cores 2\ncontention_fp32 0.98\ncontention_bf16 1.05\n",
+        V5 GEMMS BUSY, /* no attention, AdamW */
+        V5 GEMMS "attention_fp32_flops 1e10\nadamw_bytes_per_s 2e10\n" BUSY, /* no bf16 one */
+        V5 "gemm_fp32_flops nan\ngemm_bf16_flops 1e11\nattention_fp32_flops 1e10\nattention_bf16_flops 1e10\n"
+           "adamw_bytes_per_s 2e10\n" BUSY,
+        V5 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops -1\nadamw_bytes_per_s 2e10\n" BUSY,
+        V5 GEMMS "attention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10x\n" BUSY,
+        V5 FIGURES BUSY "contention_bf16 1.05", /* cut */
+        V5 FIGURES BUSY "extra 1\n",
+        V5 FIGURES BUSY "copy_bytes_per_s 1e10\n", /* version 3's memcpy figure: gone */
     };
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         write_text(path, corrupt[i]);
@@ -687,16 +784,36 @@ static void test_calibration_and_cache(void) {
               "corrupt case %zu: %s %s", i, fs_status_name(st), fs_error_message());
         CHECK(memcmp(&before, &r, sizeof r) == 0, "corrupt case %zu leaves *out alone", i);
     }
-    write_text(path, V3 "gemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\nattention_fp32_flops 3e10\n"
-                        "attention_bf16_flops 3.5e10\nadamw_bytes_per_s 4e10\ncopy_bytes_per_s 1e10\n");
-#undef V3
+    /* an older version's cache, even with every current line: refused, the message naming its
+     * version (the plan's one line on why it measured again) */
+    static const char *const old[] = {
+        "flatshard calibration 1\nkey K\ndate D\n" GEMMS "copy_bytes_per_s 1e10\n",
+        "flatshard calibration 2\nkey K\ndate D\n" GEMMS "attention_flops 1e10\nadamw_bytes_per_s 2e10\n"
+        "copy_bytes_per_s 1e10\n",
+        "flatshard calibration 3\nkey K\ndate D\n" FIGURES "copy_bytes_per_s 1e10\n",
+        "flatshard calibration 4\nkey K\ndate D\n" FIGURES BUSY,
+    };
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
+        write_text(path, old[i]);
+        fs_calibration before = r;
+        fs_status st = fs_calibration_read(path, "K", &r);
+        char v[64];
+        snprintf(v, sizeof v, "a cache of calibration version %zu, this build measures version 5", i + 1);
+        CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), v), "version %zu: %s %s", i + 1, fs_status_name(st),
+              fs_error_message());
+        CHECK(memcmp(&before, &r, sizeof r) == 0, "an old cache leaves *out alone");
+    }
+    write_text(path, V5 "gemm_fp32_flops 1e11\ngemm_bf16_flops 2e11\nattention_fp32_flops 3e10\n"
+                        "attention_bf16_flops 3.5e10\nadamw_bytes_per_s 4e10\n" BUSY);
+#undef V5
 #undef GEMMS
 #undef FIGURES
+#undef BUSY
     CHECK_OK(fs_calibration_read(path, "K", &r));
     CHECK(r.gemm_bf16_flops == 2e11 && r.attention_fp32_flops == 3e10 && r.attention_bf16_flops == 3.5e10 &&
-              r.adamw_bytes_per_s == 4e10 &&
-              strcmp(r.date, "D") == 0,
-          "a hand-written cache parses");
+              r.adamw_bytes_per_s == 4e10 && r.ring_busbw == 3e9 && r.busy_cores == 2 && r.contention_fp32 == 1.02 &&
+              r.contention_bf16 == 1.05 && strcmp(r.date, "D") == 0,
+          "a hand-written cache parses, every figure in its field");
     unlink(path);
     CHECK(fs_calibration_read(path, "K", &r) == FS_ERR_IO, "a missing cache");
 
@@ -821,6 +938,7 @@ int main(void) {
     RUN(test_ring_busbw);
     RUN(test_hsdp_step_by_hand);
     RUN(test_nccl_bytes_by_hand);
+    RUN(test_contention_rule);
     RUN(test_calibration_and_cache);
     RUN(test_safetensors_hostile_headers);
     RUN(test_safetensors_files);

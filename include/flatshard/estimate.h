@@ -70,6 +70,16 @@ typedef struct fs_hardware {
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
+    /* Contention (this-machine): with busy_cores cores computing at once, each on its own
+     * step-sized work (one block forward and backward, calibrate.c), a core takes
+     * contention_fp32 / _bf16 times its time alone (>= 1; shared cache, memory bus).
+     * fs_estimate_step divides every compute rate of the precision by it, interpolated by the
+     * ranks that compute at once on one host (docs/planner.md, "contention"). 0 and unused on
+     * the presets and where the machine has one core. The peaks above stay one core's alone:
+     * MFU is against them. */
+    int busy_cores;
+    double contention_fp32;
+    double contention_bf16;
 } fs_hardware;
 
 /* The bus bandwidth (nccl-tests' busbw, bytes/s) of the ring collectives among `ranks`
@@ -94,20 +104,24 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 1-3 s) of the kernels the model runs, called through the CPU
- * device's kernel table (device.h) with each precision's flag: the linear layer in fp32
- * (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and both backward
- * products on one thread at a block-sized shape; attention forward and backward, fp32 and
- * bf16 (each policy's own kernel); AdamW; and a one-thread memcpy (each the fastest of seven
- * runs, timed by the thread's CPU time). The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
+ * calibration (calibrate.c, 2-2.5 s on the 2-core Xeon with AMX) of the kernels the model runs,
+ * called through the CPU device's kernel table (device.h) with each precision's flag: the
+ * linear layer in fp32 (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and
+ * both backward products on one thread at a block-sized shape; attention forward and
+ * backward, fp32 and bf16 (each policy's own kernel); AdamW (each the fastest of five runs,
+ * timed by the thread's CPU time); per precision, the contention factor: one block of small
+ * forward and backward on 512 tokens timed alone and while one thread per other core runs
+ * the same (busy / alone); and the CPU ring's all-gather and reduce-scatter between two
+ * in-process ranks. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
  * differs, or that does not parse, is ignored and rewritten. Not thread-safe: call it from
- * one thread, before training starts (never inside a step: it takes the core for up to ~1.5 s). */
+ * one thread, before training starts (never inside a step: it takes every core for part of
+ * it). */
 typedef struct fs_calibration {
     char key[512];           /* CPU model name, FNV-1a of its flags, the kernels' ISA level,
                                 the bf16 GEMM's path, the bf16 attention's path, OpenBLAS's
-                                core, the build flavour, threads: the figures are valid while
-                                it holds */
+                                core, the build flavour, threads (1) and busy cores: the
+                                figures are valid while it holds */
     char date[32];           /* when measured, "YYYY-MM-DD HH:MM:SS" UTC */
     double gemm_fp32_flops;  /* the table's linear_forward + linear_backward (dinp and dweight),
                                 bf16 flag 0, one thread, on the four linear layers of small's
@@ -120,8 +134,21 @@ typedef struct fs_calibration {
     double adamw_bytes_per_s;/* fs_adamw_update with the bf16 copy over 1 Mi elements, its
                                 operands flushed from the caches first: 30 bytes per element
                                 (param, m, v read and written, grad read, bf16 written) */
-    double copy_bytes_per_s; /* memcpy of 8 MiB into 8 MiB already touched, one thread */
+    double ring_busbw;       /* the CPU ring between 2 in-process ranks (fs_comm_inproc_run):
+                                all-gather and reduce-scatter of 16 MiB in fp32 and in bf16,
+                                the bytes each moves per rank (S / 2) over the CPU time a
+                                rank's thread took, both ranks running at once */
+    int busy_cores;          /* threads computing at once for the contention factors: the
+                                online cores, at most FS_CALIBRATION_MAX_BUSY */
+    double contention_fp32;  /* one block of small forward and backward (512 tokens, bf16 flag
+                                0) timed with busy_cores - 1 other threads running the same on
+                                their own buffers, over its time alone: >= 1; 1 on one core */
+    double contention_bf16;  /* the same with the bf16 flag */
 } fs_calibration;
+
+/* The most threads the contention pass keeps busy at once (its memory: ~145 MiB of block
+ * buffers a thread); a machine with more cores is calibrated with this many busy. */
+#define FS_CALIBRATION_MAX_BUSY 8
 
 typedef enum fs_calibrate_mode {
     FS_CALIBRATE_CACHED, /* the cache if it is valid for this machine, else measure and cache */
@@ -130,13 +157,15 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (1-3 s of one core); fills key and date too. */
+/* Measures the running machine (2-2.5 s, every core busy for part of it); fills key and date
+ * too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */
 fs_status fs_calibration_cache_path(char *buf, size_t buf_bytes);
 /* Reads a cache file. FS_ERR_IO: missing or unreadable; FS_ERR_FORMAT: corrupt (a line
  * missing or malformed, a figure not finite and positive), or measured under another key (the
- * message says which); FS_OK: *out filled. *out is unchanged on error. */
+ * message says which, and names the version of a cache an older build wrote); FS_OK: *out
+ * filled. *out is unchanged on error. */
 fs_status fs_calibration_read(const char *path, const char *key, fs_calibration *out);
 /* Writes it through a temporary file and a rename (the directory is created): a concurrent
  * reader sees the old file or the new one, never a part. */
@@ -149,20 +178,15 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *                         runs its own attention kernel)
  *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
  *                         kernel of a step)
- *   intra/nic_busbw       copy_bytes_per_s x FS_CPU_RING_COPY_FACTOR (one machine: the
- *                         "NIC" figure is the same memory)
+ *   intra/nic_busbw       ring_busbw (one machine: the "NIC" figure is the same memory)
  *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
+ *   busy_cores, contention_fp32/bf16  as measured where busy_cores > 1; else 0
  * name, description and origin_note are left NULL for the caller. */
 void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,
                                   int devices_per_node, fs_hardware *out);
 /* this-machine, calibrated or from the cache (see fs_calibrate_mode); the description lives
  * until the next call. A cache that cannot be written is not an error (origin_note says so). */
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out);
-
-/* Ring busbw over one thread's memcpy rate, measured on the Zen 5 VM: the ring all-gather and
- * reduce-scatter through the worker reach 6 GB/s on 2 ranks at 64 MiB against ~15 GB/s
- * memcpy (MACHINE.md); the ring copies, sums and synchronises. */
-#define FS_CPU_RING_COPY_FACTOR 0.4
 
 /* The collectives of one optimizer step, by kind, as one device sees them. */
 typedef enum fs_coll_kind {
@@ -192,6 +216,12 @@ typedef struct fs_step_estimate {
     double mfu;              /* model FLOPs (without recomputation) / (peak x time) */
     double busbw;            /* the bus bandwidth the (shard group's) ring runs at */
     double replica_busbw;    /* hybrid sharding: the replica sets' ring; else 0 */
+    int cores_busy;          /* ranks computing at once on one host: min(W x R, devices per
+                                node), one compute thread each */
+    double contention;       /* where the compute rates lie between one core's alone (0) and
+                                all busy_cores busy (1): (cores_busy - 1) / (busy_cores - 1),
+                                clamped; 0 without contention figures. Every compute time is
+                                multiplied by 1 + contention x (the precision's factor - 1) */
     fs_step_comm comm;
 } fs_step_estimate;
 

@@ -6,7 +6,7 @@
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
  * table picks for it — the bf16 GEMM's path in use (oneDNN's on AMX), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
- * thread (a rank's compute thread), each the fastest of seven timed runs after one warm-up,
+ * thread (a rank's compute thread), each the fastest of five timed runs after one warm-up,
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
  * times: the machine may be shared, and the figure is what a core can do, not what it did
  * while something else ran):
@@ -29,15 +29,20 @@
  *     come from memory), 30 bytes per element: the largest memory-bound kernel of a step,
  *     and the rate the estimate gives all of them (the elementwise kernels run on fp32
  *     activations under both policies);
- *   - memcpy of 8 MiB between buffers already touched (first touch of fresh pages is ~30x
- *     slower here, MACHINE.md, and is not what a ring copy into its reused buffers pays).
- * 1-3 s in all on the Xeon with AMX (1.3 s of CPU time measured, most of it the fp32 GEMMs;
- * several times that where OpenBLAS falls back to an SSE3 core, ~13 GFLOP/s; the flushes take
- * ~0.2 s). The buffers (58 MiB at most at once) are freed before it returns.
+ *   - per precision, the contention factor: one block of `small` forward and backward on 512
+ *     tokens, alone and with a loading thread per other core running the same ("contention"
+ *     below);
+ *   - the CPU ring's busbw: two in-process ranks all-gathering and reduce-scattering ("the
+ *     ring" below).
+ * 2.2-2.4 s wall in all on the Xeon with AMX with another helper's processes on the cores
+ * (~1.3 s before the contention and ring passes; most of the addition is the fp32 block; the
+ * flushes take ~0.2 s; several times that where OpenBLAS falls back to an SSE3 core, ~13
+ * GFLOP/s). The buffers (~145 MiB a thread at most) are freed and the threads joined before
+ * it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
- * OpenBLAS core, build flavour, threads) equals the running machine's: the same file on a
+ * OpenBLAS core, build flavour, threads, busy cores) equals the running machine's: the same file on a
  * home directory shared by two kinds of machine, or after OPENBLAS_CORETYPE,
  * FLATSHARD_KERNELS or FLATSHARD_GEMM changed, is measured again and rewritten.
  *
@@ -45,6 +50,8 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "flatshard/comm.h"
 #include "flatshard/device.h"
 #include "flatshard/estimate.h"
 #include "flatshard/kernels.h"
@@ -63,7 +71,7 @@
 
 /* the calibration's GEMMs: N tokens (their layers: cal_linears below); its attention: T tokens
  * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
-enum { CAL_N = 256, CAL_COPY_BYTES = 8 << 20, CAL_REPS = 7 };
+enum { CAL_N = 256, CAL_REPS = 5 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
@@ -78,9 +86,12 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #endif
 
 /* 2: the GEMMs forward and backward, attention and AdamW added; 3: attention per precision
- * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table. A cache
- * of an earlier version is measured again. */
-#define CACHE_MAGIC "flatshard calibration 3"
+ * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table; 4 (never
+ * merged): each kernel timed with every core busy; 5: the contention factors of a block
+ * (busy_cores, contention_fp32, contention_bf16) and the ring's own busbw (ring_busbw, was
+ * copy_bytes_per_s x 0.4). A cache of an earlier version is measured again, and the plan
+ * says why (fs_calibration_read's message). */
+#define CACHE_MAGIC "flatshard calibration 5"
 
 /* FNV-1a of a string: the flags line is long, the key keeps its hash. */
 static uint64_t fnv1a(const char *s) {
@@ -112,6 +123,13 @@ static void cpuinfo_field(const char *field, char *out, size_t n) {
     fclose(f);
 }
 
+/* The threads the contention pass keeps computing at once: the online cores, at most
+ * FS_CALIBRATION_MAX_BUSY. */
+static int busy_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > FS_CALIBRATION_MAX_BUSY ? FS_CALIBRATION_MAX_BUSY : (int)n;
+}
+
 void fs_calibration_key(char *buf, size_t buf_bytes) {
     char model[256], flags[8192];
     cpuinfo_field("model name", model, sizeof model);
@@ -123,10 +141,10 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
     /* "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path; "attention
      * avx512bf16": what the bf16 attention runs at the calibration's head size (kernels.h) */
     snprintf(buf, buf_bytes,
-             "%s | flags %016llx | kernels %s+%s | attention %s | openblas %s | build %s | threads 1", model,
-             (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
+             "%s | flags %016llx | kernels %s+%s | attention %s | openblas %s | build %s | threads 1 | busy %d",
+             model, (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
              fs_gemm_path_name(fs_gemm_path_in_use()), fs_attention_bf16_path(CAL_HS), fs_kernels_blas_corename(),
-             FS_BUILD_FLAVOR);
+             FS_BUILD_FLAVOR, busy_cores());
 }
 
 /* The calling thread's CPU time, the clock every figure is timed with: on a shared machine a
@@ -328,28 +346,321 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
     return st;
 }
 
-static fs_status measure_copy(fs_calibration *c) {
-    char *src = malloc(CAL_COPY_BYTES), *dst = malloc(CAL_COPY_BYTES);
-    if (!src || !dst) {
-        free(src);
-        free(dst);
-        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the copy buffers");
+/* ------------------------------------------------------------------ contention
+ * DESIGN. The rates above are one core's, its operands in cache (256 tokens). The ranks of a
+ * host on every core slow each other through what they share: the last-level cache and the
+ * memory bus, which a step's working set (hundreds of MiB a rank) goes through and the
+ * calibration's shapes do not (timed kernel by kernel with a loading thread per other core,
+ * at those shapes busy was within 1% of alone on the Xeon with AMX, while two one-rank bf16
+ * trainings side by side took 7-8% more CPU time a step each). So one factor per precision is
+ * measured on step-sized work: one block of `small`, forward and backward, on CAL_BLOCK_N
+ * tokens (RMSNorm, the qkv GEMM, attention over sequences of CAL_T, the o GEMM, RMSNorm,
+ * gate/up, SwiGLU, down; then the backward of each, in the order the model runs them), every
+ * kernel through the table with the precision's flag, ~145 MiB of weights, gradients and
+ * activations per thread. Timed by the calibrating thread's CPU time alone (the fastest of
+ * CAL_BLOCK_REPS after a warm-up), then while busy_cores - 1 loading threads, one per other
+ * core, run the same block on buffers of their own (the fastest of CAL_BLOCK_REPS runs that
+ * count: every loading thread on its core for CAL_BUSY_SHARE of the run, its thread CPU
+ * clock; at most 2 x CAL_BLOCK_REPS tries, else the fastest of all, which understates the
+ * contention). The factor is busy / alone, at least 1. */
+enum { CAL_BLOCK_N = 512, CAL_BLOCK_REPS = 2 };
+#define CAL_BUSY_SHARE 0.9
+
+/* small's block: C 768, FF 3072 (gate and up fused: 6144), qkv 1280 */
+enum { BK_C = 768, BK_FF = 3072, BK_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS };
+
+typedef struct block_bufs {
+    float *w[4], *dw[4];  /* qkv, o, gate/up, down: fp32 weights and their gradients */
+    uint16_t *wb[4];      /* the bf16 copies */
+    float *nw, *dnw;      /* the RMSNorm weight (both norms) and its gradient */
+    float *x, *xn, *rstd, *qkv, *att, *lse, *h, *hn, *rstd2, *gu, *sw, *out;
+    float *dout, *dsw, *dgu, *dhn, *dh, *datt, *dqkv, *dxn, *dx;
+    fs_mem *mem;
+} block_bufs;
+
+static const struct {
+    int64_t ic, oc;
+} block_linears[] = {{BK_C, BK_QKV}, {BK_C, BK_C}, {BK_C, 2 * BK_FF}, {BK_FF, BK_C}};
+
+static void block_free(block_bufs *b) {
+    for (int i = 0; i < 4; i++) {
+        free(b->w[i]);
+        free(b->dw[i]);
+        free(b->wb[i]);
     }
-    double t[CAL_REPS];
-    memset(src, 1, CAL_COPY_BYTES);
-    memset(dst, 2, CAL_COPY_BYTES);
-    volatile char sink = 0; /* a read of each copy, so that none is optimised away */
-    for (int r = -1; r < CAL_REPS; r++) {
-        src[r & 1023] = (char)r;
+    float *a[] = {b->nw,  b->dnw, b->x,   b->xn,   b->rstd, b->qkv, b->att, b->lse,  b->h,   b->hn,  b->rstd2, b->gu,
+                  b->sw,  b->out, b->dout, b->dsw, b->dgu,  b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx};
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) free(a[i]);
+    fs_mem_free(b->mem);
+    memset(b, 0, sizeof *b);
+}
+
+static fs_status block_alloc(fs_device *dev, block_bufs *b) {
+    memset(b, 0, sizeof *b);
+    const size_t N = CAL_BLOCK_N;
+    int ok = 1;
+#define BK_ALLOC(p, n) ok &= ((p) = malloc((size_t)(n) * sizeof *(p))) != NULL
+    for (int i = 0; i < 4; i++) {
+        const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
+        BK_ALLOC(b->w[i], n);
+        BK_ALLOC(b->dw[i], n);
+        BK_ALLOC(b->wb[i], n);
+    }
+    BK_ALLOC(b->nw, BK_C);
+    BK_ALLOC(b->dnw, BK_C);
+    BK_ALLOC(b->x, N * BK_C);
+    BK_ALLOC(b->xn, N * BK_C);
+    BK_ALLOC(b->rstd, N);
+    BK_ALLOC(b->qkv, N * BK_QKV);
+    BK_ALLOC(b->att, N * BK_C);
+    BK_ALLOC(b->lse, N * CAL_NH);
+    BK_ALLOC(b->h, N * BK_C);
+    BK_ALLOC(b->hn, N * BK_C);
+    BK_ALLOC(b->rstd2, N);
+    BK_ALLOC(b->gu, N * 2 * BK_FF);
+    BK_ALLOC(b->sw, N * BK_FF);
+    BK_ALLOC(b->out, N * BK_C);
+    BK_ALLOC(b->dout, N * BK_C);
+    BK_ALLOC(b->dsw, N * BK_FF);
+    BK_ALLOC(b->dgu, N * 2 * BK_FF);
+    BK_ALLOC(b->dhn, N * BK_C);
+    BK_ALLOC(b->dh, N * BK_C);
+    BK_ALLOC(b->datt, N * BK_C);
+    BK_ALLOC(b->dqkv, N * BK_QKV);
+    BK_ALLOC(b->dxn, N * BK_C);
+    BK_ALLOC(b->dx, N * BK_C);
+#undef BK_ALLOC
+    if (!ok) {
+        block_free(b);
+        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the contention block");
+    }
+    /* small values of both signs, as the GEMMs' operands above; the weights scaled so that
+     * activations stay O(1) through the block (nothing overflows, no denormals) */
+    for (int i = 0; i < 4; i++) {
+        const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
+        for (size_t j = 0; j < n; j++) {
+            b->w[i][j] = (float)((int)(j % 13) - 6) * 0.0078125f;
+            uint32_t bits;
+            memcpy(&bits, &b->w[i][j], sizeof bits);
+            b->wb[i][j] = (uint16_t)(bits >> 16); /* exact: few mantissa bits */
+        }
+    }
+    for (size_t j = 0; j < BK_C; j++) b->nw[j] = 1.0f + (float)(j % 5) * 0.01f;
+    for (size_t j = 0; j < N * BK_C; j++) {
+        b->x[j] = (float)((int)(j % 17) - 8) * 0.0625f;
+        b->dout[j] = (float)((int)(j % 11) - 5) * 0.01f;
+    }
+    /* every other buffer touched once: no first-touch page faults inside a timed run */
+    float *z[] = {b->xn, b->qkv, b->att, b->h, b->hn, b->gu, b->sw, b->out, b->dsw, b->dgu, b->dhn, b->dh, b->datt,
+                  b->dqkv, b->dxn, b->dx};
+    const size_t zn[] = {N * BK_C, N * BK_QKV, N * BK_C, N * BK_C, N * BK_C, N * 2 * BK_FF, N * BK_FF, N * BK_C,
+                         N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C, N * BK_C, N * BK_QKV, N * BK_C, N * BK_C};
+    for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) memset(z[i], 0, zn[i] * sizeof(float));
+    fs_status st = fs_mem_init(&b->mem, 0);
+    /* the bf16 GEMM's staging, as measure_gemms reserves it, for the widest layer */
+    if (st == FS_OK)
+        st = fs_device_reserve_scratch(dev, b->mem, 1,
+                                       ((size_t)N * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t));
+    for (int l = 0; l < 4 && st == FS_OK; l++)
+        st = fs_gemm_prepare_linear(CAL_BLOCK_N, block_linears[l].ic, block_linears[l].oc);
+    if (st != FS_OK) {
+        fs_device_release_scratch(dev);
+        block_free(b);
+    }
+    return st;
+}
+
+/* One block forward and backward in one precision, as llama.c sequences a block's kernels
+ * (no residual adds, RoPE or recomputation: small next to the rest). */
+static void block_run(fs_device *dev, block_bufs *b, int bf16) {
+    const fs_kernel_table *K = fs_device_kernels(dev);
+    const int64_t N = CAL_BLOCK_N, B = CAL_BLOCK_N / CAL_T;
+    const void *w[4];
+    for (int i = 0; i < 4; i++) w[i] = bf16 ? (const void *)b->wb[i] : (const void *)b->w[i];
+    const float *q = b->qkv, *k = b->qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
+    float *dq = b->dqkv, *dk = b->dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
+    K->rmsnorm_forward(dev, b->xn, b->rstd, b->x, b->nw, N, BK_C, 1e-5f);
+    K->linear_forward(dev, b->qkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0);
+    K->attention_forward(dev, b->att, b->lse, q, k, v, BK_QKV, B, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
+    K->linear_forward(dev, b->h, b->att, w[1], bf16, N, BK_C, BK_C, 0);
+    K->rmsnorm_forward(dev, b->hn, b->rstd2, b->h, b->nw, N, BK_C, 1e-5f);
+    K->linear_forward(dev, b->gu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0);
+    K->swiglu_forward(dev, b->sw, b->gu, N, BK_FF);
+    K->linear_forward(dev, b->out, b->sw, w[3], bf16, N, BK_FF, BK_C, 0);
+    K->linear_backward(dev, b->dsw, b->dw[3], b->dout, b->sw, w[3], bf16, N, BK_FF, BK_C, 0, 0);
+    K->swiglu_backward(dev, b->dgu, b->dsw, b->gu, N, BK_FF);
+    K->linear_backward(dev, b->dhn, b->dw[2], b->dgu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0, 0);
+    K->rmsnorm_backward(dev, b->dh, b->dnw, b->dhn, b->h, b->nw, b->rstd2, N, BK_C);
+    K->linear_backward(dev, b->datt, b->dw[1], b->dh, b->att, w[1], bf16, N, BK_C, BK_C, 0, 0);
+    memset(b->dqkv, 0, (size_t)(N * BK_QKV) * sizeof(float)); /* attention backward accumulates */
+    K->attention_backward(dev, dq, dk, dv, BK_QKV, b->datt, q, k, v, BK_QKV, b->att, b->lse, B, CAL_T, CAL_NH,
+                          CAL_NKV, CAL_HS, bf16);
+    K->linear_backward(dev, b->dxn, b->dw[0], b->dqkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0, 0);
+    K->rmsnorm_backward(dev, b->dx, b->dnw, b->dxn, b->x, b->nw, b->rstd, N, BK_C);
+}
+
+/* The loading threads: each opens its own device (its own GEMM staging) and buffers, then
+ * runs the block in `prec` until `stop`; `ready` counts those running, `failed` those that
+ * could not start. */
+typedef struct block_load {
+    atomic_int stop, ready, failed;
+    int bf16;
+} block_load;
+
+static void *block_load_main(void *arg) {
+    block_load *L = arg;
+    fs_device *dev = NULL;
+    block_bufs b;
+    if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || block_alloc(dev, &b) != FS_OK) {
+        fs_device_close(dev);
+        atomic_fetch_add(&L->failed, 1);
+        return NULL;
+    }
+    atomic_fetch_add(&L->ready, 1); /* its buffers touched: no page faults to come */
+    while (!atomic_load(&L->stop)) block_run(dev, &b, L->bf16);
+    fs_device_release_scratch(dev);
+    block_free(&b);
+    fs_device_close(dev);
+    return NULL;
+}
+
+static double wall_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double clock_of(clockid_t id) {
+    struct timespec t;
+    if (clock_gettime(id, &t) != 0) return 0;
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The contention factor of one precision (busy / alone CPU time of the block) with `cores`
+ * threads computing, the calibrating one included; 1 on one core. */
+static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int cores, double *factor) {
+    double alone = INFINITY, busy = INFINITY, busy_any = INFINITY;
+    *factor = 1;
+    if (cores <= 1) return FS_OK;
+    /* no warm-up run: the block's buffers are touched and its GEMMs prepared (block_alloc),
+     * the kernels ran just before at the calibration's shapes, and its ~145 MiB do not stay
+     * in the caches from one run to the next anyway */
+    for (int r = 0; r < CAL_BLOCK_REPS; r++) {
         double t0 = thread_seconds();
-        memcpy(dst, src, CAL_COPY_BYTES);
-        if (r >= 0) t[r] = thread_seconds() - t0;
-        sink = dst[r & 1023];
+        block_run(dev, b, bf16);
+        double t = thread_seconds() - t0;
+        if (t < alone) alone = t;
     }
-    (void)sink;
-    free(src);
-    free(dst);
-    c->copy_bytes_per_s = (double)CAL_COPY_BYTES / fastest(t);
+    block_load L;
+    atomic_init(&L.stop, 0);
+    atomic_init(&L.ready, 0);
+    atomic_init(&L.failed, 0);
+    L.bf16 = bf16;
+    pthread_t th[FS_CALIBRATION_MAX_BUSY];
+    clockid_t ck[FS_CALIBRATION_MAX_BUSY];
+    int n = 0;
+    fs_status st = FS_OK;
+    for (; n < cores - 1; n++) {
+        if (pthread_create(&th[n], NULL, block_load_main, &L) != 0) {
+            st = fs_errorf(FS_ERR_INTERNAL, "calibration: cannot start a loading thread");
+            break;
+        }
+        if (pthread_getcpuclockid(th[n], &ck[n]) != 0) ck[n] = CLOCK_THREAD_CPUTIME_ID; /* never counts */
+    }
+    while (st == FS_OK && atomic_load(&L.ready) + atomic_load(&L.failed) < n)
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    if (st == FS_OK && atomic_load(&L.failed))
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: a loading thread could not allocate its block");
+    for (int r = 0, got = 0; st == FS_OK && got < CAL_BLOCK_REPS && r < 2 * CAL_BLOCK_REPS; r++) {
+        double l0[FS_CALIBRATION_MAX_BUSY], w0 = wall_seconds(), t0 = thread_seconds();
+        for (int i = 0; i < n; i++) l0[i] = clock_of(ck[i]);
+        block_run(dev, b, bf16);
+        double t = thread_seconds() - t0, w = wall_seconds() - w0;
+        int counts = 1;
+        for (int i = 0; i < n; i++)
+            if (ck[i] == CLOCK_THREAD_CPUTIME_ID || clock_of(ck[i]) - l0[i] < CAL_BUSY_SHARE * w) counts = 0;
+        if (t < busy_any) busy_any = t;
+        if (counts) {
+            got++;
+            if (t < busy) busy = t;
+        }
+    }
+    atomic_store(&L.stop, 1);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    FS_TRY(st);
+    if (!isfinite(busy)) busy = busy_any;
+    *factor = busy > alone ? busy / alone : 1.0;
+    return FS_OK;
+}
+
+/* Both precisions' contention factors; the block's buffers are freed before it returns. */
+static fs_status measure_contentions(fs_device *dev, fs_calibration *c) {
+    c->contention_fp32 = c->contention_bf16 = 1;
+    if (c->busy_cores <= 1) return FS_OK;
+    block_bufs b;
+    FS_TRY(block_alloc(dev, &b));
+    fs_status st = measure_contention(dev, &b, 0, c->busy_cores, &c->contention_fp32);
+    if (st == FS_OK) st = measure_contention(dev, &b, 1, c->busy_cores, &c->contention_bf16);
+    fs_device_release_scratch(dev);
+    block_free(&b);
+    return st;
+}
+
+/* ------------------------------------------------------------------ the ring
+ * What a collective costs the CPU per byte, the ring itself measured: two ranks of an
+ * in-process group (threads, as `train --ranks` runs them, the communicator the engine's
+ * worker drives) each all-gather and reduce-scatter CAL_RING_BYTES of fp32 and of bf16 (the
+ * weights and the gradients on the wire under each policy), each rank timing its own thread's
+ * CPU time (a rank's comm thread takes its compute core: every collective is exposed on
+ * shared cores, docs/planner.md). busbw = the bytes each collective moves per rank, S (W - 1)
+ * / W, summed over the four, over the CPU time they took, the fastest of CAL_REPS rounds,
+ * the slower rank's. */
+enum { CAL_RING_BYTES = 8 << 20, CAL_RING_REPS = 3 };
+
+typedef struct ring_arg {
+    double seconds[2];
+} ring_arg;
+
+static fs_status ring_rank(fs_comm *comm, void *arg) {
+    ring_arg *a = arg;
+    const int rank = fs_comm_rank(comm);
+    const size_t n32 = CAL_RING_BYTES / 4, n16 = CAL_RING_BYTES / 2;
+    float *send32 = malloc(CAL_RING_BYTES), *recv32 = malloc(CAL_RING_BYTES);
+    uint16_t *send16 = malloc(CAL_RING_BYTES), *recv16 = malloc(CAL_RING_BYTES);
+    fs_status st = FS_OK;
+    if (!send32 || !recv32 || !send16 || !recv16)
+        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the ring's buffers");
+    if (st == FS_OK) { /* values whose sums neither overflow nor go denormal; 0x3c00: bf16 2^-7 */
+        for (size_t i = 0; i < n32; i++) send32[i] = (float)(i % 7) * 0.125f;
+        for (size_t i = 0; i < n16; i++) send16[i] = (uint16_t)(0x3c00 + (i % 5));
+        memset(recv32, 0, CAL_RING_BYTES);
+        memset(recv16, 0, CAL_RING_BYTES);
+    }
+    double best = INFINITY;
+    for (int r = -1; r < CAL_RING_REPS && st == FS_OK; r++) {
+        st = fs_comm_barrier(comm); /* both ranks start together */
+        double t0 = thread_seconds();
+        if (st == FS_OK) st = fs_comm_all_gather(send32, recv32, n32 / 2, FS_DTYPE_FP32, comm);
+        if (st == FS_OK) st = fs_comm_reduce_scatter(send32, recv32, n32 / 2, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
+        if (st == FS_OK) st = fs_comm_all_gather(send16, recv16, n16 / 2, FS_DTYPE_BF16, comm);
+        if (st == FS_OK) st = fs_comm_reduce_scatter(send16, recv16, n16 / 2, FS_DTYPE_BF16, FS_REDOP_SUM, comm);
+        double t = thread_seconds() - t0;
+        if (r >= 0 && t < best) best = t;
+    }
+    a->seconds[rank] = best;
+    free(send32);
+    free(recv32);
+    free(send16);
+    free(recv16);
+    return st;
+}
+
+static fs_status measure_ring(fs_calibration *c) {
+    ring_arg a = {{0, 0}};
+    FS_TRY(fs_comm_inproc_run(2, fs_comm_config_default(), ring_rank, &a));
+    const double t = a.seconds[0] > a.seconds[1] ? a.seconds[0] : a.seconds[1];
+    /* four collectives of CAL_RING_BYTES, each moving S (W - 1) / W = S / 2 per rank */
+    c->ring_busbw = 4.0 * (CAL_RING_BYTES / 2.0) / t;
     return FS_OK;
 }
 
@@ -357,22 +668,25 @@ fs_status fs_calibration_measure(fs_calibration *out) {
     fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
     fs_calibration c;
     memset(&c, 0, sizeof c);
+    c.busy_cores = busy_cores();
     fs_device *dev = NULL; /* the CPU's kernel table on the calling thread (pool NULL) */
     FS_TRY(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
     fs_status st = measure_gemms(dev, &c);
     if (st == FS_OK) st = measure_attention(dev, 0, &c.attention_fp32_flops);
     if (st == FS_OK) st = measure_attention(dev, 1, &c.attention_bf16_flops);
     if (st == FS_OK) st = measure_adamw(dev, &c);
+    if (st == FS_OK) st = measure_contentions(dev, &c);
     fs_device_close(dev);
     FS_TRY(st);
-    FS_TRY(measure_copy(&c));
+    FS_TRY(measure_ring(&c));
     fs_calibration_key(c.key, sizeof c.key);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(c.date, sizeof c.date, "%Y-%m-%d %H:%M:%S", &tm);
     if (!(isfinite(c.gemm_fp32_flops) && isfinite(c.gemm_bf16_flops) && isfinite(c.attention_fp32_flops) &&
-          isfinite(c.attention_bf16_flops) && isfinite(c.adamw_bytes_per_s) && isfinite(c.copy_bytes_per_s)))
+          isfinite(c.attention_bf16_flops) && isfinite(c.adamw_bytes_per_s) && isfinite(c.ring_busbw) &&
+          c.ring_busbw > 0 && isfinite(c.contention_fp32) && isfinite(c.contention_bf16)))
         return fs_errorf(FS_ERR_INTERNAL, "calibration: a timing was zero (clock resolution?)");
     *out = c;
     return FS_OK;
@@ -407,7 +721,10 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     char line[1024];
     int seen = 0, magic = 0, bad = 0;
     enum { HAVE_KEY = 1, HAVE_DATE = 2, HAVE_FP32 = 4, HAVE_BF16 = 8, HAVE_ATTENTION_FP32 = 16,
-           HAVE_ATTENTION_BF16 = 32, HAVE_ADAMW = 64, HAVE_COPY = 128, HAVE_ALL = 255 };
+           HAVE_ATTENTION_BF16 = 32, HAVE_ADAMW = 64, HAVE_RING = 128, HAVE_BUSY = 256, HAVE_C_FP32 = 512,
+           HAVE_C_BF16 = 1024, HAVE_ALL = 2047 };
+    double busy = 0;
+    char version[64] = "";
     while (!bad && fgets(line, sizeof line, f)) {
         size_t len = strlen(line);
         if (len == 0 || line[len - 1] != '\n') { /* a line longer than any we write, or cut */
@@ -418,6 +735,7 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
         if (!magic) {
             magic = strcmp(line, CACHE_MAGIC) == 0;
             bad = !magic;
+            if (bad && strncmp(line, "flatshard calibration ", 22) == 0) snprintf(version, sizeof version, "%.40s", line + 22);
             continue;
         }
         char *sp = strchr(line, ' ');
@@ -443,8 +761,18 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
             seen |= HAVE_ATTENTION_BF16;
         } else if (strcmp(name, "adamw_bytes_per_s") == 0 && parse_figure(value, &c.adamw_bytes_per_s)) {
             seen |= HAVE_ADAMW;
-        } else if (strcmp(name, "copy_bytes_per_s") == 0 && parse_figure(value, &c.copy_bytes_per_s)) {
-            seen |= HAVE_COPY;
+        } else if (strcmp(name, "ring_busbw") == 0 && parse_figure(value, &c.ring_busbw)) {
+            seen |= HAVE_RING;
+        } else if (strcmp(name, "busy_cores") == 0 && parse_figure(value, &busy) && busy == floor(busy) &&
+                   busy <= FS_CALIBRATION_MAX_BUSY) {
+            c.busy_cores = (int)busy;
+            seen |= HAVE_BUSY;
+        } else if (strcmp(name, "contention_fp32") == 0 && parse_figure(value, &c.contention_fp32) &&
+                   c.contention_fp32 >= 1) {
+            seen |= HAVE_C_FP32;
+        } else if (strcmp(name, "contention_bf16") == 0 && parse_figure(value, &c.contention_bf16) &&
+                   c.contention_bf16 >= 1) {
+            seen |= HAVE_C_BF16;
         } else {
             bad = 1;
         }
@@ -452,6 +780,9 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     int read_error = ferror(f);
     fclose(f);
     if (read_error) return fs_errorf(FS_ERR_IO, "%s: read error", path);
+    if (version[0])
+        return fs_errorf(FS_ERR_FORMAT, "%s: a cache of calibration version %s, this build measures version %s", path,
+                         version, CACHE_MAGIC + 22);
     if (bad || !magic || seen != HAVE_ALL)
         return fs_errorf(FS_ERR_FORMAT, "%s: not a valid calibration cache (a line is missing or malformed)", path);
     if (strcmp(c.key, key) != 0)
@@ -489,9 +820,11 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     fprintf(f,
             "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_fp32_flops %.17g\n"
-            "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\ncopy_bytes_per_s %.17g\n",
+            "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\nring_busbw %.17g\nbusy_cores %d\n"
+            "contention_fp32 %.17g\ncontention_bf16 %.17g\n",
             CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_fp32_flops,
-            cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->copy_bytes_per_s);
+            cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->ring_busbw, cal->busy_cores, cal->contention_fp32,
+            cal->contention_bf16);
     int failed = ferror(f);
     failed |= fclose(f) != 0;
     if (failed || rename(tmp, path) != 0) {
@@ -514,16 +847,21 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->attention_flops_bf16 = cal->attention_bf16_flops;
     out->memory_bw = cal->adamw_bytes_per_s;
     out->comm_on_compute_cores = 1; /* one compute thread per core: the ring's copies take it */
-    out->intra_busbw = cal->copy_bytes_per_s * FS_CPU_RING_COPY_FACTOR;
+    out->intra_busbw = cal->ring_busbw; /* the ring itself, both ranks copying (measure_ring) */
     out->nic_busbw = out->intra_busbw; /* ranks of one machine: no second level */
     out->devices_per_node = devices_per_node > 0 ? devices_per_node : 1;
     out->latency_s = 50e-6;      /* one collective through the worker, 35-60 us (BENCHMARKS.md) */
     out->activation_bytes = 4;   /* flatshard's CPU kernels keep activations in fp32 */
+    if (cal->busy_cores > 1) { /* the estimate's contention rule: estimate.c */
+        out->busy_cores = cal->busy_cores;
+        out->contention_fp32 = cal->contention_fp32;
+        out->contention_bf16 = cal->contention_bf16;
+    }
 }
 
 fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **out) {
     static fs_hardware hw;
-    static char description[640], note[1200];
+    static char description[900], note[1800];
     static int have; /* measured or read once per process for FS_CALIBRATE_CACHED */
     if (have && mode == FS_CALIBRATE_CACHED) {
         *out = &hw;
@@ -536,9 +874,12 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     if (path_st != FS_OK) snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
     fs_calibration cal;
     fs_hw_origin origin = FS_HW_MEASURED;
+    char refused[600] = ""; /* why a cache that is there was not used */
     if (mode == FS_CALIBRATE_CACHED && path_st == FS_OK && fs_calibration_read(path, key, &cal) == FS_OK) {
         origin = FS_HW_CACHED;
     } else {
+        if (mode == FS_CALIBRATE_CACHED && path_st == FS_OK && access(path, F_OK) == 0)
+            snprintf(refused, sizeof refused, "; the cache there was not used: %s", fs_error_message());
         FS_TRY(fs_calibration_measure(&cal));
         if (path_st == FS_OK && fs_calibration_write(path, &cal) != FS_OK)
             snprintf(why_not_cached, sizeof why_not_cached, "%s", fs_error_message());
@@ -552,18 +893,19 @@ fs_status fs_hardware_this_machine(fs_calibrate_mode mode, const fs_hardware **o
     snprintf(description, sizeof description,
              "this machine, one core per rank (%s, %d cores): fp32 GEMM %.1f GFLOP/s (OpenBLAS core %s), "
              "bf16 GEMM %.1f GFLOP/s (%s kernels, %s), attention fp32 %.1f / bf16 %.1f GFLOP/s (%s), "
-             "AdamW %.1f GB/s, memcpy %.1f GB/s",
+             "AdamW %.1f GB/s, ring %.1f GB/s busbw (2 ranks); with %d cores busy a block takes x%.3f (fp32) "
+             "x%.3f (bf16) its time alone",
              model[0] ? model : "unknown CPU", hw.devices_per_node, cal.gemm_fp32_flops / 1e9,
              fs_kernels_blas_corename(), cal.gemm_bf16_flops / 1e9, fs_kernels_isa_name(fs_kernels_isa()),
              fs_gemm_path_name(fs_gemm_path_in_use()), cal.attention_fp32_flops / 1e9,
              cal.attention_bf16_flops / 1e9, fs_attention_bf16_path(CAL_HS), cal.adamw_bytes_per_s / 1e9,
-             cal.copy_bytes_per_s / 1e9);
+             cal.ring_busbw / 1e9, cal.busy_cores, cal.contention_fp32, cal.contention_bf16);
     if (origin == FS_HW_CACHED)
         snprintf(note, sizeof note, "cached from %s UTC (%s)", cal.date, path);
     else if (why_not_cached[0])
         snprintf(note, sizeof note, "measured now, not cached: %s", why_not_cached);
     else
-        snprintf(note, sizeof note, "measured now (cached in %s)", path);
+        snprintf(note, sizeof note, "measured now (cached in %s%s)", path, refused);
     hw.name = "this-machine";
     hw.description = description;
     hw.origin = origin;

@@ -210,6 +210,21 @@ static double unit_bytes(const fs_plan *p, int u, double elem) {
     return (double)p->units[u].full_numel * elem;
 }
 
+/* Contention (docs/planner.md): the ranks that compute at once on one host, one compute
+ * thread each (this-machine plans one core per rank), k = min(ranks, devices per node), slow
+ * each other through the shared cache and memory bus: one rank alone (k = 1) runs at the
+ * calibrated rates, k = busy_cores (every core the calibration loaded) takes the precision's
+ * contention factor times as long, and between them the time is interpolated linearly in k
+ * (the slowdown taken as proportional to the other busy cores: a guess, measured only at its
+ * two ends, on 2 cores). */
+static double contention_of(const fs_hardware *hw, int ranks, int *cores_busy) {
+    const int d = hw->devices_per_node > 0 ? hw->devices_per_node : 1;
+    *cores_busy = ranks < d ? ranks : d;
+    if (hw->busy_cores <= 1 || !(hw->contention_fp32 > 0) || !(hw->contention_bf16 > 0)) return 0;
+    const double f = (double)(*cores_busy - 1) / (double)(hw->busy_cores - 1);
+    return f < 0 ? 0 : f > 1 ? 1 : f;
+}
+
 void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
                       fs_step_estimate *out) {
     memset(out, 0, sizeof *out);
@@ -218,12 +233,18 @@ void fs_estimate_step(const fs_plan *p, const fs_hardware *hw, int64_t n_micro,
     const int W = p->cfg.world, n = l->n_ops;
     const int bf16 = p->cfg.precision == FS_PRECISION_BF16;
     const double csize = bf16 ? 2.0 : 4.0;
-    const rates r = {.gemm = fs_hardware_peak(hw, p->cfg.precision) * (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32),
-                     .attention = bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32,
-                     .memory = hw->memory_bw};
     /* hybrid sharding: W ranks per group (the plan's world), R groups, W x R in all; the
      * groups are consecutive ranks, a replica set ranks W apart */
     const int R = p->cfg.replicas > 1 ? p->cfg.replicas : 1, ranks = W * R;
+    const double f = contention_of(hw, ranks, &out->cores_busy);
+    out->contention = f;
+    /* every compute time x slow: the block's contention spans its GEMMs, attention and
+     * elementwise kernels alike */
+    const double slow = f > 0 ? 1.0 + f * ((bf16 ? hw->contention_bf16 : hw->contention_fp32) - 1.0) : 1.0;
+    const rates r = {.gemm = fs_hardware_peak(hw, p->cfg.precision) *
+                             (bf16 ? hw->utilisation_bf16 : hw->utilisation_fp32) / slow,
+                     .attention = (bf16 ? hw->attention_flops_bf16 : hw->attention_flops_fp32) / slow,
+                     .memory = hw->memory_bw / slow};
     comm_model m = {.bw = fs_hardware_ring_busbw(hw, ranks, W, 1), .latency = hw->latency_s, .world = W,
                     .acc = &out->comm};
     comm_model rm = {.bw = fs_hardware_ring_busbw(hw, ranks, R, W), .latency = hw->latency_s, .world = R,

@@ -11,6 +11,9 @@
 PY=/usr/bin/python3
 CACHE="$XDG_CACHE_HOME/flatshard/this-machine.txt"
 SMALL=(--model small --world 2 --batch 4 --seq 256 --device this-machine)
+# the cores the contention pass keeps busy at once: the online ones, at most 8 (estimate.h)
+CORES=$(getconf _NPROCESSORS_ONLN)
+BUSY=$((CORES < 8 ? CORES : 8))
 
 # --- this-machine: measured, then cached
 run "plan this-machine with no cache" 0 "$FS" plan "${SMALL[@]}" --json
@@ -22,7 +25,7 @@ flavor=release
 [ "$(basename "$BUILD")" = build-debug ] && flavor=debug
 [ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
 expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1$" "$CACHE"
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1 \| busy $BUSY$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 cp "$WORK/out" "$WORK/cached.txt"
 expect "the second plan says the figures are cached, and from when" \
@@ -32,48 +35,78 @@ expect "the device line names this CPU, not a preset's" grep -qF "$(grep -m1 '^m
 # the estimate is the documented formula on the cached figures: GEMM FLOPs over the bf16 GEMM
 # rate, attention FLOPs over the bf16 attention rate (the bf16 policy's own kernel), the
 # memory-bound and optimizer bytes over AdamW's bytes/s (the optimizer: 34 bytes per shard
-# element under bf16); on shared cores every collective is exposed; busbw = memcpy x 0.4
+# element under bf16); on shared cores every collective is exposed; busbw = the ring's measured
+# one. Every compute time x (1 + f (factor - 1)), the precision's contention factor, f = (k - 1) /
+# (busy - 1) of the k = min(ranks, cores) ranks computing at once
 run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/cached.json"
-expect "the estimate uses the cached figures" $PY -c '
+run "plan one rank as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --world 1 --json
+cp "$WORK/out" "$WORK/cached1.json"
+CHECK_ESTIMATE='
 import json, sys
 e = json.load(open(sys.argv[1]))
 assert e["device_figures"] == "cached", e["device_figures"]
 cal = dict(l.split(" ", 1) for l in open(sys.argv[2]).read().splitlines()[1:])
+cores, busy = int(sys.argv[3]), int(cal["busy_cores"])
 est = e["estimate"]
+k = min(e["world"], cores)
+f = min(1.0, max(0.0, (k - 1) / (busy - 1))) if busy > 1 else 0.0
+assert est["cores_busy"] == k and abs(est["contention"] - f) <= 1e-12, (est["cores_busy"], est["contention"], k, f)
+assert (f > 0) == (e["world"] > 1 and cores > 1), f
+slow = 1 + f * (float(cal["contention_bf16"]) - 1)
+per = lambda name: slow / float(cal[name])
 close = lambda got, want: abs(got - want) <= 1e-9 * abs(want)
-assert close(est["gemm_s"], (est["flops"] - est["attention_flops"]) / float(cal["gemm_bf16_flops"])), est
-assert close(est["attention_s"], est["attention_flops"] / float(cal["attention_bf16_flops"])), est
-assert close(est["memory_s"], est["memory_bytes"] / float(cal["adamw_bytes_per_s"])), est
+assert close(est["gemm_s"], (est["flops"] - est["attention_flops"]) * per("gemm_bf16_flops")), est
+assert close(est["attention_s"], est["attention_flops"] * per("attention_bf16_flops")), est
+assert close(est["memory_s"], est["memory_bytes"] * per("adamw_bytes_per_s")), est
 assert est["optimizer_bytes"] == 34 * (e["bytes"]["master"] // 4), (est["optimizer_bytes"], e["bytes"]["master"])
-assert close(est["optimizer_s"], est["optimizer_bytes"] / float(cal["adamw_bytes_per_s"])), est
+assert close(est["optimizer_s"], est["optimizer_bytes"] * per("adamw_bytes_per_s")), est
 assert close(est["compute_s"], est["gemm_s"] + est["attention_s"] + est["memory_s"] + est["optimizer_s"]), est
 assert 0 < est["attention_flops"] < est["flops"] and est["memory_bytes"] > 0, est
-assert abs(est["busbw"] - 0.4 * float(cal["copy_bytes_per_s"])) <= 1e-9 * est["busbw"], est["busbw"]
+assert abs(est["busbw"] - float(cal["ring_busbw"])) <= 1e-9 * est["busbw"], est["busbw"]
 assert est["exposed_comm_s"] == est["comm_s"], "shared cores hide nothing"
 assert abs(est["step_s"] - (est["compute_s"] + est["comm_s"])) <= 1e-12 * est["step_s"]
-' "$WORK/cached.json" "$CACHE"
+'
+expect "the estimate uses the cached figures, 2 ranks: x the contention factor where they fill the cores" \
+    $PY -c "$CHECK_ESTIMATE" "$WORK/cached.json" "$CACHE" "$CORES"
+expect "one rank: the alone figures" $PY -c "$CHECK_ESTIMATE" "$WORK/cached1.json" "$CACHE" "$CORES"
 expect "the device line prints every calibrated figure" grep -qE \
-    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention fp32 [0-9.]+ / bf16 [0-9.]+ GFLOP/s \([a-z0-9]+\), AdamW [0-9.]+ GB/s, memcpy [0-9.]+ GB/s$" \
+    "^  device this-machine: .*fp32 GEMM [0-9.]+ GFLOP/s .*bf16 GEMM [0-9.]+ GFLOP/s .*attention fp32 [0-9.]+ / bf16 [0-9.]+ GFLOP/s \([a-z0-9]+\), AdamW [0-9.]+ GB/s, ring [0-9.]+ GB/s busbw \(2 ranks\); with $BUSY cores busy a block takes x[0-9.]+ \(fp32\) x[0-9.]+ \(bf16\) its time alone$" \
     "$WORK/cached.txt"
+if [ "$BUSY" -gt 1 ]; then
+    expect "the plan says which rates it used" grep -qE "^compute rates: 2 ranks computing at once on a host of $CORES cores; contention [01]\.[0-9]{2} \(0: one core's figures alone, 1: x[0-9.]+, " "$WORK/cached.txt"
+fi
 
 # a corrupt cache is ignored and rewritten
 printf 'flatshard calibration 1\nkey nonsense\n' >"$CACHE"
 run "plan over a corrupt cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a corrupt cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
-expect "and rewritten whole" grep -q '^copy_bytes_per_s [0-9]' "$CACHE"
+expect "and rewritten whole" grep -q '^contention_bf16 [0-9]' "$CACHE"
 # a cache of the version before (forward-only GEMM rates, no attention or AdamW figures)
 printf 'flatshard calibration 1\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\ncopy_bytes_per_s 1e10\n' \
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 1 cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a version 1 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
-expect "and rewritten as version 3" grep -qx 'flatshard calibration 3' "$CACHE"
+expect "and rewritten as version 5" grep -qx 'flatshard calibration 5' "$CACHE"
 # a cache of version 2 (one attention figure, the fp32 kernel's, for both precisions)
 printf 'flatshard calibration 2\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n' \
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 2 cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a version 2 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
 expect "and rewritten with both attention figures" grep -qE '^attention_bf16_flops [0-9]' "$CACHE"
+# a cache of version 4 (the per-kernel busy figures): measured again, with one line saying why
+printf 'flatshard calibration 4\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_fp32_flops 1e10\nattention_bf16_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\nbusy_cores 2\ngemm_fp32_flops_busy 1e11\ngemm_bf16_flops_busy 1e11\nattention_fp32_flops_busy 1e10\nattention_bf16_flops_busy 1e10\nadamw_bytes_per_s_busy 2e10\n' \
+    "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
+run "plan over a version 4 cache" 0 "$FS" plan "${SMALL[@]}"
+expect "a version 4 cache is measured again, the plan says why in one line" \
+    grep -qE "^  device figures: measured now \(cached in .*; the cache there was not used: .*: a cache of calibration version 4, this build measures version 5\)$" "$WORK/out"
+expect "and rewritten with the contention factors and the ring" grep -qE '^contention_bf16 [0-9]' "$CACHE"
+expect "the cache holds what is measured, nothing else" $PY -c '
+import sys
+names = [l.split(" ", 1)[0] for l in open(sys.argv[1]).read().splitlines()[1:]]
+assert names == ["key", "date", "gemm_fp32_flops", "gemm_bf16_flops", "attention_fp32_flops", "attention_bf16_flops",
+                 "adamw_bytes_per_s", "ring_busbw", "busy_cores", "contention_fp32", "contention_bf16"], names
+' "$CACHE"
 # another OpenBLAS core is another key: the cache is stale
 run "plan with another OpenBLAS core" 0 env OPENBLAS_CORETYPE=Haswell "$FS" plan "${SMALL[@]}" --json
 expect "a cache of another core is measured again" grep -q '"device_figures":"measured"' "$WORK/out"

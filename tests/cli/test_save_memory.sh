@@ -29,8 +29,8 @@ if [ ! -x /usr/bin/time ]; then
 fi
 run "tokenize" 0 "$FS" tokenize -o "$WORK/data.bin" "$CORPUS"
 # this-machine's figures (train's MFU) are measured by the first run without a cache, and
-# that run's peak RSS would hold the calibration's buffers (58 MiB) and the allocator state
-# they leave: measure them now, so that every run below reads the cache and peaks the same
+# that run's peak RSS would hold the calibration's buffers (~145 MiB a thread for its
+# contention pass) and the allocator state they leave: measure them now, so that every run below reads the cache and peaks the same
 run "calibrate this-machine (cached for the runs below)" 0 "$FS" plan --model tiny --device this-machine
 
 # --memory's line LABEL (total or save) summed over the ranks' columns, in MiB: the plan
