@@ -422,7 +422,13 @@ static void test_step_time_by_hand(void) {
               cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
           "the machine's figures");
     fs_estimate_step(&plan, &cpu, 2, &e);
-    const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * OP_BYTES(4.0) + opt) / 20e9;
+    /* the CPU's bf16 MLP (mlp_bf16_operands): a block's forward (8C + 2QK) x 4 + FF x (2 x 4 +
+     * 2) = 4096 bytes per token, its backward (18C + QKV + 2QK) x 4 + FF x (3 x 4 + 6) = 8192,
+     * where fp32 h and dgu took 1088 x 4 and 3008 x 4 */
+    CHECK(cpu.mlp_bf16_operands, "the CPU writes the MLP's GEMM operands in bf16");
+    const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (4096 + 8192);
+    CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (bf16 h and dgu)");
+    const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * cpu_bytes + opt) / 20e9;
 #undef OP_BYTES
     /* 21 collectives, one piece each */
     const double cpu_comm = 21 * 50e-6 + 0.75 * (ag_bytes + rs_bytes) / 4e9;
