@@ -475,9 +475,15 @@ int fs_cmd_bench_comm(int argc, char **argv) {
         /* The other processes may be waiting in a collective for this one: end the job. */
         exit_code = fs_cli_report(cmd, st);
         fs_comm_abort(comm);
+    } else {
+        /* the verdict before any process can exit: a rank that exits non-zero first ends the
+         * job under mpirun, which killed rank 0 before its line (seen under load in CI) */
+        exit_code = report_wrong(cmd, &a, rank);
+        st = fs_comm_barrier(comm);
+        if (st != FS_OK && exit_code == FS_EXIT_OK) exit_code = fs_cli_report(cmd, st);
     }
     fs_comm_free(comm);
     fs_comm_mpi_finalize();
     fs_mem_free(mem);
-    return exit_code != FS_EXIT_OK ? exit_code : report_wrong(cmd, &a, rank);
+    return exit_code;
 }

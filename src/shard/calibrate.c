@@ -91,7 +91,8 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
  * (busy_cores, contention_fp32, contention_bf16) and the ring's own busbw (ring_busbw, was
  * copy_bytes_per_s x 0.4). A cache of an earlier version is measured again, and the plan
  * says why (fs_calibration_read's message). */
-#define CACHE_MAGIC "flatshard calibration 5"
+#define CACHE_VERSION "5"
+#define CACHE_MAGIC "flatshard calibration " CACHE_VERSION
 
 /* FNV-1a of a string: the flags line is long, the key keeps its hash. */
 static uint64_t fnv1a(const char *s) {
@@ -782,7 +783,7 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     if (read_error) return fs_errorf(FS_ERR_IO, "%s: read error", path);
     if (version[0])
         return fs_errorf(FS_ERR_FORMAT, "%s: a cache of calibration version %s, this build measures version %s", path,
-                         version, CACHE_MAGIC + 22);
+                         version, CACHE_VERSION);
     if (bad || !magic || seen != HAVE_ALL)
         return fs_errorf(FS_ERR_FORMAT, "%s: not a valid calibration cache (a line is missing or malformed)", path);
     if (strcmp(c.key, key) != 0)
