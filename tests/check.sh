@@ -17,7 +17,7 @@ report=()
 # suite NAME MODE ENV... — runs tests/run.sh MODE ("" for the whole suite, or --quick) with
 # the variables ENV and adds up its final line
 suite() {
-    local name=$1 mode=$2 log last
+    local name=$1 mode=$2 log last start=$SECONDS
     shift 2
     log=$(mktemp)
     env "$@" tests/run.sh ${mode:+"$mode"} | tee "$log"
@@ -27,7 +27,7 @@ suite() {
         passed=$((passed + BASH_REMATCH[1]))
         failed=$((failed + BASH_REMATCH[2]))
         skipped=$((skipped + ${BASH_REMATCH[4]:-0}))
-        report+=("$name: $last")
+        report+=("$name: $last ($((SECONDS - start)) s)")
     else
         failed=$((failed + 1))
         report+=("$name: the suite did not finish")
@@ -68,7 +68,7 @@ for variant in nompi debug; do
     suite "$variant" --quick FLATSHARD_BUILD=$build FLATSHARD_MPI=$mpi
 done
 
-echo "=================== summary"
+echo "=================== summary ($SECONDS s in all)"
 printf '%s\n' "${report[@]}"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

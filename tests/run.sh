@@ -8,6 +8,9 @@
 # it is counted apart, and in CI (CI=true) tests/cli/lib.sh turns a skip for want of a tool
 # or a build into a failure.
 #
+# Each test's wall time follows its output ("   (N s)"), and the five slowest are listed above
+# the totals: CI runs the suite four times on 2 cores within a time budget (README).
+#
 # tests/run.sh --quick runs the test programs once each and tests/cli/build_smoke.sh instead:
 # what tests/check.sh runs on the builds the full suite does not cover (MPI=none, DEBUG=1).
 set -u
@@ -28,14 +31,17 @@ trap 'rm -rf "$log_dir"' EXIT
 # the test programs' this-machine calibration cache: this run's own, never the user's
 export XDG_CACHE_HOME="$log_dir/cache"
 
+timings=() # "SECONDS NAME" per test, for the slowest-first list at the end (CI's time budget)
 run_one() { # name, command...
     local name=$1; shift
-    local log
+    local log start=$SECONDS
     log="$log_dir/$(basename "${name%% *}")$RANDOM.log"
     echo "== $name"
     "$@" >"$log" 2>&1
     local rc=$?
     cat "$log"
+    echo "   ($((SECONDS - start)) s)"
+    timings+=("$((SECONDS - start)) $name")
     local summary
     summary=$(grep -E '^#summary passed=[0-9]+ failed=[0-9]+( skipped=[0-9]+)?$' "$log" | tail -n 1)
     if [ -z "$summary" ]; then
@@ -106,6 +112,8 @@ else
     done
 fi
 
+echo "slowest: $(printf '%s\n' "${timings[@]+"${timings[@]}"}" | sort -rn | head -n 5 |
+    sed -E 's/^([0-9]+) (.*)$/\2 (\1 s)/' | paste -sd ';' - | sed 's/;/; /g'); all tests: $SECONDS s"
 for c in "${crashed[@]+"${crashed[@]}"}"; do echo "FAIL $c"; done
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
