@@ -40,11 +40,7 @@ static fs_status run_group(int W, const fs_llama_config *cfg, const fs_train_con
                            const int32_t *in, const int32_t *tg, int steps, group_run *g) {
     memset(g, 0, sizeof *g);
     *g = (group_run){.cfg = cfg, .tc = tc, .in = in, .tg = tg, .steps = steps};
-    fs_mem *mems[MAX_W] = {0};
-    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
-    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, group_rank, g);
-    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
-    return st;
+    return ec_run_ranks(W, group_rank, g);
 }
 
 static void free_group(group_run *g) {
