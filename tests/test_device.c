@@ -110,6 +110,23 @@ static fs_train_config config(fs_strategy s, fs_precision p, fs_device_kind devi
     return tc;
 }
 
+/* Trains *cpu, and a copy of it on the emulated device, on W ranks and holds the copy to
+ * ec_compare_runs' tolerances; counts the comparisons made and those that are bit for bit
+ * identical. */
+static void check_emulated_like_cpu(int W, run_spec *cpu, const char *what, int *runs, int *bit_identical) {
+    run_spec emu = *cpu;
+    emu.tc.device = FS_DEVICE_EMULATED;
+    fs_status a = run(W, cpu), b = run(W, &emu);
+    CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
+    if (a == FS_OK && b == FS_OK) {
+        CHECK_OK(ec_compare_runs(&emu.res, &cpu->res, cpu->tc.lr, what));
+        (*runs)++;
+        *bit_identical += ec_first_difference(&emu.res.weights, &cpu->res.weights) == NULL;
+    }
+    ec_result_free(&cpu->res);
+    ec_result_free(&emu.res);
+}
+
 /* ------------------------------------------------------------------ tests */
 
 static void test_emulated_device_trains_like_the_cpu(void) {
@@ -122,20 +139,10 @@ static void test_emulated_device_trains_like_the_cpu(void) {
             for (int p = 0; p < FS_PRECISION_N; p++) {
                 run_spec cpu = {.cfg = &cfg, .tc = config((fs_strategy)s, (fs_precision)p, FS_DEVICE_CPU, 2),
                                 .in = in, .tg = tg, .steps = 4};
-                run_spec emu = cpu;
-                emu.tc.device = FS_DEVICE_EMULATED;
                 char what[160];
                 snprintf(what, sizeof what, "%s %s %s", fs_strategy_name((fs_strategy)s),
                          fs_precision_name((fs_precision)p), tied ? "tied" : "untied");
-                fs_status a = run(1, &cpu), b = run(1, &emu);
-                CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
-                if (a == FS_OK && b == FS_OK) {
-                    CHECK_OK(ec_compare_runs(&emu.res, &cpu.res, cpu.tc.lr, what));
-                    runs++;
-                    bit_identical += ec_first_difference(&emu.res.weights, &cpu.res.weights) == NULL;
-                }
-                ec_result_free(&cpu.res);
-                ec_result_free(&emu.res);
+                check_emulated_like_cpu(1, &cpu, what, &runs, &bit_identical);
             }
     }
     fs_test_note("%d of %d configurations bit-identical to the CPU", bit_identical, runs);
@@ -265,18 +272,7 @@ static void test_two_emulated_gpu_ranks_train_like_two_cpu_ranks(void) {
         run_spec cpu = {.cfg = &cfg, .tc = config((fs_strategy)s, FS_PRECISION_FP32, FS_DEVICE_CPU, 1),
                         .in = in, .tg = tg, .steps = 3};
         cpu.tc.grad_accum = 2;
-        run_spec emu = cpu;
-        emu.tc.device = FS_DEVICE_EMULATED;
-        const char *what = fs_strategy_name((fs_strategy)s);
-        fs_status a = run(2, &cpu), b = run(2, &emu);
-        CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
-        if (a == FS_OK && b == FS_OK) {
-            CHECK_OK(ec_compare_runs(&emu.res, &cpu.res, cpu.tc.lr, what));
-            runs++;
-            bit_identical += ec_first_difference(&emu.res.weights, &cpu.res.weights) == NULL;
-        }
-        ec_result_free(&cpu.res);
-        ec_result_free(&emu.res);
+        check_emulated_like_cpu(2, &cpu, fs_strategy_name((fs_strategy)s), &runs, &bit_identical);
     }
     /* bf16: the GPU's gradients travel as fp32 (NCCL would sum a bf16 wire in bf16), so the
      * engine must not hand the emulated NCCL a bf16 -> fp32 reduce-scatter, which it refuses
