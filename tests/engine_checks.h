@@ -283,4 +283,13 @@ __attribute__((unused)) static fs_status ec_compare_bf16_to_fp32(const ec_result
     return FS_OK;
 }
 
+/* A run of precision tc->precision against the fp32 reference: ec_compare_runs for fp32,
+ * ec_compare_bf16_to_fp32 (layers: the model's blocks) for bf16. */
+__attribute__((unused)) static fs_status ec_compare_to_reference(const ec_result *run, const ec_result *ref,
+                                                                 const fs_train_config *tc, int layers,
+                                                                 const char *what) {
+    if (tc->precision == FS_PRECISION_FP32) return ec_compare_runs(run, ref, tc->lr, what);
+    return ec_compare_bf16_to_fp32(run, ref, tc->lr, layers, what);
+}
+
 #endif /* FLATSHARD_TESTS_ENGINE_CHECKS_H */

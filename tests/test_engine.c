@@ -108,11 +108,7 @@ static void test_every_strategy_trains_what_the_reference_trains(void) {
                     st = run_group(W, &cfg, &tc, in, tg, steps, &g);
                     CHECK(st == FS_OK, "%s: %s", what, fs_error_message());
                     if (st != FS_OK) continue;
-                    if (tc.precision == FS_PRECISION_FP32)
-                        CHECK_OK(ec_compare_runs(&g.res[0], &ref.res[0], tc.lr, what));
-                    else
-                        CHECK_OK(ec_compare_bf16_to_fp32(&g.res[0], &ref.res[0], tc.lr,
-                                                         (int)cfg.num_hidden_layers, what));
+                    CHECK_OK(ec_compare_to_reference(&g.res[0], &ref.res[0], &tc, (int)cfg.num_hidden_layers, what));
                     for (int i = 0; i < steps && tc.precision == FS_PRECISION_BF16; i++) {
                         double d = fabs(g.res[0].losses[i] - ref.res[0].losses[i]);
                         if (d > worst_bf16) worst_bf16 = d;
@@ -284,11 +280,7 @@ static void test_hybrid_sharding_trains_what_the_reference_trains(void) {
                 fs_status st = run_group(W, &cfg, &tc, in, tg, steps, &g);
                 CHECK(st == FS_OK, "%s: %s", what, fs_error_message());
                 if (st != FS_OK) continue;
-                if (tc.precision == FS_PRECISION_FP32)
-                    CHECK_OK(ec_compare_runs(&g.res[0], &ref.res[0], tc.lr, what));
-                else
-                    CHECK_OK(ec_compare_bf16_to_fp32(&g.res[0], &ref.res[0], tc.lr,
-                                                     (int)cfg.num_hidden_layers, what));
+                CHECK_OK(ec_compare_to_reference(&g.res[0], &ref.res[0], &tc, (int)cfg.num_hidden_layers, what));
                 for (int r = 0; r < W; r++) {
                     const char *d = ec_first_difference(&g.res[r].weights, &g.res[0].weights);
                     CHECK(d == NULL, "%s: rank %d's weights differ from rank 0's in %s", what, r, d);
