@@ -16,10 +16,39 @@
 #include <string.h>
 
 #include "args.h"
+#include "bench.h"
 #include "commands.h"
 #include "common.h"
 #include "flatshard/kernels.h"
 #include "flatshard/train.h"
+
+/* ------------------------------------------------------------------ shared options (bench.h) */
+
+int fs_bench_parse(const fs_bench_spec *spec, const fs_opt *extra, int argc, char **argv, fs_bench_args *a) {
+    *a = (fs_bench_args){.model = "small", .batch = 4, .seq = 256, .reps = 7, .threads = 1};
+    fs_opt opts[5 + FS_BENCH_MAX_EXTRA + 2] = {
+        {"model", 'm', FS_OPT_STRING, &a->model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
+        {"batch", 'b', FS_OPT_INT, &a->batch, "B", spec->batch_help, NULL, 1, spec->batch_max},
+        {"seq", 't', FS_OPT_INT, &a->seq, "T", "tokens per sequence", NULL, 1, spec->seq_max},
+        {"reps", 0, FS_OPT_INT, &a->reps, "N", spec->reps_help, NULL, 1, 1000},
+        {"threads", 'j', FS_OPT_INT, &a->threads, "N", "compute threads", NULL, 1, 1024},
+    };
+    int n = 5;
+    for (const fs_opt *o = extra; o && o->name; o++) {
+        if (n == 5 + FS_BENCH_MAX_EXTRA) {
+            fprintf(stderr, "flatshard %s: more than %d options of its own\n", spec->cmd, FS_BENCH_MAX_EXTRA);
+            return FS_EXIT_RUNTIME;
+        }
+        opts[n++] = *o;
+    }
+    opts[n] = (fs_opt){"json", 0, FS_OPT_FLAG, &a->json, NULL, spec->json_help, NULL, 0, 0};
+    /* opts[n + 1]: zeroed by the initializer, the terminator */
+    int npos = 0;
+    int rc = fs_args_parse(spec->cmd, spec->help, opts, argc, argv, NULL, 0, &npos);
+    if (rc != FS_EXIT_OK) return rc;
+    fs_status st = fs_llama_config_load(a->model, &a->config);
+    return st == FS_OK ? FS_EXIT_OK : fs_cli_report(spec->cmd, st);
+}
 
 /* ------------------------------------------------------------------ bench step */
 
@@ -244,32 +273,22 @@ static void gemm_pass_run(fs_pool *pool, int bf16, gemm_pass p, const gemm_shape
     }
 }
 
+static const fs_bench_spec gemm_spec = {
+    .cmd = "bench gemm", .help = &gemm_help, .batch_help = "sequences per step", .batch_max = 1 << 20,
+    .seq_max = 1 << 24, .reps_help = "timed repetitions per GEMM (after one warm-up)",
+    .json_help = "also print one JSON line"};
+
 static int bench_gemm(int argc, char **argv) {
-    const char *model = "small";
-    int64_t batch = 4, seq = 256, reps = 7, threads = 1;
-    int json = 0;
-    const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
-        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per step", NULL, 1, 1 << 20},
-        {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
-        {"reps", 0, FS_OPT_INT, &reps, "N", "timed repetitions per GEMM (after one warm-up)", NULL, 1, 1000},
-        {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads", NULL, 1, 1024},
-        {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line", NULL, 0, 0},
-        {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
-    };
-    int npos = 0;
-    int rc = fs_args_parse("bench gemm", &gemm_help, opts, argc, argv, NULL, 0, &npos);
-    if (rc < 0) return FS_EXIT_OK;
-    if (rc != FS_EXIT_OK) return rc;
-    fs_llama_config c;
-    fs_status st = fs_llama_config_load(model, &c);
-    if (st != FS_OK) return fs_cli_report("bench gemm", st);
-    const int64_t N = batch * seq, C = c.hidden_size, HS = C / c.num_attention_heads;
-    const int64_t QKV = (c.num_attention_heads + 2 * c.num_key_value_heads) * HS;
-    const int64_t FF = c.intermediate_size, L = c.num_hidden_layers;
+    fs_bench_args args;
+    int rc = fs_bench_parse(&gemm_spec, NULL, argc, argv, &args);
+    if (rc != FS_EXIT_OK) return rc < 0 ? FS_EXIT_OK : rc;
+    const fs_llama_config *c = &args.config;
+    const int64_t N = args.batch * args.seq, C = c->hidden_size, HS = C / c->num_attention_heads;
+    const int64_t QKV = (c->num_attention_heads + 2 * c->num_key_value_heads) * HS;
+    const int64_t FF = c->intermediate_size, L = c->num_hidden_layers;
     const gemm_shape shapes[] = {
         {"qkv_proj", N, C, QKV, L}, {"o_proj", N, C, C, L},          {"gate_up_proj", N, C, 2 * FF, L},
-        {"down_proj", N, FF, C, L}, {"lm_head", N, C, c.vocab_size, 1}, {"square_1024", 1024, 1024, 1024, 0},
+        {"down_proj", N, FF, C, L}, {"lm_head", N, C, c->vocab_size, 1}, {"square_1024", 1024, 1024, 1024, 0},
     };
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     int64_t max_in = 0, max_w = 0, max_out = 0;
@@ -282,14 +301,14 @@ static int bench_gemm(int argc, char **argv) {
     int64_t max_all = max_in > max_w ? max_in : max_w;
     if (max_out > max_all) max_all = max_out;
     fs_pool *pool = NULL;
-    st = fs_pool_init(&pool, (int)threads);
+    fs_status st = fs_pool_init(&pool, (int)args.threads);
     if (st != FS_OK) return fs_cli_report("bench gemm", st);
     float *in = malloc((size_t)max_in * sizeof(float)), *w = malloc((size_t)max_w * sizeof(float));
     float *out = malloc((size_t)max_out * sizeof(float)), *din = malloc((size_t)max_in * sizeof(float));
     float *dw = malloc((size_t)max_w * sizeof(float)), *check = malloc((size_t)max_all * sizeof(float));
     uint16_t *w16 = malloc((size_t)max_w * sizeof(uint16_t));
-    double *t32 = malloc((size_t)reps * sizeof(double)), *t16 = malloc((size_t)reps * sizeof(double));
-    double *tdn = malloc((size_t)reps * sizeof(double));
+    double *t32 = malloc((size_t)args.reps * sizeof(double)), *t16 = malloc((size_t)args.reps * sizeof(double));
+    double *tdn = malloc((size_t)args.reps * sizeof(double));
     if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16 || !tdn) {
         fprintf(stderr, "flatshard bench gemm: out of memory\n");
         return FS_EXIT_RUNTIME;
@@ -312,7 +331,7 @@ static int bench_gemm(int argc, char **argv) {
     printf("bench gemm: %s, N = batch %" PRId64 " x seq %" PRId64 " = %" PRId64 ", %" PRId64
            " threads, median of %" PRId64 "\n  fp32: OpenBLAS core %s; bf16: flatshard (%s kernel), %s;"
            " in use: %s\n",
-           model, batch, seq, N, threads, reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa),
+           args.model, args.batch, args.seq, N, args.threads, args.reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa),
            dnn_detail, in_use_detail);
     printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %7s  %-10s %s\n", "gemm", "pass", "M", "N", "K", "fp32 GFLOP/s",
            "flatshard", "onednn", "ratio", "flatshard", "onednn vs");
@@ -352,7 +371,7 @@ static int bench_gemm(int argc, char **argv) {
             }
             if (p == PASS_FWD) /* the backward passes read `out` as dout */
                 for (int64_t k = 0; k < g->n * g->oc; k++) out[k] = fs_rand_uniform(1, 3, (uint64_t)k) - 0.5f;
-            for (int64_t r = -1; r < reps; r++) {
+            for (int64_t r = -1; r < args.reps; r++) {
                 float *o = p == PASS_FWD ? check : out; /* the forward must not overwrite dout */
                 double t0 = fs_now();
                 gemm_pass_run(pool, -1, p, g, o, in, w, w16, din, dw);
@@ -363,8 +382,8 @@ static int bench_gemm(int argc, char **argv) {
                 double t3 = fs_now();
                 if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1, tdn[r] = t3 - t2;
             }
-            const double s32 = fs_cli_median(t32, (int)reps), s16 = fs_cli_median(t16, (int)reps);
-            const double sdn = dnn ? fs_cli_median(tdn, (int)reps) : 0;
+            const double s32 = fs_cli_median(t32, (int)args.reps), s16 = fs_cli_median(t16, (int)args.reps);
+            const double sdn = dnn ? fs_cli_median(tdn, (int)args.reps) : 0;
             const double s_use = in_use == FS_GEMM_PATH_ONEDNN ? sdn : s16;
             char dn_rate[32] = "-", dn_check[32] = "-";
             if (dnn) {
@@ -396,13 +415,13 @@ static int bench_gemm(int argc, char **argv) {
            " GFLOP/s (%.2fx fp32)", flops_step, sec32, g32, sec16, g16, g16 / g32);
     if (dnn) printf("; bf16 onednn %.4f s -> %.1f GFLOP/s (%.2fx fp32)", secdn, gdn, gdn / g32);
     printf("\n");
-    if (json)
+    if (args.json)
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"step_gemm_gflops_bf16\":%.2f,"
                "\"square_1024_gflops\":%.2f,\"square_1024_gflops_bf16\":%.2f,\"blas_core\":\"%s\","
                "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d,\"step_gemm_gflops_onednn\":%.2f,"
                "\"square_1024_gflops_onednn\":%.2f,\"onednn_max_rel_diff\":%.3g,\"bf16_path\":\"%s\"}\n",
-               model, batch, seq, threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
+               args.model, args.batch, args.seq, args.threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
                fs_kernels_isa_name(isa), mismatches, gdn, sqdn, worst_dn, fs_gemm_path_name(in_use));
     free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16), free(tdn);
     fs_pool_free(pool);

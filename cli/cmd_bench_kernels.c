@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "bench.h"
 #include "commands.h"
 #include "common.h"
 #include "flatshard/kernels.h"
@@ -273,29 +274,23 @@ static double kernel_work(kernel_id k, const bufs *b, int *is_flops) {
     return 0;
 }
 
+static const fs_bench_spec kernels_spec = {
+    .cmd = "bench kernels", .help = &kernels_help, .batch_help = "sequences", .batch_max = 1 << 16,
+    .seq_max = 1 << 16, .reps_help = "timed repetitions per kernel (after one warm-up)",
+    .json_help = "also print one JSON line per kernel"};
+
 int fs_cmd_bench_kernels(int argc, char **argv) {
-    const char *model = "small";
-    int64_t batch = 4, seq = 256, reps = 7, threads = 1, opt_elements = 16 << 20;
-    int json = 0;
-    const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
-        {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences", NULL, 1, 1 << 16},
-        {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 16},
-        {"reps", 0, FS_OPT_INT, &reps, "N", "timed repetitions per kernel (after one warm-up)", NULL, 1, 1000},
-        {"threads", 'j', FS_OPT_INT, &threads, "N", "compute threads", NULL, 1, 1024},
+    int64_t opt_elements = 16 << 20;
+    const fs_opt own[] = {
         {"opt-elements", 0, FS_OPT_INT, &opt_elements, "N", "elements for AdamW, the casts and the sum of squares (a shard's size)", NULL, 1, INT64_C(1) << 32},
-        {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line per kernel", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
-    int npos = 0;
-    int rc = fs_args_parse("bench kernels", &kernels_help, opts, argc, argv, NULL, 0, &npos);
-    if (rc < 0) return FS_EXIT_OK;
-    if (rc != FS_EXIT_OK) return rc;
-    fs_llama_config c;
-    fs_status st = fs_llama_config_load(model, &c);
-    if (st != FS_OK) return fs_cli_report("bench kernels", st);
-    bufs b = {.B = batch, .T = seq, .N = batch * seq, .C = c.hidden_size, .NH = c.num_attention_heads,
-              .NKV = c.num_key_value_heads, .FF = c.intermediate_size, .V = c.vocab_size};
+    fs_bench_args args;
+    int rc = fs_bench_parse(&kernels_spec, own, argc, argv, &args);
+    if (rc != FS_EXIT_OK) return rc < 0 ? FS_EXIT_OK : rc;
+    const fs_llama_config *c = &args.config;
+    bufs b = {.B = args.batch, .T = args.seq, .N = args.batch * args.seq, .C = c->hidden_size, .NH = c->num_attention_heads,
+              .NKV = c->num_key_value_heads, .FF = c->intermediate_size, .V = c->vocab_size};
     b.HS = b.C / b.NH;
     b.QKV = (b.NH + 2 * b.NKV) * b.HS;
     b.n_opt = opt_elements; /* by default 16M: beyond the caches, like a shard */
@@ -318,7 +313,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     b.w16 = malloc((size_t)(b.FF * b.C * 2) * sizeof(uint16_t));
     b.r1 = malloc((size_t)b.N * fl), b.r2 = malloc((size_t)b.N * fl), b.r3 = malloc((size_t)b.N * fl);
     b.tok = malloc((size_t)b.N * sizeof(int32_t));
-    double *t = malloc((size_t)reps * sizeof(double));
+    double *t = malloc((size_t)args.reps * sizeof(double));
     /* memcpy's two buffers: as large as the largest memory-bound kernel's traffic / 2 */
     double max_traffic = 0;
     for (int ki = 0; ki < K_N; ki++) {
@@ -334,13 +329,13 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
              b.w16 && b.r1 && b.r2 && b.r3 && b.tok && t && copy_src && copy_dst;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) ok = ok && *arrays[i];
     fs_pool *pool = NULL;
-    if (ok) ok = fs_pool_init(&pool, (int)threads) == FS_OK;
+    if (ok) ok = fs_pool_init(&pool, (int)args.threads) == FS_OK;
     if (!ok) {
         fprintf(stderr, "flatshard bench kernels: out of memory\n");
         return FS_EXIT_RUNTIME;
     }
     fs_kernels_init();
-    fs_rope_table(b.cos, b.sin, b.T, b.HS, (float)c.rope_theta);
+    fs_rope_table(b.cos, b.sin, b.T, b.HS, (float)c->rope_theta);
     for (int64_t i = 0; i < b.N; i++) b.tok[i] = (int32_t)fs_rand_below(7, 9, (uint64_t)i, (uint64_t)b.V);
     for (int64_t i = 0; i < b.FF * b.C * 2; i++) b.w16[i] = fs_fp32_to_bf16(rnd(10, i));
     fill(b.z, b.N * b.FF, 3);
@@ -351,8 +346,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
            ", heads %" PRId64 "/%" PRId64 " x %" PRId64 ", vocab %" PRId64 "; AdamW/casts over %" PRId64
            " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s, bf16 GEMM %s, bf16 attention %s;"
            " median of %" PRId64 "\n",
-           model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, threads, threads == 1 ? "" : "s",
-           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), att16_path, reps);
+           args.model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, args.threads, args.threads == 1 ? "" : "s",
+           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), att16_path, args.reps);
     printf("  %-14s %10s %10s %14s %9s  %s\n", "kernel", "time ms", "rate", "peak or memcpy", "of it", "vs portable path");
     int mismatches = 0;
     for (int ki = 0; ki < K_N; ki++) {
@@ -395,21 +390,21 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
             mismatches++;
             strcat(check, " FAIL");
         }
-        for (int64_t r = -1; r < reps; r++) {
+        for (int64_t r = -1; r < args.reps; r++) {
             reset(&b);
             run_forward_state(k, &b, pool);
             double t0 = fs_now();
             run_kernel(k, &b, pool, &n_out);
             if (r >= 0) t[r] = fs_now() - t0;
         }
-        const double med = fs_cli_median(t, (int)reps);
+        const double med = fs_cli_median(t, (int)args.reps);
         int is_flops;
         const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
         /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel */
         const int bf16_peak = k == K_GEMM_BF16 || ((k == K_ATT16_FWD || k == K_ATT16_BWD) &&
                                                    strcmp(att16_path, "avx512bf16") == 0);
-        const double peak = is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) * (double)threads
-                                     : work / time_memcpy(&b, pool, copy_dst, copy_src, work, t, reps) / 1e9;
+        const double peak = is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) * (double)args.threads
+                                     : work / time_memcpy(&b, pool, copy_dst, copy_src, work, t, args.reps) / 1e9;
         const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;
         if ((k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN) || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
             printf("  %-14s %10.3f %7.1f %-3s %9s %-4s %9s  %s\n", kernel_names[k], 1e3 * med, rate, "GF", "-", "",
@@ -417,7 +412,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         else
             printf("  %-14s %10.3f %7.1f %-3s %9.1f %-4s %8.0f%%  %s\n", kernel_names[k], 1e3 * med, rate,
                    is_flops ? "GF" : "GB", peak, is_flops ? "GF/s" : "GB/s", 100.0 * rate / peak, check);
-        if (json)
+        if (args.json)
             printf("{\"bench\":\"kernels\",\"kernel\":\"%s\",\"seconds\":%.6g,\"%s\":%.4g,\"peak\":%.4g,"
                    "\"%s\":%.4g,\"same_bits\":%s,\"max_rel_diff\":%.3g,\"isa\":\"%s\"}\n",
                    kernel_names[k], med, is_flops ? "gflops" : "gbs", rate, peak,

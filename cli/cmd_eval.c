@@ -83,8 +83,7 @@ int fs_cmd_eval(int argc, char **argv) {
     fs_status st = fs_cli_model_load(&cm, model, weights);
     if (st != FS_OK) return fs_cli_report("eval", st);
     fs_token_data data;
-    fs_pool *pool = NULL;
-    fs_acts acts = {0};
+    fs_cli_forward fw = {0};
     fs_bpe_ids text_ids = {0};
     st = fs_token_data_open(&data, data_path);
     if (st == FS_OK && tokenizer) st = encode_text(&data, &text_ids, tokenizer, cm.layout.cfg.vocab_size);
@@ -102,19 +101,14 @@ int fs_cmd_eval(int argc, char **argv) {
                        "%s holds %" PRId64 " windows of %" PRId64 "+1 tokens, fewer than one batch "
                        "of %" PRId64 "; use a smaller --batch or --seq",
                        data_path, windows, seq, batch);
-    if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    fs_device *dev = NULL; /* the CPU: eval reads the weights and logits on the host */
-    if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, NULL, cm.mem);
+    if (st == FS_OK) st = fs_cli_forward_init(&fw, &cm, threads, batch, seq);
     if (st == FS_OK) {
-        fs_kernels_init();
-        fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};
         double sum = 0;
         for (int64_t i = 0; i < used && st == FS_OK; i++) {
             st = fs_token_data_check_unchanged(&data); /* never a SIGBUS (data.h) */
             if (st != FS_OK) break;
-            fs_sampler_fill_sequential(&data, i * batch, batch, seq, acts.inputs, acts.targets);
-            sum += fs_forward_loss(&m, &acts, &cm.weights);
+            fs_sampler_fill_sequential(&data, i * batch, batch, seq, fw.acts.inputs, fw.acts.targets);
+            sum += fs_forward_loss(&fw.model, &fw.acts, &cm.weights);
         }
         double loss = sum / (double)used;
         if (st != FS_OK) {
@@ -128,9 +122,7 @@ int fs_cmd_eval(int argc, char **argv) {
                    " batches of %" PRId64 " x %" PRId64 " tokens\n",
                    loss, loss / 0.6931471805599453, used, batch, seq);
     }
-    fs_acts_free(&acts, cm.mem);
-    fs_device_close(dev);
-    fs_pool_free(pool);
+    fs_cli_forward_free(&fw, &cm);
     fs_token_data_close(&data);
     fs_bpe_ids_free(&text_ids);
     fs_cli_model_free(&cm);

@@ -125,15 +125,11 @@ int fs_cmd_generate(int argc, char **argv) {
     int64_t total = prompt_len + n_tokens + 1;
     int32_t *tokens = malloc((size_t)total * sizeof *tokens);
     float *scratch = malloc((size_t)V * sizeof *scratch);
-    fs_pool *pool = NULL;
-    fs_acts acts = {0};
+    fs_cli_forward fw = {0};
     if (!tokens || !scratch) st = fs_errorf(FS_ERR_NOMEM, "cannot allocate the generation buffers");
-    if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
-    fs_device *dev = NULL; /* the CPU: generate reads the weights and logits on the host */
-    if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, NULL, cm.mem);
+    if (st == FS_OK) st = fs_cli_forward_init(&fw, &cm, threads, 1, context);
     if (st == FS_OK) {
-        fs_kernels_init();
+        fs_acts *acts = &fw.acts;
         int64_t len = 0;
         if (bpe) {
             memcpy(tokens, prompt_ids.ids, (size_t)prompt_len * sizeof *tokens);
@@ -153,17 +149,16 @@ int fs_cmd_generate(int argc, char **argv) {
             st = fs_bpe_decode(bpe, tokens, len, 1, &text, &shown);
             free(text);
         }
-        fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};
         for (int64_t i = 0; st == FS_OK && i < n_tokens; i++) {
             int64_t T = len < context ? len : context;
             /* run the model on the last T tokens: the activations were sized for `context`
              * and every array is indexed from the current (B, T), so a shorter T fits */
-            acts.T = T;
-            acts.N = T;
-            memcpy(acts.inputs, tokens + len - T, (size_t)T * sizeof *tokens);
-            memset(acts.targets, 0, (size_t)T * sizeof *acts.targets);
-            fs_forward_loss(&m, &acts, &cm.weights);
-            float *last = acts.logits + (T - 1) * V;
+            acts->T = T;
+            acts->N = T;
+            memcpy(acts->inputs, tokens + len - T, (size_t)T * sizeof *tokens);
+            memset(acts->targets, 0, (size_t)T * sizeof *acts->targets);
+            fs_forward_loss(&fw.model, acts, &cm.weights);
+            float *last = acts->logits + (T - 1) * V;
             float u = fs_rand_uniform((uint64_t)seed, 0x67656e, (uint64_t)i);
             int32_t next = sample_token(last, V, temperature, top_k, u, scratch);
             tokens[len++] = next;
@@ -188,9 +183,7 @@ int fs_cmd_generate(int argc, char **argv) {
         }
         fputc('\n', stdout);
     }
-    fs_acts_free(&acts, cm.mem);
-    fs_device_close(dev);
-    fs_pool_free(pool);
+    fs_cli_forward_free(&fw, &cm);
     free(scratch);
     free(tokens);
     fs_bpe_ids_free(&prompt_ids);

@@ -4,6 +4,8 @@
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "common.h"
 
+#include "flatshard/device.h"
+#include "flatshard/kernels.h"
 #include "flatshard/source.h"
 
 #include <errno.h>
@@ -215,4 +217,21 @@ fs_status fs_cli_tokenizer_load(fs_bpe **out, const char *path, int64_t V) {
                          path, tv, (long long)V);
     }
     return FS_OK;
+}
+
+fs_status fs_cli_forward_init(fs_cli_forward *f, const fs_cli_model *cm, int64_t threads, int64_t B, int64_t T) {
+    memset(f, 0, sizeof *f);
+    FS_TRY(fs_pool_init(&f->pool, threads > 0 ? (int)threads : fs_cpu_count()));
+    FS_TRY(fs_device_open(&f->dev, FS_DEVICE_CPU, 0, f->pool));
+    FS_TRY(fs_acts_init(&f->acts, &cm->layout, B, T, 0, NULL, cm->mem));
+    fs_kernels_init();
+    f->model = (fs_model){.layout = &cm->layout, .dev = f->dev, .profile = NULL};
+    return FS_OK;
+}
+
+void fs_cli_forward_free(fs_cli_forward *f, const fs_cli_model *cm) {
+    fs_acts_free(&f->acts, cm->mem);
+    fs_device_close(f->dev);
+    fs_pool_free(f->pool);
+    memset(f, 0, sizeof *f);
 }

@@ -1,6 +1,7 @@
 /*
  * cli/common.h — pieces shared by several commands: loading a model for inference,
- * describing a model in one line, printing a kernel profile, preparing an output path.
+ * describing a model in one line, printing a kernel profile, preparing an output path,
+ * running the forward pass of a loaded model on the host.
  */
 #ifndef FLATSHARD_CLI_COMMON_H
 #define FLATSHARD_CLI_COMMON_H
@@ -48,6 +49,22 @@ typedef struct fs_cli_model {
 
 fs_status fs_cli_model_load(fs_cli_model *out, const char *model_spec, const char *weights_path);
 void fs_cli_model_free(fs_cli_model *m);
+
+/* What a forward pass of an fs_cli_model needs on the host (eval and generate read the
+ * weights and the logits there): a thread pool of `threads` (0: one per CPU), the CPU device
+ * over it, activations for B sequences of up to T tokens in the model's allocator, and the
+ * model to run (fs_forward_loss(&f.model, &f.acts, &cm->weights)). */
+typedef struct fs_cli_forward {
+    fs_pool *pool;
+    struct fs_device *dev;
+    fs_acts acts;
+    fs_model model;
+} fs_cli_forward;
+
+/* Also initialises the kernels. On failure, call fs_cli_forward_free all the same. */
+fs_status fs_cli_forward_init(fs_cli_forward *f, const fs_cli_model *cm, int64_t threads, int64_t B, int64_t T);
+/* Releases what fs_cli_forward_init made; f zeroed (= {0}) and never initialised is fine. */
+void fs_cli_forward_free(fs_cli_forward *f, const fs_cli_model *cm);
 
 /* Loads a tokenizer.json for a model of vocabulary V: its vocabulary size must be V (the ids
  * of one are the rows of the other), else FS_ERR_USAGE naming both. */

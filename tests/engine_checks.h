@@ -35,6 +35,33 @@ __attribute__((unused)) static void ec_result_free(ec_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Moves a result to *dst (the weights then point at dst's own layout); src is left to be
+ * forgotten, not freed. */
+__attribute__((unused)) static void ec_result_move(ec_result *dst, const ec_result *src) {
+    *dst = *src;
+    dst->weights.layout = &dst->layout;
+}
+
+/* The full fp32 weights of trainer t (model cfg), gathered from the shards into res->weights,
+ * in res's own layout and allocator. A collective: every rank calls it. */
+__attribute__((unused)) static fs_status ec_gather(fs_trainer *t, const fs_llama_config *cfg, ec_result *res) {
+    FS_TRY(fs_layout_init(&res->layout, cfg, t->layout.vocab_chunk_rows));
+    FS_TRY(fs_mem_init(&res->mem, 0));
+    FS_TRY(fs_weights_init(&res->weights, &res->layout, res->mem, FS_MEM_OTHER, "result"));
+    return fs_trainer_gather_weights(t, &res->weights);
+}
+
+/* Runs fn on W in-process ranks (W <= 256), each with an allocator of its own. */
+__attribute__((unused)) static fs_status ec_run_ranks(int W, fs_comm_rank_fn fn, void *arg) {
+    if (W < 1 || W > 256) return fs_errorf(FS_ERR_USAGE, "%d ranks: 1 to 256", W);
+    fs_mem *mems[256] = {0};
+    fs_status st = FS_OK;
+    for (int r = 0; r < W && st == FS_OK; r++) st = fs_mem_init(&mems[r], 0);
+    if (st == FS_OK) st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, fn, arg);
+    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
+    return st;
+}
+
 /* A small Llama with every awkward feature: GQA, an odd vocabulary split in uneven chunks,
  * tied or untied embeddings. */
 static fs_llama_config ec_model(int tied) {
@@ -90,10 +117,7 @@ __attribute__((unused)) static fs_status ec_train(fs_comm *comm, fs_mem *mem, co
     res->rank_mem_at_end = fs_mem_get_stats(mem);
     memcpy(res->plan_bytes_only.bytes, t.plan.bytes, sizeof t.plan.bytes);
     res->plan_bytes_only.allocs_per_step = t.plan.allocs_per_step;
-    if (st == FS_OK) st = fs_layout_init(&res->layout, cfg, t.layout.vocab_chunk_rows);
-    if (st == FS_OK) st = fs_mem_init(&res->mem, 0);
-    if (st == FS_OK) st = fs_weights_init(&res->weights, &res->layout, res->mem, FS_MEM_OTHER, "result");
-    if (st == FS_OK) st = fs_trainer_gather_weights(&t, &res->weights);
+    if (st == FS_OK) st = ec_gather(&t, cfg, res);
     fs_trainer_free(&t);
     return st;
 }
@@ -257,6 +281,15 @@ __attribute__((unused)) static fs_status ec_compare_bf16_to_fp32(const ec_result
         return fs_errorf(FS_ERR_INTERNAL, "%s: bf16 final weights differ from fp32's by %.3g rms "
                          "(tolerance %.3g)", what, d, tol);
     return FS_OK;
+}
+
+/* A run of precision tc->precision against the fp32 reference: ec_compare_runs for fp32,
+ * ec_compare_bf16_to_fp32 (layers: the model's blocks) for bf16. */
+__attribute__((unused)) static fs_status ec_compare_to_reference(const ec_result *run, const ec_result *ref,
+                                                                 const fs_train_config *tc, int layers,
+                                                                 const char *what) {
+    if (tc->precision == FS_PRECISION_FP32) return ec_compare_runs(run, ref, tc->lr, what);
+    return ec_compare_bf16_to_fp32(run, ref, tc->lr, layers, what);
 }
 
 #endif /* FLATSHARD_TESTS_ENGINE_CHECKS_H */

@@ -14,28 +14,11 @@
 #include "flatshard/data.h"
 #include "flatshard/tokenize.h"
 #include "harness.h"
+#include "testdir.h"
 
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char test_dir[256];
-
-static const char *tpath(const char *name) {
-    static char bufs[64][512];
-    static unsigned next;
-    char *b = bufs[next++ % 64];
-    snprintf(b, sizeof bufs[0], "%s/%s", test_dir, name);
-    return b;
-}
-
-static void write_file(const char *path, const void *bytes, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || (n > 0 && fwrite(bytes, 1, n, f) != n) || fclose(f) != 0) {
-        fprintf(stderr, "test setup: cannot write %s\n", path);
-        abort();
-    }
-}
 
 /* A byte-level tokenizer: the printable ASCII characters ('!'..'~', ids 0..93), 'Ġ' (the
  * GPT-2 character of the space byte, id 94), five merges, GPT-2's pre-tokenizer, and two
@@ -684,21 +667,8 @@ static void test_documents_and_threads(void) {
     fs_bpe_free(sp);
 }
 
-static void remove_test_dir(void) {
-    static const char *names[] = {"bl.json", "sp.json", "sp-unk.json", "sp-unk2.json", "spn.json", "sp-cut.json", "sp-uncut.json",
-                                  "sp-ih.json", "sp-join.json", "sp-drop.json", "sp-nometa.json", "refused.json",
-                                  "empty.json", "s.bin", "docs.txt", "docs.bin", "big.txt", "t1.bin", "t3.bin"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tpath(names[i]));
-    rmdir(test_dir);
-}
-
 int main(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(test_dir, sizeof test_dir, "%s/flatshard-test-bpe-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(test_dir)) {
-        fprintf(stderr, "test_bpe: cannot create a temporary directory\n");
-        return 1;
-    }
+    if (test_dir_create("bpe") != 0) return 1;
     RUN(test_merges_follow_rank);
     RUN(test_added_tokens_and_template);
     RUN(test_byte_fallback_and_unk);
@@ -710,6 +680,6 @@ int main(void) {
     RUN(test_split_at_metaspace);
     RUN(test_stream_writer);
     RUN(test_documents_and_threads);
-    remove_test_dir();
+    test_dir_remove();
     return fs_test_summary();
 }

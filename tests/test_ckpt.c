@@ -84,29 +84,16 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
     if (lead && s->lineage) *s->lineage = t.lineage;
     ec_result mine;
     memset(&mine, 0, sizeof mine);
-    if (st == FS_OK) st = fs_layout_init(&mine.layout, s->cfg, t.layout.vocab_chunk_rows);
-    if (st == FS_OK) st = fs_mem_init(&mine.mem, 0);
-    if (st == FS_OK) st = fs_weights_init(&mine.weights, &mine.layout, mine.mem, FS_MEM_OTHER, "result");
-    if (st == FS_OK) st = fs_trainer_gather_weights(&t, &mine.weights);
-    if (lead) {
-        s->res = mine;
-        s->res.weights.layout = &s->res.layout; /* the copy's own layout, not the stack's */
-    } else {
-        ec_result_free(&mine);
-    }
+    if (st == FS_OK) st = ec_gather(&t, s->cfg, &mine);
+    if (lead) ec_result_move(&s->res, &mine);
+    else ec_result_free(&mine);
     fs_trainer_free(&t);
     fs_ckpt_close(&ck);
     fs_source_close(src);
     return st;
 }
 
-static fs_status run(int W, run_spec *s) {
-    fs_mem *mems[MAX_W] = {0};
-    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
-    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, run_rank, s);
-    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
-    return st;
-}
+static fs_status run(int W, run_spec *s) { return ec_run_ranks(W, run_rank, s); }
 
 static void root_path(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", tmpdir, name); }
 

@@ -256,34 +256,47 @@ static void test_failing_rank_unblocks_the_others(void) {
             }
 }
 
-/* Failure across a split (4 ranks, groups {0,1} and {2,3}, no timeout, so only the failure
- * itself can release anybody). parent_fails: rank 1 fails right after the split, and rank 0,
- * blocked in its group's all-reduce waiting for rank 1, must return (the run helper aborts
- * the parent, not the group). Otherwise rank 2 aborts its group and leaves; ranks 0, 1 and 3,
- * blocked in an all-reduce of the parent that rank 2 never joins, must return. */
-typedef struct split_fail_arg {
-    int parent_fails;
+/* Faults around a split: 4 ranks split into groups {0, 1} and {2, 3}, and every rank
+ * records what it returned and its message.
+ *   SPLIT_PARENT_FAILS, SPLIT_GROUP_ABORTS: no timeout, so only the failure itself can
+ *     release anybody. SPLIT_PARENT_FAILS: rank 1 fails right after the split, and rank 0,
+ *     blocked in its group's all-reduce waiting for rank 1, must return (the run helper
+ *     aborts the parent, not the group). SPLIT_GROUP_ABORTS: rank 2 aborts its group and
+ *     leaves; ranks 0, 1 and 3, blocked in an all-reduce of the parent that rank 2 never
+ *     joins, must return.
+ *   SPLIT_ALLOC_FAILS: rank 1 cannot allocate its split communicator's staging (its
+ *     allocation number `fail_at` from the split on fails), which fails the split on every
+ *     rank at once, all with the same error naming it: the timeout is 600 s, so a rank left
+ *     waiting would show. */
+typedef enum { SPLIT_GROUP_ABORTS, SPLIT_PARENT_FAILS, SPLIT_ALLOC_FAILS } split_fault;
+
+typedef struct split_fault_arg {
+    split_fault fault;
+    int fail_at; /* SPLIT_ALLOC_FAILS */
     fs_status st[4];
     char msg[4][300];
-} split_fail_arg;
+} split_fault_arg;
 
-static fs_status split_fail_rank_fn(fs_comm *comm, void *p) {
-    split_fail_arg *a = p;
+static fs_status split_fault_rank_fn(fs_comm *comm, void *p) {
+    split_fault_arg *a = p;
     const int r = fs_comm_rank(comm);
+    const int alloc_fails = a->fault == SPLIT_ALLOC_FAILS && r == 1;
     fs_comm *group = NULL;
+    if (alloc_fails) fs_mem_fail_after(fs_comm_mem(comm), (uint64_t)a->fail_at);
     /* the split itself may be what fails: a rank that leaves it first (its part of the last
      * exchange done) may fail before a slower peer has finished */
     fs_status st = fs_comm_split(comm, r / 2, r, &group);
+    if (alloc_fails) fs_mem_fail_after(fs_comm_mem(comm), 0);
     /* 16 elements: every rank owns a chunk of the all-reduce, so none can finish alone */
     float x[16] = {0}, y[16];
-    if (st == FS_OK && a->parent_fails) {
+    if (st == FS_OK && a->fault == SPLIT_PARENT_FAILS) {
         if (r == 1) st = fs_errorf(FS_ERR_IO, "rank 1 gives up after the split");
         else st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, group);
         if (st == FS_OK) st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
-    } else if (st == FS_OK && r == 2) {
+    } else if (st == FS_OK && a->fault == SPLIT_GROUP_ABORTS && r == 2) {
         fs_errorf(FS_ERR_IO, "rank 2 aborts its group");
         fs_comm_abort(group);
-    } else if (st == FS_OK) {
+    } else if (st == FS_OK && a->fault == SPLIT_GROUP_ABORTS) {
         st = fs_comm_all_reduce(x, y, 16, FS_DTYPE_FP32, FS_REDOP_SUM, comm);
     }
     a->st[r] = st;
@@ -296,8 +309,8 @@ static void test_failure_crosses_a_split(void) {
     fs_comm_config cfg = fs_comm_config_default();
     cfg.timeout_s = 0;
     for (int parent_fails = 0; parent_fails < 2; parent_fails++) {
-        split_fail_arg a = {.parent_fails = parent_fails};
-        fs_status st = fs_comm_inproc_run(4, cfg, split_fail_rank_fn, &a);
+        split_fault_arg a = {.fault = parent_fails ? SPLIT_PARENT_FAILS : SPLIT_GROUP_ABORTS};
+        fs_status st = fs_comm_inproc_run(4, cfg, split_fault_rank_fn, &a);
         const int failing = parent_fails ? 1 : 2;
         CHECK(st != FS_OK, "parent_fails=%d: the run succeeded", parent_fails);
         for (int r = 0; r < 4; r++) {
@@ -338,13 +351,36 @@ typedef struct silent_arg {
     char msg[MAX_W][256];
 } silent_arg;
 
+/* The silent rank: gone without a word until n survivors have given up. */
+static void wait_for_survivors(silent_arg *a, int n) {
+    pthread_mutex_lock(&a->mu);
+    while (a->survivors_done < n) pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* A survivor whose collective has returned. */
+static void survivor_done(silent_arg *a) {
+    pthread_mutex_lock(&a->mu);
+    a->survivors_done++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Runs fn on W in-process ranks, a's lock and condition made for the run. */
+static fs_status run_silent(int W, fs_comm_config cfg, fs_comm_rank_fn fn, silent_arg *a) {
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    fs_status st = fs_comm_inproc_run(W, cfg, fn, a);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    return st;
+}
+
 static fs_status silent_rank_fn(fs_comm *comm, void *p) {
     silent_arg *a = p;
     int r = fs_comm_rank(comm), W = fs_comm_world(comm);
-    if (r == a->silent) { /* gone without a word until every survivor has given up */
-        pthread_mutex_lock(&a->mu);
-        while (a->survivors_done < W - 1) pthread_cond_wait(&a->cv, &a->mu);
-        pthread_mutex_unlock(&a->mu);
+    if (r == a->silent) {
+        wait_for_survivors(a, W - 1);
         return FS_OK;
     }
     /* This rank's own communicator, before its first collective: no other thread reads it. */
@@ -354,10 +390,7 @@ static fs_status silent_rank_fn(fs_comm *comm, void *p) {
     o.algo = a->algo;
     a->st[r] = fs_comm_run(comm, &o);
     snprintf(a->msg[r], sizeof a->msg[r], "%s", fs_error_message());
-    pthread_mutex_lock(&a->mu);
-    a->survivors_done++;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
+    survivor_done(a);
     return a->st[r];
 }
 
@@ -371,9 +404,7 @@ static void test_silent_rank_times_out(void) {
             int W = cases[k].world, S = cases[k].silent;
             const char *name = fs_comm_algo_name((fs_comm_algo)algo);
             silent_arg a = {.algo = (fs_comm_algo)algo, .silent = S, .timed = cases[k].timed};
-            pthread_mutex_init(&a.mu, NULL);
-            pthread_cond_init(&a.cv, NULL);
-            fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), silent_rank_fn, &a);
+            fs_status st = run_silent(W, fs_comm_config_default(), silent_rank_fn, &a);
             char named[96];
             snprintf(named, sizeof named, "no progress from rank %d for %g s", S, SILENT_TIMEOUT_S);
             CHECK(st == FS_ERR_IO, "W=%d %s: the run fails with an I/O error: %s %s", W, name,
@@ -389,8 +420,6 @@ static void test_silent_rank_times_out(void) {
                 CHECK(strstr(a.msg[r], named) != NULL, "W=%d %s: rank %d names rank %d: %s", W,
                       name, r, S, a.msg[r]);
             }
-            pthread_cond_destroy(&a.cv);
-            pthread_mutex_destroy(&a.mu);
         }
 }
 
@@ -406,9 +435,7 @@ static fs_status split_silent_rank_fn(fs_comm *comm, void *p) {
     fs_comm *group = NULL;
     fs_status st = fs_comm_split(comm, r / 2, 4 - r, &group);
     if (st == FS_OK && r == 3) {
-        pthread_mutex_lock(&a->mu);
-        while (a->survivors_done < 1) pthread_cond_wait(&a->cv, &a->mu);
-        pthread_mutex_unlock(&a->mu);
+        wait_for_survivors(a, 1);
     } else if (st == FS_OK) {
         group->cfg.timeout_s = r == 2 ? SILENT_TIMEOUT_S : 0; /* before its first collective */
         float x[8] = {0}, y[16];
@@ -418,12 +445,7 @@ static fs_status split_silent_rank_fn(fs_comm *comm, void *p) {
     }
     a->st[r] = st;
     snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
-    if (r == 2) {
-        pthread_mutex_lock(&a->mu);
-        a->survivors_done = 1;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
-    }
+    if (r == 2) survivor_done(a);
     fs_comm_free(group);
     return st;
 }
@@ -434,49 +456,24 @@ static void test_silent_rank_of_a_split_named_globally(void) {
     for (int algo = FS_COMM_ALGO_RING; algo <= FS_COMM_ALGO_BUILTIN; algo++) {
         const char *name = fs_comm_algo_name((fs_comm_algo)algo);
         silent_arg a = {.algo = (fs_comm_algo)algo};
-        pthread_mutex_init(&a.mu, NULL);
-        pthread_cond_init(&a.cv, NULL);
-        fs_status st = fs_comm_inproc_run(4, cfg, split_silent_rank_fn, &a);
+        fs_status st = run_silent(4, cfg, split_silent_rank_fn, &a);
         const char *want = "no progress from rank 3 (rank 0 of split group 1)";
         CHECK(st == FS_ERR_IO && strstr(fs_error_message(), want), "%s: the run: %s %s", name,
               fs_status_name(st), fs_error_message());
         CHECK(a.st[2] == FS_ERR_IO && strstr(a.msg[2], want), "%s: rank 2 got %s: %s", name,
               fs_status_name(a.st[2]), a.msg[2]);
-        pthread_cond_destroy(&a.cv);
-        pthread_mutex_destroy(&a.mu);
     }
 }
 
-/* A rank that cannot allocate its split communicator's staging (its allocation number
- * `fail_at` from the split on fails) fails the split on every rank at once, all with the
- * same error naming it: the timeout is 600 s, so a rank left waiting would show. */
-typedef struct split_alloc_arg {
-    int fail_at;
-    fs_status st[4];
-    char msg[4][300];
-} split_alloc_arg;
-
-static fs_status split_alloc_rank_fn(fs_comm *comm, void *p) {
-    split_alloc_arg *a = p;
-    const int r = fs_comm_rank(comm);
-    fs_comm *group = NULL;
-    if (r == 1) fs_mem_fail_after(fs_comm_mem(comm), (uint64_t)a->fail_at);
-    fs_status st = fs_comm_split(comm, r / 2, r, &group);
-    if (r == 1) fs_mem_fail_after(fs_comm_mem(comm), 0);
-    a->st[r] = st;
-    snprintf(a->msg[r], sizeof a->msg[r], "%s", st == FS_OK ? "" : fs_error_message());
-    fs_comm_free(group);
-    return st;
-}
-
+/* A rank that cannot allocate its split communicator's staging: split_fault_rank_fn. */
 static void test_split_allocation_failure_fails_every_rank(void) {
     fs_comm_config cfg = fs_comm_config_default();
     cfg.timeout_s = 600;
     for (int at = 1; at <= 3; at++) { /* the two staging segments and the check buffer */
         fs_mem *mems[4];
         for (int r = 0; r < 4; r++) CHECK_OK(fs_mem_init(&mems[r], 0));
-        split_alloc_arg a = {.fail_at = at};
-        fs_status st = fs_comm_inproc_run_mems(4, cfg, mems, split_alloc_rank_fn, &a);
+        split_fault_arg a = {.fault = SPLIT_ALLOC_FAILS, .fail_at = at};
+        fs_status st = fs_comm_inproc_run_mems(4, cfg, mems, split_fault_rank_fn, &a);
         CHECK(st == FS_ERR_NOMEM, "allocation %d: the run: %s %s", at, fs_status_name(st), fs_error_message());
         for (int r = 0; r < 4; r++) {
             CHECK(a.st[r] == FS_ERR_NOMEM && strstr(a.msg[r], "out of memory on rank 1)"),

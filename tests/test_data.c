@@ -11,6 +11,7 @@
 #define _FILE_OFFSET_BITS 64
 #include "flatshard/data.h"
 #include "harness.h"
+#include "testdir.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -19,28 +20,6 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char test_dir[256];
-
-/* A path inside the test directory. The result lives in a ring of 256 static buffers, more
- * than any one test calls tpath, so a test may keep its paths in variables. */
-static const char *tpath(const char *name) {
-    static char bufs[256][512];
-    static unsigned next;
-    char *b = bufs[next++ % 256];
-    snprintf(b, sizeof bufs[0], "%s/%s", test_dir, name);
-    return b;
-}
-
-static void write_file(const char *path, const void *bytes, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        fprintf(stderr, "test setup: cannot create %s\n", path);
-        abort();
-    }
-    if (n > 0 && fwrite(bytes, 1, n, f) != n) abort();
-    if (fclose(f) != 0) abort();
-}
 
 /* Reads at most cap bytes of path; returns the file's size (-1 if it cannot be opened). */
 static long long read_file(const char *path, uint8_t *buf, size_t cap) {
@@ -1026,27 +1005,8 @@ static void test_stream_over_2g_tokens(void) {
 
 /* ------------------------------------------------------------------ main */
 
-static void remove_test_dir(void) {
-    DIR *dir = opendir(test_dir);
-    if (!dir) return;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        unlink(tpath(e->d_name));
-    }
-    closedir(dir);
-    rmdir(test_dir);
-}
-
 int main(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(test_dir, sizeof test_dir, "%s/flatshard-test-data-XXXXXX",
-             tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(test_dir)) {
-        fprintf(stderr, "test_data: cannot create a temporary directory under %s\n",
-                tmp && tmp[0] ? tmp : "/tmp");
-        return 1;
-    }
+    if (test_dir_create("data") != 0) return 1;
     RUN(test_tokenizer_round_trip);
     RUN(test_text_file_is_its_bytes);
     RUN(test_empty_file_is_empty_text);
@@ -1068,6 +1028,6 @@ int main(void) {
     RUN(test_stream_patterns_and_lists);
     RUN(test_stream_refusals_name_the_file);
     RUN(test_stream_over_2g_tokens);
-    remove_test_dir();
+    test_dir_remove();
     return fs_test_summary();
 }

@@ -92,38 +92,39 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
         memcpy(s->plan_bytes.bytes, t.plan.bytes, sizeof t.plan.bytes);
         s->plan_bytes.allocs_per_step = t.plan.allocs_per_step;
     }
-    if (st == FS_OK) st = fs_layout_init(&mine.layout, s->cfg, t.layout.vocab_chunk_rows);
-    if (st == FS_OK) st = fs_mem_init(&mine.mem, 0);
-    if (st == FS_OK) st = fs_weights_init(&mine.weights, &mine.layout, mine.mem, FS_MEM_OTHER, "result");
-    if (st == FS_OK) st = fs_trainer_gather_weights(&t, &mine.weights);
-    if (lead) {
-        s->res = mine;
-        s->res.weights.layout = &s->res.layout;
-    } else if (s->others) {
-        ec_result *o = &s->others[fs_comm_rank(comm)];
-        *o = mine;
-        o->weights.layout = &o->layout;
-    } else {
-        ec_result_free(&mine);
-    }
+    if (st == FS_OK) st = ec_gather(&t, s->cfg, &mine);
+    if (lead) ec_result_move(&s->res, &mine);
+    else if (s->others) ec_result_move(&s->others[fs_comm_rank(comm)], &mine);
+    else ec_result_free(&mine);
     fs_trainer_free(&t);
     fs_ckpt_close(&ck);
     return st;
 }
 
-static fs_status run(int W, run_spec *s) {
-    fs_mem *mems[MAX_W] = {0};
-    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
-    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, run_rank, s);
-    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
-    return st;
-}
+static fs_status run(int W, run_spec *s) { return ec_run_ranks(W, run_rank, s); }
 
 static fs_train_config config(fs_strategy s, fs_precision p, fs_device_kind device, int64_t batch) {
     fs_train_config tc = ec_config(s, p, batch, T);
     tc.grad_accum = ROWS / batch; /* the same global batch of ROWS rows on one rank */
     tc.device = device;
     return tc;
+}
+
+/* Trains *cpu, and a copy of it on the emulated device, on W ranks and holds the copy to
+ * ec_compare_runs' tolerances; counts the comparisons made and those that are bit for bit
+ * identical. */
+static void check_emulated_like_cpu(int W, run_spec *cpu, const char *what, int *runs, int *bit_identical) {
+    run_spec emu = *cpu;
+    emu.tc.device = FS_DEVICE_EMULATED;
+    fs_status a = run(W, cpu), b = run(W, &emu);
+    CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
+    if (a == FS_OK && b == FS_OK) {
+        CHECK_OK(ec_compare_runs(&emu.res, &cpu->res, cpu->tc.lr, what));
+        (*runs)++;
+        *bit_identical += ec_first_difference(&emu.res.weights, &cpu->res.weights) == NULL;
+    }
+    ec_result_free(&cpu->res);
+    ec_result_free(&emu.res);
 }
 
 /* ------------------------------------------------------------------ tests */
@@ -138,20 +139,10 @@ static void test_emulated_device_trains_like_the_cpu(void) {
             for (int p = 0; p < FS_PRECISION_N; p++) {
                 run_spec cpu = {.cfg = &cfg, .tc = config((fs_strategy)s, (fs_precision)p, FS_DEVICE_CPU, 2),
                                 .in = in, .tg = tg, .steps = 4};
-                run_spec emu = cpu;
-                emu.tc.device = FS_DEVICE_EMULATED;
                 char what[160];
                 snprintf(what, sizeof what, "%s %s %s", fs_strategy_name((fs_strategy)s),
                          fs_precision_name((fs_precision)p), tied ? "tied" : "untied");
-                fs_status a = run(1, &cpu), b = run(1, &emu);
-                CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
-                if (a == FS_OK && b == FS_OK) {
-                    CHECK_OK(ec_compare_runs(&emu.res, &cpu.res, cpu.tc.lr, what));
-                    runs++;
-                    bit_identical += ec_first_difference(&emu.res.weights, &cpu.res.weights) == NULL;
-                }
-                ec_result_free(&cpu.res);
-                ec_result_free(&emu.res);
+                check_emulated_like_cpu(1, &cpu, what, &runs, &bit_identical);
             }
     }
     fs_test_note("%d of %d configurations bit-identical to the CPU", bit_identical, runs);
@@ -281,18 +272,7 @@ static void test_two_emulated_gpu_ranks_train_like_two_cpu_ranks(void) {
         run_spec cpu = {.cfg = &cfg, .tc = config((fs_strategy)s, FS_PRECISION_FP32, FS_DEVICE_CPU, 1),
                         .in = in, .tg = tg, .steps = 3};
         cpu.tc.grad_accum = 2;
-        run_spec emu = cpu;
-        emu.tc.device = FS_DEVICE_EMULATED;
-        const char *what = fs_strategy_name((fs_strategy)s);
-        fs_status a = run(2, &cpu), b = run(2, &emu);
-        CHECK(a == FS_OK && b == FS_OK, "%s: the runs failed: %s", what, fs_error_message());
-        if (a == FS_OK && b == FS_OK) {
-            CHECK_OK(ec_compare_runs(&emu.res, &cpu.res, cpu.tc.lr, what));
-            runs++;
-            bit_identical += ec_first_difference(&emu.res.weights, &cpu.res.weights) == NULL;
-        }
-        ec_result_free(&cpu.res);
-        ec_result_free(&emu.res);
+        check_emulated_like_cpu(2, &cpu, fs_strategy_name((fs_strategy)s), &runs, &bit_identical);
     }
     /* bf16: the GPU's gradients travel as fp32 (NCCL would sum a bf16 wire in bf16), so the
      * engine must not hand the emulated NCCL a bf16 -> fp32 reduce-scatter, which it refuses

@@ -40,11 +40,7 @@ static fs_status run_group(int W, const fs_llama_config *cfg, const fs_train_con
                            const int32_t *in, const int32_t *tg, int steps, group_run *g) {
     memset(g, 0, sizeof *g);
     *g = (group_run){.cfg = cfg, .tc = tc, .in = in, .tg = tg, .steps = steps};
-    fs_mem *mems[MAX_W] = {0};
-    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
-    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, group_rank, g);
-    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
-    return st;
+    return ec_run_ranks(W, group_rank, g);
 }
 
 static void free_group(group_run *g) {
@@ -112,11 +108,7 @@ static void test_every_strategy_trains_what_the_reference_trains(void) {
                     st = run_group(W, &cfg, &tc, in, tg, steps, &g);
                     CHECK(st == FS_OK, "%s: %s", what, fs_error_message());
                     if (st != FS_OK) continue;
-                    if (tc.precision == FS_PRECISION_FP32)
-                        CHECK_OK(ec_compare_runs(&g.res[0], &ref.res[0], tc.lr, what));
-                    else
-                        CHECK_OK(ec_compare_bf16_to_fp32(&g.res[0], &ref.res[0], tc.lr,
-                                                         (int)cfg.num_hidden_layers, what));
+                    CHECK_OK(ec_compare_to_reference(&g.res[0], &ref.res[0], &tc, (int)cfg.num_hidden_layers, what));
                     for (int i = 0; i < steps && tc.precision == FS_PRECISION_BF16; i++) {
                         double d = fabs(g.res[0].losses[i] - ref.res[0].losses[i]);
                         if (d > worst_bf16) worst_bf16 = d;
@@ -288,11 +280,7 @@ static void test_hybrid_sharding_trains_what_the_reference_trains(void) {
                 fs_status st = run_group(W, &cfg, &tc, in, tg, steps, &g);
                 CHECK(st == FS_OK, "%s: %s", what, fs_error_message());
                 if (st != FS_OK) continue;
-                if (tc.precision == FS_PRECISION_FP32)
-                    CHECK_OK(ec_compare_runs(&g.res[0], &ref.res[0], tc.lr, what));
-                else
-                    CHECK_OK(ec_compare_bf16_to_fp32(&g.res[0], &ref.res[0], tc.lr,
-                                                     (int)cfg.num_hidden_layers, what));
+                CHECK_OK(ec_compare_to_reference(&g.res[0], &ref.res[0], &tc, (int)cfg.num_hidden_layers, what));
                 for (int r = 0; r < W; r++) {
                     const char *d = ec_first_difference(&g.res[r].weights, &g.res[0].weights);
                     CHECK(d == NULL, "%s: rank %d's weights differ from rank 0's in %s", what, r, d);

@@ -209,13 +209,7 @@ static fs_status save_rank(fs_comm *comm, void *arg) {
     return st;
 }
 
-static fs_status run_save(int W, save_spec *s) {
-    fs_mem *mems[MAX_W] = {0};
-    for (int r = 0; r < W; r++) FS_TRY(fs_mem_init(&mems[r], 0));
-    fs_status st = fs_comm_inproc_run_mems(W, fs_comm_config_default(), mems, save_rank, s);
-    for (int r = 0; r < W; r++) fs_mem_free(mems[r]);
-    return st;
-}
+static fs_status run_save(int W, save_spec *s) { return ec_run_ranks(W, save_rank, s); }
 
 static void test_sharded_save_equals_the_gathered_one(void) {
     int32_t in[MAX_W * 8], tg[MAX_W * 8];

@@ -6,24 +6,12 @@
  */
 #define _GNU_SOURCE
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "flatshard/safetensors.h"
+#include "fuzz_file.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); /* libFuzzer's entry point */
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz", 0);
-    if (fd < 0) return 0;
-    if (write(fd, data, size) != (ssize_t)size) {
-        close(fd);
-        return 0;
-    }
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+static void parse(const char *path) {
     fs_safetensors st;
     if (fs_safetensors_open(&st, path) == FS_OK) {
         for (int i = 0; i < st.n_tensors; i++) {
@@ -34,6 +22,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         fs_safetensors_close(&st);
     }
-    close(fd);
-    return 0;
 }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return fuzz_as_file(data, size, parse); }

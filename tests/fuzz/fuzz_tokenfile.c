@@ -5,24 +5,11 @@
  */
 #define _GNU_SOURCE
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "flatshard/data.h"
+#include "fuzz_file.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); /* libFuzzer's entry point */
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz", 0);
-    if (fd < 0) return 0;
-    if (write(fd, data, size) != (ssize_t)size) {
-        close(fd);
-        return 0;
-    }
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+static void parse(const char *path) {
     fs_token_data d;
     if (fs_token_data_open(&d, path) == FS_OK) {
         volatile int64_t sink = 0; /* touch every token */
@@ -31,6 +18,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)fs_token_data_check_vocab(&d, 1000);
         fs_token_data_close(&d);
     }
-    close(fd);
-    return 0;
 }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return fuzz_as_file(data, size, parse); }

@@ -60,37 +60,24 @@ static fs_status make_reference(int W, reference *ref) {
     return solo(&ref->cfg, &tc, ref->in, ref->tg, STEPS, &ref->res);
 }
 
-static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s, const reference *ref) {
-    const fs_llama_config cfg = ref->cfg;
-    const int32_t *in = ref->in, *tg = ref->tg;
-    /* rank r's micro-batch k is row k*W + r: each rank sums two one-row micro-batches */
-    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T), off, bf16;
-    many.grad_accum = 2;
-    off = bf16 = many;
+/* The three runs every check holds to the reference: `many` (rank r's micro-batch k is row
+ * k*W + r: each rank sums two one-row micro-batches), the same with overlap off (no bit may
+ * change) and in bf16 (within engine_checks.h's bf16 tolerance). */
+static fs_status check_runs(fs_comm *comm, fs_mem *mem, const fs_train_config *many, const reference *ref,
+                            const char *what) {
+    fs_train_config off = *many, bf16 = *many;
     off.overlap = 0;
     bf16.precision = FS_PRECISION_BF16;
-    char what[64];
-    snprintf(what, sizeof what, "%s W=%d (MPI)", fs_strategy_name(s), fs_comm_world(comm));
-    ec_result init, m, o, b; /* zeroed: freed below even when a run before them failed */
+    ec_result m, o, b; /* zeroed: freed below even when a run before them failed */
     memset(&m, 0, sizeof m);
     memset(&o, 0, sizeof o);
     memset(&b, 0, sizeof b);
-    fs_status st = ec_train(comm, mem, &cfg, &many, in, tg, 0, &init);
-    for (int u = 0; st == FS_OK && u < init.layout.n_units; u++) {
-        int64_t n = init.layout.units[u].numel;
-        float *want = calloc((size_t)n + 1, sizeof *want);
-        fs_layout_init_weights(&init.layout, u, 0, n, want, many.seed);
-        if (memcmp(fs_weights_unit(&init.weights, u), want, (size_t)n * sizeof *want) != 0)
-            st = fs_errorf(FS_ERR_INTERNAL, "gathered unit %d differs from the unsharded one", u);
-        free(want);
-    }
-    ec_result_free(&init);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &many, in, tg, STEPS, &m);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &off, in, tg, STEPS, &o);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &bf16, in, tg, STEPS, &b);
-    if (st == FS_OK) st = ec_compare_runs(&m, &ref->res, many.lr, what);
+    fs_status st = ec_train(comm, mem, &ref->cfg, many, ref->in, ref->tg, STEPS, &m);
+    if (st == FS_OK) st = ec_train(comm, mem, &ref->cfg, &off, ref->in, ref->tg, STEPS, &o);
+    if (st == FS_OK) st = ec_train(comm, mem, &ref->cfg, &bf16, ref->in, ref->tg, STEPS, &b);
+    if (st == FS_OK) st = ec_compare_runs(&m, &ref->res, many->lr, what);
     if (st == FS_OK)
-        st = ec_compare_bf16_to_fp32(&b, &ref->res, bf16.lr, (int)cfg.num_hidden_layers, what);
+        st = ec_compare_bf16_to_fp32(&b, &ref->res, bf16.lr, (int)ref->cfg.num_hidden_layers, what);
     if (st == FS_OK && (ec_first_difference(&m.weights, &o.weights) ||
                         memcmp(m.losses, o.losses, sizeof m.losses) != 0))
         st = fs_errorf(FS_ERR_INTERNAL, "%s: overlap off changed the results", what);
@@ -100,37 +87,37 @@ static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s, const
     return st;
 }
 
+/* Plain sharding: the gathered initial weights are the unsharded initialisation bit for bit,
+ * then check_runs. */
+static fs_status check_strategy(fs_comm *comm, fs_mem *mem, fs_strategy s, const reference *ref) {
+    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T);
+    many.grad_accum = 2;
+    char what[64];
+    snprintf(what, sizeof what, "%s W=%d (MPI)", fs_strategy_name(s), fs_comm_world(comm));
+    ec_result init;
+    fs_status st = ec_train(comm, mem, &ref->cfg, &many, ref->in, ref->tg, 0, &init);
+    for (int u = 0; st == FS_OK && u < init.layout.n_units; u++) {
+        int64_t n = init.layout.units[u].numel;
+        float *want = calloc((size_t)n + 1, sizeof *want);
+        fs_layout_init_weights(&init.layout, u, 0, n, want, many.seed);
+        if (memcmp(fs_weights_unit(&init.weights, u), want, (size_t)n * sizeof *want) != 0)
+            st = fs_errorf(FS_ERR_INTERNAL, "gathered unit %d differs from the unsharded one", u);
+        free(want);
+    }
+    ec_result_free(&init);
+    return st == FS_OK ? check_runs(comm, mem, &many, ref, what) : st;
+}
+
 /* Hybrid sharding over MPI: the W ranks in groups of G = W / 2 (2 x 2 for W = 4; groups of
- * one for W = 2), one row per rank and micro-batch as above, train in fp32 and bf16 what the
- * reference trains, and overlap off changes no bit. */
+ * one for W = 2), one row per rank and micro-batch as above: check_runs. */
 static fs_status check_hybrid(fs_comm *comm, fs_mem *mem, fs_strategy s, const reference *ref) {
-    const fs_llama_config cfg = ref->cfg;
-    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T), off, bf16;
+    fs_train_config many = ec_config(s, FS_PRECISION_FP32, 1, T);
     many.grad_accum = 2;
     many.shard_group = fs_comm_world(comm) / 2;
-    off = bf16 = many;
-    off.overlap = 0;
-    bf16.precision = FS_PRECISION_BF16;
     char what[80];
     snprintf(what, sizeof what, "%s W=%d in groups of %d (MPI)", fs_strategy_name(s),
              fs_comm_world(comm), many.shard_group);
-    ec_result m, o, b;
-    memset(&m, 0, sizeof m);
-    memset(&o, 0, sizeof o);
-    memset(&b, 0, sizeof b);
-    fs_status st = ec_train(comm, mem, &cfg, &many, ref->in, ref->tg, STEPS, &m);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &off, ref->in, ref->tg, STEPS, &o);
-    if (st == FS_OK) st = ec_train(comm, mem, &cfg, &bf16, ref->in, ref->tg, STEPS, &b);
-    if (st == FS_OK) st = ec_compare_runs(&m, &ref->res, many.lr, what);
-    if (st == FS_OK)
-        st = ec_compare_bf16_to_fp32(&b, &ref->res, bf16.lr, (int)cfg.num_hidden_layers, what);
-    if (st == FS_OK && (ec_first_difference(&m.weights, &o.weights) ||
-                        memcmp(m.losses, o.losses, sizeof m.losses) != 0))
-        st = fs_errorf(FS_ERR_INTERNAL, "%s: overlap off changed the results", what);
-    ec_result_free(&m);
-    ec_result_free(&o);
-    ec_result_free(&b);
-    return st;
+    return check_runs(comm, mem, &many, ref, what);
 }
 
 /* Every rank's verdict summed; rank 0 prints one line. Returns 1 when the check passed. */
@@ -166,21 +153,11 @@ int main(int argc, char **argv) {
     fs_status ref_st = make_reference(world, &ref);
     for (int s = 0; s < FS_STRATEGY_N && !only_hybrid; s++) {
         fs_status st = ref_st != FS_OK ? ref_st : check_strategy(comm, mem, (fs_strategy)s, &ref);
-        int32_t bad = st != FS_OK, n_bad = 0;
-        if (bad) {
-            fprintf(stderr, "rank %d: FAIL %s: %s\n", rank, fs_strategy_name((fs_strategy)s),
-                    fs_error_message());
-            fflush(stderr);
-        }
-        fs_comm_op agree = fs_comm_op_all_reduce(&bad, &n_bad, 1, FS_DTYPE_INT32, FS_REDOP_SUM);
-        agree.algo = FS_COMM_ALGO_BUILTIN;
-        if (fs_comm_run(comm, &agree) != FS_OK) fs_comm_abort(comm);
-        n_bad ? failed++ : passed++;
-        if (rank == 0)
-            printf("%s %s: gathered units, W=%d fp32 and bf16 vs the yafsdp one-rank fp32 "
-                   "reference, overlap off (MPI)\n",
-                   n_bad ? "FAIL" : "ok  ", fs_strategy_name((fs_strategy)s), world);
-        fflush(stdout);
+        char line[160];
+        snprintf(line, sizeof line, "%s: gathered units, W=%d fp32 and bf16 vs the yafsdp one-rank fp32 "
+                                    "reference, overlap off (MPI)",
+                 fs_strategy_name((fs_strategy)s), world);
+        agree_verdict(comm, st, line) ? passed++ : failed++;
     }
     static const fs_strategy hybrid[] = {FS_STRATEGY_YAFSDP, FS_STRATEGY_ZERO1, FS_STRATEGY_ZERO2};
     for (size_t k = 0; k < sizeof hybrid / sizeof hybrid[0] && world % 2 == 0; k++) {
