@@ -105,7 +105,7 @@ int fs_cmd_eval(int argc, char **argv) {
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
     fs_device *dev = NULL; /* the CPU: eval reads the weights and logits on the host */
     if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, NULL, cm.mem);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, batch, seq, 0, 0, NULL, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
         fs_model m = {.layout = &cm.layout, .dev = dev, .profile = NULL};

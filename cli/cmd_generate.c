@@ -131,7 +131,7 @@ int fs_cmd_generate(int argc, char **argv) {
     if (st == FS_OK) st = fs_pool_init(&pool, threads > 0 ? (int)threads : fs_cpu_count());
     fs_device *dev = NULL; /* the CPU: generate reads the weights and logits on the host */
     if (st == FS_OK) st = fs_device_open(&dev, FS_DEVICE_CPU, 0, pool);
-    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, NULL, cm.mem);
+    if (st == FS_OK) st = fs_acts_init(&acts, &cm.layout, 1, context, 0, 0, NULL, cm.mem);
     if (st == FS_OK) {
         fs_kernels_init();
         int64_t len = 0;
