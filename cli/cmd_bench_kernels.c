@@ -431,7 +431,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
            "   inputs, which leaves both out of the L2)\n");
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) free(*arrays[i]);
     free(b.w), free(b.qkv), free(b.dqkv), free(b.att), free(b.lse), free(b.cos), free(b.sin), free(b.p);
-    free(b.m), free(b.v), free(b.g), free(b.p16), free(b.w16), free(b.gu16), free(b.r1), free(b.r2), free(b.r3), free(b.tok);
+    free(b.m), free(b.v), free(b.g), free(b.p16), free(b.w16), free(b.gu16), free(b.r1), free(b.r2), free(b.r3);
+    free(b.tok);
     free(t), free(copy_src), free(copy_dst);
     fs_pool_free(pool);
     if (mismatches) {

@@ -376,7 +376,8 @@ static void test_bf16_activation_operands_same_bits(void) {
  * bf16 output's 576), columns past one column block (1024) and short of a tile (64), k past
  * one k block (512), odd k, k = 0. */
 static void test_bf16_output_forward_is_the_rounded_fp32(void) {
-    static const int64_t sh[][3] = {{700, 600, 1100}, {300, 70, 130}, {97, 513, 65}, {64, 40, 31}, {1, 1, 1}, {7, 0, 5}};
+    static const int64_t sh[][3] = {{700, 600, 1100}, {300, 70, 130}, {97, 513, 65},
+                                    {64, 40, 31},     {1, 1, 1},      {7, 0, 5}};
     int paths = 0;
     for (int path = 0; path < 3; path++) {
         if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) continue;
