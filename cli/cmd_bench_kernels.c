@@ -63,7 +63,7 @@ typedef struct bufs {
     int64_t B, T, N, C, NH, NKV, HS, QKV, FF, V, n_opt;
     float *x, *y, *z, *w, *gu, *dgu, *qkv, *dqkv, *att, *lse, *cos, *sin, *big, *p, *m, *v, *g;
     float *r1, *r2, *r3, *out; /* outputs and per-row scratch */
-    uint16_t *w16, *p16;
+    uint16_t *w16, *p16, *gu16; /* gu16: gu in bf16, as the bf16 policy's SwiGLU reads it */
     int32_t *tok;
     float *ref;                /* the portable path's output, for the check */
 } bufs;
@@ -81,6 +81,7 @@ static void reset(bufs *b) {
     fill(b->big, b->N * b->V, 8);
     fill(b->x, b->N * b->FF, 1), fill(b->y, b->N * b->FF, 2), fill(b->z, b->N * b->FF, 3);
     fill(b->gu, b->N * 2 * b->FF, 4), memset(b->dgu, 0, (size_t)(b->N * 2 * b->FF) * sizeof(float));
+    for (int64_t i = 0; i < b->N * 2 * b->FF; i++) b->gu16[i] = fs_fp32_to_bf16(b->gu[i]);
     fill(b->qkv, b->N * b->QKV, 5), memset(b->dqkv, 0, (size_t)(b->N * b->QKV) * sizeof(float));
     fill(b->p, b->n_opt, 6), fill(b->g, b->n_opt, 7);
     memset(b->m, 0, (size_t)b->n_opt * sizeof(float)), memset(b->v, 0, (size_t)b->n_opt * sizeof(float));
@@ -147,11 +148,11 @@ static const void *run_kernel(kernel_id k, bufs *b, fs_pool *pool, int64_t *n_ou
         *n_out = N * 2 * FF;
         return b->dgu;
     case K_SWIGLU16_FWD: /* h in bf16, in out's storage */
-        fs_swiglu_forward_bf16(pool, (uint16_t *)b->out, b->gu, N, FF);
+        fs_swiglu_forward_bf16(pool, (uint16_t *)b->out, b->gu16, N, FF);
         *n_out = N * FF;
         return b->out;
     case K_SWIGLU16_BWD: /* as backward calls it: dgu and h again, both bf16, in out's storage */
-        fs_swiglu_backward_bf16(pool, (uint16_t *)b->out, (uint16_t *)b->out + N * 2 * FF, b->y, b->gu, N, FF);
+        fs_swiglu_backward_bf16(pool, (uint16_t *)b->out, (uint16_t *)b->out + N * 2 * FF, b->y, b->gu16, N, FF);
         *n_out = N * 2 * FF;
         return b->out;
     case K_XENT_FWD:
@@ -258,8 +259,8 @@ static double kernel_work(kernel_id k, const bufs *b, int *is_flops) {
     case K_ATT_BWD: case K_ATT16_BWD: *is_flops = 1; return 10.0 * pairs * (double)b->HS;
     case K_SWIGLU_FWD: return N * FF * f * 3;
     case K_SWIGLU_BWD: return N * FF * f * 7;
-    case K_SWIGLU16_FWD: return N * FF * (f * 2 + 2);      /* gu read, h written in bf16 */
-    case K_SWIGLU16_BWD: return N * FF * (f * 3 + 2 * 2 + 2); /* gu, dout read; dgu, h written */
+    case K_SWIGLU16_FWD: return N * FF * (2 * 2 + 2);         /* gu read, h written, both bf16 */
+    case K_SWIGLU16_BWD: return N * FF * (f + 2 * 2 + 2 * 2 + 2); /* dout, bf16 gu read; dgu, h written */
     case K_XENT_FWD: return N * V * f;
     case K_XENT_BWD: return N * V * f * 2;
     case K_EMBED_FWD: return N * C * f * 2;
@@ -311,6 +312,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     b.p = malloc((size_t)b.n_opt * fl), b.m = malloc((size_t)b.n_opt * fl), b.v = malloc((size_t)b.n_opt * fl);
     b.g = malloc((size_t)b.n_opt * fl), b.p16 = malloc((size_t)b.n_opt * sizeof(uint16_t));
     b.w16 = malloc((size_t)(b.FF * b.C * 2) * sizeof(uint16_t));
+    b.gu16 = malloc((size_t)(b.N * 2 * b.FF) * sizeof(uint16_t));
     b.r1 = malloc((size_t)b.N * fl), b.r2 = malloc((size_t)b.N * fl), b.r3 = malloc((size_t)b.N * fl);
     b.tok = malloc((size_t)b.N * sizeof(int32_t));
     double *t = malloc((size_t)args.reps * sizeof(double));
@@ -326,7 +328,7 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     if (copy_dst && copy_src) /* the first touch, outside any timing */
         memset(copy_dst, 0, copy_bytes), memset(copy_src, 0x5a, copy_bytes);
     int ok = b.w && b.qkv && b.dqkv && b.att && b.lse && b.cos && b.sin && b.p && b.m && b.v && b.g && b.p16 &&
-             b.w16 && b.r1 && b.r2 && b.r3 && b.tok && t && copy_src && copy_dst;
+             b.w16 && b.gu16 && b.r1 && b.r2 && b.r3 && b.tok && t && copy_src && copy_dst;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) ok = ok && *arrays[i];
     fs_pool *pool = NULL;
     if (ok) ok = fs_pool_init(&pool, (int)args.threads) == FS_OK;
@@ -424,7 +426,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
            "   inputs, which leaves both out of the L2)\n");
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) free(*arrays[i]);
     free(b.w), free(b.qkv), free(b.dqkv), free(b.att), free(b.lse), free(b.cos), free(b.sin), free(b.p);
-    free(b.m), free(b.v), free(b.g), free(b.p16), free(b.w16), free(b.r1), free(b.r2), free(b.r3), free(b.tok);
+    free(b.m), free(b.v), free(b.g), free(b.p16), free(b.w16), free(b.gu16), free(b.r1), free(b.r2), free(b.r3);
+    free(b.tok);
     free(t), free(copy_src), free(copy_dst);
     fs_pool_free(pool);
     if (mismatches) {

@@ -223,7 +223,7 @@ fs_status fs_cli_forward_init(fs_cli_forward *f, const fs_cli_model *cm, int64_t
     memset(f, 0, sizeof *f);
     FS_TRY(fs_pool_init(&f->pool, threads > 0 ? (int)threads : fs_cpu_count()));
     FS_TRY(fs_device_open(&f->dev, FS_DEVICE_CPU, 0, f->pool));
-    FS_TRY(fs_acts_init(&f->acts, &cm->layout, B, T, 0, NULL, cm->mem));
+    FS_TRY(fs_acts_init(&f->acts, &cm->layout, B, T, 0, 0, NULL, cm->mem));
     fs_kernels_init();
     f->model = (fs_model){.layout = &cm->layout, .dev = f->dev, .profile = NULL};
     return FS_OK;

@@ -284,7 +284,7 @@ static void test_largest_plan_has_no_wrap(void) {
     pc.seq = (int64_t)1 << 24;
     CHECK(fs_plan_init(&plan, &l, pc) == FS_ERR_USAGE, "a micro-batch of 2^64 tokens is refused");
     fs_acts acts;
-    CHECK(fs_acts_init(&acts, &l, 3, T, 0, NULL, NULL) == FS_ERR_USAGE &&
+    CHECK(fs_acts_init(&acts, &l, 3, T, 0, 0, NULL, NULL) == FS_ERR_USAGE &&
               strstr(fs_error_message(), "--batch 3"),
           "fs_acts_init refuses it too, before allocating: %s", fs_error_message());
     fs_layout_free(&l);
@@ -422,12 +422,12 @@ static void test_step_time_by_hand(void) {
               cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
           "the machine's figures");
     fs_estimate_step(&plan, &cpu, 2, &e);
-    /* the CPU's bf16 MLP (mlp_bf16_operands): a block's forward (8C + 2QK) x 4 + FF x (2 x 4 +
-     * 2) = 4096 bytes per token, its backward (18C + QKV + 2QK) x 4 + FF x (3 x 4 + 6) = 8192,
-     * where fp32 h and dgu took 1088 x 4 and 3008 x 4 */
+    /* the CPU's bf16 MLP (mlp_bf16_operands: gu, h and dgu in bf16): a block's forward
+     * (8C + 2QK) x 4 + FF x (2 x 2 + 2) = 3584 bytes per token, its backward (18C + QKV + 2QK)
+     * x 4 + FF x (4 + 2 x 2 + 3 x 2) = 7680, where fp32 gu, h and dgu took 1088 x 4 and 3008 x 4 */
     CHECK(cpu.mlp_bf16_operands, "the CPU writes the MLP's GEMM operands in bf16");
-    const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (4096 + 8192);
-    CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (bf16 h and dgu)");
+    const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (3584 + 7680);
+    CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (bf16 gu, h and dgu)");
     const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * cpu_bytes + opt) / 20e9;
 #undef OP_BYTES
     /* 21 collectives, one piece each */

@@ -369,6 +369,57 @@ static void test_bf16_activation_operands_same_bits(void) {
     fs_test_note("%d paths", paths);
 }
 
+/* The forward with a bf16 output (the bf16 policy's gu) is fs_fp32_to_bf16 of the fp32-output
+ * forward, bit for bit, on every path (flatshard's portable and AVX512-BF16 kernels, oneDNN),
+ * on 1 and 3 threads, with and without reserved staging, and writes nothing past out. Shapes
+ * cross every cut: rows past oneDNN's tiles (256) and flatshard's row blocks (96, and the
+ * bf16 output's 576), columns past one column block (1024) and short of a tile (64), k past
+ * one k block (512), odd k, k = 0. */
+static void test_bf16_output_forward_is_the_rounded_fp32(void) {
+    static const int64_t sh[][3] = {{700, 600, 1100}, {300, 70, 130}, {97, 513, 65},
+                                    {64, 40, 31},     {1, 1, 1},      {7, 0, 5}};
+    int paths = 0;
+    for (int path = 0; path < 3; path++) {
+        if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) continue;
+        if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) continue;
+        paths++;
+        fs_gemm_path pbefore = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
+        fs_kernel_isa ibefore = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
+        for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
+            const int64_t N = sh[k][0], IC = sh[k][1], OC = sh[k][2];
+            float *inp = rand_f32(N * IC + 1), *w32 = rand_f32(OC * IC + 1), *o32 = rand_f32(N * OC);
+            uint16_t *w16 = to_bf16(w32, OC * IC + 1), *o16 = malloc((size_t)(N * OC + 8) * sizeof(uint16_t));
+            fs_gemm_stage stage = {.bytes = fs_gemm_stage_bytes(N, IC, OC)};
+            stage.data = aligned_alloc(64, (stage.bytes + 63) / 64 * 64 + 64);
+            for (int p = 0; p < 2; p++)
+                for (int st = 0; st < 2; st++) {
+                    fs_pool *pool = p ? pool3 : NULL;
+                    const fs_gemm_stage *sp = st ? &stage : NULL;
+                    memset(o16, 0xab, (size_t)(N * OC + 8) * sizeof(uint16_t));
+                    fs_matmul_forward_bf16(pool, sp, o32, inp, w16, N, IC, OC, 0);
+                    fs_matmul_forward_bf16_out(pool, sp, o16, inp, w16, N, IC, OC);
+                    int64_t bad = 0;
+                    for (int64_t i = 0; i < N * OC; i++)
+                        if (o16[i] != fs_fp32_to_bf16(o32[i]) && bad++ < 3)
+                            CHECK(0, "path %d, N=%lld IC=%lld OC=%lld pool %d: out[%lld] = 0x%04x, want 0x%04x (%.9g)",
+                                  path, (long long)N, (long long)IC, (long long)OC, p ? 3 : 1, (long long)i, o16[i],
+                                  fs_fp32_to_bf16(o32[i]), o32[i]);
+                    CHECK(bad == 0, "path %d, N=%lld IC=%lld OC=%lld pool %d staging %d: %lld of %lld values are not "
+                          "the rounded fp32 product", path, (long long)N, (long long)IC, (long long)OC, p ? 3 : 1, st,
+                          (long long)bad, (long long)(N * OC));
+                    int past = 0;
+                    for (int i = 0; i < 8; i++) past += o16[N * OC + i] != 0xabab;
+                    CHECK(past == 0, "path %d, N=%lld IC=%lld OC=%lld: %d values written past out", path, (long long)N,
+                          (long long)IC, (long long)OC, past);
+                }
+            free(inp), free(w32), free(o32), free(w16), free(o16), free(stage.data);
+        }
+        fs_kernels_set_isa(ibefore);
+        fs_gemm_set_path(pbefore);
+    }
+    fs_test_note("%d paths", paths);
+}
+
 static void test_gemm_path_choice(void) {
     CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_FLATSHARD), "flatshard") == 0, "name of the flatshard path");
     CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_ONEDNN), "onednn") == 0, "name of the oneDNN path");
@@ -412,6 +463,7 @@ int main(void) {
     RUN(test_onednn_caller_staging);
     RUN(test_onednn_prepare_linear);
     RUN(test_bf16_activation_operands_same_bits);
+    RUN(test_bf16_output_forward_is_the_rounded_fp32);
     if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) { /* test 4 again on the oneDNN path */
         fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
         RUN(test_linear_layers_match_fp32_on_exact_inputs);

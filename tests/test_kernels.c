@@ -1566,10 +1566,11 @@ static void test_swiglu_paths_agree(void) {
 /* RoPE: the AVX-512 copy runs the portable loop's operations in the same order, so the same
  * bits, forward and backward, on half head sizes that end inside a vector (not multiples of
  * 16), rows of several heads inside a wider row (ld), on one thread and three. */
-/* fs_swiglu_forward_bf16 is bit for bit the rounding (fs_fp32_to_bf16) of fs_swiglu_forward's
- * h, and fs_swiglu_backward_bf16 that of what fs_swiglu_backward leaves in a zeroed dgu (and
- * its optional h that of fs_swiglu_forward_bf16), on each path against the same path's fp32
- * kernel, on 1 and 3 threads: the gate over -100..100 (exp overflowing: silu = -0, which the
+/* fs_swiglu_forward_bf16 on a bf16 gu is bit for bit the rounding (fs_fp32_to_bf16) of
+ * fs_swiglu_forward's h on that gu widened to fp32, and fs_swiglu_backward_bf16 that of what
+ * fs_swiglu_backward leaves in a zeroed dgu (and its optional h that of
+ * fs_swiglu_forward_bf16), on each path against the same path's fp32 kernel, on 1 and 3
+ * threads: the gate over -100..100 (exp overflowing: silu = -0, which the
  * zeroed fp32 dgu turns into +0), a masked tail (FF = 1001), and NaN (one whose payload
  * needs the NaN rounding branch) and infinite gradients. */
 static void test_swiglu_bf16_outputs(void) {
@@ -1588,6 +1589,9 @@ static void test_swiglu_bf16_outputs(void) {
     const uint32_t nan_bits = 0x7fffffffu;
     memcpy(&dy[3], &nan_bits, sizeof nan_bits);
     dy[FF + 7] = INFINITY, dy[2 * FF + 11] = -0.0f;
+    /* gu in bf16 (as the gate/up GEMM writes it), and the fp32 kernels' gu its widened values */
+    uint16_t *gu16 = xcalloc(N * 2 * FF, sizeof(uint16_t));
+    for (int64_t i = 0; i < N * 2 * FF; i++) gu16[i] = fs_fp32_to_bf16(gu[i]), gu[i] = fs_bf16_to_fp32(gu16[i]);
     for (int li = 0; li < 2; li++) {
         if (fs_kernels_cpu_isa() < levels[li]) {
             fs_test_note("%s: not on this CPU", fs_kernels_isa_name(levels[li]));
@@ -1599,7 +1603,7 @@ static void test_swiglu_bf16_outputs(void) {
             memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
             memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             fs_swiglu_forward(pool, d32, gu, N, FF); /* h, and its bf16 form */
-            fs_swiglu_forward_bf16(pool, d16, gu, N, FF);
+            fs_swiglu_forward_bf16(pool, d16, gu16, N, FF);
             memcpy(h1, d16, (size_t)(N * FF) * sizeof(uint16_t));
             int64_t hbad = 0;
             for (int64_t i = 0; i < N * FF; i++)
@@ -1609,7 +1613,7 @@ static void test_swiglu_bf16_outputs(void) {
             memset(d32, 0, (size_t)(N * 2 * FF) * sizeof(float));
             memset(d16, 0xab, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             fs_swiglu_backward(pool, d32, dy, gu, N, FF);
-            fs_swiglu_backward_bf16(pool, d16, NULL, dy, gu, N, FF);
+            fs_swiglu_backward_bf16(pool, d16, NULL, dy, gu16, N, FF);
             int64_t bad = 0, zeros = 0;
             for (int64_t i = 0; i < N * 2 * FF; i++) {
                 zeros += d16[i] == 0;
@@ -1624,7 +1628,7 @@ static void test_swiglu_bf16_outputs(void) {
             /* with h: the same dgu, and h as fs_swiglu_forward_bf16 makes it */
             memset(d2, 0xcd, (size_t)(N * 2 * FF) * sizeof(uint16_t));
             memset(h2, 0xcd, (size_t)(N * FF) * sizeof(uint16_t));
-            fs_swiglu_backward_bf16(pool, d2, h2, dy, gu, N, FF);
+            fs_swiglu_backward_bf16(pool, d2, h2, dy, gu16, N, FF);
             CHECK(memcmp(d2, d16, (size_t)(N * 2 * FF) * sizeof(uint16_t)) == 0, "%s, pool %d: dgu changed with h",
                   fs_kernels_isa_name(levels[li]), p ? 3 : 1);
             CHECK(memcmp(h2, h1, (size_t)(N * FF) * sizeof(uint16_t)) == 0,
@@ -1633,7 +1637,7 @@ static void test_swiglu_bf16_outputs(void) {
         }
         fs_kernels_set_isa(before);
     }
-    free(gu), free(dy), free(d32), free(d16), free(d2), free(h1), free(h2);
+    free(gu), free(gu16), free(dy), free(d32), free(d16), free(d2), free(h1), free(h2);
 }
 
 static void test_rope_paths_same_bits(void) {

@@ -319,7 +319,7 @@ static void flatshard_logits(const char *source, const model_case *mc, const int
     CHECK_OK(fs_mem_init(&mem, 0));
     CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "weights"));
     CHECK_OK(fs_weights_load(&w, src));
-    CHECK_OK(fs_acts_init(&a, &l, mc->B, mc->T, 0, NULL, mem));
+    CHECK_OK(fs_acts_init(&a, &l, mc->B, mc->T, 0, 0, NULL, mem));
     fs_device *dev = NULL;
     CHECK_OK(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
     const int64_t N = mc->B * mc->T;
@@ -447,9 +447,11 @@ static void test_reference_model_loads_in_flatshard(void) {
  * four again in backward; with the same kernels on the same inputs the gradients must be the very
  * same bits (fp32 and bf16 policies). Under bf16 llama.c also takes the CPU's bf16 dgu route
  * (fs_swiglu_backward_bf16 into the gate/up backward GEMMs), which this reference does not:
- * the same bits again. */
+ * the same bits again. It also keeps gu in bf16 (fs_matmul_forward_bf16_out): this reference
+ * rounds its fp32 gu the same way (fs_cast) and runs the fp32 SwiGLU on the widened values. */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
+    uint16_t *gu16; /* (N, 2FF): the bf16 route keeps gu in bf16 */
     float *dres, *dln, *dqkv, *datt, *dgu, *dh;
     float *xnext; /* the block's output, on the fp32-h route */
 } kept_block;
@@ -482,6 +484,10 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
     K->linear_forward(dev, k->xmid, k->att, wo, bf16, N, C, C, 1);
     K->rmsnorm_forward(dev, k->ln2, k->rstd2, k->xmid, ln2_w, N, C, eps);
     K->linear_forward(dev, k->gu, k->ln2, wgu, bf16, N, C, 2 * FF, 0);
+    if (a->gu_bf16) { /* gu rounded to bf16, as the bf16 route keeps it, then read widened */
+        K->cast_fp32_to_bf16(dev, k->gu16, k->gu, N * 2 * FF);
+        K->cast_bf16_to_fp32(dev, k->gu, k->gu16, N * 2 * FF);
+    }
     K->swiglu_forward(dev, k->h, k->gu, N, FF);
     K->copy(dev, k->xnext, k->xmid, (size_t)(N * C) * sizeof(float));
     K->linear_forward(dev, k->xnext, k->h, wd, bf16, N, FF, C, 1);
@@ -533,7 +539,8 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                 for (int64_t i = 0; i < l.units[u].numel; i++)
                     w16[w.unit_offset[u] + i] = fs_fp32_to_bf16(p[i]);
             }
-            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, dev, mem));
+            const int gu_bf16 = bf16 && fs_kernel_table_mlp_bf16(fs_device_kernels(dev));
+            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, gu_bf16, dev, mem));
             CHECK_OK(fs_acts_prepare_gemms(&l, mc.B, mc.T, bf16, dev, mem));
             memcpy(a.inputs, in, sizeof in);
             memcpy(a.targets, tg, sizeof tg);
@@ -548,6 +555,8 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                                      N * 2 * FF, N * FF, N * C};
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
                 *bufs[i] = calloc((size_t)sizes[i], sizeof(float));
+            k.gu16 = calloc((size_t)(N * 2 * FF), sizeof(uint16_t));
+            CHECK(a.gu_bf16 == bf16, "bf16 %d: the activations keep gu in bf16 exactly under bf16 on the CPU", bf16);
             float *dres_in = calloc((size_t)(N * C), sizeof(float));
             float *kdw = calloc((size_t)l.max_unit_numel, sizeof(float));
             float *kdnorm = calloc((size_t)(2 * C), sizeof(float));
@@ -577,6 +586,7 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             #undef UNIT_W
             CHECK(blocks_equal == c->num_hidden_layers, "every block compared (%d)", blocks_equal);
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) free(*bufs[i]);
+            free(k.gu16);
             free(dres_in);
             free(kdw);
             free(kdnorm);

@@ -135,7 +135,10 @@ fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const f
  *                 written and read as bf16 (kernels.h: fs_swiglu_backward_bf16; the same bits
  *                 as the fp32 dgu, which the GEMMs would round anyway);
  *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  the same for h
- *                 (fs_swiglu_forward_bf16), in forward and in backward. The CPU's. */
+ *                 (fs_swiglu_forward_bf16), in forward and in backward;
+ *   linear_forward_bf16_out  the gate/up projection's forward writing gu in bf16
+ *                 (fs_matmul_forward_bf16_out: the fp32 result rounded, bit for bit), which
+ *                 the two bf16 SwiGLU kernels read. The CPU's; the model takes all or none. */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -186,17 +189,28 @@ typedef struct fs_kernel_table {
     void (*copy)(fs_device *d, void *dst, const void *src, size_t bytes);
     void (*zero)(fs_device *d, void *dst, size_t bytes);
     void (*swiglu_backward_bf16)(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
-                                 const float *gu, int64_t N, int64_t FF);
+                                 const uint16_t *gu, int64_t N, int64_t FF);
     void (*linear_backward_bf16_dout)(fs_device *d, float *dinp, float *dweight, const uint16_t *dout,
                                       const float *inp, const void *weight, int64_t N, int64_t IC,
                                       int64_t OC, int accumulate_dinp, int accumulate_dweight);
-    void (*swiglu_forward_bf16)(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF);
+    void (*swiglu_forward_bf16)(fs_device *d, uint16_t *out, const uint16_t *gu, int64_t N, int64_t FF);
     void (*linear_forward_bf16_inp)(fs_device *d, float *out, const uint16_t *inp, const void *weight,
                                     int64_t N, int64_t IC, int64_t OC, int accumulate);
     void (*linear_backward_bf16_inp)(fs_device *d, float *dinp, float *dweight, const float *dout,
                                      const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
                                      int64_t OC, int accumulate_dinp, int accumulate_dweight);
+    void (*linear_forward_bf16_out)(fs_device *d, uint16_t *out, const float *inp, const void *weight,
+                                    int64_t N, int64_t IC, int64_t OC);
 } fs_kernel_table;
+
+/* Whether a device's kernel table has every kernel of the bf16 MLP route (the optional
+ * entries above): under bf16, the model then keeps gu in bf16 and runs the MLP's SwiGLU and
+ * GEMMs on bf16 operands (src/model/llama.c), and the activations hold gu in bf16
+ * (fs_acts_init). fs_device_kind_mlp_bf16: the same for a kind, before any device is open
+ * (the plan): the CPU's and the emulated device's table (the CPU's kernels) have them, the
+ * GPU's none. */
+int fs_kernel_table_mlp_bf16(const fs_kernel_table *k);
+int fs_device_kind_mlp_bf16(fs_device_kind kind);
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);
 

@@ -70,8 +70,9 @@ typedef struct fs_hardware {
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
-    int mlp_bf16_operands;   /* under bf16 the MLP's SwiGLU writes the GEMMs' operands h and dgu
-                                in bf16 (the CPU's kernels: llama.c's mlp_in_bf16), and
+    int mlp_bf16_operands;   /* under bf16 the MLP keeps gu in bf16 and its SwiGLU reads it and
+                                writes the GEMMs' operands h and dgu in bf16 (the CPU's
+                                kernels: llama.c's mlp_in_bf16), and
                                 backward makes h again in SwiGLU's backward pass, with no
                                 zeroing of dgu (estimate.c counts those bytes) */
     /* Contention (this-machine): with busy_cores cores computing at once, each on its own

@@ -101,6 +101,15 @@ void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float
                                 const uint16_t *inp, /* (N, IC) bf16 */
                                 const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
                                 int accumulate);
+/* The forward with out written in bf16 and accumulate 0: out = fs_fp32_to_bf16 of what
+ * fs_matmul_forward_bf16 writes, bit for bit, on either GEMM path (each computes an fp32 block
+ * or row tile into the thread's scratch and rounds it there). The bf16 policy's gate/up
+ * projection (gu, read only by fs_swiglu_forward_bf16 and fs_swiglu_backward_bf16): half the
+ * bytes kept for backward and written. */
+void fs_matmul_forward_bf16_out(fs_pool *pool, const fs_gemm_stage *stage,
+                                uint16_t *out, /* (N, OC) bf16 */
+                                const float *inp, const uint16_t *weight, int64_t N, int64_t IC,
+                                int64_t OC);
 void fs_matmul_backward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage,
                                  float *dinp, float *dweight, const float *dout,
                                  const uint16_t *inp, /* (N, IC) bf16 */
@@ -351,14 +360,16 @@ void fs_swiglu_backward(fs_pool *pool,
                         const float *dout, /* (N, FF) */
                         const float *gu,   /* (N, 2*FF) */
                         int64_t N, int64_t FF);
-/* out rounded to bf16 (fs_fp32_to_bf16 of fs_swiglu_forward's values, bit for bit): the bf16
- * policy's h, which only the down projection's GEMMs read, rounded to bf16 anyway. */
+/* The bf16 policy's SwiGLU: gu in bf16 (fs_matmul_forward_bf16_out's), out rounded to bf16:
+ * fs_fp32_to_bf16 of fs_swiglu_forward's values on gu widened to fp32, bit for bit. h, which
+ * only the down projection's GEMMs read, rounded to bf16 anyway. */
 void fs_swiglu_forward_bf16(fs_pool *pool,
-                            uint16_t *out,   /* (N, FF) */
-                            const float *gu, /* (N, 2*FF) */
+                            uint16_t *out,      /* (N, FF) */
+                            const uint16_t *gu, /* (N, 2*FF) bf16 */
                             int64_t N, int64_t FF);
-/* The same gradients written (not added) as bf16: dgu[i] = fs_fp32_to_bf16(0 + g[i]), g what
- * fs_swiglu_backward adds, bit for bit what it leaves in a zeroed dgu, rounded. For the bf16
+/* The same gradients from gu in bf16, written (not added) as bf16: dgu[i] = fs_fp32_to_bf16(0 +
+ * g[i]), g what fs_swiglu_backward adds given gu widened to fp32, bit for bit what it leaves in
+ * a zeroed dgu, rounded. For the bf16
  * policy, whose gate/up backward GEMMs round dgu to bf16 anyway (fs_matmul_backward_bf16_dout):
  * half the bytes written, no zeroing pass, no rounding in the GEMMs' staging. */
 void fs_swiglu_backward_bf16(fs_pool *pool,
@@ -366,8 +377,8 @@ void fs_swiglu_backward_bf16(fs_pool *pool,
                              uint16_t *h,       /* (N, FF) or NULL: also fs_swiglu_forward_bf16's
                                                  * out, bit for bit, from the same exp and
                                                  * division (backward makes h again anyway) */
-                             const float *dout, /* (N, FF) */
-                             const float *gu,   /* (N, 2*FF) */
+                             const float *dout,  /* (N, FF) */
+                             const uint16_t *gu, /* (N, 2*FF) bf16 */
                              int64_t N, int64_t FF);
 
 /* ------------------------------------------------------------------ softmax cross-entropy

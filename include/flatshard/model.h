@@ -212,7 +212,8 @@ typedef struct fs_acts {
     float *att;          /* (S, N, C) attention output, before o_proj */
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
     float *rstd2;        /* (S, N) */
-    float *gu;           /* (S, N, 2FF) gate | up */
+    float *gu;           /* (S, N, 2FF) gate | up; uint16_t bf16 where gu_bf16 (half the bytes) */
+    int gu_bf16;         /* the bf16 MLP route's gu (fs_kernel_table_mlp_bf16 under bf16) */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
@@ -236,13 +237,16 @@ typedef struct fs_acts {
     float *dlnf;         /* (N, C) */
 } fs_acts;
 
-/* Bytes fs_acts_init allocates for (B, T, ckpt_layers), by category (activations, other). */
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
+/* Bytes fs_acts_init allocates for (B, T, ckpt_layers, gu_bf16), by category (activations,
+ * other). */
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int gu_bf16,
                    size_t *activation_bytes, size_t *other_bytes);
-/* dev NULL: the CPU. On a GPU this also uploads the rope tables. */
+/* dev NULL: the CPU. On a GPU this also uploads the rope tables. gu_bf16: gu is kept in bf16,
+ * for a model under bf16 on a device with the bf16 MLP route (fs_kernel_table_mlp_bf16, or
+ * fs_device_kind_mlp_bf16 for the plan); the model asserts that the two agree. */
 struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, struct fs_device *dev, fs_mem *mem);
+                       int64_t ckpt_layers, int gu_bf16, struct fs_device *dev, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
 /* The bf16 GEMM operand scratch this micro-batch needs (fs_device_reserve_scratch): on a GPU
  * always, on the CPU on the oneDNN GEMM path under bf16 (its staging). */

@@ -127,6 +127,17 @@ fs_device_kind fs_device_kind_of(const fs_device *dev) { return dev ? dev->kind 
 const char *fs_device_name(const fs_device *dev) { return dev ? dev->name : "cpu"; }
 const fs_kernel_table *fs_device_kernels(const fs_device *dev) { return dev->kernels; }
 
+int fs_kernel_table_mlp_bf16(const fs_kernel_table *k) {
+    return k->swiglu_forward_bf16 && k->swiglu_backward_bf16 && k->linear_forward_bf16_inp &&
+           k->linear_backward_bf16_inp && k->linear_backward_bf16_dout && k->linear_forward_bf16_out;
+}
+
+/* The CUDA table (src/kernels/cuda/) has none of the optional entries: the kind alone says it,
+ * without loading the CUDA library. */
+int fs_device_kind_mlp_bf16(fs_device_kind kind) {
+    return kind != FS_DEVICE_CUDA && fs_kernel_table_mlp_bf16(&fs_cpu_kernel_table);
+}
+
 int fs_device_cuda_built(void) { return FS_HAVE_CUDA; }
 int fs_device_cuda_count(const char **why) {
     const fs_cuda_api *api = cuda_api(why);
@@ -388,12 +399,17 @@ static void cpu_swiglu_backward(fs_device *d, float *dgu, const float *dout, con
 }
 
 static void cpu_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
-                                     const float *gu, int64_t N, int64_t FF) {
+                                     const uint16_t *gu, int64_t N, int64_t FF) {
     fs_swiglu_backward_bf16(d->pool, dgu, h, dout, gu, N, FF);
 }
 
-static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const float *gu, int64_t N, int64_t FF) {
+static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const uint16_t *gu, int64_t N, int64_t FF) {
     fs_swiglu_forward_bf16(d->pool, out, gu, N, FF);
+}
+
+static void cpu_linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
+                                        int64_t N, int64_t IC, int64_t OC) {
+    fs_matmul_forward_bf16_out(d->pool, &d->stage, out, inp, w, N, IC, OC);
 }
 
 static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
@@ -476,6 +492,7 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
     .linear_forward_bf16_inp = cpu_linear_forward_bf16_inp,
     .linear_backward_bf16_inp = cpu_linear_backward_bf16_inp,
+    .linear_forward_bf16_out = cpu_linear_forward_bf16_out,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,

@@ -116,7 +116,9 @@ static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
     return end;
 }
 
-static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_ARRAYS]) {
+/* gu_bf16: gu is kept in bf16 (the bf16 MLP route, mlp_in_bf16), 2FF halves per token: the
+ * numel of FF floats. */
+static void act_numels(const dims *d, int64_t ckpt_layers, int gu_bf16, int64_t numel[N_ACT_ARRAYS]) {
     const int64_t S = n_slots(d->L, ckpt_layers);
     int64_t i = 0;
     numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
@@ -127,7 +129,7 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     numel[i++] = S * d->N * d->C;              /* att */
     numel[i++] = S * d->B * d->NH * d->T;      /* lse */
     numel[i++] = S * d->N;                     /* rstd2 */
-    numel[i++] = S * d->N * 2 * d->FF;         /* gu */
+    numel[i++] = S * d->N * (gu_bf16 ? 1 : 2) * d->FF; /* gu: 2FF floats or 2FF bf16 per token */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
     numel[i++] = d->N;                         /* row_max */
@@ -139,18 +141,18 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int64_t numel[N_ACT_A
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
 
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers,
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int gu_bf16,
                    size_t *activation_bytes, size_t *other_bytes) {
     dims d = get_dims(layout, B, T);
     int64_t numel[N_ACT_ARRAYS], total = 0;
-    act_numels(&d, ckpt_layers, numel);
+    act_numels(&d, ckpt_layers, gu_bf16, numel);
     for (int i = 0; i < N_ACT_ARRAYS; i++) total += round16(numel[i]);
     *activation_bytes = (size_t)total * sizeof(float);
     *other_bytes = (size_t)(2 * round16(d.N)) * sizeof(int32_t);
 }
 
 fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, fs_device *dev, fs_mem *mem) {
+                       int64_t ckpt_layers, int gu_bf16, fs_device *dev, fs_mem *mem) {
     memset(a, 0, sizeof *a);
     const fs_llama_config *c = &layout->cfg;
     if (ckpt_layers < 0 || ckpt_layers > c->num_hidden_layers)
@@ -166,7 +168,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     FS_TRY(fs_layout_check_batch(layout, B, T)); /* before any int64 product of the sizes */
     dims d = get_dims(layout, B, T);
     size_t act_bytes, other_bytes;
-    fs_acts_bytes(layout, B, T, ckpt_layers, &act_bytes, &other_bytes);
+    fs_acts_bytes(layout, B, T, ckpt_layers, gu_bf16, &act_bytes, &other_bytes);
     float *base = NULL;
     int32_t *tokens = NULL;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, act_bytes, "activations", (void **)&base));
@@ -176,7 +178,8 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         return st;
     }
     int64_t numel[N_ACT_ARRAYS];
-    act_numels(&d, ckpt_layers, numel);
+    act_numels(&d, ckpt_layers, gu_bf16, numel);
+    a->gu_bf16 = gu_bf16 != 0;
     float *scratch = NULL;
     float **slots[N_ACT_ARRAYS] = {
         &a->rope_cos, &a->rope_sin, &a->x,    &a->rstd1,  &a->qkv,     &a->att,
@@ -339,15 +342,20 @@ static int64_t slot_of(const fs_acts *a, int l) {
 }
 
 /* Under bf16, where the device has the kernels (the CPU; a GPU has none of them), the MLP's
- * GEMM operands that SwiGLU makes are made in bf16: h (into the first half of its scratch),
- * read so by the down projection's GEMMs, and in backward dgu (into the first half of its
- * array, with h again after it), read so by the gate/up projection's backward GEMMs. The
- * GEMMs would round the fp32 arrays to bf16 anyway: the same bits, half the bytes written,
- * no rounding stages, no zeroing of dgu. All of it or none: one bf16 route, one fp32. */
-static int mlp_in_bf16(const fs_model *m) {
-    const fs_kernel_table *K = m->dev->kernels;
-    return m->bf16_weights && K->swiglu_forward_bf16 && K->swiglu_backward_bf16 && K->linear_forward_bf16_inp &&
-           K->linear_backward_bf16_inp && K->linear_backward_bf16_dout;
+ * GEMM operands live in bf16. gu: the gate/up projection's forward writes its fp32 result
+ * rounded (fs_matmul_forward_bf16_out; PyTorch's autocast keeps a linear's output in bf16 the
+ * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;
+ * this one rounds a value the fp32 route keeps (SwiGLU sees gu to 2^-9 relative). h (into the
+ * first half of its scratch), read so by the down projection's GEMMs, and in backward dgu
+ * (into the first half of its array, with h again after it), read so by the gate/up
+ * projection's backward GEMMs: those GEMMs would round the fp32 arrays to bf16 anyway, the
+ * same bits, half the bytes written, no rounding stages, no zeroing of dgu. All of it or
+ * none (fs_kernel_table_mlp_bf16): one bf16 route, one fp32; the activations are sized for it
+ * (fs_acts_init's gu_bf16). */
+static int mlp_in_bf16(const fs_model *m, const fs_acts *a) {
+    const int route = m->bf16_weights && fs_kernel_table_mlp_bf16(m->dev->kernels);
+    FS_ASSERT(route == a->gu_bf16); /* the activations were sized for the route (fs_acts_init) */
+    return route;
 }
 
 /* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in
@@ -365,7 +373,9 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     float *lse = a->lse + sl * d->B * d->NH * d->T;
     float *rstd2 = a->rstd2 + sl * N;
-    float *gu = a->gu + sl * N * 2 * FF;
+    const int mlp16 = mlp_in_bf16(m, a);
+    float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
+    uint16_t *gu16 = mlp16 ? (uint16_t *)(void *)a->gu + sl * N * 2 * FF : NULL;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     /* ln1, xmid, ln2 and h are not kept (backward makes them again): they go to the scratch
      * where backward puts them (scratch_numel), free in forward and between blocks (when a
@@ -385,11 +395,12 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_out(dev, gu16, ln2, bw.gu, N, C, 2 * FF));
+    else PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
     if (!write_output) return; /* h only feeds the down projection; backward makes it again */
-    if (mlp_in_bf16(m)) {
+    if (mlp16) {
         uint16_t *h16 = (uint16_t *)(void *)h;
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu, N, FF));
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu16, N, FF));
         PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
         PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, x_next, h16, bw.down, N, FF, C, 1));
         return;
@@ -459,7 +470,9 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     float *rstd1 = a->rstd1 + sl * N, *rstd2 = a->rstd2 + sl * N;
     const float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     const float *lse = a->lse + sl * d->B * d->NH * d->T;
-    const float *gu = a->gu + sl * N * 2 * FF;
+    const int mlp16 = mlp_in_bf16(m, a);
+    const float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
+    const uint16_t *gu16 = mlp16 ? (const uint16_t *)(const void *)a->gu + sl * N * 2 * FF : NULL;
     const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
     /* h, xmid, ln2 and ln1 again, as forward made them (same kernels, same inputs: the same
@@ -469,8 +482,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
      * reader (the attention backward) */
     float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
-    /* dres = dL/dx[l+1] on entry; MLP branch (mlp_in_bf16: dgu and h in bf16) */
-    const int mlp16 = mlp_in_bf16(m);
+    /* dres = dL/dx[l+1] on entry; MLP branch (mlp_in_bf16: gu, dgu and h in bf16) */
     uint16_t *dgu_bf16 = (uint16_t *)(void *)a->dgu;
     if (mlp16) {
         /* dh first (the down projection's input gradient reads no h), then one SwiGLU pass
@@ -479,7 +491,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         uint16_t *h16 = dgu_bf16 + N * 2 * FF;
         PROF(m, FS_PROF_GEMM,
              K->linear_backward_bf16_inp(dev, a->dh, NULL, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
-        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, h16, a->dh, gu, N, FF));
+        PROF(m, FS_PROF_SWIGLU, K->swiglu_backward_bf16(dev, dgu_bf16, h16, a->dh, gu16, N, FF));
         PROF(m, FS_PROF_GEMM,
              K->linear_backward_bf16_inp(dev, NULL, bg.down, a->dres, h16, bw.down, N, FF, C, 0, accumulate));
     } else {

@@ -123,8 +123,8 @@ typedef struct op_cost {
  * kernels (docs/planner.md lists them): with QK = (NH + NKV) HS the roped q and k,
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
- *   (under bf16 where hw->mlp_bf16_operands, the CPU: SwiGLU writes h in bf16, so its
- *   forward moves 2FF elements and FF x 2 bytes)
+ *   (under bf16 where hw->mlp_bf16_operands, the CPU: SwiGLU reads gu and writes h in bf16,
+ *   so its forward moves 3FF x 2 bytes)
  *   block backward   SwiGLU forward again for h (3FF) + zero dgu (2FF) + SwiGLU (read FF +
  *                    2FF, dgu read and written 4FF) + the residual copy again for xmid (2C)
  *                    + 2 rmsnorm forwards again for ln2, ln1 (2C each) + 2 rmsnorm (read
@@ -159,10 +159,11 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.bwd.attention = 2.0 * k.fwd.attention;
         k.bwd.bytes = N * (18.0 * C + 12.0 * FF + QKV + 2.0 * QK) * act;
         if (p->cfg.precision == FS_PRECISION_BF16 && hw->mlp_bf16_operands) {
-            /* SwiGLU: forward reads gu (2FF), writes h in bf16 (FF x 2 bytes); backward one
-             * pass reads gu and dh (3FF), writes dgu and h in bf16 (3FF x 2 bytes) */
-            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * (2.0 * act + 2.0));
-            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (3.0 * act + 6.0));
+            /* SwiGLU: forward reads gu in bf16 (2FF x 2 bytes), writes h in bf16 (FF x 2);
+             * backward one pass reads gu in bf16 (2FF x 2) and dh (FF), writes dgu and h in
+             * bf16 (3FF x 2) */
+            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * 6.0);
+            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (act + 10.0));
         }
         /* every block's backward runs the o_proj forward again for xmid (llama.c): not
          * model FLOPs */

@@ -46,15 +46,17 @@ FS_TARGET_AVX512 static void narrow_avx512(uint16_t *restrict out, const float *
     }
 }
 
-static void narrow_range(void *arg, int64_t begin, int64_t end, int thread) {
-    const cast_job *j = arg;
-    uint16_t *restrict out = j->out;
-    const float *restrict in = j->in;
+void fs_cpu_narrow(uint16_t *out, const float *in, int64_t n) {
     if (fs_kernels_isa() >= FS_ISA_AVX512) {
-        narrow_avx512(out + begin, in + begin, end - begin);
+        narrow_avx512(out, in, n);
         return;
     }
-    for (int64_t i = begin; i < end; i++) out[i] = fs_fp32_to_bf16(in[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = fs_fp32_to_bf16(in[i]);
+}
+
+static void narrow_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const cast_job *j = arg;
+    fs_cpu_narrow((uint16_t *)j->out + begin, (const float *)j->in + begin, end - begin);
 }
 
 static void widen_range(void *arg, int64_t begin, int64_t end, int thread) {

@@ -44,6 +44,10 @@ void *fs_cpu_scratch(size_t bytes);
  * use fs_cpu_scratch on the same thread while the staging is alive. */
 void *fs_cpu_scratch_stage(size_t bytes);
 
+/* out[i] = fs_fp32_to_bf16(in[i]) for n elements on the calling thread, bit for bit (NaNs
+ * and denormals included; cast.c): the bf16-output GEMM rounds its fp32 tiles with it. */
+void fs_cpu_narrow(uint16_t *out, const float *in, int64_t n);
+
 /* The three products of a linear layer (gemm_bf16.c), as fs_gemm_bf16 operands. */
 enum { FS_CPU_LINEAR_FWD, FS_CPU_LINEAR_DINP, FS_CPU_LINEAR_DW };
 typedef struct fs_cpu_linear_gemm {
@@ -55,8 +59,9 @@ typedef struct fs_cpu_linear_gemm {
 fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const void *inp, int inp_bf16, const uint16_t *weight,
                                          const void *dout, int dout_bf16, int64_t N, int64_t IC,
                                          int64_t OC);
-/* fs_gemm_bf16 on the oneDNN path (gemm_onednn.c); M, N, K > 0. */
-void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+/* fs_gemm_bf16 on the oneDNN path (gemm_onednn.c); M, N, K > 0. C16 non-NULL (C NULL,
+ * accumulate 0): C written in bf16, fs_fp32_to_bf16 of what C would hold, bit for bit. */
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, uint16_t *C16, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K, int pack_b);
 

@@ -358,7 +358,7 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
     FS_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return;
     if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN) {
-        fs_cpu_onednn_gemm(pool, stage, C, ldc, accumulate, A, B, M, N, K, 0);
+        fs_cpu_onednn_gemm(pool, stage, C, NULL, ldc, accumulate, A, B, M, N, K, 0);
         return;
     }
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
@@ -377,6 +377,72 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
     j.split_cols = M < (int64_t)threads * 4 * GB_MR && N > M;
     if (j.split_cols) fs_pool_parallel_for(pool, N, GB_NR, gemm_range, &j);
     else fs_pool_parallel_for(pool, M, GB_MR, gemm_range, &j);
+}
+
+/* ------------------------------------------------------------------ bf16 output
+ * C (M, N) in bf16 = fs_fp32_to_bf16 of the fp32 product, bit for bit: the product is cut into
+ * blocks of GB_RC rows x NC columns; each block is computed by gemm_block into an fp32 buffer
+ * (the thread's scratch, after the packing room: 2.25 MiB), then rounded into C. gemm_block
+ * sums every element the same way whatever the block (see the top of this file), so the fp32
+ * values are those fs_gemm_bf16 writes. B's blocks are packed once per GB_RC rows of A: with
+ * blocks of MC rows (384 KiB) `small`'s gate/up forward took 132 ms of thread CPU time against
+ * 100 for the fp32 output (packing the transposed weight is ~3% of the product each time). */
+#define GB_RC (6 * GB_MC)
+
+typedef struct gemm16_job {
+    gemm_job g; /* C unused */
+    uint16_t *C16;
+    int64_t ldc16, col_blocks;
+} gemm16_job;
+
+/* op(A) rows from r0 and op(B) columns from c0 of a view: the same layout, a later start */
+static view view_at(const view *v, int64_t r0, int64_t c0) {
+    view o = *v;
+    const size_t esize = v->bf16 ? sizeof(uint16_t) : sizeof(float);
+    o.data = (const char *)v->data + (size_t)(r0 * v->rs + c0 * v->cs) * esize;
+    return o;
+}
+
+static void gemm16_blocks(void *arg, int64_t begin, int64_t end, int thread) {
+    const gemm16_job *j = arg;
+    const size_t pack = ((size_t)GB_MC + GB_NC) * GB_KP * sizeof(uint32_t);
+    for (int64_t b = begin; b < end; b++) {
+        const int64_t r0 = b / j->col_blocks * GB_RC, c0 = b % j->col_blocks * GB_NC;
+        const int64_t mc = j->g.M - r0 < GB_RC ? j->g.M - r0 : GB_RC;
+        const int64_t nc = j->g.N - c0 < GB_NC ? j->g.N - c0 : GB_NC;
+        /* gemm_block asks for the packing room only: the same buffer, the tail left alone */
+        float *f32 = (float *)(void *)((char *)fs_cpu_scratch(pack + (size_t)GB_RC * GB_NC * sizeof(float)) + pack);
+        gemm_job sub = j->g;
+        sub.a = view_at(&j->g.a, r0, 0);
+        sub.b = view_at(&j->g.b, 0, c0);
+        sub.C = f32;
+        sub.ldc = nc;
+        sub.M = mc;
+        sub.N = nc;
+        sub.accumulate = 0;
+        gemm_block(&sub, 0, mc, 0, nc);
+        for (int64_t r = 0; r < mc; r++) fs_cpu_narrow(j->C16 + (r0 + r) * j->ldc16 + c0, f32 + r * nc, nc);
+    }
+}
+
+/* fs_gemm_bf16 with C in bf16 and accumulate 0. */
+static void gemm_bf16_out(fs_pool *pool, const fs_gemm_stage *stage, uint16_t *C, int64_t ldc,
+                          fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
+    FS_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN) {
+        fs_cpu_onednn_gemm(pool, stage, NULL, C, ldc, 0, A, B, M, N, K, 0);
+        return;
+    }
+    const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
+    gemm16_job j = {.g = {.a = view_of(A), .b = view_of(B), .M = M, .N = N, .K = K,
+                          .kernel = fast ? kernel_avx512bf16 : kernel_portable,
+                          .pack_a = fast ? pack_a_avx512 : pack_a,
+                          .pack_b = fast ? pack_b_avx512 : pack_b},
+                    .C16 = C, .ldc16 = ldc, .col_blocks = (N + GB_NC - 1) / GB_NC};
+    const int64_t blocks = (M + GB_RC - 1) / GB_RC * j.col_blocks;
+    if ((double)M * (double)N * (double)K < GB_MIN_PARALLEL_MACS) gemm16_blocks(&j, 0, blocks, 0);
+    else fs_pool_parallel_for(pool, blocks, 1, gemm16_blocks, &j);
 }
 
 /* ------------------------------------------------------------------ linear layers
@@ -406,7 +472,7 @@ fs_cpu_linear_gemm fs_cpu_linear_product(int pass, const void *inp, int inp_bf16
 /* One product of a linear layer: fs_gemm_bf16, or on the oneDNN path with its B packing. */
 static void run_linear(fs_pool *pool, const fs_gemm_stage *stage, float *C, int accumulate, const fs_cpu_linear_gemm *g) {
     if (g->pack_b && g->M > 0 && g->N > 0 && g->K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN)
-        fs_cpu_onednn_gemm(pool, stage, C, g->ldc, accumulate, g->A, g->B, g->M, g->N, g->K, 1);
+        fs_cpu_onednn_gemm(pool, stage, C, NULL, g->ldc, accumulate, g->A, g->B, g->M, g->N, g->K, 1);
     else
         fs_gemm_bf16(pool, stage, C, g->ldc, accumulate, g->A, g->B, g->M, g->N, g->K);
 }
@@ -421,6 +487,12 @@ void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float
                                 const uint16_t *weight, int64_t N, int64_t IC, int64_t OC, int accumulate) {
     fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 1, weight, NULL, 0, N, IC, OC);
     fs_gemm_bf16(pool, stage, out, g.ldc, accumulate, g.A, g.B, g.M, g.N, g.K);
+}
+
+void fs_matmul_forward_bf16_out(fs_pool *pool, const fs_gemm_stage *stage, uint16_t *out, const float *inp,
+                                const uint16_t *weight, int64_t N, int64_t IC, int64_t OC) {
+    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 0, weight, NULL, 0, N, IC, OC);
+    gemm_bf16_out(pool, stage, out, g.ldc, g.A, g.B, g.M, g.N, g.K);
 }
 
 static void backward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,

@@ -210,7 +210,7 @@ size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC) {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) { return FS_OK; }
 uint64_t fs_gemm_primitives_created(void) { return 0; }
 uint64_t fs_gemm_primitives_not_amx(void) { return 0; }
-void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, uint16_t *C16, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K, int pack_b) {
     FS_ASSERT(!"the oneDNN GEMM path in a build without oneDNN");
@@ -623,6 +623,7 @@ typedef struct tile_job {
     fs_gemm_operand a_src; /* A as the caller gave it: staged tile by tile when fp32 */
     bf16_operand a, b;
     float *C;
+    uint16_t *C16; /* or C in bf16 (accumulate 0): each tile's fp32 result rounded */
     int64_t ldc, M, N, K;
     int accumulate;
     const prim_entry *full, *tail; /* the primitives of a full tile and of the short last one */
@@ -665,8 +666,15 @@ static void run_tile(const tile_job *j, int64_t m0) {
     dnnl_stream_t stream = thread_stream();
     /* tile rows m0.. of op(A): rows of A stored (M, K), columns of A stored transposed */
     const uint16_t *a = j->a.data + (j->a.trans ? m0 : m0 * j->a.ld);
-    void *handles[4] = {(void *)a, (void *)j->b.data, j->C + m0 * j->ldc,
-                        e->scratchpad_bytes ? fs_cpu_scratch(e->scratchpad_bytes) : NULL};
+    /* a bf16 C: the tile's fp32 result goes to the thread's scratch after the scratchpad
+     * (the same primitive, ldc and sums as an fp32 C), then is rounded into C16, so that C16
+     * is fs_fp32_to_bf16 of the fp32 product bit for bit */
+    const size_t pad = (e->scratchpad_bytes + 63) / 64 * 64;
+    char *scratch = e->scratchpad_bytes || j->C16
+                        ? fs_cpu_scratch(pad + (j->C16 ? (size_t)(mt * j->ldc) * sizeof(float) : 0))
+                        : NULL;
+    float *c = j->C16 ? (float *)(void *)(scratch + pad) : j->C + m0 * j->ldc;
+    void *handles[4] = {(void *)a, (void *)j->b.data, c, e->scratchpad_bytes ? scratch : NULL};
     const dnnl_query_t q[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
                                dnnl_query_scratchpad_md};
     const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
@@ -686,6 +694,8 @@ static void run_tile(const tile_job *j, int64_t m0) {
         dnnl_failed(s, "execution", mt, j->N, j->K);
         fs_assert_fail(fs_error_message(), __FILE__, __LINE__);
     }
+    if (j->C16)
+        for (int64_t r = 0; r < mt; r++) fs_cpu_narrow(j->C16 + (m0 + r) * j->ldc, c + r * j->ldc, j->N);
 }
 
 static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
@@ -693,7 +703,7 @@ static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t t = begin; t < end; t++) run_tile(j, t * FS_GEMM_ONEDNN_TILE);
 }
 
-void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t ldc,
+void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, uint16_t *C16, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K, int pack_b) {
     const size_t a_bytes = staged_bytes(A, M, K, 1, M, 0), need = stage_need(A, B, M, N, K, pack_b);
@@ -712,7 +722,8 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, int
     }
     tile_job j = {.a_src = A, .a = staged_layout(A, M, K, base, 1, M, 0),
                   .b = staged_layout(B, K, N, (char *)base + a_bytes, 0, M, pack_b),
-                  .C = C, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
+                  .C = C, .C16 = C16, .ldc = ldc, .M = M, .N = N, .K = K, .accumulate = accumulate};
+    FS_ASSERT(!C16 || !accumulate);
     const int64_t full = M < FS_GEMM_ONEDNN_TILE ? M : FS_GEMM_ONEDNN_TILE, rest = M % FS_GEMM_ONEDNN_TILE;
     prim_key kf = tile_key(&j.a, &j.b, full, N, K, ldc, accumulate), kt = kf;
     kt.M = rest;

@@ -7,7 +7,10 @@
  * ulp). exp(-x) overflowing to inf for x < -88 gives silu = -0 and a zero gradient, which is
  * the right limit, so no clamping is needed.
  *
- * The bf16 policy's backward (fs_swiglu_backward_bf16) writes dgu already rounded to bf16:
+ * The bf16 policy's kernels (fs_swiglu_forward_bf16, fs_swiglu_backward_bf16) read gu in
+ * bf16, as the gate/up projection writes it under that policy (fs_matmul_forward_bf16_out),
+ * and are fs_swiglu_forward / fs_swiglu_backward on the widened gu, bit for bit, rounded.
+ * The backward writes dgu already rounded to bf16:
  * its only readers are the gate/up projection's two backward GEMMs, which round an fp32 dgu
  * to bf16 first anyway (the same rounding, fs_fp32_to_bf16), so they read the same bits
  * while the pass writes half the bytes, the zeroing pass before it goes, and the GEMMs stage
@@ -58,23 +61,29 @@ FS_TARGET_AVX512 static void swiglu_forward_rows_avx512(void *arg, int64_t begin
     }
 }
 
-/* h rounded to bf16: the same values, then fs_fp32_to_bf16 (round16_bf16 below). */
+/* h rounded to bf16 from gu in bf16: fs_swiglu_forward's values on the widened gu, then
+ * fs_fp32_to_bf16 (round16_bf16 below). */
 typedef struct swiglu16f_job {
     uint16_t *out;
-    const float *gu;
+    const uint16_t *gu;
     int64_t FF;
 } swiglu16f_job;
+
+/* 16 bf16 (those under the mask; zero elsewhere) widened to fp32: exact. */
+FS_TARGET_AVX512 static inline __m512 widen16(__mmask16 k, const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+}
 
 static void swiglu_forward_bf16_rows(void *arg, int64_t begin, int64_t end, int thread) {
     const swiglu16f_job *j = arg;
     const int64_t FF = j->FF;
     for (int64_t n = begin; n < end; n++) {
-        const float *restrict gate = j->gu + n * 2 * FF;
-        const float *restrict up = gate + FF;
+        const uint16_t *restrict gate = j->gu + n * 2 * FF;
+        const uint16_t *restrict up = gate + FF;
         uint16_t *restrict o = j->out + n * FF;
         for (int64_t i = 0; i < FF; i++) {
-            float x = gate[i];
-            o[i] = fs_fp32_to_bf16(x / (1.0f + expf(-x)) * up[i]);
+            float x = fs_bf16_to_fp32(gate[i]);
+            o[i] = fs_fp32_to_bf16(x / (1.0f + expf(-x)) * fs_bf16_to_fp32(up[i]));
         }
     }
 }
@@ -86,18 +95,18 @@ FS_TARGET_AVX512 static void swiglu_forward_bf16_rows_avx512(void *arg, int64_t 
     const int64_t FF = j->FF;
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t n = begin; n < end; n++) {
-        const float *gate = j->gu + n * 2 * FF, *up = gate + FF;
+        const uint16_t *gate = j->gu + n * 2 * FF, *up = gate + FF;
         uint16_t *o = j->out + n * FF;
         for (int64_t i = 0; i < FF; i += 16) {
             const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
-            const __m512 x = _mm512_maskz_loadu_ps(k, gate + i);
+            const __m512 x = widen16(k, gate + i);
             const __m512 e1 = _mm512_add_ps(one, fs_cpu_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
-            _mm256_mask_storeu_epi16(o + i, k, round16_bf16(_mm512_mul_ps(_mm512_div_ps(x, e1), _mm512_maskz_loadu_ps(k, up + i))));
+            _mm256_mask_storeu_epi16(o + i, k, round16_bf16(_mm512_mul_ps(_mm512_div_ps(x, e1), widen16(k, up + i))));
         }
     }
 }
 
-void fs_swiglu_forward_bf16(fs_pool *pool, uint16_t *out, const float *gu, int64_t N, int64_t FF) {
+void fs_swiglu_forward_bf16(fs_pool *pool, uint16_t *out, const uint16_t *gu, int64_t N, int64_t FF) {
     swiglu16f_job j = {.out = out, .gu = gu, .FF = FF};
     fs_pool_parallel_for(pool, N, fs_cpu_row_grain(FF),
                          fs_kernels_isa() >= FS_ISA_AVX512 ? swiglu_forward_bf16_rows_avx512 : swiglu_forward_bf16_rows, &j);
@@ -175,7 +184,8 @@ void fs_swiglu_backward(fs_pool *pool, float *dgu, const float *dout, const floa
 typedef struct swiglu16_job {
     uint16_t *dgu; /* (N, 2*FF) */
     uint16_t *h;   /* (N, FF) or NULL: the forward's output, rounded, from the same exp and division */
-    const float *dout, *gu;
+    const float *dout;
+    const uint16_t *gu; /* (N, 2*FF) bf16 */
     int64_t FF;
 } swiglu16_job;
 
@@ -185,19 +195,20 @@ static void swiglu_backward_bf16_rows(void *arg, int64_t begin, int64_t end, int
     const swiglu16_job *j = arg;
     const int64_t FF = j->FF;
     for (int64_t n = begin; n < end; n++) {
-        const float *restrict gate = j->gu + n * 2 * FF;
-        const float *restrict up = gate + FF;
+        const uint16_t *restrict gate = j->gu + n * 2 * FF;
+        const uint16_t *restrict up = gate + FF;
         const float *restrict dy = j->dout + n * FF;
         uint16_t *restrict dgate = j->dgu + n * 2 * FF;
         uint16_t *restrict dup = dgate + FF;
         uint16_t *restrict h = j->h ? j->h + n * FF : NULL;
         for (int64_t i = 0; i < FF; i++) {
+            const float x = fs_bf16_to_fp32(gate[i]), u = fs_bf16_to_fp32(up[i]);
             float dg, du;
-            swiglu_grad(gate[i], up[i], dy[i], &dg, &du);
+            swiglu_grad(x, u, dy[i], &dg, &du);
             dgate[i] = fs_fp32_to_bf16(0.0f + dg);
             dup[i] = fs_fp32_to_bf16(0.0f + du);
             /* the forward's x / (1 + exp(-x)) * up, as swiglu_forward_bf16_rows computes it */
-            if (h) h[i] = fs_fp32_to_bf16(gate[i] / (1.0f + expf(-gate[i])) * up[i]);
+            if (h) h[i] = fs_fp32_to_bf16(x / (1.0f + expf(-x)) * u);
         }
     }
 }
@@ -219,11 +230,12 @@ FS_TARGET_AVX512 static void swiglu_backward_bf16_rows_avx512(void *arg, int64_t
     const int64_t FF = j->FF;
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     for (int64_t n = begin; n < end; n++) {
-        const float *gate = j->gu + n * 2 * FF, *up = gate + FF, *dy = j->dout + n * FF;
+        const uint16_t *gate = j->gu + n * 2 * FF, *up = gate + FF;
+        const float *dy = j->dout + n * FF;
         uint16_t *dgate = j->dgu + n * 2 * FF, *dup = dgate + FF, *h = j->h ? j->h + n * FF : NULL;
         for (int64_t i = 0; i < FF; i += 16) {
             const __mmask16 k = FF - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (FF - i)) - 1);
-            const __m512 x = _mm512_maskz_loadu_ps(k, gate + i), u = _mm512_maskz_loadu_ps(k, up + i);
+            const __m512 x = widen16(k, gate + i), u = widen16(k, up + i);
             const __m512 g = _mm512_maskz_loadu_ps(k, dy + i);
             const __m512 e1 = _mm512_add_ps(one, fs_cpu_exp16(_mm512_sub_ps(zero, x)));
             const __m512 sig = _mm512_div_ps(one, e1), silu = _mm512_div_ps(x, e1);
@@ -237,7 +249,7 @@ FS_TARGET_AVX512 static void swiglu_backward_bf16_rows_avx512(void *arg, int64_t
     }
 }
 
-void fs_swiglu_backward_bf16(fs_pool *pool, uint16_t *dgu, uint16_t *h, const float *dout, const float *gu,
+void fs_swiglu_backward_bf16(fs_pool *pool, uint16_t *dgu, uint16_t *h, const float *dout, const uint16_t *gu,
                              int64_t N, int64_t FF) {
     swiglu16_job j = {.dgu = dgu, .h = h, .dout = dout, .gu = gu, .FF = FF};
     fs_pool_parallel_for(pool, N, fs_cpu_row_grain(2 * FF),
