@@ -301,6 +301,27 @@ static void test_onednn_prepare_linear(void) {
     fs_gemm_set_path(before);
 }
 
+/* The bf16 GEMM's paths the same-bits tests walk: 0 flatshard's portable kernel, 1 its
+ * AVX512-BF16 kernel, 2 oneDNN. bf16_path_enter selects one (0 where this CPU or build lacks
+ * it: skip it) and saves what it changed; bf16_path_leave puts that back. */
+typedef struct bf16_path_saved {
+    fs_gemm_path path;
+    fs_kernel_isa isa;
+} bf16_path_saved;
+
+static int bf16_path_enter(int path, bf16_path_saved *saved) {
+    if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) return 0;
+    if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) return 0;
+    saved->path = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
+    saved->isa = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
+    return 1;
+}
+
+static void bf16_path_leave(const bf16_path_saved *saved) {
+    fs_kernels_set_isa(saved->isa);
+    fs_gemm_set_path(saved->path);
+}
+
 /* The products with dout already in bf16 (fs_swiglu_backward_bf16's dgu), or inp
  * (fs_swiglu_forward_bf16's h), give the bits of the products given the fp32 operand it was
  * rounded from, on every path (flatshard's fast and portable kernels, oneDNN: there a
@@ -312,11 +333,9 @@ static void test_bf16_activation_operands_same_bits(void) {
     static const int64_t sh[][3] = {{300, 70, 130}, {517, 33, 200}, {320, 96, 320}, {64, 40, 31}};
     int paths = 0;
     for (int path = 0; path < 3; path++) {
-        if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) continue;
-        if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) continue;
+        bf16_path_saved saved;
+        if (!bf16_path_enter(path, &saved)) continue;
         paths++;
-        fs_gemm_path pbefore = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
-        fs_kernel_isa ibefore = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
         for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
             const int64_t N = sh[k][0], IC = sh[k][1], OC = sh[k][2];
             float *inp = rand_f32(N * IC), *dout = rand_f32(N * OC), *w32 = rand_f32(OC * IC);
@@ -363,8 +382,7 @@ static void test_bf16_activation_operands_same_bits(void) {
                 }
             free(inp), free(dout), free(w32), free(w16), free(d16), free(i16), free(stage.data);
         }
-        fs_kernels_set_isa(ibefore);
-        fs_gemm_set_path(pbefore);
+        bf16_path_leave(&saved);
     }
     fs_test_note("%d paths", paths);
 }
@@ -380,11 +398,9 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
                                     {64, 40, 31},     {1, 1, 1},      {7, 0, 5}};
     int paths = 0;
     for (int path = 0; path < 3; path++) {
-        if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) continue;
-        if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) continue;
+        bf16_path_saved saved;
+        if (!bf16_path_enter(path, &saved)) continue;
         paths++;
-        fs_gemm_path pbefore = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
-        fs_kernel_isa ibefore = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
         for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
             const int64_t N = sh[k][0], IC = sh[k][1], OC = sh[k][2];
             float *inp = rand_f32(N * IC + 1), *w32 = rand_f32(OC * IC + 1), *o32 = rand_f32(N * OC);
@@ -414,8 +430,7 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
                 }
             free(inp), free(w32), free(o32), free(w16), free(o16), free(stage.data);
         }
-        fs_kernels_set_isa(ibefore);
-        fs_gemm_set_path(pbefore);
+        bf16_path_leave(&saved);
     }
     fs_test_note("%d paths", paths);
 }
