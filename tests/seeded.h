@@ -12,17 +12,13 @@
 
 #include <stdint.h>
 
-static uint64_t next_stream;
+#include "flatshard/core.h"
 
-static uint64_t stream_base_of(const char *name) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
-    return h;
-}
+static uint64_t next_stream;
 
 #define RUN_SEEDED(fn)                                                                      \
     do {                                                                                    \
-        next_stream = stream_base_of(#fn);                                                  \
+        next_stream = fs_fnv1a_str(#fn);                                                    \
         RUN(fn);                                                                            \
     } while (0)
 

@@ -137,6 +137,24 @@ static void test_rand_known_values(void) {
           (unsigned long long)bp);
 }
 
+/* FNV-1a's published 64-bit test vectors (the hash names every weight tensor's random stream:
+ * a change would change every initialisation) */
+static void test_fnv1a_known_values(void) {
+    static const struct { const char *s; uint64_t want; } known[] = {
+        {"", 0xcbf29ce484222325ULL},
+        {"a", 0xaf63dc4c8601ec8cULL},
+        {"foobar", 0x85944171f73967e8ULL},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        uint64_t got = fs_fnv1a_str(known[i].s);
+        CHECK(got == known[i].want, "fs_fnv1a_str(\"%s\") = 0x%016llx, want 0x%016llx", known[i].s,
+              (unsigned long long)got, (unsigned long long)known[i].want);
+    }
+    /* in pieces, the same as at once */
+    uint64_t h = fs_fnv1a(fs_fnv1a(FS_FNV1A_BASIS, "foo", 3), "bar", 3);
+    CHECK(h == 0x85944171f73967e8ULL, "fs_fnv1a in two pieces = 0x%016llx", (unsigned long long)h);
+}
+
 static void test_rand_is_a_pure_function(void) {
     CHECK(fs_rand_u64(1, 2, 3) != fs_rand_u64(1, 2, 4), "counter matters");
     CHECK(fs_rand_u64(1, 2, 3) != fs_rand_u64(1, 3, 3), "stream matters");
@@ -241,6 +259,7 @@ int main(void) {
     RUN(test_pool_rejects_bad_sizes);
     RUN(test_rand_known_values);
     RUN(test_rand_is_a_pure_function);
+    RUN(test_fnv1a_known_values);
     RUN(test_error_messages);
     RUN(test_assertions);
     return fs_test_summary();

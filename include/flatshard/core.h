@@ -181,7 +181,7 @@ static inline uint16_t fs_fp32_to_bf16(float f) {
     return (uint16_t)(v.u >> 16);
 }
 
-/* ------------------------------------------------------------------ time, random numbers */
+/* ------------------------------------------------------------------ time, random numbers, hashing */
 
 /* Seconds on a monotonic clock. */
 double fs_now(void);
@@ -197,5 +197,12 @@ float fs_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
 float fs_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter);
 /* Uniform integer in [0, n), n > 0, without modulo bias beyond 2^-64. */
 uint64_t fs_rand_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_t n);
+
+/* FNV-1a, 64 bits: h (FS_FNV1A_BASIS to start) with n bytes mixed in. The hash of a name is a
+ * weight tensor's random stream, so its values must never change (checkpoints and tests pin
+ * them); fs_fnv1a_str is the same over a NUL-terminated string. */
+#define FS_FNV1A_BASIS 0xcbf29ce484222325ULL
+uint64_t fs_fnv1a(uint64_t h, const void *bytes, size_t n);
+uint64_t fs_fnv1a_str(const char *s);
 
 #endif /* FLATSHARD_CORE_H */

@@ -110,7 +110,7 @@ fs_status fs_comm_worker_init(fs_comm *comm, int capacity, fs_comm_worker **out)
     w->comm = comm;
     w->mem = comm->mem;
     w->capacity = (uint64_t)capacity;
-    w->schedule_hash = 0xcbf29ce484222325ull; /* FNV-1a's offset basis */
+    w->schedule_hash = FS_FNV1A_BASIS;
     void *slots = NULL;
     fs_status st = fs_mem_alloc(w->mem, FS_MEM_COMM, (size_t)capacity * sizeof(worker_job),
                                 "comm worker queue", &slots);
@@ -152,14 +152,10 @@ static fs_status enqueue(fs_comm_worker *w, const worker_job *job, uint64_t *tic
 static uint64_t schedule_mix(uint64_t h, const fs_comm_op *op) {
     const int64_t fields[] = {op->coll, op->tag, (int64_t)op->count, op->dtype, op->recv_dtype,
                               op->op, op->root, op->accumulate, op->algo};
-    const unsigned char *b = (const unsigned char *)fields;
-    for (size_t i = 0; i < sizeof fields; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
+    h = fs_fnv1a(h, fields, sizeof fields);
     if (op->comm) { /* which communicator, as far as every rank can name it alike */
-        h ^= (uint64_t)(fs_comm_world(op->comm) + 1);
-        h *= 0x100000001b3ull;
+        const int64_t world = fs_comm_world(op->comm) + 1;
+        h = fs_fnv1a(h, &world, sizeof world);
     }
     return h;
 }

@@ -1,5 +1,6 @@
 /*
- * rand.c — a counter-based random number generator and the monotonic clock.
+ * rand.c — a counter-based random number generator, the monotonic clock, and FNV-1a (the
+ * hash that names a tensor's random stream).
  *
  * Every random number in flatshard is a pure function of (seed, stream, counter): weight
  * initialisation uses the tensor's index as the stream and the element's global index as the
@@ -10,7 +11,19 @@
 #include "flatshard/core.h"
 
 #include <math.h>
+#include <string.h>
 #include <time.h>
+
+uint64_t fs_fnv1a(uint64_t h, const void *bytes, size_t n) {
+    const unsigned char *b = bytes;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL; /* the FNV prime */
+    }
+    return h;
+}
+
+uint64_t fs_fnv1a_str(const char *s) { return fs_fnv1a(FS_FNV1A_BASIS, s, strlen(s)); }
 
 double fs_now(void) {
     struct timespec ts;

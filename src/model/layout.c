@@ -181,17 +181,6 @@ int fs_layout_find_tensor(const fs_layout *l, const char *name, int64_t row0) {
     return -1;
 }
 
-/* FNV-1a of the tensor name: the random stream of a tensor, independent of its position in
- * the layout (and so of the chunking). */
-static uint64_t name_stream(const char *name) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 void fs_layout_init_weights(const fs_layout *l, int unit, int64_t begin, int64_t end,
                             float *out, uint64_t seed) {
     FS_ASSERT(unit >= 0 && unit < l->n_units);
@@ -207,7 +196,9 @@ void fs_layout_init_weights(const fs_layout *l, int unit, int64_t begin, int64_t
             for (int64_t i = lo; i < hi; i++) out[i - begin] = 1.0f;
             continue;
         }
-        uint64_t stream = name_stream(t->name);
+        /* FNV-1a of the tensor's name: its random stream, independent of its position in the
+         * layout (and so of the chunking) */
+        uint64_t stream = fs_fnv1a_str(t->name);
         int64_t first_global = t->row0 * t->shape[1]; /* the piece's place in the whole tensor */
         for (int64_t i = lo; i < hi; i++)
             out[i - begin] =

@@ -94,16 +94,6 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #define CACHE_VERSION "5"
 #define CACHE_MAGIC "flatshard calibration " CACHE_VERSION
 
-/* FNV-1a of a string: the flags line is long, the key keeps its hash. */
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 /* The value of the first /proc/cpuinfo line starting with `field` ("" if none). */
 static void cpuinfo_field(const char *field, char *out, size_t n) {
     out[0] = 0;
@@ -139,11 +129,11 @@ void fs_calibration_key(char *buf, size_t buf_bytes) {
     /* the key is one line of the cache file: no newline may come from cpuinfo */
     for (char *p = model; *p; p++)
         if (*p == '\n' || *p == '\r') *p = ' ';
-    /* "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path; "attention
+    /* the flags line is long: the key keeps its hash; "kernels avx512bf16+onednn": the ISA level and the bf16 GEMM's path; "attention
      * avx512bf16": what the bf16 attention runs at the calibration's head size (kernels.h) */
     snprintf(buf, buf_bytes,
              "%s | flags %016llx | kernels %s+%s | attention %s | openblas %s | build %s | threads 1 | busy %d",
-             model, (unsigned long long)fnv1a(flags), fs_kernels_isa_name(fs_kernels_isa()),
+             model, (unsigned long long)fs_fnv1a_str(flags), fs_kernels_isa_name(fs_kernels_isa()),
              fs_gemm_path_name(fs_gemm_path_in_use()), fs_attention_bf16_path(CAL_HS), fs_kernels_blas_corename(),
              FS_BUILD_FLAVOR, busy_cores());
 }
