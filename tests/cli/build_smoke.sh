@@ -7,11 +7,7 @@
 # test_train_cli.sh checks all of this and more.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 common=(--model tiny --data "$TEXT" --steps 3 --seq 32 --log-every 1 --no-save --threads 1)
 # the step lines without the timing columns
 losses() { grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//'; }

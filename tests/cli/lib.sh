@@ -147,3 +147,14 @@ summary() {
     echo "#summary passed=$PASSED failed=$FAILED skipped=$SKIPPED"
     [ "$FAILED" -eq 0 ]
 }
+
+# need_fortunes — sets TEXT to the corpus most scripts train on, Debian's fortunes (the test
+# setup installs it); where it is missing the script fails in one line and stops there.
+need_fortunes() {
+    TEXT=/usr/share/games/fortunes/fortunes
+    if [ ! -r "$TEXT" ]; then
+        fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
+        summary
+        exit
+    fi
+}

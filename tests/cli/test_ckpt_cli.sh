@@ -5,11 +5,7 @@
 # eval of the results; bad checkpoints and options get one clear line.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 common=(--model tiny --data "$TEXT" --steps 5 --seq 32 --batch 2 --ranks 2 --threads 1 --no-save --log-every 100)
 losses() { /usr/bin/python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if json.loads(l)["step"] >= int(sys.argv[2])))' "$@"; }
 

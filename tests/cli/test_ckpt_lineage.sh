@@ -8,11 +8,7 @@
 # written before run ids still load.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 common=(--model tiny --data "$TEXT" --steps 3 --seq 32 --batch 2 --ranks 2 --threads 1 --no-save --log-every 100)
 D="$WORK/d"
 field() { /usr/bin/python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))[sys.argv[2]]; print(json.dumps(v) if isinstance(v, dict) or v is None else v)' "$1/manifest.json" "$2"; }

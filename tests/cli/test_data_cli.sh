@@ -7,11 +7,7 @@
 # bad data gets one clear line naming the file.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 PY=/usr/bin/python3
 
 # three training shards and a held-out file: the corpus in four parts

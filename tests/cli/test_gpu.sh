@@ -20,12 +20,7 @@
 # Without a GPU the GPU runs are one skip line (not a failure in CI, which has no GPU).
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -r "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary
-    exit
-fi
+need_fortunes
 
 refuse "an unknown --device" 2 "--device: 'tpu' is not one of: cpu, cuda" "$FS" train --device tpu --data "$TEXT" --steps 1 --no-save
 

@@ -9,11 +9,7 @@
 # tests/cli/test_engine_mpi.sh.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 common=(--model tiny --data "$TEXT" --steps 3 --seq 32 --log-every 1 --no-save --threads 1)
 # the step lines without the timing columns: loss and grad norm to 4 decimals
 losses() { grep -E '^step' "$WORK/out" | sed -E 's/ \| +[0-9]+ tok\/s.*//'; }

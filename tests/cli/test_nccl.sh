@@ -22,12 +22,7 @@
 # Without a GPU those are one skip line (not a failure in CI, which has no GPU).
 . "$(dirname "$0")/mpi_lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -r "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary
-    exit
-fi
+need_fortunes
 if ! command -v mpirun >/dev/null 2>&1; then
     skip "the NCCL runs under mpirun" "mpirun is not installed (Debian's openmpi-bin)"
     summary

@@ -9,11 +9,7 @@
 # `timeout`, so a hang fails the test instead of the suite.
 . "$(dirname "$0")/lib.sh"
 
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 SAN=${FLATSHARD_SANITIZER:-}
 # No check here measures time. A rank that waits --comm-timeout seconds for a peer declares
 # it dead; runs meant to succeed get the generous default (30 s), so a live rank on a loaded

@@ -12,11 +12,7 @@ if [ "${FLATSHARD_LONG:-0}" != 1 ]; then
     skip_by_design "soak test" "the long tier runs with FLATSHARD_LONG=1 (make test and the plain pass of tests/check.sh set it)"
     summary; exit
 fi
-TEXT=/usr/share/games/fortunes/fortunes
-if [ ! -f "$TEXT" ]; then
-    fail "fortunes corpus" "$TEXT is missing: the test setup installs Debian's 'fortunes' package"
-    summary; exit
-fi
+need_fortunes
 STEPS=400
 KILL_AT=250 # the save killed half way; the last complete checkpoint is then 225
 common=(--model tiny --data "$TEXT" --seq 32 --batch 2 --ranks 3 --threads 1 --no-save --log-every 100 --steps "$STEPS")
