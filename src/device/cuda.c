@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v2; only CUDA builds compile this file.
+ * table, fs_cuda_api_v3; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -521,8 +521,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v2;
-const fs_cuda_api fs_cuda_api_v2 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v3;
+const fs_cuda_api fs_cuda_api_v3 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

@@ -19,7 +19,11 @@
 #include "flatshard/device.h"
 
 #define FS_CUDA_LIBRARY "libflatshard-cuda.so"
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v2" /* v2: the attention entries take the policy (bf16) */
+/* The version is in the name: a library built against another table layout is refused by
+ * dlsym, never called with the wrong arguments. v2: the attention entries take the policy
+ * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the optional bf16-MLP
+ * entries appended. Rename whenever fs_cuda_api or fs_kernel_table changes. */
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v3"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */
