@@ -174,8 +174,16 @@ static int stage_packs(fs_gemm_operand o, int is_a, int64_t rows, int64_t cols, 
 
 static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+/* Whether a staged operand is also transposed while it is rounded: a transposed A (the
+ * weight gradient's dout^T, fp32, or bf16 from fs_swiglu_backward_bf16, only transposed).
+ * oneDNN 2.6's AMX brgemm matmul takes no transposed source: with one it falls back to
+ * "gemm:jit", which ran the weight-gradient tiles at a third of the AMX rate (ONEDNN_VERBOSE,
+ * `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged as (M, K), every product
+ * runs on brgemm. Only A: a transposed B ("ba" weights) runs on brgemm as it is. Outside the
+ * oneDNN part: the staging sizes below are counted in every build (ONEDNN=0 too). */
+static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.trans; }
+
 /* Bytes of an operand's staged copy, a multiple of 64 (the next one starts 64-aligned). */
-static int stage_transposes(fs_gemm_operand o, int is_a);
 
 static size_t staged_bytes(fs_gemm_operand o, int64_t rows, int64_t cols, int is_a, int64_t m, int pack) {
     const int packs = stage_packs(o, is_a, rows, cols, m, pack);
@@ -355,14 +363,6 @@ static void stored_dims(fs_gemm_operand o, int64_t rows, int64_t cols, int64_t *
     *sr = o.trans ? cols : rows;
     *sc = o.trans ? rows : cols;
 }
-
-/* Whether a staged operand is also transposed while it is rounded: a transposed A (the
- * weight gradient's dout^T, fp32, or bf16 from fs_swiglu_backward_bf16, only transposed). oneDNN 2.6's AMX brgemm matmul takes no transposed source: with
- * one it falls back to "gemm:jit", which ran the weight-gradient tiles at a third of the AMX
- * rate (ONEDNN_VERBOSE, `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged
- * as (M, K), every product runs on brgemm. Only A: a transposed B ("ba" weights) runs on
- * brgemm as it is. */
-static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.trans; }
 
 /* The operand as the tiles read it: staged (compact, ld = stored columns, or op() columns when
  * staging transposes it) when fp32. */
