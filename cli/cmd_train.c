@@ -338,6 +338,34 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
     }
 }
 
+/* Adds to a failed run's message where it can be resumed from: the newest checkpoint this run
+ * saved (only with --save). */
+static void name_last_checkpoint(const train_run *run, fs_status st) {
+    if (!run->save_dir || st == FS_ERR_USAGE) return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fs_error_message());
+    if (run->last_saved_step > 0)
+        fs_errorf(st, "%s; the last checkpoint is %s/%s", msg, run->save_dir, run->last_saved_name);
+    else
+        fs_errorf(st, "%s; this run saved no checkpoint", msg);
+}
+
+/* A rank's way out of train_rank: under MPI a failure is reported and the job aborted before
+ * the trainer is freed, because freeing may wait for the peers (NCCL's finalize waits until
+ * the communicator is quiescent on every rank), while the peers wait in a collective for this
+ * rank: the real cause would be lost behind their timeouts. In one process the caller reports
+ * it (rank 0 speaks for all). */
+static fs_status end_rank(fs_trainer *tr, fs_comm *comm, const train_run *run, fs_status st) {
+    if (st != FS_OK && fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI) {
+        name_last_checkpoint(run, st);
+        fs_cli_report("train", st);
+        fflush(stderr);
+        fs_comm_abort(comm); /* MPI_Abort: does not return */
+    }
+    fs_trainer_free(tr);
+    return st;
+}
+
 static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
     const int lead = rank == 0;
@@ -355,8 +383,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (run->resume) st = fs_trainer_resume(&tr, run->resume);
     else if (run->source) st = fs_trainer_init_from(&tr, run->source);
     if (st != FS_OK) {
-        fs_trainer_free(&tr);
-        return st;
+        return end_rank(&tr, comm, run, st);
     }
     t_load = fs_now() - t_load;
     /* --eval-data: as many of the asked batches as it holds; not one is refused before step 1 */
@@ -364,12 +391,12 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (run->eval_data) {
         eval_batches = fs_trainer_eval_batches(&tr, run->eval_data, run->eval_batches);
         if (eval_batches < 1) {
-            fs_trainer_free(&tr);
-            return fs_errorf(FS_ERR_FORMAT,
-                             "--eval-data %s holds %" PRId64 " windows of %" PRId64 "+1 tokens, fewer than one "
-                             "evaluation batch of %d ranks x %" PRId64 "; use a smaller --batch or --seq",
-                             run->eval_path, fs_stream_n_windows(run->eval_data, cfg.seq), cfg.seq, world,
-                             cfg.batch);
+            st = fs_errorf(FS_ERR_FORMAT,
+                           "--eval-data %s holds %" PRId64 " windows of %" PRId64 "+1 tokens, fewer than one "
+                           "evaluation batch of %d ranks x %" PRId64 "; use a smaller --batch or --seq",
+                           run->eval_path, fs_stream_n_windows(run->eval_data, cfg.seq), cfg.seq, world,
+                           cfg.batch);
+            return end_rank(&tr, comm, run, st);
         }
     }
     /* the timeline skips the first step (one-off costs) unless that is all there is */
@@ -377,8 +404,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     if (st == FS_OK && run->trace_path)
         st = fs_trainer_trace(&tr, trace_from, trace_from + run->trace_steps - 1);
     if (st != FS_OK) {
-        fs_trainer_free(&tr);
-        return st;
+        return end_rank(&tr, comm, run, st);
     }
     if (lead) {
         char desc[256];
@@ -488,8 +514,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
                 run->stopped_at_step = s.step;
                 run->stopped_by = s.stop;
             }
-            fs_trainer_free(&tr);
-            return st;
+            return end_rank(&tr, comm, run, st);
         }
     }
     if (st == FS_OK && run->save_dir && (run->save_every <= 0 || tr.step % run->save_every != 0))
@@ -560,8 +585,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         FS_ASSERT(fs_mem_get_stats(state_mem).n_allocs == allocs_after_step1);
 #endif
 
-    fs_trainer_free(&tr);
-    return st;
+    return end_rank(&tr, comm, run, st);
 }
 
 typedef struct inproc_args {
@@ -572,18 +596,6 @@ typedef struct inproc_args {
 static fs_status inproc_rank(fs_comm *comm, void *arg) {
     inproc_args *a = arg;
     return train_rank(comm, a->mems[fs_comm_rank(comm)], a->run);
-}
-
-/* Adds to a failed run's message where it can be resumed from: the newest checkpoint this run
- * saved (only with --save). */
-static void name_last_checkpoint(const train_run *run, fs_status st) {
-    if (!run->save_dir || st == FS_ERR_USAGE) return;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", fs_error_message());
-    if (run->last_saved_step > 0)
-        fs_errorf(st, "%s; the last checkpoint is %s/%s", msg, run->save_dir, run->last_saved_name);
-    else
-        fs_errorf(st, "%s; this run saved no checkpoint", msg);
 }
 
 /* --save DIR: created if missing, and a file is created and removed in it, so that a
@@ -719,7 +731,9 @@ static int cuda_under_mpi(fs_comm *comm, fs_train_config *c) {
     fs_status st = fs_comm_mpi_local(comm, &local_rank, &local_size);
     if (st == FS_OK) st = fs_comm_env_local_rank(NULL, NULL, &env_rank, NULL);
     if (st == FS_OK && env_rank >= 0) local_rank = env_rank;
-    if (st == FS_OK) st = fs_comm_gpu_ordinal(rank, local_rank, local_size, fs_device_cuda_count(NULL), &ordinal);
+    if (st == FS_OK)
+        st = fs_comm_gpu_ordinal(rank, local_rank, local_size, fs_device_cuda_count(NULL),
+                                 fs_comm_env_one_gpu_bound(NULL, NULL), &ordinal);
     int32_t refused = st != FS_OK;
     fs_status ast = fs_comm_all_reduce(&refused, &refused, 1, FS_DTYPE_INT32, FS_REDOP_SUM, comm);
     if (st != FS_OK) return fs_cli_report("train", st);

@@ -22,11 +22,14 @@
  * FS_NCCL_POLL_S (ncclCommGetAsyncError, cudaEventQuery) and sleeps on cv between polls; free
  * sets stopping and signals cv. A call is "stuck" when the oldest outstanding call has not
  * completed cfg.timeout_s after max(it was issued, the previous one completed): a peer that
- * never joins leaves every rank's oldest call pending. Then the watchdog calls ncclCommAbort
- * (which makes NCCL's kernels return, so stream waits end), records the failure, and gives the
- * owner FS_NCCL_GRACE_S to return it; an owner still blocked after that (a CUDA wait that
- * never ends) is not waited for: the watchdog prints the one line itself and aborts the
- * control communicator (MPI_Abort), which ends the job.
+ * never joins leaves every rank's oldest call pending. Under an MPI control communicator (a
+ * job of processes) the watchdog then prints the one line itself and aborts the control
+ * communicator (MPI_Abort), which ends the job: ncclCommAbort may wait for every rank of the
+ * node to abort too (NCCL >= 2.19), which a hung peer never does. Under an in-process control
+ * (tests/test_nccl.c) it records the failure and calls ncclCommAbort, without mu (which makes
+ * NCCL's kernels return, so stream waits end), and gives the owner FS_NCCL_GRACE_S to return
+ * it; an owner still blocked after that (a CUDA wait that never ends) is not waited for: the
+ * watchdog prints the line and aborts the control communicator.
  *
  * Split (fs_comm_split, hybrid sharding's group and replica communicators): ncclCommSplit
  * (NCCL >= 2.18) between two agreements over the control communicator, so that no rank is
@@ -159,11 +162,27 @@ static void *watchdog_main(void *arg) {
     while (!n->stopping) {
         if (n->failed == FS_OK) {
             watchdog_poll(c);
-            if (n->failed != FS_OK && !n->aborted) {
+            if (n->failed != FS_OK && !n->aborted && c->control &&
+                c->control->backend == FS_COMM_BACKEND_MPI) {
+                /* Under MPI the job ends here, as the owner's error would end it: since NCCL
+                 * 2.19 an abort may wait until every rank of a node aborts too (NVIDIA/nccl
+                 * issue 863), and a peer that hung never does */
+                n->reported = 1;
+                fprintf(stderr, "flatshard: %s\n", n->failed_msg);
+                fflush(stderr);
+                fs_comm *control = c->control;
+                pthread_mutex_unlock(&n->mu);
+                fs_comm_abort(control); /* MPI_Abort: does not return */
+                pthread_mutex_lock(&n->mu);
+            } else if (n->failed != FS_OK && !n->aborted) {
                 /* NCCL's kernels return once the communicator is aborted, so the owner's
-                 * stream waits end and its next call or status check returns the failure */
+                 * stream waits end and its next call or status check returns the failure.
+                 * Without mu: the owner's calls see `failed` and leave NCCL alone, and an
+                 * abort that takes long must not hold them on the lock. */
                 n->aborted = 1;
+                pthread_mutex_unlock(&n->mu);
                 ncclCommAbort(n->comm);
+                pthread_mutex_lock(&n->mu);
             }
         } else if (!n->reported && fs_now() - n->failed_t > FS_NCCL_GRACE_S) {
             /* the owner did not come back for the error: end the job from here */
@@ -396,7 +415,12 @@ static fs_status nccl_finish(fs_comm *c, fs_status st, const char *how, fs_comm 
     }
     if (agree) st = control_agree(agree, st, "ncclCommSplit");
     if (st != FS_OK) {
-        n->failed = st; /* a communicator made but not finished is aborted, not finalized */
+        /* a communicator made but not finished is aborted, not finalized; reported: the
+         * caller returns st itself, the watchdog must not end the job over it */
+        pthread_mutex_lock(&n->mu);
+        n->failed = st;
+        n->reported = 1;
+        pthread_mutex_unlock(&n->mu);
         nccl_destroy(c);
         return st;
     }

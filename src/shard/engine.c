@@ -992,8 +992,10 @@ fs_status fs_engine_end_step(fs_engine *e, double local_loss, double lr, int64_t
     /* on a GPU the one wait of the step: the gradient norm (the loss was read before) */
     step_record mine = {.sumsq = e->K->sum_squares(e->dev, grads, n_grads), .loss = local_loss,
                         .stop = e->stop_requested};
+    /* sum_squares waited for NCCL's work: the watchdogs' verdict first, since a collective
+     * that failed explains a kernel error after it */
+    FS_TRY(data_status(e));
     FS_TRY(fs_device_check(e->dev));
-    FS_TRY(data_status(e)); /* sum_squares waited for NCCL's work */
     fs_comm_worker_schedule(e->worker, &mine.schedule_hash, &mine.schedule_count);
     e->stop_requested = 0;
     uint64_t t;
