@@ -77,25 +77,51 @@ static void test_local_rank_from_the_environment(void) {
 
 static void test_gpu_ordinal(void) {
     int o = 99;
-    CHECK_OK(fs_comm_gpu_ordinal(5, 1, 4, 4, &o));
+    CHECK_OK(fs_comm_gpu_ordinal(5, 1, 4, 4, 0, &o));
     CHECK(o == 1, "local rank 1 of 4 on 4 GPUs: GPU %d", o);
-    CHECK_OK(fs_comm_gpu_ordinal(0, 0, 1, 1, &o));
+    CHECK_OK(fs_comm_gpu_ordinal(0, 0, 1, 1, 0, &o));
     CHECK(o == 0, "one rank, one GPU: GPU %d", o);
     /* more ranks on the host than GPUs: every rank of the host refuses, the first too */
-    fs_status st = fs_comm_gpu_ordinal(8, 0, 3, 2, &o);
+    fs_status st = fs_comm_gpu_ordinal(8, 0, 3, 2, 0, &o);
     CHECK(st == FS_ERR_USAGE && o == -1 &&
               strstr(fs_error_message(), "rank 8 is local rank 0 of 3 on this host, which has 2 GPUs: more "
                                          "ranks than GPUs"),
           "3 ranks on 2 GPUs: status %d, GPU %d: %s", (int)st, o, fs_error_message());
     /* a local rank beyond the size the launcher gave counts as that many ranks */
-    st = fs_comm_gpu_ordinal(2, 2, 1, 2, &o);
+    st = fs_comm_gpu_ordinal(2, 2, 1, 2, 0, &o);
     CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "local rank 2 of 3"), "local rank 2, 2 GPUs: %s",
           fs_error_message());
-    st = fs_comm_gpu_ordinal(0, 0, 1, 0, &o);
+    st = fs_comm_gpu_ordinal(0, 0, 1, 0, 0, &o);
     CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "0 GPUs"), "no GPU: %s", fs_error_message());
-    st = fs_comm_gpu_ordinal(0, -1, 1, 4, &o);
+    st = fs_comm_gpu_ordinal(0, -1, 1, 4, 0, &o);
     CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "no local rank"), "no local rank: %s",
           fs_error_message());
+    /* srun --gpus-per-task=1: local rank 5 of 8, its one GPU bound to it, is device 0 */
+    o = 99;
+    CHECK_OK(fs_comm_gpu_ordinal(13, 5, 8, 1, 1, &o));
+    CHECK(o == 0, "local rank 5 of 8 with one GPU bound to it: GPU %d", o);
+    CHECK_OK(fs_comm_gpu_ordinal(13, -1, 8, 1, 1, &o)); /* no local rank needed then */
+    /* bound, but seeing several (a launcher's binding that CUDA did not apply): the local rank */
+    st = fs_comm_gpu_ordinal(13, 5, 8, 2, 1, &o);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "more ranks than GPUs"), "bound, 2 GPUs: %s",
+          fs_error_message());
+    /* not bound: 8 ranks on the host's one GPU are refused as before */
+    st = fs_comm_gpu_ordinal(13, 5, 8, 1, 0, &o);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "local rank 5 of 8"), "8 ranks, 1 GPU: %s",
+          fs_error_message());
+}
+
+static void test_one_gpu_bound(void) {
+    static const struct { const char *value; int want; } cases[] = {
+        {"0", 1}, {"3", 1}, {"GPU-5e1f2a4c", 1}, {"0,1", 0}, {"2,3,4", 0}, {"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fake_env e = {{"CUDA_VISIBLE_DEVICES"}, {cases[i].value}};
+        int got = fs_comm_env_one_gpu_bound(fake_getenv, &e);
+        CHECK(got == cases[i].want, "CUDA_VISIBLE_DEVICES='%s': %d, want %d", cases[i].value, got, cases[i].want);
+    }
+    fake_env none = {{"SLURM_LOCALID"}, {"3"}};
+    CHECK(fs_comm_env_one_gpu_bound(fake_getenv, &none) == 0, "CUDA_VISIBLE_DEVICES unset: bound");
 }
 
 static void test_host_backends_capabilities(void) {
@@ -229,10 +255,13 @@ static fs_status di_collectives(fs_comm *c, fs_device *dev) {
     FS_TRY(fs_device_alloc(dev, wn * sizeof(float), (void **)&d_send));
     fs_status st = fs_device_alloc(dev, wn * sizeof(float), (void **)&d_recv);
     int wrong = 0;
+    /* the uploads are copies on the compute stream, which neither this rank's reduce stream
+     * nor the peers' copies wait for: synchronised before each collective */
 #define DI_RUN(opexpr)                                                                      \
     do {                                                                                    \
         fs_comm_op o_ = (opexpr);                                                           \
         o_.stream = FS_STREAM_REDUCE;                                                       \
+        if (st == FS_OK) st = fs_device_sync(dev);                                          \
         if (st == FS_OK) st = fs_comm_run(c, &o_);                                          \
         if (st == FS_OK) st = fs_device_sync(dev);                                          \
     } while (0)
@@ -565,6 +594,7 @@ int main(void) {
     alarm(300); /* a watchdog that never fires must fail the program, not hang it */
     RUN(test_local_rank_from_the_environment);
     RUN(test_gpu_ordinal);
+    RUN(test_one_gpu_bound);
     RUN(test_host_backends_capabilities);
     RUN(test_nccl_init_refusals);
     RUN(test_nccl_one_rank);

@@ -244,12 +244,17 @@ typedef const char *(*fs_env_fn)(const char *name, void *ctx);
  * [0, 65535] is FS_ERR_USAGE naming it. */
 fs_status fs_comm_env_local_rank(fs_env_fn get, void *ctx, int *out, const char **var);
 
-/* The GPU a rank uses: its local rank, when the host has more GPUs than that; otherwise
- * FS_ERR_USAGE "rank R is local rank L of N on this host, which has G GPUs: more ranks
- * than GPUs (one process per GPU)". local_size is the number of the job's processes on the
- * host (every one of them refuses when it exceeds the GPUs, so that none waits for the
+/* 1 when the launcher gave this process one GPU of its own: CUDA_VISIBLE_DEVICES (read through
+ * get; NULL: getenv) names exactly one device, as Slurm's --gpus-per-task=1 sets it; else 0. */
+int fs_comm_env_one_gpu_bound(fs_env_fn get, void *ctx);
+
+/* The GPU a rank uses: 0 when the launcher bound one GPU to the process (one_bound, above, and
+ * it sees exactly that one), else its local rank, when the host has more GPUs than that;
+ * otherwise FS_ERR_USAGE "rank R is local rank L of N on this host, which has G GPUs: more
+ * ranks than GPUs (one process per GPU)". local_size is the number of the job's processes on
+ * the host (every one of them refuses when it exceeds the GPUs, so that none waits for the
  * others in NCCL's bootstrap). */
-fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int *ordinal);
+fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int one_bound, int *ordinal);
 
 /* Collective over an mpi communicator: this process's rank and the number of processes
  * among the ranks of comm that share this host (MPI_Comm_split_type with

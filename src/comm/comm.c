@@ -260,8 +260,19 @@ fs_status fs_comm_env_local_rank(fs_env_fn get, void *ctx, int *out, const char 
     return FS_OK;
 }
 
-fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int *ordinal) {
+int fs_comm_env_one_gpu_bound(fs_env_fn get, void *ctx) {
+    const char *v = (get ? get : plain_getenv)("CUDA_VISIBLE_DEVICES", ctx);
+    return v && *v && !strchr(v, ',');
+}
+
+fs_status fs_comm_gpu_ordinal(int rank, int local_rank, int local_size, int gpus, int one_bound, int *ordinal) {
     *ordinal = -1;
+    /* srun --gpus-per-task=1: eight tasks of a host, each seeing its own GPU as device 0 (two
+     * processes given the same GPU this way fail in NCCL's init, "duplicate GPU") */
+    if (one_bound && gpus == 1) {
+        *ordinal = 0;
+        return FS_OK;
+    }
     if (local_rank < 0)
         return fs_errorf(FS_ERR_USAGE, "rank %d: no local rank (the launcher set none)", rank);
     if (local_size <= local_rank) local_size = local_rank + 1;

@@ -65,7 +65,8 @@ int main(void) {
     if (st == FS_OK && env_rank >= 0) local_rank = env_rank;
     if (!fs_comm_nccl_built()) snprintf(reason, sizeof reason, "built without NCCL (make NCCL=0)");
     else if (gpus == 0) snprintf(reason, sizeof reason, "no CUDA GPU here (%s)", why);
-    else if (st == FS_OK) st = fs_comm_gpu_ordinal(rank, local_rank, local_size, gpus, &ordinal);
+    else if (st == FS_OK)
+        st = fs_comm_gpu_ordinal(rank, local_rank, local_size, gpus, fs_comm_env_one_gpu_bound(NULL, NULL), &ordinal);
     if (st != FS_OK) snprintf(reason, sizeof reason, "rank %d: %s", rank, fs_error_message());
     int32_t skip = reason[0] != 0;
     if (fs_comm_all_reduce(&skip, &skip, 1, FS_DTYPE_INT32, FS_REDOP_SUM, mpi) != FS_OK) fs_comm_abort(mpi);
