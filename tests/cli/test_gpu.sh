@@ -2,8 +2,7 @@
 # tests/cli/test_gpu.sh — training on a GPU (--device cuda) end to end, against the CPU.
 #
 # Everywhere: the refusals — --device cuda without a GPU (or in a build without CUDA) exits 1
-# with one line saying why, an unknown device is a usage error (--ranks > 1 on one GPU:
-# tests/cli/test_nccl.sh).
+# with one line saying why, an unknown device is a usage error.
 # Where a GPU is found, the runs the device layer promises (docs/gpu.md):
 #   - 50 steps of `small` on cuda and on cpu, fp32 and bf16: the losses agree step by step
 #     within a stated tolerance (the kernels sum in other orders, so the runs drift apart
@@ -16,6 +15,8 @@
 #     (the tensor-core attention: tiny's head size is 64);
 #   - a checkpoint saved on the GPU resumes on the CPU at world size 2, and one saved by the
 #     CPU at world size 2 resumes on the GPU;
+#   - in-process ranks sharing the GPU: --ranks 2 against one rank on the same global batch,
+#     and --ranks 4 --shard-group 2 (hybrid sharding) against one rank, yafsdp, zero1, zero2;
 #   - --memory on the GPU: the measured peak per category within the plan.
 # Without a GPU the GPU runs are one skip line (not a failure in CI, which has no GPU).
 . "$(dirname "$0")/lib.sh"
@@ -41,7 +42,7 @@ if [ "$probe_rc" -ne 0 ]; then
         refuse "a build without CUDA says so" 1 "no usable GPU: this build has no CUDA" \
             "$FS" train --device cuda --model tiny --steps 1 --no-save --data "$TEXT"
     fi
-    skip_by_design "the GPU runs (cuda against cpu, resume, checkpoints, memory)" \
+    skip_by_design "the GPU runs (cuda against cpu, resume, checkpoints, in-process ranks, memory)" \
         "no CUDA GPU here ($(sed -E 's/^flatshard train: --device cuda: no usable GPU: //' "$WORK/probe.err" | head -n 1))"
     summary
     exit
@@ -100,6 +101,28 @@ expect "resume on the GPU in bf16 (tensor-core attention) is bit-exact" cmp -s "
 run "the GPU's checkpoint resumed on the CPU with 2 ranks" 0 "$FS" train --device cpu --ranks 2 --batch 1 --model tiny --seq 64 --lr 1e-3 --data "$TEXT" --steps 5 --resume "$WORK/ck" --save "$WORK/ck2" --out "$WORK/cpu2.safetensors"
 run "the CPU's 2-rank checkpoint resumed on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --lr 1e-3 --data "$TEXT" --steps 6 --resume "$WORK/ck2" --out "$WORK/back.safetensors"
 expect "the GPU run went on from the CPU's step 5 (step 6 of 6, and no step before it)" bash -c "grep -qE '^step +6/6 ' '$WORK/out' && ! grep -qE '^step +[1-5]/' '$WORK/out'"
+
+# in-process ranks sharing this GPU (the in-process device backend; no MPI, so here rather
+# than in test_nccl.sh): 2 ranks on batch 1 each against one rank on batch 2, fp32, within
+# 1e-4 (another order of the same sums; a wrong shard moves the loss by 1e-2 or more at the
+# first step); and hybrid sharding, 4 ranks as 2 groups of 2 (the backend split into the
+# groups' and the replicas' communicators) against one rank on batch 4
+INPROC=(--model tiny --seq 32 --steps 4 --precision fp32 --no-save --threads 1 --progress lines --data "$TEXT")
+expect_close() { # WHAT DIFF: DIFF is at most 1e-4
+    expect "$1 (largest relative loss difference ${2:-?} <= 1e-4)" \
+        python3 -c "import sys; sys.exit(0 if float('${2:-1}') <= 1e-4 else 1)"
+}
+run "one GPU, one rank, batch 2" 0 "$FS" train --device cuda "${INPROC[@]}" --batch 2 --metrics "$WORK/r1.jsonl"
+run "one GPU, --ranks 2, batch 1" 0 "$FS" train --device cuda "${INPROC[@]}" --batch 1 --ranks 2 --metrics "$WORK/r2.jsonl"
+expect_close "2 ranks on one GPU train what one rank trains" "$(max_rel_diff "$WORK/r1.jsonl" "$WORK/r2.jsonl" 2>&1)"
+for strategy in yafsdp zero1 zero2; do
+    run "one GPU, one rank, batch 4, $strategy" 0 "$FS" train --device cuda "${INPROC[@]}" --strategy "$strategy" \
+        --batch 4 --metrics "$WORK/h1-$strategy.jsonl"
+    run "one GPU, --ranks 4 --shard-group 2, batch 1, $strategy" 0 "$FS" train --device cuda "${INPROC[@]}" \
+        --strategy "$strategy" --batch 1 --ranks 4 --shard-group 2 --metrics "$WORK/h4-$strategy.jsonl"
+    expect_close "4 ranks as 2 x 2 on one GPU train what one rank trains, $strategy" \
+        "$(max_rel_diff "$WORK/h1-$strategy.jsonl" "$WORK/h4-$strategy.jsonl" 2>&1)"
+done
 
 run "--memory on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --steps 2 --no-save --memory --data "$TEXT"
 expect "the memory table is printed" grep -q 'memory per rank, MiB' "$WORK/out"

@@ -12,9 +12,6 @@
 #     norms, to the last digit, as the run without mpirun (device copies): at W = 1 NCCL's
 #     sums are copies, so the arithmetic is the same; fp32 and bf16, with --grad-accum 2
 #     (the accumulating reduce-scatter: NCCL in place, then an add);
-#   - train --ranks 2 on one GPU (in-process ranks, the in-process device backend) against
-#     one rank on the same global batch, and --ranks 4 --shard-group 2 (hybrid sharding,
-#     the backend split) against one rank, yafsdp, zero1 and zero2;
 #   - with G > 1: mpirun -np G train --batch 1 against one GPU with --batch G (the same
 #     global batch) within a stated tolerance, the same with --shard-group G/2 (NCCL split
 #     with ncclCommSplit) when G is even, and a rank that hangs (FLATSHARD_FAULT=hang-at)
@@ -98,22 +95,7 @@ expect_close() {
         python3 -c "import sys; sys.exit(0 if float('${2:-1}') <= 1e-4 else 1)"
 }
 
-# in-process ranks sharing this GPU (the in-process device backend): 2 ranks on batch 1 each
-# against one rank on batch 2, fp32, within the same 1e-4 as W GPUs below (another order of
-# the same sums); and hybrid sharding, 4 ranks as 2 groups of 2 (the backend split into the
-# groups' and the replicas' communicators) against one rank on batch 4
-args=("${common[@]}" --device cuda --steps 4 --precision fp32)
-run "one GPU, one rank, batch 2" 0 "$FS" train "${args[@]}" --batch 2 --metrics "$WORK/r1.jsonl"
-run "one GPU, --ranks 2, batch 1" 0 "$FS" train "${args[@]}" --batch 1 --ranks 2 --metrics "$WORK/r2.jsonl"
-expect_close "2 ranks on one GPU train what one rank trains" "$(max_rel_loss_diff "$WORK/r1.jsonl" "$WORK/r2.jsonl")"
-for strategy in yafsdp zero1 zero2; do
-    run "one GPU, one rank, batch 4, $strategy" 0 "$FS" train "${args[@]}" --strategy "$strategy" --batch 4 \
-        --metrics "$WORK/h1-$strategy.jsonl"
-    run "one GPU, --ranks 4 --shard-group 2, batch 1, $strategy" 0 "$FS" train "${args[@]}" --strategy "$strategy" \
-        --batch 1 --ranks 4 --shard-group 2 --metrics "$WORK/h4-$strategy.jsonl"
-    expect_close "4 ranks as 2 x 2 on one GPU train what one rank trains, $strategy" \
-        "$(max_rel_loss_diff "$WORK/h1-$strategy.jsonl" "$WORK/h4-$strategy.jsonl")"
-done
+# (in-process ranks sharing one GPU need no MPI: tests/cli/test_gpu.sh)
 
 if [ "$gpus" -gt 1 ]; then
     # W GPUs on batch 1 each against one GPU on batch W: the same global batch and model; the
