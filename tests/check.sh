@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # tests/check.sh — what CI runs: the whole suite on the plain build, then under
 # AddressSanitizer, UndefinedBehaviorSanitizer and ThreadSanitizer (each build in its own
-# directory); then the two builds the suite would otherwise never compile, `make MPI=none`
-# (build-nompi/) and `make DEBUG=1` (build-debug/), each exercised by its test programs and a
-# short training run (tests/run.sh --quick); and one final line
+# directory); then the two builds the suite would otherwise never compile, `make MPI=none
+# ONEDNN=0` (build-nompi/) and `make DEBUG=1` (build-debug/), each exercised by its test
+# programs and a short training run (tests/run.sh --quick); and one final line
 # "N passed, M failed, K skipped" over all of them. A build that fails counts as a failure.
 # Exits non-zero on any failure.
 set -u
@@ -51,12 +51,16 @@ for san in "" address undefined thread; do
     suite "$name" "" FLATSHARD_LONG=$long FLATSHARD_BUILD=$build FLATSHARD_SANITIZER=$san
 done
 
-# MPI=none: the comm backend without MPI compiled in (its own build directory, build-nompi/);
-# DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2 in-process ranks.
+# MPI=none ONEDNN=0: the comm backend without MPI compiled in, and no oneDNN (its own build
+# directory, build-nompi/): the minimal build a bare GPU host makes (tools/gpu_check.sh), whose
+# bf16 GEMM takes flatshard's path, the one a CPU without AMX takes, so that an AMX machine's
+# CI runs that path's tests too (a bf16 tolerance only the oneDNN path met went unnoticed
+# until 2026-12-06). DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2
+# in-process ranks.
 for variant in nompi debug; do
     echo "=================== $variant build"
     if [ "$variant" = nompi ]; then
-        args=(MPI=none) build=build-nompi mpi=none
+        args=(MPI=none ONEDNN=0) build=build-nompi mpi=none
     else
         args=(DEBUG=1 BUILD=build-debug) build=build-debug mpi=openmpi
     fi
