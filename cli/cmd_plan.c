@@ -66,7 +66,13 @@ static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train
     p->total = 0;
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
         uint64_t b = p->plan.bytes[k];
-        if (k == FS_MEM_ACTIVATIONS) b = b / 4 * (uint64_t)hw->activation_bytes;
+        if (k == FS_MEM_ACTIVATIONS && hw->activation_bytes != 4) {
+            /* every element at the device's size, gate and up too: scale the plan with gu in
+             * fp32 (the bf16 MLP route's gu is already 2 bytes, fs_plan_config.gu_bf16) */
+            size_t act = 0, tokens = 0;
+            fs_acts_bytes(&p->layout, tc->batch, tc->seq, tc->ckpt_layers, 0, &act, &tokens);
+            b = (uint64_t)act / 4 * (uint64_t)hw->activation_bytes;
+        }
         /* the plan is this machine's CPU: a preset's GPU has not its GEMM staging (oneDNN's,
          * kernels.h), and docs/planner.md's formulas leave the GPU's GEMM scratch out */
         if (k == FS_MEM_OTHER && hw->origin == FS_HW_PUBLISHED) b -= p->plan.cfg.device_bytes;

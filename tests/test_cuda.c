@@ -157,6 +157,36 @@ static int check_tol(const char *file, int line, const char *what, const float *
     return 0;
 }
 
+/* A bf16 result of a value the GPU computed in fp32 within tol[i] of want[i], then rounded
+ * (to nearest even): rounding is monotone, so got[i] must lie between the roundings of
+ * want - tol and want + tol (each end first widened outward to a float). A non-finite want
+ * must be matched by its rounding; a NaN got fails. Reports the first bad element. */
+#define CHECK_BF16_BAND(what, got, want, tol, n) check_bf16_band(__FILE__, __LINE__, what, got, want, tol, n)
+static int check_bf16_band(const char *file, int line, const char *what, const uint16_t *got,
+                           const float *want, const double *tol, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = fs_bf16_to_fp32(got[i]);
+        int ok;
+        if (!isfinite(want[i]))
+            ok = got[i] == fs_fp32_to_bf16(want[i]);
+        else {
+            const float lo = nextafterf((float)((double)want[i] - tol[i]), -INFINITY);
+            const float hi = nextafterf((float)((double)want[i] + tol[i]), INFINITY);
+            ok = tol[i] >= 0.0 && g >= fs_bf16_to_fp32(fs_fp32_to_bf16(lo)) &&
+                 g <= fs_bf16_to_fp32(fs_fp32_to_bf16(hi));
+        }
+        if (!ok) {
+            fs_test_fail(file, line,
+                         "%s: element %lld is %.9g (0x%04x), expected %.9g within %.3g, then "
+                         "rounded to bf16 (%lld elements)",
+                         what, (long long)i, (double)g, got[i], (double)want[i], tol[i],
+                         (long long)n);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ device helpers
  * The kernels here run on test_stream (a blocking stream: the synchronous copies below, on
  * the legacy default stream, are ordered after its work; the attention checks use the legacy
@@ -350,6 +380,10 @@ static void test_cuda_empty_and_bad_sizes(void) {
     CHECK_OK(fs_cuda_rope_backward(st, NULL, 8, NULL, NULL, 2, 0, 1, 8));
     CHECK_OK(fs_cuda_swiglu_forward(st, NULL, NULL, 0, 8));
     CHECK_OK(fs_cuda_swiglu_backward(st, NULL, NULL, NULL, 4, 0));
+    CHECK_OK(fs_cuda_swiglu_forward_bf16(st, NULL, NULL, 0, 8));
+    CHECK_OK(fs_cuda_swiglu_backward_bf16(st, NULL, NULL, NULL, NULL, 4, 0));
+    CHECK(fs_cuda_swiglu_forward_bf16(st, NULL, NULL, -1, 8) == FS_ERR_USAGE,
+          "a negative N must be a usage error");
     CHECK_OK(fs_cuda_xent_chunk_forward(st, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 1));
     CHECK_OK(fs_cuda_xent_finish(st, NULL, NULL, NULL, NULL, 0, NULL));
     CHECK_OK(fs_cuda_xent_chunk_backward(st, NULL, NULL, NULL, NULL, 0, 8, 0, 1.0f));
@@ -697,6 +731,79 @@ static void test_cuda_swiglu(void) {
     }
 }
 
+/*
+ * The bf16 policy's twins (fs_swiglu_forward_bf16, fs_swiglu_backward_bf16): gu in bf16, so
+ * both sides compute from the same widened floats, and the fp32 reference is the CPU's fp32
+ * kernel on them (fs_swiglu_forward, and fs_swiglu_backward into a zeroed dgu, which is what
+ * the bf16 backward rounds). The GPU's fp32 value is within the tolerances above of it (the
+ * accumulation term stays: 0 + g rounds nothing, so it only widens the band), and each result
+ * must be its rounding (CHECK_BF16_BAND); bit equality with the CPU's bf16 kernels is not
+ * required (a value an ulp of fp32 from a bf16 tie may round either way). The backward's h
+ * must be the GPU forward's bits (the same expf and division), and dgu must be the same with
+ * h NULL (nothing else written: the output arrays start as NaN patterns).
+ */
+static void test_cuda_swiglu_bf16(void) {
+    for (size_t s = 0; s < sizeof swiglu_cases / sizeof swiglu_cases[0]; s++) {
+        const int64_t N = swiglu_cases[s].N, FF = swiglu_cases[s].FF;
+        uint16_t *gu16 = hnew(N * 2 * FF), *h16 = hnew(N * FF), *hb16 = hnew(N * FF),
+                 *dgu16 = hnew(N * 2 * FF), *dgu16_noh = hnew(N * 2 * FF);
+        fill_bf16(gu16, N * 2 * FF, 3.0f);
+        static const float planted[4] = {-100.0f, 100.0f, 0.0f, -1.28f};
+        for (int k = 0; k < 4 && k < FF; k++) gu16[k] = fs_fp32_to_bf16(planted[k]);
+        float *gu = fnew(N * 2 * FF), *out = fnew(N * FF);
+        for (int64_t i = 0; i < N * 2 * FF; i++) gu[i] = fs_bf16_to_fp32(gu16[i]);
+        fs_swiglu_forward(NULL, out, gu, N, FF);
+        uint16_t *d_gu = dev_upload_u16(gu16, N * 2 * FF);
+        uint16_t *d_h = dev_alloc((size_t)(N * FF) * sizeof(uint16_t));
+        CHECK_OK(fs_cuda_swiglu_forward_bf16(test_stream, d_h, d_gu, N, FF));
+        dev_download_u16(h16, d_h, N * FF);
+        double *tol = dnew(N * 2 * FF);
+        for (int64_t i = 0; i < N * FF; i++) tol[i] = 24.0 * U * fabs((double)out[i]) + 1e-37;
+        char what[112];
+        snprintf(what, sizeof what, "swiglu_bf16 out N=%lld FF=%lld", (long long)N, (long long)FF);
+        CHECK_BF16_BAND(what, h16, out, tol, N * FF);
+
+        float *dy = fnew(N * FF), *want = fnew(N * 2 * FF);
+        fill_normal(dy, N * FF, 1.0f);
+        memset(want, 0, (size_t)(N * 2 * FF) * sizeof(float));
+        fs_swiglu_backward(NULL, want, dy, gu, N, FF);
+        float *d_dy = dev_upload(dy, N * FF);
+        uint16_t *d_dgu = dev_alloc((size_t)(N * 2 * FF) * sizeof(uint16_t));
+        uint16_t *d_hb = dev_alloc((size_t)(N * FF) * sizeof(uint16_t));
+        if (d_dgu) cudaMemset(d_dgu, 0xff, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+        if (d_hb) cudaMemset(d_hb, 0xff, (size_t)(N * FF) * sizeof(uint16_t));
+        CHECK_OK(fs_cuda_swiglu_backward_bf16(test_stream, d_dgu, d_hb, d_dy, d_gu, N, FF));
+        dev_download_u16(dgu16, d_dgu, N * 2 * FF);
+        dev_download_u16(hb16, d_hb, N * FF);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t i = 0; i < FF; i++) {
+                const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i],
+                             g = dy[n * FF + i];
+                const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
+                const double dgate = g * up * sig * q, dup = g * x * sig;
+                const int64_t ig = n * 2 * FF + i, iu = ig + FF;
+                tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U +
+                          8.0 * U * fabs(dgate) + 2.0 * U * fabs((double)want[ig]) + 1e-37;
+                tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
+            }
+        snprintf(what, sizeof what, "swiglu_bf16 dgu N=%lld FF=%lld", (long long)N, (long long)FF);
+        CHECK_BF16_BAND(what, dgu16, want, tol, N * 2 * FF);
+        snprintf(what, sizeof what, "swiglu_bf16 backward's h = forward's N=%lld FF=%lld",
+                 (long long)N, (long long)FF);
+        CHECK_BITS16(what, hb16, h16, N * FF);
+        if (d_dgu) cudaMemset(d_dgu, 0xff, (size_t)(N * 2 * FF) * sizeof(uint16_t));
+        CHECK_OK(fs_cuda_swiglu_backward_bf16(test_stream, d_dgu, NULL, d_dy, d_gu, N, FF));
+        dev_download_u16(dgu16_noh, d_dgu, N * 2 * FF);
+        snprintf(what, sizeof what, "swiglu_bf16 dgu with h NULL N=%lld FF=%lld", (long long)N,
+                 (long long)FF);
+        CHECK_BITS16(what, dgu16_noh, dgu16, N * 2 * FF);
+
+        dev_free(d_gu), dev_free(d_h), dev_free(d_dy), dev_free(d_dgu), dev_free(d_hb);
+        free(gu16), free(h16), free(hb16), free(dgu16), free(dgu16_noh), free(gu), free(out);
+        free(tol), free(dy), free(want);
+    }
+}
+
 /* ------------------------------------------------------------------ cross-entropy */
 
 /*
@@ -1019,6 +1126,65 @@ static void run_gemm_case(fs_cuda_blas *h, const gemm_case *gc) {
     free(again), free(cpu), free(tol), free(want), free(got_mn);
 }
 
+/*
+ * fs_cuda_gemm_bf16_out on the same bf16 operands as run_gemm_case: the CPU's fs_gemm_bf16
+ * (fp32 C) is the reference, the GPU's fp32 sums are within the bf16 tolerance above of it
+ * (4 (K + 2) u sum |a b|), and each element written must be their rounding
+ * (CHECK_BF16_BAND); C's padding columns keep their bits (C starts as NaN patterns), and a
+ * second call gives the same bits.
+ */
+static void run_gemm_bf16_out_case(fs_cuda_blas *h, const gemm_case *gc) {
+    const int64_t M = gc->M, N = gc->N, K = gc->K, off = gc->offset;
+    const int64_t lda = (gc->ta ? M : K) + 3, ldb = (gc->tb ? K : N) + 5, ldc = N + 2;
+    const int64_t arows = gc->ta ? K : M, brows = gc->tb ? N : K;
+    uint16_t *a16 = hnew(arows * lda), *b16 = hnew(brows * ldb);
+    fill_bf16(a16, arows * lda, 1.0f);
+    fill_bf16(b16, brows * ldb, 1.0f);
+    float *cpu = fnew(M * N), *want = fnew(M * N);
+    double *tol = dnew(M * N);
+    const fs_gemm_operand ha = {a16, FS_GEMM_BF16, gc->ta, lda}, hb = {b16, FS_GEMM_BF16, gc->tb, ldb};
+    fs_gemm_bf16(NULL, NULL, cpu, N, 0, ha, hb, M, N, K);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t ia = gc->ta ? k * lda + m : m * lda + k;
+                const int64_t ib = gc->tb ? n * ldb + k : k * ldb + n;
+                mag += fabs((double)fs_bf16_to_fp32(a16[ia]) * (double)fs_bf16_to_fp32(b16[ib]));
+            }
+            want[m * N + n] = cpu[m * N + n];
+            tol[m * N + n] = 4.0 * (double)(K + 2) * U * mag + 1e-37;
+        }
+    uint16_t *da = dev_alloc((size_t)(arows * lda + off) * sizeof(uint16_t)),
+             *db = dev_alloc((size_t)(brows * ldb + off) * sizeof(uint16_t)),
+             *dc_base = dev_alloc((size_t)(M * ldc + off) * sizeof(uint16_t));
+    if (da) dev_put(da + off, a16, (size_t)(arows * lda) * sizeof(uint16_t));
+    if (db) dev_put(db + off, b16, (size_t)(brows * ldb) * sizeof(uint16_t));
+    uint16_t *dc = dc_base ? dc_base + off : NULL;
+    const fs_gemm_operand A = {da ? da + off : NULL, FS_GEMM_BF16, gc->ta, lda};
+    const fs_gemm_operand B = {db ? db + off : NULL, FS_GEMM_BF16, gc->tb, ldb};
+    uint16_t *got = hnew(M * ldc), *again = hnew(M * ldc), *got_mn = hnew(M * N);
+    char what[176];
+    snprintf(what, sizeof what, "gemm bf16 out M=%lld N=%lld K=%lld ta=%d tb=%d offset=%lld",
+             (long long)M, (long long)N, (long long)K, gc->ta, gc->tb, (long long)off);
+    for (int round = 0; round < 2; round++) {
+        if (dc) cudaMemset(dc, 0xff, (size_t)(M * ldc) * sizeof(uint16_t));
+        CHECK_OK(fs_cuda_gemm_bf16_out(h, test_stream, dc, ldc, A, B, M, N, K));
+        dev_download_u16(round ? again : got, dc, M * ldc);
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) got_mn[m * N + n] = got[m * ldc + n];
+    CHECK_BF16_BAND(what, got_mn, want, tol, M * N);
+    int pad_kept = 1;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = N; n < ldc; n++) pad_kept &= got[m * ldc + n] == 0xffff;
+    CHECK(pad_kept, "%s: the padding columns of C changed", what);
+    CHECK(memcmp(again, got, (size_t)(M * ldc) * sizeof(uint16_t)) == 0,
+          "%s: a second call gave other bits", what);
+    dev_free(da), dev_free(db), dev_free(dc_base);
+    free(a16), free(b16), free(cpu), free(want), free(tol), free(got), free(again), free(got_mn);
+}
+
 static void test_cuda_gemm(void) {
     void *ws = dev_alloc(FS_CUDA_GEMM_WORKSPACE_BYTES);
     fs_cuda_blas *h = NULL;
@@ -1044,6 +1210,17 @@ static void test_cuda_gemm(void) {
                     odd_shapes[s][0], odd_shapes[s][1], odd_shapes[s][2], t & 1, t >> 1, bf16, 1};
                 run_gemm_case(h, &gc);
             }
+    /* bf16 C: the same shapes and transposes, aligned and element-aligned */
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 64; i++) {
+            const gemm_case gc = {dims[i / 16], dims[(i / 4) % 4], dims[i % 4], t & 1, t >> 1, 1, 0};
+            run_gemm_bf16_out_case(h, &gc);
+        }
+    for (int t = 0; t < 4; t++)
+        for (int s = 0; s < 3; s++) {
+            const gemm_case gc = {odd_shapes[s][0], odd_shapes[s][1], odd_shapes[s][2], t & 1, t >> 1, 1, 1};
+            run_gemm_bf16_out_case(h, &gc);
+        }
     /* K = 0: an empty sum writes zeros, or leaves C as it is when accumulating */
     {
         const int64_t M = 17, N = 7, ldc = 9;
@@ -1064,6 +1241,19 @@ static void test_cuda_gemm(void) {
         CHECK_BITS("gemm K=0 write: C zeroed, padding kept", got, c, M * ldc);
         dev_free(dc);
         free(c), free(got);
+        /* a bf16 C: zeros written, padding kept */
+        uint16_t *c16 = hnew(M * ldc), *got16 = hnew(M * ldc);
+        for (int64_t i = 0; i < M * ldc; i++) c16[i] = 0xffff;
+        uint16_t *dc16 = dev_upload_u16(c16, M * ldc);
+        uint16_t dummy16[1] = {0};
+        const fs_gemm_operand A16 = {dummy16, FS_GEMM_BF16, 0, 1}, B16 = {dummy16, FS_GEMM_BF16, 0, N};
+        CHECK_OK(fs_cuda_gemm_bf16_out(h, test_stream, dc16, ldc, A16, B16, M, N, 0));
+        dev_download_u16(got16, dc16, M * ldc);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) c16[m * ldc + n] = 0;
+        CHECK_BITS16("gemm bf16 out K=0: C zeroed, padding kept", got16, c16, M * ldc);
+        dev_free(dc16);
+        free(c16), free(got16);
     }
     /* a mixed pair is refused */
     {
@@ -1071,6 +1261,9 @@ static void test_cuda_gemm(void) {
         const fs_gemm_operand A = {dummy, FS_GEMM_F32, 0, 4}, B = {dummy, FS_GEMM_BF16, 0, 4};
         CHECK(fs_cuda_gemm(h, test_stream, NULL, 4, 0, A, B, 4, 4, 4) == FS_ERR_USAGE,
               "gemm with fp32 A and bf16 B must be a usage error");
+        const fs_gemm_operand A32 = {dummy, FS_GEMM_F32, 0, 4}, B32 = {dummy, FS_GEMM_F32, 0, 4};
+        CHECK(fs_cuda_gemm_bf16_out(h, test_stream, NULL, 4, A32, B32, 4, 4, 4) == FS_ERR_USAGE,
+              "a bf16 C with fp32 operands must be a usage error");
     }
     fs_cuda_blas_free(h);
     dev_free(ws);
@@ -1108,6 +1301,7 @@ int main(void) {
     RUN_SEEDED(test_cuda_rmsnorm);
     RUN_SEEDED(test_cuda_rope);
     RUN_SEEDED(test_cuda_swiglu);
+    RUN_SEEDED(test_cuda_swiglu_bf16);
     RUN_SEEDED(test_cuda_xent);
     RUN_SEEDED(test_cuda_adamw);
     RUN_SEEDED(test_cuda_gemm);

@@ -20,7 +20,9 @@
  *   4. two emulated GPU ranks train like two CPU ranks, through the engine's NCCL path with
  *      the in-process device backend (fs_comm_device_inproc_init) as the data communicator;
  *   5. hybrid sharding (--shard-group) on four emulated GPU ranks as 2 x 2, through splits of
- *      that backend, against one rank, plain sharding, the CPU, and overlap off.
+ *      that backend, against one rank, plain sharding, the CPU, and overlap off;
+ *   6. the plan of a --device cuda run (made before a GPU is open) keeps gate and up in bf16
+ *      under bf16, as the CUDA table's bf16 MLP route needs.
  */
 #include <stdio.h>
 #include <string.h>
@@ -460,6 +462,44 @@ static void test_device_names(void) {
     fs_test_note("%s", n > 0 ? "a GPU is here" : why);
 }
 
+/* The plan of a GPU run keeps gate and up in bf16 under bf16, as the CPU's does: the CUDA
+ * table has the bf16 MLP route (fs_cuda_api_v4), and the plan (made before any GPU is open,
+ * so it runs here) must size the activations the model will use, or the model's assertion
+ * stops the first step on the GPU. fp32 keeps them in fp32 on both; the difference is
+ * exactly gu's N x 2FF at 2 bytes instead of 4 per block. */
+static void test_gpu_plan_keeps_gu_in_bf16(void) {
+    CHECK(fs_device_kind_mlp_bf16(FS_DEVICE_CUDA) && fs_device_kind_mlp_bf16(FS_DEVICE_CPU),
+          "the GPU and the CPU have the bf16 MLP route");
+    fs_llama_config mc;
+    CHECK_OK(fs_llama_config_preset("tiny", &mc));
+    size_t act[2][2] = {{0}}; /* [device: cpu, cuda][precision: fp32, bf16] */
+    for (int gpu = 0; gpu <= 1; gpu++)
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            fs_train_config c = fs_train_config_default();
+            c.batch = 2;
+            c.seq = 64;
+            c.precision = bf16 ? FS_PRECISION_BF16 : FS_PRECISION_FP32;
+            c.device = gpu ? FS_DEVICE_CUDA : FS_DEVICE_CPU;
+            fs_plan plan;
+            fs_layout layout;
+            fs_status st = fs_trainer_plan(&plan, &layout, &mc, &c, 1, 0);
+            CHECK(st == FS_OK, "plan %d %d: %s", gpu, bf16, fs_error_message());
+            if (st != FS_OK) continue;
+            CHECK(plan.cfg.gu_bf16 == bf16, "%s %s: gu_bf16 %d", gpu ? "cuda" : "cpu",
+                  bf16 ? "bf16" : "fp32", plan.cfg.gu_bf16);
+            act[gpu][bf16] = plan.bytes[FS_MEM_ACTIVATIONS];
+            fs_plan_free(&plan);
+            fs_layout_free(&layout);
+        }
+    /* N = 2 x 64 tokens; gu is N x 2FF elements per block, 2 bytes fewer each */
+    const size_t gu_half = (size_t)mc.num_hidden_layers * (2 * 64) * (2 * (size_t)mc.intermediate_size) * 2;
+    for (int bf16 = 0; bf16 <= 1; bf16++)
+        CHECK(act[1][bf16] == act[0][bf16], "%s: the GPU plans %zu bytes of activations, the CPU %zu",
+              bf16 ? "bf16" : "fp32", act[1][bf16], act[0][bf16]);
+    CHECK(act[1][0] - act[1][1] == gu_half, "cuda: fp32 minus bf16 activations %zu, gu's half %zu",
+          act[1][0] - act[1][1], gu_half);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flatshard-test-device-XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -467,6 +507,7 @@ int main(void) {
         return 1;
     }
     RUN(test_device_names);
+    RUN(test_gpu_plan_keeps_gu_in_bf16);
     RUN(test_emulated_device_trains_like_the_cpu);
     RUN(test_emulated_memory_is_the_plan);
     RUN(test_emulated_checkpoints);

@@ -138,7 +138,8 @@ fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const f
  *                 (fs_swiglu_forward_bf16), in forward and in backward;
  *   linear_forward_bf16_out  the gate/up projection's forward writing gu in bf16
  *                 (fs_matmul_forward_bf16_out: the fp32 result rounded, bit for bit), which
- *                 the two bf16 SwiGLU kernels read. The CPU's; the model takes all or none. */
+ *                 the two bf16 SwiGLU kernels read. The CPU's and the GPU's tables have them
+ *                 all; the model takes all or none. */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -207,8 +208,7 @@ typedef struct fs_kernel_table {
  * entries above): under bf16, the model then keeps gu in bf16 and runs the MLP's SwiGLU and
  * GEMMs on bf16 operands (src/model/llama.c), and the activations hold gu in bf16
  * (fs_acts_init). fs_device_kind_mlp_bf16: the same for a kind, before any device is open
- * (the plan): the CPU's and the emulated device's table (the CPU's kernels) have them, the
- * GPU's none. */
+ * (the plan): every kind's table has them (the emulated device's is the CPU's). */
 int fs_kernel_table_mlp_bf16(const fs_kernel_table *k);
 int fs_device_kind_mlp_bf16(fs_device_kind kind);
 

@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v3; only CUDA builds compile this file.
+ * table, fs_cuda_api_v4; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -366,6 +366,70 @@ static void cuda_linear_backward(fs_device *d, float *dinp, float *dw, const flo
     LAUNCH(d, linear_backward(d, dinp, dw, dout, inp, w, bf16, N, IC, OC, acc_dinp, acc_dw));
 }
 
+/* The bf16 MLP route (device.h, llama.c): the entries of the linear layers whose operand or
+ * result is already bf16 — gu written by the gate/up projection, h read by the down
+ * projection, dgu by the gate/up projection's backward. The other operand of a product that
+ * has one in fp32 is cast into the scratch as linear_forward and linear_backward do. */
+static fs_status linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
+                                         int64_t N, int64_t IC, int64_t OC) {
+    const uint16_t *a = NULL;
+    FS_TRY(bf16_operands(d, inp, N * IC, &a, NULL, 0, NULL));
+    return fs_cuda_gemm_bf16_out(d->impl->blas, STREAM(d), out, OC, operand(a, 1, 0, IC),
+                                 operand(w, 1, 1, IC), N, OC, IC);
+}
+
+static void cuda_linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
+                                         int64_t N, int64_t IC, int64_t OC) {
+    LAUNCH(d, linear_forward_bf16_out(d, out, inp, w, N, IC, OC));
+}
+
+static void cuda_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
+                                         int64_t N, int64_t IC, int64_t OC, int accumulate) {
+    LAUNCH(d, fs_cuda_gemm(d->impl->blas, STREAM(d), out, OC, accumulate, operand(inp, 1, 0, IC),
+                           operand(w, 1, 1, IC), N, OC, IC));
+}
+
+/* linear_backward's two products with dout (N, OC) and inp (N, IC) given in bf16 */
+static fs_status linear_backward_bf16_operands(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                               const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                               int64_t OC, int acc_dinp, int acc_dw) {
+    if (dinp)
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dinp, IC, acc_dinp, operand(dout, 1, 0, OC),
+                            operand(w, 1, 0, IC), N, IC, OC));
+    if (dw)
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dw, IC, acc_dw, operand(dout, 1, 1, OC),
+                            operand(inp, 1, 0, IC), OC, IC, N));
+    return FS_OK;
+}
+
+static fs_status linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                           const float *inp, const void *w, int64_t N, int64_t IC,
+                                           int64_t OC, int acc_dinp, int acc_dw) {
+    const uint16_t *x = NULL;
+    if (dw) FS_TRY(bf16_operands(d, inp, N * IC, &x, NULL, 0, NULL));
+    return linear_backward_bf16_operands(d, dinp, dw, dout, x, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
+static void cuda_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                           const float *inp, const void *w, int64_t N, int64_t IC,
+                                           int64_t OC, int acc_dinp, int acc_dw) {
+    LAUNCH(d, linear_backward_bf16_dout(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw));
+}
+
+static fs_status linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
+                                          const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                          int64_t OC, int acc_dinp, int acc_dw) {
+    const uint16_t *g_out = NULL;
+    FS_TRY(bf16_operands(d, dout, N * OC, &g_out, NULL, 0, NULL));
+    return linear_backward_bf16_operands(d, dinp, dw, g_out, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
+static void cuda_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
+                                          const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                          int64_t OC, int acc_dinp, int acc_dw) {
+    LAUNCH(d, linear_backward_bf16_inp(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw));
+}
+
 static void cuda_embedding_forward(fs_device *d, float *out, const int32_t *tokens, const void *wte,
                                    int bf16, int64_t N, int64_t C, int64_t row0, int64_t rows) {
     if (bf16) LAUNCH(d, fs_cuda_embedding_forward_bf16(STREAM(d), out, tokens, wte, N, C, row0, rows));
@@ -438,6 +502,16 @@ static void cuda_swiglu_forward(fs_device *d, float *out, const float *gu, int64
 static void cuda_swiglu_backward(fs_device *d, float *dgu, const float *dout, const float *gu,
                                  int64_t N, int64_t FF) {
     LAUNCH(d, fs_cuda_swiglu_backward(STREAM(d), dgu, dout, gu, N, FF));
+}
+
+static void cuda_swiglu_forward_bf16(fs_device *d, uint16_t *out, const uint16_t *gu, int64_t N,
+                                     int64_t FF) {
+    LAUNCH(d, fs_cuda_swiglu_forward_bf16(STREAM(d), out, gu, N, FF));
+}
+
+static void cuda_swiglu_backward_bf16(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
+                                      const uint16_t *gu, int64_t N, int64_t FF) {
+    LAUNCH(d, fs_cuda_swiglu_backward_bf16(STREAM(d), dgu, h, dout, gu, N, FF));
 }
 
 static void cuda_xent_chunk_forward(fs_device *d, float *row_max, float *row_sum,
@@ -517,12 +591,18 @@ static const fs_kernel_table fs_cuda_kernel_table = {
     .cast_bf16_to_fp32 = cuda_cast_bf16_to_fp32,
     .copy = cuda_copy,
     .zero = cuda_zero,
+    .swiglu_backward_bf16 = cuda_swiglu_backward_bf16,
+    .linear_backward_bf16_dout = cuda_linear_backward_bf16_dout,
+    .swiglu_forward_bf16 = cuda_swiglu_forward_bf16,
+    .linear_forward_bf16_inp = cuda_linear_forward_bf16_inp,
+    .linear_backward_bf16_inp = cuda_linear_backward_bf16_inp,
+    .linear_forward_bf16_out = cuda_linear_forward_bf16_out,
 };
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v3;
-const fs_cuda_api fs_cuda_api_v3 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v4;
+const fs_cuda_api fs_cuda_api_v4 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

@@ -108,6 +108,12 @@ fs_status fs_device_open(fs_device **out, fs_device_kind kind, int ordinal, fs_p
         const fs_cuda_api *api = cuda_api(&why);
         fs_status st = api ? api->open(d, ordinal)
                            : fs_errorf(FS_ERR_USAGE, "--device cuda: no usable GPU: %s", why);
+        if (st == FS_OK && !fs_kernel_table_mlp_bf16(d->kernels)) {
+            /* the plan sized gu by fs_device_kind_mlp_bf16: a table without the route breaks it */
+            api->close(d);
+            st = fs_errorf(FS_ERR_INTERNAL, "%s (%s) lacks the bf16 MLP kernels", FS_CUDA_LIBRARY,
+                           FS_CUDA_API_SYMBOL);
+        }
         if (st != FS_OK) {
             free(d);
             return st;
@@ -132,10 +138,11 @@ int fs_kernel_table_mlp_bf16(const fs_kernel_table *k) {
            k->linear_backward_bf16_inp && k->linear_backward_bf16_dout && k->linear_forward_bf16_out;
 }
 
-/* The CUDA table (src/kernels/cuda/) has none of the optional entries: the kind alone says it,
- * without loading the CUDA library. */
+/* The CUDA table (src/device/cuda.c) has every optional entry since fs_cuda_api_v4, the only
+ * library this build loads: the kind alone says it, without loading the CUDA library
+ * (fs_device_open checks the table it gets). */
 int fs_device_kind_mlp_bf16(fs_device_kind kind) {
-    return kind != FS_DEVICE_CUDA && fs_kernel_table_mlp_bf16(&fs_cpu_kernel_table);
+    return kind == FS_DEVICE_CUDA || fs_kernel_table_mlp_bf16(&fs_cpu_kernel_table);
 }
 
 int fs_device_cuda_built(void) { return FS_HAVE_CUDA; }

@@ -22,8 +22,10 @@
 /* The version is in the name: a library built against another table layout is refused by
  * dlsym, never called with the wrong arguments. v2: the attention entries take the policy
  * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the optional bf16-MLP
- * entries appended. Rename whenever fs_cuda_api or fs_kernel_table changes. */
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v3"
+ * entries appended; v4: the CUDA table fills those entries (fs_device_kind_mlp_bf16 says so of
+ * the kind, before the library is loaded, and the plan sizes gu by it). Rename whenever
+ * fs_cuda_api, fs_kernel_table or what the table fills changes. */
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v4"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */

@@ -341,7 +341,7 @@ static int64_t slot_of(const fs_acts *a, int l) {
     return l < a->ckpt_layers ? 0 : l - a->ckpt_layers + 1;
 }
 
-/* Under bf16, where the device has the kernels (the CPU; a GPU has none of them), the MLP's
+/* Under bf16, where the device has the kernels (the CPU's and the GPU's tables do), the MLP's
  * GEMM operands live in bf16. gu: the gate/up projection's forward writes its fp32 result
  * rounded (fs_matmul_forward_bf16_out; PyTorch's autocast keeps a linear's output in bf16 the
  * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;

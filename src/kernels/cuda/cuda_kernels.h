@@ -49,6 +49,15 @@ void fs_cuda_blas_free(fs_cuda_blas *h); /* NULL is a no-op */
  * layouts are cached per shape (heuristic queried once). */
 fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
                        fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
+/* The same product of bf16 A and B written to a bf16 C (leading dimension ldc): the fp32
+ * sums rounded to nearest even as cuBLASLt's epilogue writes them, never added to C (beta 0).
+ * The bf16 policy's gate/up projection (fs_matmul_forward_bf16_out): the GPU's bits are not
+ * the rounding of fs_cuda_gemm's fp32 result (another algorithm may be chosen for the other C
+ * type), only within that rounding of the exact sums plus fs_cuda_gemm's tolerance. fp32
+ * operands are FS_ERR_USAGE. */
+fs_status fs_cuda_gemm_bf16_out(fs_cuda_blas *h, void *stream, uint16_t *C, int64_t ldc,
+                                fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N,
+                                int64_t K);
 
 /* ------------------------------------------------------------------ element-wise and small */
 fs_status fs_cuda_cast_fp32_to_bf16(void *stream, uint16_t *out, const float *in, int64_t n);
@@ -122,6 +131,14 @@ fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int6
                                  int64_t FF);
 fs_status fs_cuda_swiglu_backward(void *stream, float *dgu, const float *dout, const float *gu,
                                   int64_t N, int64_t FF);
+/* The bf16 policy's SwiGLU (fs_swiglu_forward_bf16, fs_swiglu_backward_bf16): gu in bf16,
+ * the same formulas on the widened values, results rounded to bf16 (bf16_of, core.h's
+ * rounding). The backward writes dgu (not added: 0 + g, rounded) and, where h is not NULL,
+ * h = the forward's output from the same expf and division: the forward's very bits. */
+fs_status fs_cuda_swiglu_forward_bf16(void *stream, uint16_t *out, const uint16_t *gu, int64_t N,
+                                      int64_t FF);
+fs_status fs_cuda_swiglu_backward_bf16(void *stream, uint16_t *dgu, uint16_t *h, const float *dout,
+                                       const uint16_t *gu, int64_t N, int64_t FF);
 
 fs_status fs_cuda_xent_chunk_forward(void *stream, float *row_max, float *row_sum,
                                      float *target_logit, const float *logits,

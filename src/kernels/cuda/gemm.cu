@@ -14,7 +14,9 @@
  * Precision: fp32 x fp32 runs CUBLAS_COMPUTE_32F (plain fp32 FMA, no TF32: that would be
  * CUBLAS_COMPUTE_32F_FAST_TF32); bf16 x bf16 reads CUDA_R_16BF and accumulates in fp32 into
  * an fp32 C. Each product of two bf16 is exact in fp32, so only the order of the sums
- * differs from the CPU's fs_gemm_bf16.
+ * differs from the CPU's fs_gemm_bf16. fs_cuda_gemm_bf16_out is the bf16 x bf16 product
+ * with C (and D) of type CUDA_R_16BF: the same fp32 accumulation, rounded to bf16 by
+ * cuBLASLt's epilogue as it writes (beta 0 only, so C is never read).
  *
  * Plans. The descriptors, the layouts and the heuristic's algorithm are built once per
  * (shape, leading dimensions, transposes, dtype, accumulate, pointer alignments) and kept in
@@ -49,7 +51,7 @@
 namespace { /* types private to this file (one definition per name across the program) */
 typedef struct gemm_key {
     int64_t M, N, K, lda, ldb, ldc;
-    int trans_a, trans_b, bf16, accumulate;
+    int trans_a, trans_b, bf16, c_bf16, accumulate;
     uint32_t align_a, align_b, align_c;
 } gemm_key;
 
@@ -129,7 +131,8 @@ static uint32_t alignment_of(const void *p) {
 static int same_key(const gemm_key *a, const gemm_key *b) {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldc == b->ldc && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
-           a->bf16 == b->bf16 && a->accumulate == b->accumulate && a->align_a == b->align_a &&
+           a->bf16 == b->bf16 && a->c_bf16 == b->c_bf16 && a->accumulate == b->accumulate &&
+           a->align_a == b->align_a &&
            a->align_b == b->align_b && a->align_c == b->align_c;
 }
 
@@ -160,8 +163,9 @@ static fs_status build_plan(fs_cuda_blas *h, gemm_plan *p, const gemm_key *k) {
     LT_TRY(cublasLtMatrixLayoutInit(&p->layout_b, in_type, (uint64_t)(k->trans_a ? M : K),
                                     (uint64_t)(k->trans_a ? K : M), k->lda),
            M, N, K);
-    LT_TRY(cublasLtMatrixLayoutInit(&p->layout_c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, k->ldc), M,
-           N, K);
+    LT_TRY(cublasLtMatrixLayoutInit(&p->layout_c, k->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)N,
+                                    (uint64_t)M, k->ldc),
+           M, N, K);
 
     /* cuBLASLt's A is our B and its B our A, so the alignments swap too; D is C */
     const uint32_t al_a = k->align_b, al_b = k->align_a, al_c = k->align_c;
@@ -216,34 +220,40 @@ static fs_status find_plan(fs_cuda_blas *h, const gemm_key *k, gemm_plan **out) 
 
 static const char *dtype_name(fs_gemm_dtype d) { return d == FS_GEMM_BF16 ? "bf16" : "fp32"; }
 
-fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
-                       fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
-    if (!h) return fs_errorf(FS_ERR_USAGE, "fs_cuda_gemm: no cuBLASLt handle");
+/* Both entries below: C (fp32, or bf16 where c_bf16) of the product; `name` is the entry's
+ * name in the messages. */
+static fs_status gemm(const char *name, fs_cuda_blas *h, void *stream, void *C, int c_bf16,
+                      int64_t ldc, int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
+                      int64_t N, int64_t K) {
+    if (!h) return fs_errorf(FS_ERR_USAGE, "%s: no cuBLASLt handle", name);
     if (M < 0 || N < 0 || K < 0)
-        return fs_errorf(FS_ERR_USAGE, "fs_cuda_gemm: negative size (M=%lld N=%lld K=%lld)",
+        return fs_errorf(FS_ERR_USAGE, "%s: negative size (M=%lld N=%lld K=%lld)", name,
                          (long long)M, (long long)N, (long long)K);
     if (A.dtype != B.dtype)
         return fs_errorf(FS_ERR_USAGE,
-                         "fs_cuda_gemm: operands of different types (A %s, B %s; M=%lld N=%lld "
+                         "%s: operands of different types (A %s, B %s; M=%lld N=%lld "
                          "K=%lld): both fp32 or both bf16",
-                         dtype_name(A.dtype), dtype_name(B.dtype), (long long)M, (long long)N,
-                         (long long)K);
+                         name, dtype_name(A.dtype), dtype_name(B.dtype), (long long)M,
+                         (long long)N, (long long)K);
+    if (c_bf16 && A.dtype != FS_GEMM_BF16)
+        return fs_errorf(FS_ERR_USAGE, "%s: a bf16 C takes bf16 operands (A and B are fp32)", name);
     if (M == 0 || N == 0) return FS_OK;
     /* each stored row must hold its columns: A stores (M, K) or (K, M), B (K, N) or (N, K) */
     const int64_t a_width = A.trans ? M : K, b_width = B.trans ? K : N;
     if (ldc < N || (K > 0 && (A.ld < a_width || B.ld < b_width)))
         return fs_errorf(FS_ERR_USAGE,
-                         "fs_cuda_gemm: leading dimension too small (lda=%lld ldb=%lld ldc=%lld; "
+                         "%s: leading dimension too small (lda=%lld ldb=%lld ldc=%lld; "
                          "M=%lld N=%lld K=%lld)",
-                         (long long)A.ld, (long long)B.ld, (long long)ldc, (long long)M,
+                         name, (long long)A.ld, (long long)B.ld, (long long)ldc, (long long)M,
                          (long long)N, (long long)K);
     cudaStream_t s = (cudaStream_t)stream;
+    const size_t c_size = c_bf16 ? sizeof(uint16_t) : sizeof(float);
     if (K == 0) { /* an empty sum: C = 0 when writing, unchanged when accumulating */
         if (accumulate) return FS_OK;
-        cudaError_t err = cudaMemset2DAsync(C, (size_t)ldc * sizeof(float), 0,
-                                            (size_t)N * sizeof(float), (size_t)M, s);
+        cudaError_t err = cudaMemset2DAsync(C, (size_t)ldc * c_size, 0, (size_t)N * c_size,
+                                            (size_t)M, s);
         if (err != cudaSuccess)
-            return fs_errorf(FS_ERR_INTERNAL, "cuda kernel gemm (K=0 zero fill): %s",
+            return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s (K=0 zero fill): %s", name,
                              cudaGetErrorString(err));
         return FS_OK;
     }
@@ -257,6 +267,7 @@ fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int
     key.trans_a = A.trans != 0;
     key.trans_b = B.trans != 0;
     key.bf16 = A.dtype == FS_GEMM_BF16;
+    key.c_bf16 = c_bf16 != 0;
     key.accumulate = accumulate != 0;
     key.align_a = alignment_of(A.data);
     key.align_b = alignment_of(B.data);
@@ -270,4 +281,15 @@ fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int
                           h->workspace_bytes, s),
            M, N, K);
     return FS_OK;
+}
+
+fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
+                       fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
+    return gemm("fs_cuda_gemm", h, stream, C, 0, ldc, accumulate, A, B, M, N, K);
+}
+
+fs_status fs_cuda_gemm_bf16_out(fs_cuda_blas *h, void *stream, uint16_t *C, int64_t ldc,
+                                fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N,
+                                int64_t K) {
+    return gemm("fs_cuda_gemm_bf16_out", h, stream, C, 1, ldc, 0, A, B, M, N, K);
 }

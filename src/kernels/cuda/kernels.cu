@@ -524,6 +524,57 @@ fs_status fs_cuda_swiglu_backward(void *stream, float *dgu, const float *dout, c
     return launched("swiglu_backward");
 }
 
+/* gu in bf16 (the bf16 policy's gate/up projection writes it so): the kernels above on the
+ * widened values, each result rounded once. dgu is written, 0 + g as the accumulating kernel
+ * leaves it in a zeroed dgu (so -0 becomes +0, as on the CPU); h = silu * up from the same e1
+ * as the forward's x / e1 * up, so the same bits. */
+static __global__ void swiglu_forward_bf16_kernel(uint16_t *out, const uint16_t *gu, int64_t N,
+                                                  int64_t FF) {
+    const int64_t total = N * FF;
+    for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+        const int64_t n = idx / FF, i = idx % FF;
+        const float x = fp32_of(gu[n * 2 * FF + i]);
+        const float up = fp32_of(gu[n * 2 * FF + FF + i]);
+        out[idx] = bf16_of(x / (1.0f + expf(-x)) * up);
+    }
+}
+
+static __global__ void swiglu_backward_bf16_kernel(uint16_t *dgu, uint16_t *h, const float *dout,
+                                                   const uint16_t *gu, int64_t N, int64_t FF) {
+    const int64_t total = N * FF;
+    for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+        const int64_t n = idx / FF, i = idx % FF;
+        const int64_t g = n * 2 * FF + i, u = g + FF;
+        const float x = fp32_of(gu[g]), up = fp32_of(gu[u]), dy = dout[idx];
+        const float e1 = 1.0f + expf(-x);
+        const float sig = 1.0f / e1;
+        const float silu = x / e1;
+        dgu[g] = bf16_of(0.0f + dy * up * (sig * (1.0f + x * (1.0f - sig))));
+        dgu[u] = bf16_of(0.0f + dy * silu);
+        if (h) h[idx] = bf16_of(silu * up);
+    }
+}
+
+fs_status fs_cuda_swiglu_forward_bf16(void *stream, uint16_t *out, const uint16_t *gu, int64_t N,
+                                      int64_t FF) {
+    if (N < 0 || FF < 0)
+        return negative("swiglu_forward_bf16", N < 0 ? "N" : "FF", N < 0 ? N : FF);
+    if (N == 0 || FF == 0) return FS_OK;
+    swiglu_forward_bf16_kernel<<<blocks_for(N * FF, THREADS), THREADS, 0, as_stream(stream)>>>(
+        out, gu, N, FF);
+    return launched("swiglu_forward_bf16");
+}
+
+fs_status fs_cuda_swiglu_backward_bf16(void *stream, uint16_t *dgu, uint16_t *h, const float *dout,
+                                       const uint16_t *gu, int64_t N, int64_t FF) {
+    if (N < 0 || FF < 0)
+        return negative("swiglu_backward_bf16", N < 0 ? "N" : "FF", N < 0 ? N : FF);
+    if (N == 0 || FF == 0) return FS_OK;
+    swiglu_backward_bf16_kernel<<<blocks_for(N * FF, THREADS), THREADS, 0, as_stream(stream)>>>(
+        dgu, h, dout, gu, N, FF);
+    return launched("swiglu_backward_bf16");
+}
+
 /* ------------------------------------------------------------------ cross-entropy
  * Chunk forward, one block per row (xent.c's numerics): the chunk's max (order free: a max is
  * exact; NaN never wins, as on the CPU), new_max = max(chunk max, running max), then
