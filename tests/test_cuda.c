@@ -667,7 +667,9 @@ static void test_cuda_rope(void) {
 typedef struct nff_case {
     int64_t N, FF;
 } nff_case;
-static const nff_case swiglu_cases[] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}};
+/* the last past one grid (ONE_GRID elements): the grid-stride loops go round twice */
+static const nff_case swiglu_cases[] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {4097, 4100}};
+_Static_assert((int64_t)4097 * 4100 > ONE_GRID, "the last SwiGLU case spans more than one grid");
 
 /*
  * Only expf differs between the sides: CUDA's within 2 ulp, the CPU's within 3 (glibc's
@@ -755,6 +757,7 @@ static void test_cuda_swiglu_bf16(void) {
         fs_swiglu_forward(NULL, out, gu, N, FF);
         uint16_t *d_gu = dev_upload_u16(gu16, N * 2 * FF);
         uint16_t *d_h = dev_alloc((size_t)(N * FF) * sizeof(uint16_t));
+        if (d_h) cudaMemset(d_h, 0xff, (size_t)(N * FF) * sizeof(uint16_t)); /* NaNs: unwritten shows */
         CHECK_OK(fs_cuda_swiglu_forward_bf16(test_stream, d_h, d_gu, N, FF));
         dev_download_u16(h16, d_h, N * FF);
         double *tol = dnew(N * 2 * FF);

@@ -16,7 +16,8 @@
  * an fp32 C. Each product of two bf16 is exact in fp32, so only the order of the sums
  * differs from the CPU's fs_gemm_bf16. fs_cuda_gemm_bf16_out is the bf16 x bf16 product
  * with C (and D) of type CUDA_R_16BF: the same fp32 accumulation, rounded to bf16 by
- * cuBLASLt's epilogue as it writes (beta 0 only, so C is never read).
+ * cuBLASLt's epilogue as it writes (beta 0 only, so C is never read), and a split-K
+ * algorithm only if it sums its partials in fp32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE).
  *
  * Plans. The descriptors, the layouts and the heuristic's algorithm are built once per
  * (shape, leading dimensions, transposes, dtype, accumulate, pointer alignments) and kept in
@@ -180,6 +181,15 @@ static fs_status build_plan(fs_cuda_blas *h, gemm_plan *p, const gemm_key *k) {
            M, N, K);
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(
                &h->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+           M, N, K);
+    /* split-K: a bf16 C must not hold the partial sums (the in-place and output-type schemes
+     * keep them in the output's type, rounding each to bf16): only the fp32 workspace scheme,
+     * so the fp32 sums are rounded once; an fp32 C may take any (the preference is shared:
+     * set for every plan) */
+    const uint32_t reduction = k->c_bf16 ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                         : (uint32_t)CUBLASLT_REDUCTION_SCHEME_MASK;
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(
+               &h->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction),
            M, N, K);
 
     cublasLtMatmulHeuristicResult_t result;
