@@ -60,10 +60,13 @@ static const fs_command_help step_help = {
         "that drift in the machine's speed hits both alike. Prints per precision the median\n"
         "step time and tokens/s with min/max, the achieved FLOP rate (model FLOPs per token x\n"
         "tokens/s; formula in include/flatshard/model.h), the share of the measured steps\n"
-        "spent in each kernel kind (CPU only), and the bf16/fp32 speed ratio. With --device\n"
-        "cuda the steps run on the GPU (one rank, the ring and its streams as in train), and\n"
-        "each precision also prints its MFU against the GPU's data-sheet peak and its peak\n"
-        "GPU memory (every byte the run allocated on the GPU, by the accounting allocator).",
+        "spent in each kernel kind, and the bf16/fp32 speed ratio. With --device cuda the\n"
+        "steps run on the GPU (one rank, the ring and its streams as in train), and each\n"
+        "precision also prints its MFU against the GPU's data-sheet peak and its peak GPU\n"
+        "memory (every byte the run allocated on the GPU, by the accounting allocator); the\n"
+        "time per kernel kind only with --profile (CUDA events around each kernel call: the\n"
+        "GPU's time of each kernel, at a few microseconds of host time per call, which the\n"
+        "step times then include).",
     .epilog = "examples:\n  flatshard bench step --model small --seq 256 --batch 4 --threads 1 --data corpus.txt\n"
               "  flatshard bench step --device cuda --model small --seq 1024 --batch 16 --precision bf16 --data corpus.bin",
 };
@@ -106,7 +109,7 @@ static void step_run_free(step_run *r) {
 static int bench_step(int argc, char **argv) {
     const char *model = "small", *data_path = NULL, *precision = "both", *device = "cpu";
     int64_t batch = 4, seq = 256, steps = 5, warmup = 2, threads = 1, vocab_chunk = 0;
-    int json = 0;
+    int json = 0, profile = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "token or text file to sample batches from", NULL, 0, 0},
@@ -119,6 +122,7 @@ static int bench_step(int argc, char **argv) {
         {"device", 0, FS_OPT_STRING, &device, "cpu|cuda", "where the steps run (cuda: one NVIDIA GPU)", bench_devices, 0, 0},
         {"vocab-chunk", 0, FS_OPT_INT, &vocab_chunk, "ROWS", "vocabulary chunk rows (0: whole)", NULL, 0, INT64_MAX},
         {"json", 0, FS_OPT_FLAG, &json, NULL, "also print one JSON line per precision", NULL, 0, 0},
+        {"profile", 0, FS_OPT_FLAG, &profile, NULL, "--device cuda: also the time per kernel kind, by CUDA events (the CPU's is always printed)", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0;
@@ -147,6 +151,7 @@ static int bench_step(int argc, char **argv) {
             return FS_EXIT_RUNTIME;
         }
     }
+    cfg.profile_gpu = profile;
     cfg.batch = batch;
     cfg.seq = seq;
     cfg.steps = warmup + steps;
@@ -205,6 +210,13 @@ static int bench_step(int argc, char **argv) {
         if (cfg.device != FS_DEVICE_CPU) {
             if (peak > 0) printf("  MFU %.1f%% of %.1f TFLOP/s\n", 100.0 * mfu, peak / 1e12);
             printf("  peak GPU memory %.1f MiB (accounted)\n", (double)peak_bytes / 1048576.0);
+            if (profile) {
+                double kernels = 0;
+                for (int kind = 0; kind < FS_PROF_N_KINDS; kind++) kernels += tr->profile.seconds[kind];
+                printf("  GPU time in the profile's spans %.1f%% of the measured steps (the rest: the host\n"
+                       "  between kernels, and waits outside the spans)\n", 100.0 * kernels / r->total);
+                fs_cli_print_profile(stdout, &tr->profile);
+            }
         } else {
             printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
             fs_cli_print_profile(stdout, &tr->profile);

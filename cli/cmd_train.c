@@ -815,7 +815,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"log-every", 0, FS_OPT_INT, &run.log_every, "N", "with plain log lines, one every N steps (and the first and last)", NULL, 1, INT64_MAX},
         {"out", 'o', FS_OPT_STRING, &run.out_path, "FILE", "where to save the weights at the end (safetensors)", NULL, 0, 0},
         {"no-save", 0, FS_OPT_FLAG, &run.no_save, NULL, "do not save the weights", NULL, 0, 0},
-        {"profile", 0, FS_OPT_FLAG, &run.profile, NULL, "print the share of time per kernel at the end", NULL, 0, 0},
+        {"profile", 0, FS_OPT_FLAG, &run.profile, NULL, "print the time per kernel kind at the end (on a GPU: CUDA events around each kernel call, which cost the host a few microseconds each)", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     int npos = 0;
@@ -859,6 +859,7 @@ int fs_cmd_train(int argc, char **argv) {
     if (st == FS_OK) st = fs_precision_parse(precision, &c->precision);
     if (st == FS_OK) st = fs_device_parse(device, &c->device);
     if (st != FS_OK) return fs_cli_report("train", st);
+    c->profile_gpu = run.profile;
     if (c->device == FS_DEVICE_CUDA) {
         /* a build without NCCL runs one GPU rank: every rank refuses alike, rank 0 says it */
         if (mpi && !fs_comm_nccl_built() && launcher_world() > 1) {

@@ -22,8 +22,11 @@
  *   5. hybrid sharding (--shard-group) on four emulated GPU ranks as 2 x 2, through splits of
  *      that backend, against one rank, plain sharding, the CPU, and overlap off;
  *   6. the plan of a --device cuda run (made before a GPU is open) keeps gate and up in bf16
- *      under bf16, as the CUDA table's bf16 MLP route needs.
+ *      under bf16, as the CUDA table's bf16 MLP route needs;
+ *   7. the kernel-time profile on the GPU's path: off unless asked, and then every kernel call
+ *      the CPU's profile counts.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,6 +55,7 @@ typedef struct run_spec {
     fs_plan plan_bytes;    /* the plan's numbers only */
     uint64_t gemm_prims_after_init, gemm_prims_at_end; /* fs_gemm_primitives_created */
     fs_mem_stats at_init;  /* rank 0's host allocator after fs_trainer_init */
+    fs_profile profile;    /* rank 0's kernel-time profile at the end */
 } run_spec;
 
 static fs_status run_rank(fs_comm *comm, void *arg) {
@@ -93,6 +97,7 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
         s->dev_at_end = fs_mem_get_stats(t.dev_mem);
         memcpy(s->plan_bytes.bytes, t.plan.bytes, sizeof t.plan.bytes);
         s->plan_bytes.allocs_per_step = t.plan.allocs_per_step;
+        s->profile = t.profile;
     }
     if (st == FS_OK) st = ec_gather(&t, s->cfg, &mine);
     if (lead) ec_result_move(&s->res, &mine);
@@ -175,6 +180,47 @@ static void test_emulated_memory_is_the_plan(void) {
                   "%s: steps 2-3 allocated %llu blocks on the device", name,
                   (unsigned long long)(emu.dev_at_end.n_allocs - emu.dev_after_step1.n_allocs));
         ec_result_free(&emu.res);
+    }
+}
+
+/* The kernel-time profile on a GPU's code path (device.h: the spans the model and the trainer
+ * mark, collected at each step's end; the emulated device times them on the host, a GPU with
+ * CUDA events): off unless asked (profile_gpu), and when asked it counts every kernel call
+ * the CPU's profile counts, kind by kind (more zero fills), with finite non-negative times. */
+static void test_emulated_kernel_profile(void) {
+    fs_llama_config cfg = ec_model(0);
+    int32_t in[ROWS * T], tg[ROWS * T];
+    ec_batch(cfg.vocab_size, ROWS, T, in, tg);
+    for (int p = 0; p < FS_PRECISION_N; p++) {
+        run_spec cpu = {.cfg = &cfg, .tc = config(FS_STRATEGY_YAFSDP, (fs_precision)p, FS_DEVICE_CPU, 2),
+                        .in = in, .tg = tg, .steps = 3};
+        run_spec quiet = cpu, timed = cpu;
+        quiet.tc.device = timed.tc.device = FS_DEVICE_EMULATED;
+        timed.tc.profile_gpu = 1;
+        CHECK_OK(run(1, &cpu));
+        CHECK_OK(run(1, &quiet));
+        CHECK_OK(run(1, &timed));
+        const char *prec = fs_precision_name((fs_precision)p);
+        double total = 0;
+        for (int k = 0; k < FS_PROF_N_KINDS; k++) {
+            const char *kind = fs_prof_kind_name((fs_prof_kind)k);
+            CHECK(quiet.profile.calls[k] == 0 && quiet.profile.seconds[k] == 0,
+                  "%s %s: profiled without profile_gpu (%lld calls)", prec, kind, (long long)quiet.profile.calls[k]);
+            /* other: the GPU path also zeroes the embedding chunks' gradients before every
+             * micro-batch (the ring's reduce-scatter accumulates them, not the kernel) */
+            const int64_t got = timed.profile.calls[k], want = cpu.profile.calls[k];
+            CHECK(k == FS_PROF_OTHER ? got >= want : got == want, "%s %s: %lld calls profiled, the CPU's %lld", prec,
+                  kind, (long long)got, (long long)want);
+            CHECK(isfinite(timed.profile.seconds[k]) && timed.profile.seconds[k] >= 0, "%s %s: %g s", prec, kind,
+                  timed.profile.seconds[k]);
+            total += timed.profile.seconds[k];
+        }
+        CHECK(timed.profile.calls[FS_PROF_OPTIM] == 3 && timed.profile.calls[FS_PROF_GEMM] > 0 && total > 0,
+              "%s: one optimizer span per step (%lld), GEMM spans (%lld), time (%g s)", prec,
+              (long long)timed.profile.calls[FS_PROF_OPTIM], (long long)timed.profile.calls[FS_PROF_GEMM], total);
+        ec_result_free(&cpu.res);
+        ec_result_free(&quiet.res);
+        ec_result_free(&timed.res);
     }
 }
 
@@ -510,6 +556,7 @@ int main(void) {
     RUN(test_gpu_plan_keeps_gu_in_bf16);
     RUN(test_emulated_device_trains_like_the_cpu);
     RUN(test_emulated_memory_is_the_plan);
+    RUN(test_emulated_kernel_profile);
     RUN(test_emulated_checkpoints);
     RUN(test_cpu_bf16_gemms_prepared_before_the_steps);
     RUN(test_two_emulated_gpu_ranks_train_like_two_cpu_ranks);

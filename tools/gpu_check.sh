@@ -18,7 +18,8 @@
 # (the shape of bench/gpu.sh's first row, whose PyTorch figure BENCHMARKS.md has) and on a
 # 2-layer cut of bench/llama-1b.json at 4 x 2048 (the 1B's attention shape without its
 # start-up), and prints tokens/s, MFU and the ratio: which attention wins, even when the
-# bench does not run.
+# bench does not run; then the GPU time per kernel kind of small's bf16 step (bench step
+# --profile: CUDA events), what is left to make faster.
 # Each stage prints "== stage: ok" or "== stage: FAILED (exit N)"; the script exits non-zero
 # if any failed. A stage that fails does not stop the next (one run must say everything it
 # can). Outputs go to $OUT (default out/gpu-check), so a device tool can fetch them.
@@ -164,6 +165,14 @@ json.dump(c, open(sys.argv[1], "w"))' "$OUT/llama-1b-2layers.json" || return 1
         fi
         got=()
     done
+    # where the bf16 step's GPU time goes, by kernel kind (CUDA events around each call: a run
+    # of its own, since the records cost host time)
+    echo "small 16x1024 bf16, GPU time per kernel kind (bench step --profile):"
+    local prof
+    prof=$(timeout -k 5 120 build/flatshard bench step --device cuda --model small --batch 16 --seq 1024 \
+        --precision bf16 --steps 3 --warmup 2 --profile --data "$data" 2>&1) ||
+        { rc=1; echo "  FAILED: $(tail -n 1 <<<"$prof")"; }
+    sed -n '/step time/,$p' <<<"$prof"
     return $rc
 }
 export -f left show_env build cuda_tests att_speed

@@ -119,6 +119,26 @@ fs_status fs_device_copy_on(fs_device *dev, fs_stream stream, void *dst, const v
 fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const float *src,
                            int64_t n);
 
+/* ------------------------------------------------------------------ kernel-time profile
+ * Spans of kernel calls timed by kind (fs_profile's kinds, model.h) for --profile:
+ * fs_device_prof_begin before a call, fs_device_prof_end(kind) after it, one span at a time
+ * (never nested). On the CPU and the emulated device a span is the host time of the call,
+ * whose kernels run inside it. On a GPU, where a call returns before its kernels run, it is
+ * the time between two timing events recorded on the compute stream (cudaEventElapsedTime):
+ * the kernels' time while the GPU is the bottleneck; where it waits for the host (a small
+ * model), a span also holds the host's time to enqueue the call, and with several ranks on
+ * one GPU the other ranks' kernels that ran meanwhile. Two event records per call cost the
+ * host a few microseconds, and the collect at each step's end keeps the host from running
+ * ahead into the next step, so the trainer times a GPU only when asked
+ * (fs_train_config.profile_gpu), and speed is measured without it.
+ * fs_device_prof_collect adds every span since the last collect to seconds[kind] and
+ * calls[kind] (kinds below n_kinds; on a GPU it first waits for the last span) and forgets
+ * them. */
+#define FS_DEVICE_PROF_KINDS 16
+void fs_device_prof_begin(fs_device *dev);
+void fs_device_prof_end(fs_device *dev, int kind); /* 0 <= kind < FS_DEVICE_PROF_KINDS */
+fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls, int n_kinds);
+
 /* ------------------------------------------------------------------ the kernel table
  * Each entry has the contract of the kernels.h kernel of the same name (the CPU's, with the
  * device in place of the pool). The linear layers and the embedding take the weights'
@@ -239,6 +259,10 @@ struct fs_device {
     fs_gemm_stage stage;     /* cpu: the bf16 GEMM's staging (fs_device_reserve_scratch) */
     fs_mem *stage_mem;       /* its allocator */
     fs_device_impl *impl;    /* cuda: streams, events, cuBLASLt, scratch */
+    int prof_open;           /* a span begun, not ended (fs_device_prof_begin) */
+    double prof_t0;          /* cpu, emulated: its start (host clock) */
+    double prof_seconds[FS_DEVICE_PROF_KINDS]; /* cpu, emulated: the spans not yet collected */
+    int64_t prof_calls[FS_DEVICE_PROF_KINDS];
     fs_status failed;        /* the first recorded failure (see Errors) */
     char failure[1024];        /* its message */
     char name[320];            /* fs_device_name */

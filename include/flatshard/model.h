@@ -267,8 +267,9 @@ fs_status fs_acts_take_loss(struct fs_device *dev, fs_acts *acts, double *out);
 
 /* What a forward or backward op needs besides weights: the layout, the device its kernels run
  * on (device.h: the CPU's pool or a GPU), and an optional kernel-time profile (NULL: not
- * timed; host clocks around each kernel, so for the CPU only: a GPU's kernels are
- * asynchronous). */
+ * timed): each kernel call is a span of the device's profile (device.h: host clocks on the
+ * CPU, CUDA events on a GPU), which the owner collects into it (fs_device_prof_collect; the
+ * trainer at the end of each step). */
 typedef struct fs_model {
     const fs_layout *layout;
     struct fs_device *dev;

@@ -57,6 +57,9 @@ typedef struct fs_train_config {
                                  consecutive ranks, the state sharded within a group and
                                  replicated across groups (engine.h); 0: G = W, plain sharding */
     int fp32_grad_wire;       /* 1: no bf16 gradient wire under bf16 (fs_plan_config's) */
+    int profile_gpu;          /* 1: fs_trainer.profile on a GPU too (device.h's kernel-time
+                                 profile: a pair of CUDA events per kernel call, which costs
+                                 the host time); the CPU's is always kept (host clocks) */
 } fs_train_config;
 
 /* The defaults of `flatshard train` (its --help prints them from here). */

@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v4; only CUDA builds compile this file.
+ * table, fs_cuda_api_v5; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -30,6 +30,12 @@
 
 #include "../kernels/cuda/cuda_kernels.h"
 
+/* One span of the kernel-time profile (device.h): two timing events on the compute stream. */
+typedef struct prof_span {
+    cudaEvent_t start, end;
+    int kind;
+} prof_span;
+
 struct fs_device_impl {
     int ordinal;
     cudaStream_t streams[FS_STREAM_N];
@@ -41,6 +47,9 @@ struct fs_device_impl {
     size_t scratch_bytes;
     double peak_bf16, peak_fp32;
     int attention_mode;      /* FLATSHARD_CUDA_ATTENTION: ATT_AUTO, ATT_TC or ATT_FP32 */
+    prof_span *spans;        /* the profile's spans since the last collect: n_spans of them */
+    int n_spans, cap_spans;  /* cap_spans: slots whose events exist (made on first use) */
+    int span_started;        /* spans[n_spans].start recorded, its end not yet */
 };
 
 /* Which attention kernels run (docs/gpu.md, "Attention"): by default the tensor-core ones
@@ -162,6 +171,11 @@ static void fs_cuda_device_close(fs_device *dev) {
     for (int s = 0; s < FS_STREAM_N; s++)
         if (g->streams[s]) cudaStreamSynchronize(g->streams[s]);
     release_scratch(g);
+    for (int i = 0; i < g->cap_spans; i++) {
+        cudaEventDestroy(g->spans[i].start);
+        cudaEventDestroy(g->spans[i].end);
+    }
+    free(g->spans);
     for (int s = 0; s < FS_STREAM_N; s++)
         if (g->streams[s]) cudaStreamDestroy(g->streams[s]);
     free(g);
@@ -266,6 +280,76 @@ static void *fs_cuda_stream_handle(fs_device *dev, fs_stream stream) {
 }
 
 static int fs_cuda_ordinal(const fs_device *dev) { return dev->impl->ordinal; }
+
+/* ------------------------------------------------------------------ kernel-time profile
+ * A span is a pair of timing events (cudaEventCreate's default flags) recorded on the compute
+ * stream around a kernel call; collect waits for the last and reads each pair's elapsed time.
+ * The slots grow on first use (the first profiled step makes its events; a step of `small`
+ * has ~500 spans) and are reused after each collect. A failure is recorded in the device like
+ * a kernel's, and the span it would have made is dropped. */
+
+/* Makes the events of slots [cap_spans, want), as many as it can. */
+static fs_status grow_spans(fs_device_impl *g, int want) {
+    prof_span *spans = realloc(g->spans, (size_t)want * sizeof *spans);
+    if (!spans) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the profile's %d spans", want);
+    g->spans = spans;
+    while (g->cap_spans < want) {
+        prof_span *sp = &g->spans[g->cap_spans];
+        CUDA_TRY("cudaEventCreate (profile)", cudaEventCreate(&sp->start));
+        cudaError_t err = cudaEventCreate(&sp->end);
+        if (err != cudaSuccess) {
+            cudaEventDestroy(sp->start);
+            return cuda_error("cudaEventCreate (profile)", err);
+        }
+        g->cap_spans++;
+    }
+    return FS_OK;
+}
+
+static fs_status prof_begin(fs_device *dev) {
+    fs_device_impl *g = dev->impl;
+    if (g->n_spans == g->cap_spans) FS_TRY(grow_spans(g, g->cap_spans ? 2 * g->cap_spans : 512));
+    CUDA_TRY("cudaEventRecord (profile)",
+             cudaEventRecord(g->spans[g->n_spans].start, g->streams[FS_STREAM_COMPUTE]));
+    g->span_started = 1;
+    return FS_OK;
+}
+
+static void fs_cuda_prof_begin(fs_device *dev) {
+    dev->impl->span_started = 0;
+    if (dev->failed == FS_OK) fs_device_fail(dev, prof_begin(dev)); /* as LAUNCH below */
+}
+
+static void fs_cuda_prof_end(fs_device *dev, int kind) {
+    fs_device_impl *g = dev->impl;
+    if (!g->span_started) return; /* its begin failed (recorded) */
+    g->span_started = 0;
+    prof_span *sp = &g->spans[g->n_spans];
+    cudaError_t err = cudaEventRecord(sp->end, g->streams[FS_STREAM_COMPUTE]);
+    if (err != cudaSuccess) {
+        fs_device_fail(dev, cuda_error("cudaEventRecord (profile)", err));
+        return;
+    }
+    sp->kind = kind;
+    g->n_spans++;
+}
+
+static fs_status fs_cuda_prof_collect(fs_device *dev, double *seconds, int64_t *calls, int n_kinds) {
+    fs_device_impl *g = dev->impl;
+    const int n = g->n_spans;
+    g->n_spans = 0;
+    if (n == 0) return FS_OK;
+    CUDA_TRY("cudaEventSynchronize (profile)", cudaEventSynchronize(g->spans[n - 1].end));
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        CUDA_TRY("cudaEventElapsedTime (profile)", cudaEventElapsedTime(&ms, g->spans[i].start, g->spans[i].end));
+        if (g->spans[i].kind < n_kinds) {
+            seconds[g->spans[i].kind] += 1e-3 * (double)ms;
+            calls[g->spans[i].kind]++;
+        }
+    }
+    return FS_OK;
+}
 
 static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, size_t bytes) {
     fs_device_impl *g = dev->impl;
@@ -601,8 +685,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v4;
-const fs_cuda_api fs_cuda_api_v4 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v5;
+const fs_cuda_api fs_cuda_api_v5 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,
@@ -615,6 +699,9 @@ const fs_cuda_api fs_cuda_api_v4 = {
     .event_create = fs_cuda_event_create,
     .event_destroy = fs_cuda_event_destroy,
     .record = fs_cuda_record,
+    .prof_begin = fs_cuda_prof_begin,
+    .prof_end = fs_cuda_prof_end,
+    .prof_collect = fs_cuda_prof_collect,
     .wait_event = fs_cuda_wait_event,
     .copy_on = fs_cuda_copy_on,
     .add_on = fs_cuda_add_on,

@@ -138,8 +138,8 @@ int fs_kernel_table_mlp_bf16(const fs_kernel_table *k) {
            k->linear_backward_bf16_inp && k->linear_backward_bf16_dout && k->linear_forward_bf16_out;
 }
 
-/* The CUDA table (src/device/cuda.c) has every optional entry since fs_cuda_api_v4, the only
- * library this build loads: the kind alone says it, without loading the CUDA library
+/* The CUDA table (src/device/cuda.c) has every optional entry since fs_cuda_api_v4, and this
+ * build loads only its own version (FS_CUDA_API_SYMBOL): the kind alone says it, without loading the CUDA library
  * (fs_device_open checks the table it gets). */
 int fs_device_kind_mlp_bf16(fs_device_kind kind) {
     return kind == FS_DEVICE_CUDA || fs_kernel_table_mlp_bf16(&fs_cpu_kernel_table);
@@ -222,6 +222,42 @@ void fs_device_release_scratch(fs_device *dev) {
         dev->stage = (fs_gemm_stage){0};
         dev->stage_mem = NULL;
     }
+}
+
+/* ------------------------------------------------------------------ kernel-time profile */
+
+void fs_device_prof_begin(fs_device *dev) {
+    FS_ASSERT(!dev->prof_open); /* spans never nest */
+    dev->prof_open = 1;
+    if (dev->kind == FS_DEVICE_CUDA) CU()->prof_begin(dev);
+    else dev->prof_t0 = fs_now();
+}
+
+void fs_device_prof_end(fs_device *dev, int kind) {
+    FS_ASSERT(dev->prof_open && kind >= 0 && kind < FS_DEVICE_PROF_KINDS);
+    dev->prof_open = 0;
+    if (dev->kind == FS_DEVICE_CUDA) {
+        CU()->prof_end(dev, kind);
+        return;
+    }
+    dev->prof_seconds[kind] += fs_now() - dev->prof_t0;
+    dev->prof_calls[kind]++;
+}
+
+fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls, int n_kinds) {
+    FS_ASSERT(!dev->prof_open && n_kinds >= 0 && n_kinds <= FS_DEVICE_PROF_KINDS);
+    if (dev->kind == FS_DEVICE_CUDA) {
+        fs_status st = CU()->prof_collect(dev, seconds, calls, n_kinds);
+        fs_device_fail(dev, st);
+        return st;
+    }
+    for (int k = 0; k < n_kinds; k++) {
+        seconds[k] += dev->prof_seconds[k];
+        calls[k] += dev->prof_calls[k];
+    }
+    memset(dev->prof_seconds, 0, sizeof dev->prof_seconds);
+    memset(dev->prof_calls, 0, sizeof dev->prof_calls);
+    return FS_OK;
 }
 
 size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_bytes) {

@@ -23,9 +23,10 @@
  * dlsym, never called with the wrong arguments. v2: the attention entries take the policy
  * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the optional bf16-MLP
  * entries appended; v4: the CUDA table fills those entries (fs_device_kind_mlp_bf16 says so of
- * the kind, before the library is loaded, and the plan sizes gu by it). Rename whenever
- * fs_cuda_api, fs_kernel_table or what the table fills changes. */
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v4"
+ * the kind, before the library is loaded, and the plan sizes gu by it); v5: the kernel-time
+ * profile's three functions. Rename whenever fs_cuda_api, fs_kernel_table or what the table
+ * fills changes. */
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v5"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */
@@ -40,6 +41,9 @@ typedef struct fs_cuda_api {
     fs_status (*event_create)(fs_device *dev, fs_device_event **out);
     void (*event_destroy)(fs_device *dev, fs_device_event *ev);
     fs_status (*record)(fs_device *dev, fs_stream stream, fs_device_event *ev);
+    void (*prof_begin)(fs_device *dev);
+    void (*prof_end)(fs_device *dev, int kind);
+    fs_status (*prof_collect)(fs_device *dev, double *seconds, int64_t *calls, int n_kinds);
     fs_status (*wait_event)(fs_device *dev, fs_stream stream, fs_device_event *ev);
     fs_status (*copy_on)(fs_device *dev, fs_stream stream, void *dst, const void *src, size_t bytes);
     fs_status (*add_on)(fs_device *dev, fs_stream stream, float *dst, const float *src, int64_t n);

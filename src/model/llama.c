@@ -34,15 +34,15 @@
 #include "flatshard/device.h"
 #include "flatshard/model.h"
 
+/* A kernel call timed as one span of the device's profile (device.h) when the model has a
+ * profile: the trainer collects the spans into it at the end of each step. */
 #define PROF(m, kind, call)                                                                 \
     do {                                                                                    \
-        double prof_t0_ = (m)->profile ? fs_now() : 0.0;                                    \
+        if ((m)->profile) fs_device_prof_begin((m)->dev);                                   \
         call;                                                                               \
-        if ((m)->profile) {                                                                 \
-            (m)->profile->seconds[kind] += fs_now() - prof_t0_;                             \
-            (m)->profile->calls[kind]++;                                                    \
-        }                                                                                   \
+        if ((m)->profile) fs_device_prof_end((m)->dev, kind);                               \
     } while (0)
+_Static_assert(FS_PROF_N_KINDS <= FS_DEVICE_PROF_KINDS, "the device's profile has a slot per kind");
 
 /* ------------------------------------------------------------------ sizes */
 

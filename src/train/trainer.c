@@ -198,8 +198,10 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
         fs_trainer_free(t);
         return st;
     }
-    /* the kernel-time profile times host calls: a GPU's kernels return before they run */
-    t->model = (fs_model){.layout = &t->layout, .dev = t->dev, .profile = on_gpu ? NULL : &t->profile,
+    /* the kernel-time profile: always on the CPU (host clocks, free); on a GPU (CUDA events
+     * around each call) only when asked */
+    t->model = (fs_model){.layout = &t->layout, .dev = t->dev,
+                          .profile = !on_gpu || cfg->profile_gpu ? &t->profile : NULL,
                           .bf16_weights = t->cfg.precision == FS_PRECISION_BF16};
     return FS_OK;
 }
@@ -400,14 +402,19 @@ fs_status fs_trainer_step_on_batch(fs_trainer *t, const int32_t *inputs, const i
     const int stop_sig = t->stop_flag ? atomic_load(t->stop_flag) : 0;
     if (stop_sig) /* this step's exchange carries it to every rank */
         fs_engine_request_stop(t->engine, stop_sig);
-    FS_TRY(fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es));
+    /* the profile's optimizer span: the end of the step (the last reduce-scatters' waits,
+     * the gradient norm, AdamW) */
+    fs_profile *profile = t->model.profile;
+    if (profile) fs_device_prof_begin(t->dev);
+    fs_status st = fs_engine_end_step(t->engine, loss_sum, lr, t->step + 1, &es);
+    if (profile) fs_device_prof_end(t->dev, FS_PROF_OPTIM);
+    if (st == FS_OK && profile) st = fs_device_prof_collect(t->dev, profile->seconds, profile->calls, FS_PROF_N_KINDS);
+    FS_TRY(st);
     t->step++;
     double t1 = fs_now();
     fs_trace_add(&t->trace_compute, FS_TRACE_OPTIMIZER, -1, -1, 0, t_opt, t1);
     fs_trace_add(&t->trace_compute, FS_TRACE_STEP, -1, -1, 0, t0, t1);
     t->trace_compute.recording = t->trace_comm.recording = 0;
-    t->profile.seconds[FS_PROF_OPTIM] += t1 - t_opt;
-    t->profile.calls[FS_PROF_OPTIM]++;
     out->step = t->step;
     out->loss = es.loss;
     out->lr = lr;

@@ -17,6 +17,8 @@
 #     CPU at world size 2 resumes on the GPU;
 #   - in-process ranks sharing the GPU: --ranks 2 against one rank on the same global batch,
 #     and --ranks 4 --shard-group 2 (hybrid sharding) against one rank, yafsdp, zero1, zero2;
+#   - --profile on the GPU (CUDA events): the CPU's kernel calls, kind by kind; bench step
+#     --profile prints the GPU time per kind;
 #   - --memory on the GPU: the table printed; under bf16 the activations (gate and up in bf16,
 #     the bf16 MLP route) equal the CPU's to the byte, planned and measured.
 # Without a GPU the GPU runs are one skip line (not a failure in CI, which has no GPU).
@@ -124,6 +126,21 @@ for strategy in yafsdp zero1 zero2; do
     expect_close "4 ranks as 2 x 2 on one GPU train what one rank trains, $strategy" \
         "$(max_rel_diff "$WORK/h1-$strategy.jsonl" "$WORK/h4-$strategy.jsonl" 2>&1)"
 done
+
+# the kernel-time profile on the GPU (CUDA events around each kernel call): the same calls
+# the CPU's profile counts, kind by kind (one micro-batch: with several the GPU's ring path
+# zeroes the embedding's gradient before each, the CPU before the first only)
+PROF=(--model tiny --batch 2 --seq 64 --steps 2 --no-save --profile --threads 1 --data "$TEXT")
+calls() { sed -nE 's/^  ([a-z_]+) +[0-9.]+ s +[0-9.]+% +([0-9]+) calls$/\1 \2/p' "$WORK/out"; }
+run "train --profile on the GPU" 0 "$FS" train --device cuda "${PROF[@]}"
+calls >"$WORK/calls-gpu"
+run "train --profile on the CPU" 0 "$FS" train --device cpu "${PROF[@]}"
+calls >"$WORK/calls-cpu"
+expect "the GPU's profile counts the CPU's calls per kernel kind ($(tr '\n' ' ' <"$WORK/calls-gpu"))" \
+    bash -c "[ -s '$WORK/calls-gpu' ] && cmp -s '$WORK/calls-gpu' '$WORK/calls-cpu'"
+run "bench step --profile on the GPU" 0 "$FS" bench step --device cuda --model tiny --batch 2 --seq 64 --steps 2 --warmup 1 --precision bf16 --profile --data "$TEXT"
+expect "bench step --profile prints the GPU time per kernel kind" \
+    bash -c "grep -q 'GPU time in the profile' '$WORK/out' && grep -qE '^  attention +[0-9.]+ s' '$WORK/out'"
 
 run "--memory on the GPU" 0 "$FS" train --device cuda --model tiny --batch 2 --seq 64 --steps 2 --no-save --memory --data "$TEXT"
 expect "the memory table is printed" grep -q 'memory per rank, MiB' "$WORK/out"

@@ -69,6 +69,10 @@ cp "$WORK/out" "$WORK/gen1"
 run "generate again with the same seed" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
 expect "generation is reproducible from the seed" cmp -s "$WORK/out" "$WORK/gen1"
 run "train directly on a text file" 0 "$FS" train --data "$CORPUS_DIR/fortunes" --steps 2 --batch 2 --seq 32 --no-save
+run "train --profile" 0 "$FS" train --data "$CORPUS_DIR/fortunes" --steps 2 --batch 2 --seq 32 --no-save --profile
+expect "--profile prints the time per kernel kind: GEMMs of every step, one optimizer span per step" \
+    grep -qE '^  optimizer +[0-9.]+ s +[0-9.]+% +2 calls$' "$WORK/out"
+expect "--profile counts the GEMMs" grep -qE '^  gemm +[0-9.]+ s +[0-9.]+% +[1-9][0-9]* calls$' "$WORK/out"
 
 # --- several ranks: in process and under mpirun train the same model as one rank
 common=(--model tiny --data "$WORK/fortunes.bin" --steps 3 --seq 32 --log-every 1 --no-save --threads 1)
