@@ -24,7 +24,8 @@
  *   6. the plan of a --device cuda run (made before a GPU is open) keeps gate and up in bf16
  *      under bf16, as the CUDA table's bf16 MLP route needs;
  *   7. the kernel-time profile on the GPU's path: off unless asked, and then every kernel call
- *      the CPU's profile counts.
+ *      the CPU's profile counts;
+ *   8. the GPU's bf16 operand scratch holds every cast the model's linear layers make.
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +57,7 @@ typedef struct run_spec {
     uint64_t gemm_prims_after_init, gemm_prims_at_end; /* fs_gemm_primitives_created */
     fs_mem_stats at_init;  /* rank 0's host allocator after fs_trainer_init */
     fs_profile profile;    /* rank 0's kernel-time profile at the end */
+    const fs_kernel_table *kernels; /* set: the model's kernel table after fs_trainer_init */
 } run_spec;
 
 static fs_status run_rank(fs_comm *comm, void *arg) {
@@ -74,6 +76,7 @@ static fs_status run_rank(fs_comm *comm, void *arg) {
         fs_ckpt_close(&ck);
         return st;
     }
+    if (s->kernels) t.dev->kernels = s->kernels;
     if (lead) {
         s->gemm_prims_after_init = fs_gemm_primitives_created();
         s->at_init = fs_mem_get_stats(t.dev_mem);
@@ -183,6 +186,78 @@ static void test_emulated_memory_is_the_plan(void) {
     }
 }
 
+/* The GPU's bf16 operand scratch (fs_acts_scratch_bytes with gpu = 1) holds every cast the
+ * model's linear layers make: the CPU's kernels run behind a table whose linear entries first
+ * count what src/device/cuda.c's bf16_operands would take for the same call (x rounded up to
+ * 128 elements, then y; a forward casts inp, a backward dout then inp, the bf16 MLP route's
+ * entries the one fp32 operand they have), over whole steps of bf16 training: with the head's
+ * chunk, q/k/v or C the widest output, with checkpointed blocks, tied and untied. The largest
+ * must fit, and come within the 128-element gap of the rule (a looser rule wastes GPU
+ * memory: the gate/up projection's 2FF, which the route no longer casts, would show). */
+static int64_t operand_need; /* the largest, in elements */
+static void need_operands(int64_t nx, int64_t ny) {
+    const int64_t n = (nx + 127) / 128 * 128 + ny;
+    if (n > operand_need) operand_need = n;
+}
+static void audit_linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
+                                 int64_t N, int64_t IC, int64_t OC, int acc) {
+    if (bf16) need_operands(N * IC, 0);
+    fs_cpu_kernel_table.linear_forward(d, out, inp, w, bf16, N, IC, OC, acc);
+}
+static void audit_linear_backward(fs_device *d, float *dinp, float *dw, const float *dout, const float *inp,
+                                  const void *w, int bf16, int64_t N, int64_t IC, int64_t OC, int acc_dinp,
+                                  int acc_dw) {
+    if (bf16) need_operands(N * OC, N * IC);
+    fs_cpu_kernel_table.linear_backward(d, dinp, dw, dout, inp, w, bf16, N, IC, OC, acc_dinp, acc_dw);
+}
+static void audit_linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w, int64_t N,
+                                          int64_t IC, int64_t OC) {
+    need_operands(N * IC, 0);
+    fs_cpu_kernel_table.linear_forward_bf16_out(d, out, inp, w, N, IC, OC);
+}
+static void audit_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                            const float *inp, const void *w, int64_t N, int64_t IC, int64_t OC,
+                                            int acc_dinp, int acc_dw) {
+    if (dw) need_operands(N * IC, 0);
+    fs_cpu_kernel_table.linear_backward_bf16_dout(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+static void audit_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
+                                           const uint16_t *inp, const void *w, int64_t N, int64_t IC, int64_t OC,
+                                           int acc_dinp, int acc_dw) {
+    need_operands(N * OC, 0);
+    fs_cpu_kernel_table.linear_backward_bf16_inp(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+}
+
+static void test_gpu_operand_scratch_holds_every_cast(void) {
+    fs_kernel_table audit = fs_cpu_kernel_table;
+    audit.linear_forward = audit_linear_forward;
+    audit.linear_backward = audit_linear_backward;
+    audit.linear_forward_bf16_out = audit_linear_forward_bf16_out;
+    audit.linear_backward_bf16_dout = audit_linear_backward_bf16_dout;
+    audit.linear_backward_bf16_inp = audit_linear_backward_bf16_inp;
+    for (int c = 0; c < 4; c++) {
+        /* 0, 1: q/k/v the widest output (QKV 64 > C 32 > chunks of 13); 2: the head's one
+         * chunk of 200 rows; 3: checkpointed blocks */
+        fs_llama_config cfg = ec_model(c == 1);
+        if (c == 2) cfg.vocab_size = 200;
+        int32_t in[ROWS * T], tg[ROWS * T];
+        ec_batch(cfg.vocab_size, ROWS, T, in, tg);
+        run_spec spec = {.cfg = &cfg, .tc = config(FS_STRATEGY_YAFSDP, FS_PRECISION_BF16, FS_DEVICE_CPU, 2),
+                         .in = in, .tg = tg, .steps = 2, .kernels = &audit};
+        if (c == 2) spec.tc.vocab_chunk_rows = 0;
+        if (c == 3) spec.tc.ckpt_layers = 2;
+        operand_need = 0;
+        CHECK_OK(run(1, &spec));
+        fs_layout l;
+        CHECK_OK(fs_layout_init(&l, &cfg, spec.tc.vocab_chunk_rows));
+        const size_t rule = fs_acts_scratch_bytes(&l, 2, T, 1), need = (size_t)operand_need * sizeof(uint16_t);
+        CHECK(need > 0 && need <= rule && need + 256 >= rule,
+              "case %d: the casts need %zu bytes, the GPU's rule reserves %zu", c, need, rule);
+        fs_layout_free(&l);
+        ec_result_free(&spec.res);
+    }
+}
+
 /* The kernel-time profile on a GPU's code path (device.h: the spans the model and the trainer
  * mark, collected at each step's end; the emulated device times them on the host, a GPU with
  * CUDA events): off unless asked (profile_gpu), and when asked it counts every kernel call
@@ -241,7 +316,7 @@ static void test_cpu_bf16_gemms_prepared_before_the_steps(void) {
           (unsigned long long)(cpu.gemm_prims_at_end - cpu.gemm_prims_after_init));
     fs_layout l;
     CHECK_OK(fs_layout_init(&l, &cfg, 0));
-    const size_t stage = fs_device_scratch_bytes(FS_DEVICE_CPU, 1, fs_acts_scratch_bytes(&l, 2, T));
+    const size_t stage = fs_device_scratch_bytes(FS_DEVICE_CPU, 1, fs_acts_scratch_bytes(&l, 2, T, 0));
     CHECK(stage > 0, "no staging on the oneDNN path");
     CHECK(cpu.plan_bytes.bytes[FS_MEM_OTHER] >= stage && cpu.at_init.bytes[FS_MEM_OTHER] >= stage,
           "the staging (%zu bytes) is not in the plan's other bytes (%zu) or the allocator's (%zu)", stage,
@@ -554,6 +629,7 @@ int main(void) {
     }
     RUN(test_device_names);
     RUN(test_gpu_plan_keeps_gu_in_bf16);
+    RUN(test_gpu_operand_scratch_holds_every_cast);
     RUN(test_emulated_device_trains_like_the_cpu);
     RUN(test_emulated_memory_is_the_plan);
     RUN(test_emulated_kernel_profile);

@@ -234,12 +234,12 @@ int fs_device_kind_mlp_bf16(fs_device_kind kind);
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);
 
-/* The scratch for the bf16 linear layers' activation operands: at least `bytes` (N x (the
- * widest IC + OC of the model's linear layers) x 2, or the CPU's fs_gemm_stage_bytes of its
- * largest layer where that is more), allocated once from `mem` before the
- * first step (fs_acts_init calls it). The GPU always has one (cuBLASLt takes one input type
- * for both operands); the CPU only under bf16 (`bf16`) on the oneDNN GEMM path, as the bf16
- * GEMM's staging (kernels.h), and otherwise needs none (FS_OK). */
+/* The scratch for the bf16 linear layers' activation operands: at least `bytes`
+ * (fs_acts_scratch_bytes), allocated once from `mem` before the first step (fs_acts_init
+ * calls it), under bf16 (`bf16`) only: the GPU's, into which its linear layers cast fp32
+ * operands (cuBLASLt takes one input type for both), with the cuBLASLt workspace and the
+ * sum-of-squares partials, which it has under fp32 too; the CPU's on the oneDNN GEMM path,
+ * as the bf16 GEMM's staging (kernels.h); otherwise none (FS_OK). */
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes);
 /* Returns the scratch to its allocator: call before that allocator is freed (closing the
  * device does it too, if it has not been done). */

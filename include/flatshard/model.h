@@ -248,9 +248,13 @@ struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
                        int64_t ckpt_layers, int gu_bf16, struct fs_device *dev, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
-/* The bf16 GEMM operand scratch this micro-batch needs (fs_device_reserve_scratch): on a GPU
- * always, on the CPU on the oneDNN GEMM path under bf16 (its staging). */
-size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T);
+/* The bf16 GEMM operand scratch this micro-batch needs under bf16
+ * (fs_device_reserve_scratch), gpu = 1: a GPU's, where the linear layers cast their fp32
+ * activation operands to bf16 (src/device/cuda.c: a backward's dout, then its inp, at most
+ * N x (C + the widest of QKV, C and the vocabulary chunk); the MLP's operands are bf16
+ * already, the bf16 MLP route); gpu = 0: the CPU's oneDNN staging of its largest layer
+ * (kernels.h). */
+size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu);
 /* Before the first step: reserves that scratch from mem (fs_device_reserve_scratch) and, on
  * the CPU under bf16, creates the oneDNN primitives of every linear layer
  * (fs_gemm_prepare_linear), so that no step creates one. */

@@ -361,7 +361,7 @@ static fs_status fs_cuda_reserve_scratch(fs_device *dev, fs_mem *mem, size_t byt
     if (st == FS_OK)
         st = fs_mem_alloc(mem, FS_MEM_OTHER, (FS_CUDA_REDUCE_PARTS + 1) * sizeof(double),
                           "sum of squares partials", (void **)&g->partials);
-    if (st == FS_OK)
+    if (st == FS_OK && bytes) /* none under fp32 */
         st = fs_mem_alloc(mem, FS_MEM_OTHER, bytes, "bf16 GEMM operands", (void **)&g->scratch);
     if (st == FS_OK) st = fs_cuda_blas_init(&g->blas, g->workspace, FS_CUDA_GEMM_WORKSPACE_BYTES);
     if (st != FS_OK) {

@@ -263,12 +263,13 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
 size_t fs_device_scratch_bytes(fs_device_kind kind, int bf16, size_t operand_bytes) {
     if (kind != FS_DEVICE_CUDA) /* the CPU's kernels: oneDNN's staging, under bf16 only */
         return bf16 && operand_bytes && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN ? operand_bytes : 0;
+    /* the GPU casts operands only under bf16; the workspace and partials it always has */
     const fs_cuda_api *api = cuda_api(NULL);
-    return api ? api->scratch_bytes(operand_bytes) : 0;
+    return api ? api->scratch_bytes(bf16 ? operand_bytes : 0) : 0;
 }
 
 fs_status fs_device_reserve_scratch(fs_device *dev, fs_mem *mem, int bf16, size_t bytes) {
-    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bytes);
+    if (dev->kind == FS_DEVICE_CUDA) return CU()->reserve_scratch(dev, mem, bf16 ? bytes : 0);
     const size_t need = fs_device_scratch_bytes(dev->kind, bf16, bytes);
     if (need == 0 || dev->stage.data) return FS_OK;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_OTHER, need, "bf16 GEMM staging", &dev->stage.data));

@@ -231,14 +231,23 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     return FS_OK;
 }
 
-size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T) {
+size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu) {
     dims d = get_dims(layout, B, T);
+    if (gpu) {
+        /* the casts of the fp32 linear layers: qkv (C -> QKV), o (C -> C), head chunks
+         * (C -> Vc); a backward casts dout (N x OC) and after it inp (N x C) at a 256-byte
+         * boundary (+ 128 elements). The MLP's reads gu, h and dgu in bf16 and casts N x C
+         * at most (ln2, dres). */
+        int64_t out = d.QKV;
+        if (d.C > out) out = d.C;
+        if (d.Vc > out) out = d.Vc;
+        return (size_t)(d.N * (d.C + out) + 128) * sizeof(uint16_t);
+    }
     /* (IC + OC) of the model's linear layers: qkv (C, QKV), o (C, C), gate/up (C, 2FF),
      * down (FF, C), head chunks (C, Vc) */
     int64_t widest = d.C + d.QKV;
     if (d.C + 2 * d.FF > widest) widest = d.C + 2 * d.FF;
     if (d.C + d.Vc > widest) widest = d.C + d.Vc;
-    /* + 128: the second operand starts at a 256-byte boundary (src/device/cuda.c) */
     size_t bytes = (size_t)(d.N * widest + 128) * sizeof(uint16_t);
     /* the CPU's oneDNN staging pads the packed operand to 32 x 64 blocks (kernels.h) */
     const int64_t shapes[5][2] = {{d.C, d.QKV}, {d.C, d.C}, {d.C, 2 * d.FF}, {d.FF, d.C}, {d.C, d.Vc}};
@@ -251,7 +260,8 @@ size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T) {
 
 fs_status fs_acts_prepare_gemms(const fs_layout *layout, int64_t B, int64_t T, int bf16,
                                 fs_device *dev, fs_mem *mem) {
-    FS_TRY(fs_device_reserve_scratch(dev, mem, bf16, fs_acts_scratch_bytes(layout, B, T)));
+    FS_TRY(fs_device_reserve_scratch(dev, mem, bf16,
+                                     fs_acts_scratch_bytes(layout, B, T, fs_device_kind_of(dev) == FS_DEVICE_CUDA)));
     if (!bf16 || fs_device_kind_of(dev) == FS_DEVICE_CUDA) return FS_OK;
     /* the CPU's oneDNN primitives, one set per linear shape (a no-op on the flatshard path) */
     dims d = get_dims(layout, B, T);

@@ -126,7 +126,8 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
          * --fp32-grad-wire asks for the same on the CPU */
         .fp32_grad_wire = cfg->fp32_grad_wire || cfg->device != FS_DEVICE_CPU,
         .device_bytes = fs_device_scratch_bytes(cfg->device, cfg->precision == FS_PRECISION_BF16,
-                                                fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq)),
+                                                fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq,
+                                                                      cfg->device == FS_DEVICE_CUDA)),
         .gu_bf16 = cfg->precision == FS_PRECISION_BF16 && fs_device_kind_mlp_bf16(cfg->device),
     };
     fs_status st = fs_plan_init(plan, layout, pc);
