@@ -67,8 +67,8 @@ static fs_status make_plan(planned *p, const fs_llama_config *mc, const fs_train
     for (int k = 0; k < FS_MEM_N_CATEGORIES; k++) {
         uint64_t b = p->plan.bytes[k];
         if (k == FS_MEM_ACTIVATIONS && hw->activation_bytes != 4) {
-            /* every element at the device's size, gate and up too: scale the plan with gu in
-             * fp32 (the bf16 MLP route's gu is already 2 bytes, fs_plan_config.gu_bf16) */
+            /* every element at the device's size: scale the plan of the fp32 layout (the bf16
+             * route's arrays are already 2 bytes, fs_plan_config.bf16_route) */
             size_t act = 0, tokens = 0;
             fs_acts_bytes(&p->layout, tc->batch, tc->seq, tc->ckpt_layers, 0, &act, &tokens);
             b = (uint64_t)act / 4 * (uint64_t)hw->activation_bytes;

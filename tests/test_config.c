@@ -422,12 +422,15 @@ static void test_step_time_by_hand(void) {
               cpu.activation_bytes == 4 && cpu.latency_s == 50e-6,
           "the machine's figures");
     fs_estimate_step(&plan, &cpu, 2, &e);
-    /* the CPU's bf16 MLP (mlp_bf16_operands: gu, h and dgu in bf16): a block's forward
+    /* the CPU's bf16 route (bf16_route: gu, h and dgu in bf16): a block's forward
      * (8C + 2QK) x 4 + FF x (2 x 2 + 2) = 3584 bytes per token, its backward (18C + QKV + 2QK)
-     * x 4 + FF x (4 + 2 x 2 + 3 x 2) = 7680, where fp32 gu, h and dgu took 1088 x 4 and 3008 x 4 */
-    CHECK(cpu.mlp_bf16_operands, "the CPU writes the MLP's GEMM operands in bf16");
-    const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (3584 + 7680);
-    CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (bf16 gu, h and dgu)");
+     * x 4 + FF x (4 + 2 x 2 + 3 x 2) = 7680, where fp32 gu, h and dgu took 1088 x 4 and 3008 x 4;
+     * and q/k/v and the attention output kept in bf16: forward 12 QKV + 6C = 1920 bytes more
+     * (the checkpointed block's recomputation too), backward 6 QKV + 6C = 1152 */
+    CHECK(cpu.bf16_route, "the CPU takes the bf16 route");
+    const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (3584 + 7680) +
+                             tok * (2 * (1920 + 1152) + 1920);
+    CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (the bf16 route's)");
     const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * cpu_bytes + opt) / 20e9;
 #undef OP_BYTES
     /* 21 collectives, one piece each */

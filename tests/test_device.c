@@ -583,11 +583,12 @@ static void test_device_names(void) {
     fs_test_note("%s", n > 0 ? "a GPU is here" : why);
 }
 
-/* The plan of a GPU run keeps gate and up in bf16 under bf16, as the CPU's does: the CUDA
- * table has the bf16 MLP route (fs_cuda_api_v4), and the plan (made before any GPU is open,
- * so it runs here) must size the activations the model will use, or the model's assertion
- * stops the first step on the GPU. fp32 keeps them in fp32 on both; the difference is
- * exactly gu's N x 2FF at 2 bytes instead of 4 per block. */
+/* The plan of a GPU run keeps the bf16 route's activations (gate and up, q/k/v, the
+ * attention output) in bf16 under bf16, as the CPU's does: the CUDA table has the route's
+ * kernels (fs_cuda_api_v4), and the plan (made before any GPU is open, so it runs here) must
+ * size the activations the model will use, or the model's assertion stops the first step on
+ * the GPU. fp32 keeps them in fp32 on both; the difference is exactly those arrays at 2
+ * bytes instead of 4 per block. */
 static void test_gpu_plan_keeps_gu_in_bf16(void) {
     CHECK(fs_device_kind_mlp_bf16(FS_DEVICE_CUDA) && fs_device_kind_mlp_bf16(FS_DEVICE_CPU),
           "the GPU and the CPU have the bf16 MLP route");
@@ -606,18 +607,21 @@ static void test_gpu_plan_keeps_gu_in_bf16(void) {
             fs_status st = fs_trainer_plan(&plan, &layout, &mc, &c, 1, 0);
             CHECK(st == FS_OK, "plan %d %d: %s", gpu, bf16, fs_error_message());
             if (st != FS_OK) continue;
-            CHECK(plan.cfg.gu_bf16 == bf16, "%s %s: gu_bf16 %d", gpu ? "cuda" : "cpu",
-                  bf16 ? "bf16" : "fp32", plan.cfg.gu_bf16);
+            CHECK(plan.cfg.bf16_route == bf16, "%s %s: bf16_route %d", gpu ? "cuda" : "cpu",
+                  bf16 ? "bf16" : "fp32", plan.cfg.bf16_route);
             act[gpu][bf16] = plan.bytes[FS_MEM_ACTIVATIONS];
             fs_plan_free(&plan);
             fs_layout_free(&layout);
         }
-    /* N = 2 x 64 tokens; gu is N x 2FF elements per block, 2 bytes fewer each */
-    const size_t gu_half = (size_t)mc.num_hidden_layers * (2 * 64) * (2 * (size_t)mc.intermediate_size) * 2;
+    /* N = 2 x 64 tokens; gu (N x 2FF), q/k/v (N x QKV) and the attention output (N x C)
+     * per block, 2 bytes fewer each (tiny's sizes make every array a whole number of lines) */
+    const size_t C = (size_t)mc.hidden_size, HS = C / (size_t)mc.num_attention_heads;
+    const size_t QKV = ((size_t)mc.num_attention_heads + 2 * (size_t)mc.num_key_value_heads) * HS;
+    const size_t gu_half = (size_t)mc.num_hidden_layers * (2 * 64) * (2 * (size_t)mc.intermediate_size + QKV + C) * 2;
     for (int bf16 = 0; bf16 <= 1; bf16++)
         CHECK(act[1][bf16] == act[0][bf16], "%s: the GPU plans %zu bytes of activations, the CPU %zu",
               bf16 ? "bf16" : "fp32", act[1][bf16], act[0][bf16]);
-    CHECK(act[1][0] - act[1][1] == gu_half, "cuda: fp32 minus bf16 activations %zu, gu's half %zu",
+    CHECK(act[1][0] - act[1][1] == gu_half, "cuda: fp32 minus bf16 activations %zu, the route's halves %zu",
           act[1][0] - act[1][1], gu_half);
 }
 

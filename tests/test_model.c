@@ -448,10 +448,13 @@ static void test_reference_model_loads_in_flatshard(void) {
  * same bits (fp32 and bf16 policies). Under bf16 llama.c also takes the CPU's bf16 dgu route
  * (fs_swiglu_backward_bf16 into the gate/up backward GEMMs), which this reference does not:
  * the same bits again. It also keeps gu in bf16 (fs_matmul_forward_bf16_out): this reference
- * rounds its fp32 gu the same way (fs_cast) and runs the fp32 SwiGLU on the widened values. */
+ * rounds its fp32 gu the same way (fs_cast) and runs the fp32 SwiGLU on the widened values;
+ * and q/k/v and the attention output, which this reference rounds and widens in place (its
+ * o_proj GEMMs read the widened output, llama.c the bf16 one: the same bits). */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     uint16_t *gu16; /* (N, 2FF): the bf16 route keeps gu in bf16 */
+    uint16_t *act16; /* (N, max(QKV, C)): q/k/v, then the attention output, rounded */
     float *dres, *dln, *dqkv, *datt, *dgu, *dh;
     float *xnext; /* the block's output, on the fp32-h route */
 } kept_block;
@@ -479,12 +482,20 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
     K->linear_forward(dev, k->qkv, k->ln1, wq, bf16, N, C, QKV, 0);
     K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, B, T, NH, HS);
     K->rope_forward(dev, kk, QKV, a->rope_cos, a->rope_sin, B, T, NKV, HS);
+    if (a->bf16_route) { /* q, k, v rounded to bf16, as the bf16 route keeps them */
+        K->cast_fp32_to_bf16(dev, k->act16, k->qkv, N * QKV);
+        K->cast_bf16_to_fp32(dev, k->qkv, k->act16, N * QKV);
+    }
     K->attention_forward(dev, k->att, k->lse, q, kk, v, QKV, B, T, NH, NKV, HS, bf16);
+    if (a->bf16_route) { /* and the attention's output */
+        K->cast_fp32_to_bf16(dev, k->act16, k->att, N * C);
+        K->cast_bf16_to_fp32(dev, k->att, k->act16, N * C);
+    }
     K->copy(dev, k->xmid, x, (size_t)(N * C) * sizeof(float));
     K->linear_forward(dev, k->xmid, k->att, wo, bf16, N, C, C, 1);
     K->rmsnorm_forward(dev, k->ln2, k->rstd2, k->xmid, ln2_w, N, C, eps);
     K->linear_forward(dev, k->gu, k->ln2, wgu, bf16, N, C, 2 * FF, 0);
-    if (a->gu_bf16) { /* gu rounded to bf16, as the bf16 route keeps it, then read widened */
+    if (a->bf16_route) { /* gu rounded to bf16, as the bf16 route keeps it, then read widened */
         K->cast_fp32_to_bf16(dev, k->gu16, k->gu, N * 2 * FF);
         K->cast_bf16_to_fp32(dev, k->gu, k->gu16, N * 2 * FF);
     }
@@ -539,8 +550,8 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                 for (int64_t i = 0; i < l.units[u].numel; i++)
                     w16[w.unit_offset[u] + i] = fs_fp32_to_bf16(p[i]);
             }
-            const int gu_bf16 = bf16 && fs_kernel_table_mlp_bf16(fs_device_kernels(dev));
-            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, gu_bf16, dev, mem));
+            const int route = bf16 && fs_kernel_table_mlp_bf16(fs_device_kernels(dev));
+            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, route, dev, mem));
             CHECK_OK(fs_acts_prepare_gemms(&l, mc.B, mc.T, bf16, dev, mem));
             memcpy(a.inputs, in, sizeof in);
             memcpy(a.targets, tg, sizeof tg);
@@ -556,7 +567,8 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
                 *bufs[i] = calloc((size_t)sizes[i], sizeof(float));
             k.gu16 = calloc((size_t)(N * 2 * FF), sizeof(uint16_t));
-            CHECK(a.gu_bf16 == bf16, "bf16 %d: the activations keep gu in bf16 exactly under bf16 on the CPU", bf16);
+            k.act16 = calloc((size_t)(N * (QKV > C ? QKV : C)), sizeof(uint16_t));
+            CHECK(a.bf16_route == bf16, "bf16 %d: the activations keep gu, q/k/v and att in bf16 exactly under bf16 on the CPU", bf16);
             float *dres_in = calloc((size_t)(N * C), sizeof(float));
             float *kdw = calloc((size_t)l.max_unit_numel, sizeof(float));
             float *kdnorm = calloc((size_t)(2 * C), sizeof(float));
@@ -587,6 +599,7 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             CHECK(blocks_equal == c->num_hidden_layers, "every block compared (%d)", blocks_equal);
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) free(*bufs[i]);
             free(k.gu16);
+            free(k.act16);
             free(dres_in);
             free(kdw);
             free(kdnorm);

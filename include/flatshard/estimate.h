@@ -70,11 +70,14 @@ typedef struct fs_hardware {
     int devices_per_node;
     double latency_s;        /* fixed cost of one collective */
     double activation_bytes; /* bytes per activation element the device's kernels keep */
-    int mlp_bf16_operands;   /* under bf16 the MLP keeps gu in bf16 and its SwiGLU reads it and
-                                writes the GEMMs' operands h and dgu in bf16 (the CPU's
-                                kernels: llama.c's mlp_in_bf16), and
-                                backward makes h again in SwiGLU's backward pass, with no
-                                zeroing of dgu (estimate.c counts those bytes) */
+    int bf16_route;          /* under bf16 the device's kernels take llama.c's bf16 route
+                                (this-machine: the CPU's): the MLP keeps gu in bf16 and its
+                                SwiGLU reads it and writes the GEMMs' operands h and dgu in
+                                bf16, backward makes h again in SwiGLU's backward pass with
+                                no zeroing of dgu, and q/k/v and the attention output are
+                                kept in bf16, rounded and widened by cast passes (estimate.c
+                                counts those bytes). The presets keep every activation at
+                                activation_bytes instead (0 here) */
     /* Contention (this-machine): with busy_cores cores computing at once, each on its own
      * step-sized work (one block forward and backward, calibrate.c), a core takes
      * contention_fp32 / _bf16 times its time alone (>= 1; shared cache, memory bus).

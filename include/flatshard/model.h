@@ -208,12 +208,13 @@ typedef struct fs_acts {
      * the rstd and gu (llama.c) */
     float *x;            /* (L+1, N, C) residual stream: x[l] enters block l */
     float *rstd1;        /* (S, N) */
-    float *qkv;          /* (S, N, QKV) q and k after RoPE */
-    float *att;          /* (S, N, C) attention output, before o_proj */
+    float *qkv;          /* (S, N, QKV) q and k after RoPE; uint16_t bf16 where bf16_route */
+    float *att;          /* (S, N, C) attention output, before o_proj; bf16 where bf16_route */
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
     float *rstd2;        /* (S, N) */
-    float *gu;           /* (S, N, 2FF) gate | up; uint16_t bf16 where gu_bf16 (half the bytes) */
-    int gu_bf16;         /* the bf16 MLP route's gu (fs_kernel_table_mlp_bf16 under bf16) */
+    float *gu;           /* (S, N, 2FF) gate | up; uint16_t bf16 where bf16_route (half the bytes) */
+    int bf16_route;      /* the bf16 route's activations: gu, qkv and att in bf16
+                            (fs_kernel_table_mlp_bf16 under bf16; llama.c) */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
@@ -235,24 +236,27 @@ typedef struct fs_acts {
     float *dh;           /* (N, FF); ln2 (its first N·C) where ln2 is used */
     float *xmid;         /* (N, C) residual after attention, where it is used */
     float *dlnf;         /* (N, C) */
+    float *qkv_wide;     /* (N, QKV) the bf16 route's q, k, v in fp32, within a block's op */
+    float *att_wide;     /* (N, C) the bf16 route's attention output in fp32, likewise */
 } fs_acts;
 
-/* Bytes fs_acts_init allocates for (B, T, ckpt_layers, gu_bf16), by category (activations,
+/* Bytes fs_acts_init allocates for (B, T, ckpt_layers, bf16_route), by category (activations,
  * other). */
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int gu_bf16,
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int bf16_route,
                    size_t *activation_bytes, size_t *other_bytes);
-/* dev NULL: the CPU. On a GPU this also uploads the rope tables. gu_bf16: gu is kept in bf16,
- * for a model under bf16 on a device with the bf16 MLP route (fs_kernel_table_mlp_bf16, or
- * fs_device_kind_mlp_bf16 for the plan); the model asserts that the two agree. */
+/* dev NULL: the CPU. On a GPU this also uploads the rope tables. bf16_route: gu, q/k/v and
+ * the attention output are kept in bf16, for a model under bf16 on a device with the bf16
+ * route's kernels (fs_kernel_table_mlp_bf16, or fs_device_kind_mlp_bf16 for the plan); the
+ * model asserts that the two agree. */
 struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, int gu_bf16, struct fs_device *dev, fs_mem *mem);
+                       int64_t ckpt_layers, int bf16_route, struct fs_device *dev, fs_mem *mem);
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
 /* The bf16 GEMM operand scratch this micro-batch needs under bf16
  * (fs_device_reserve_scratch), gpu = 1: a GPU's, where the linear layers cast their fp32
  * activation operands to bf16 (src/device/cuda.c: a backward's dout, then its inp, at most
- * N x (C + the widest of QKV, C and the vocabulary chunk); the MLP's operands are bf16
- * already, the bf16 MLP route); gpu = 0: the CPU's oneDNN staging of its largest layer
+ * N x (C + the widest of QKV, C and the vocabulary chunk); the MLP's and o_proj's operands
+ * are bf16 already, the bf16 route); gpu = 0: the CPU's oneDNN staging of its largest layer
  * (kernels.h). */
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu);
 /* Before the first step: reserves that scratch from mem (fs_device_reserve_scratch) and, on

@@ -84,7 +84,7 @@ static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* Offsets (floats) of the arrays that share the scratch, each a multiple of 16. */
 typedef struct scratch_offsets {
-    int64_t dgu, dh, dln, datt, dqkv, xmid, dlnf, logits;
+    int64_t dgu, dh, dln, datt, dqkv, xmid, dlnf, logits, qkv_wide, att_wide;
 } scratch_offsets;
 
 /* One region holds everything that lives only within one op: the backward's gradients of a
@@ -97,39 +97,48 @@ typedef struct scratch_offsets {
  *                     then dgu, xmid, ln2 and dln; then xmid and dln
  *   attention back.   datt [c, 2c) and dqkv [2c, 2c+q); then dqkv, ln1 (in datt) and dln
  *   head              dlnf [0, c) and logits [c, c+Vc·N)
+ * and on the bf16 route (q, k, v and the attention output kept in bf16), their fp32 forms
+ * within one op: qkv_wide [2c+q, 2c+2q) (forward: beside ln1, from the QKV projection to the
+ * attention; backward: widened for the attention's backward, beside datt and dqkv) and
+ * att_wide [0, c) (the attention's output until it is rounded; widened in backward).
  * dln sits above both xmid and dqkv: at max(g + 2c, 2c + q). The region is the largest end:
  * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
- * 7B), against 4·N·C + N·QKV + 3·N·FF + N·Vc (and xmid's N·C per block) in arrays of their
- * own. The logits of the last forward chunk stay there until the head's
- * backward: nothing runs between the two (a block forward marks them gone, logits_op = -1). */
+ * 7B; 2·N·C + 2·N·QKV where that is more), against 4·N·C + N·QKV + 3·N·FF + N·Vc (and
+ * xmid's N·C per block) in arrays of their own. The logits of the last forward chunk stay
+ * there until the head's backward: nothing runs between the two (a block forward marks them
+ * gone, logits_op = -1). */
 static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
     const int64_t c = round16(d->N * d->C), q = round16(d->N * d->QKV);
     const int64_t f = round16(d->N * d->FF), g = round16(d->N * 2 * d->FF);
     const int64_t v = round16(d->N * d->Vc);
     scratch_offsets o = {.dgu = 0, .dh = g, .datt = c, .dqkv = 2 * c, .xmid = g + c,
-                         .dlnf = 0, .logits = c};
+                         .dlnf = 0, .logits = c, .qkv_wide = 2 * c + q, .att_wide = 0};
     o.dln = g + 2 * c > 2 * c + q ? g + 2 * c : 2 * c + q;
     int64_t end = g + f;
     if (o.dln + c > end) end = o.dln + c;
+    if (o.qkv_wide + q > end) end = o.qkv_wide + q;
     if (o.logits + v > end) end = o.logits + v;
     if (out) *out = o;
     return end;
 }
 
-/* gu_bf16: gu is kept in bf16 (the bf16 MLP route, mlp_in_bf16), 2FF halves per token: the
- * numel of FF floats. */
-static void act_numels(const dims *d, int64_t ckpt_layers, int gu_bf16, int64_t numel[N_ACT_ARRAYS]) {
+/* The floats n bf16 take. */
+static int64_t halves(int64_t n) { return (n + 1) / 2; }
+
+/* bf16_route: gu, q/k/v and the attention output are kept in bf16 (in_bf16_route), half the
+ * floats. */
+static void act_numels(const dims *d, int64_t ckpt_layers, int bf16_route, int64_t numel[N_ACT_ARRAYS]) {
     const int64_t S = n_slots(d->L, ckpt_layers);
     int64_t i = 0;
     numel[i++] = d->T * (d->HS / 2);           /* rope_cos */
     numel[i++] = d->T * (d->HS / 2);           /* rope_sin */
     numel[i++] = (d->L + 1) * d->N * d->C;     /* x */
     numel[i++] = S * d->N;                     /* rstd1 */
-    numel[i++] = S * d->N * d->QKV;            /* qkv */
-    numel[i++] = S * d->N * d->C;              /* att */
+    numel[i++] = bf16_route ? halves(S * d->N * d->QKV) : S * d->N * d->QKV; /* qkv */
+    numel[i++] = bf16_route ? halves(S * d->N * d->C) : S * d->N * d->C;     /* att */
     numel[i++] = S * d->B * d->NH * d->T;      /* lse */
     numel[i++] = S * d->N;                     /* rstd2 */
-    numel[i++] = S * d->N * (gu_bf16 ? 1 : 2) * d->FF; /* gu: 2FF floats or 2FF bf16 per token */
+    numel[i++] = S * d->N * (bf16_route ? 1 : 2) * d->FF; /* gu: 2FF floats or 2FF bf16 per token */
     numel[i++] = d->N * d->C;                  /* lnf */
     numel[i++] = d->N;                         /* rstdf */
     numel[i++] = d->N;                         /* row_max */
@@ -141,18 +150,18 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int gu_bf16, int64_t 
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
 
-void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int gu_bf16,
+void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int bf16_route,
                    size_t *activation_bytes, size_t *other_bytes) {
     dims d = get_dims(layout, B, T);
     int64_t numel[N_ACT_ARRAYS], total = 0;
-    act_numels(&d, ckpt_layers, gu_bf16, numel);
+    act_numels(&d, ckpt_layers, bf16_route, numel);
     for (int i = 0; i < N_ACT_ARRAYS; i++) total += round16(numel[i]);
     *activation_bytes = (size_t)total * sizeof(float);
     *other_bytes = (size_t)(2 * round16(d.N)) * sizeof(int32_t);
 }
 
 fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T,
-                       int64_t ckpt_layers, int gu_bf16, fs_device *dev, fs_mem *mem) {
+                       int64_t ckpt_layers, int bf16_route, fs_device *dev, fs_mem *mem) {
     memset(a, 0, sizeof *a);
     const fs_llama_config *c = &layout->cfg;
     if (ckpt_layers < 0 || ckpt_layers > c->num_hidden_layers)
@@ -168,7 +177,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     FS_TRY(fs_layout_check_batch(layout, B, T)); /* before any int64 product of the sizes */
     dims d = get_dims(layout, B, T);
     size_t act_bytes, other_bytes;
-    fs_acts_bytes(layout, B, T, ckpt_layers, gu_bf16, &act_bytes, &other_bytes);
+    fs_acts_bytes(layout, B, T, ckpt_layers, bf16_route, &act_bytes, &other_bytes);
     float *base = NULL;
     int32_t *tokens = NULL;
     FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, act_bytes, "activations", (void **)&base));
@@ -178,8 +187,8 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         return st;
     }
     int64_t numel[N_ACT_ARRAYS];
-    act_numels(&d, ckpt_layers, gu_bf16, numel);
-    a->gu_bf16 = gu_bf16 != 0;
+    act_numels(&d, ckpt_layers, bf16_route, numel);
+    a->bf16_route = bf16_route != 0;
     float *scratch = NULL;
     float **slots[N_ACT_ARRAYS] = {
         &a->rope_cos, &a->rope_sin, &a->x,    &a->rstd1,  &a->qkv,     &a->att,
@@ -202,6 +211,8 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
     a->xmid = scratch + so.xmid;
     a->dlnf = scratch + so.dlnf;
     a->logits = scratch + so.logits;
+    a->qkv_wide = scratch + so.qkv_wide;
+    a->att_wide = scratch + so.att_wide;
     a->inputs = tokens;
     a->targets = tokens + round16(d.N);
     a->B = B;
@@ -351,8 +362,18 @@ static int64_t slot_of(const fs_acts *a, int l) {
     return l < a->ckpt_layers ? 0 : l - a->ckpt_layers + 1;
 }
 
-/* Under bf16, where the device has the kernels (the CPU's and the GPU's tables do), the MLP's
- * GEMM operands live in bf16. gu: the gate/up projection's forward writes its fp32 result
+/* The bf16 route. Under bf16, where the device has the kernels (the CPU's and the GPU's
+ * tables do), a block keeps what it saves for backward in bf16 wherever its readers round it
+ * to bf16 anyway, and the MLP's GEMM operands live in bf16.
+ * q, k, v and the attention output: the QKV projection and RoPE run in fp32 (into qkv_wide),
+ * q, k and v are rounded into the kept slot and widened back before the attention reads them,
+ * so forward and backward's attention see the same values (the bf16 attention kernels round
+ * them the same way in any case: the same bits there); the output is rounded into the kept
+ * slot, which the o_proj GEMMs read as their bf16 operand (the bits they read before), and
+ * backward widens both for the attention's backward, whose D = rowsum(dout * out) now sums
+ * the rounded output (2^-9 relative per element, as PyTorch's bf16 attention does). Half the
+ * bytes of the largest per-block arrays after gu: N·(QKV + C) x 2 bytes per block.
+ * gu: the gate/up projection's forward writes its fp32 result
  * rounded (fs_matmul_forward_bf16_out; PyTorch's autocast keeps a linear's output in bf16 the
  * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;
  * this one rounds a value the fp32 route keeps (SwiGLU sees gu to 2^-9 relative). h (into the
@@ -361,10 +382,10 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * projection's backward GEMMs: those GEMMs would round the fp32 arrays to bf16 anyway, the
  * same bits, half the bytes written, no rounding stages, no zeroing of dgu. All of it or
  * none (fs_kernel_table_mlp_bf16): one bf16 route, one fp32; the activations are sized for it
- * (fs_acts_init's gu_bf16). */
-static int mlp_in_bf16(const fs_model *m, const fs_acts *a) {
+ * (fs_acts_init's bf16_route). */
+static int in_bf16_route(const fs_model *m, const fs_acts *a) {
     const int route = m->bf16_weights && fs_kernel_table_mlp_bf16(m->dev->kernels);
-    FS_ASSERT(route == a->gu_bf16); /* the activations were sized for the route (fs_acts_init) */
+    FS_ASSERT(route == a->bf16_route); /* the activations were sized for the route (fs_acts_init) */
     return route;
 }
 
@@ -380,12 +401,17 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     const float *ln1_w = norm_w + (2 * l) * C, *ln2_w = norm_w + (2 * l + 1) * C;
     float *x = a->x + l * N * C, *x_next = a->x + (l + 1) * N * C;
     float *rstd1 = a->rstd1 + sl * N;
-    float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     float *lse = a->lse + sl * d->B * d->NH * d->T;
     float *rstd2 = a->rstd2 + sl * N;
-    const int mlp16 = mlp_in_bf16(m, a);
+    const int mlp16 = in_bf16_route(m, a);
     float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
     uint16_t *gu16 = mlp16 ? (uint16_t *)(void *)a->gu + sl * N * 2 * FF : NULL;
+    /* the bf16 route keeps q/k/v and the attention output in bf16 (qkv16, att16) and computes
+     * them in fp32 in the scratch; the fp32 route computes them where it keeps them */
+    uint16_t *qkv16 = mlp16 ? (uint16_t *)(void *)a->qkv + sl * N * QKV : NULL;
+    uint16_t *att16 = mlp16 ? (uint16_t *)(void *)a->att + sl * N * C : NULL;
+    float *qkv = mlp16 ? a->qkv_wide : a->qkv + sl * N * QKV;
+    float *att = mlp16 ? a->att_wide : a->att + sl * N * C;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     /* ln1, xmid, ln2 and h are not kept (backward makes them again): they go to the scratch
      * where backward puts them (scratch_numel), free in forward and between blocks (when a
@@ -399,11 +425,18 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
         K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
+    if (mlp16) /* kept rounded; the attention reads the rounded values, as backward will */
+        PROF(m, FS_PROF_OTHER, {
+            K->cast_fp32_to_bf16(dev, qkv16, qkv, N * QKV);
+            K->cast_bf16_to_fp32(dev, qkv, qkv16, N * QKV);
+        });
     PROF(m, FS_PROF_ATTENTION,
          K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS,
                               m->bf16_weights));
+    if (mlp16) PROF(m, FS_PROF_OTHER, K->cast_fp32_to_bf16(dev, att16, att, N * C));
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
-    PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
+    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
+    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_out(dev, gu16, ln2, bw.gu, N, C, 2 * FF));
     else PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
@@ -478,11 +511,16 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     const float eps = (float)m->layout->cfg.rms_norm_eps;
     const float *x = a->x + l * N * C;
     float *rstd1 = a->rstd1 + sl * N, *rstd2 = a->rstd2 + sl * N;
-    const float *qkv = a->qkv + sl * N * QKV, *att = a->att + sl * N * C;
     const float *lse = a->lse + sl * d->B * d->NH * d->T;
-    const int mlp16 = mlp_in_bf16(m, a);
+    const int mlp16 = in_bf16_route(m, a);
     const float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
     const uint16_t *gu16 = mlp16 ? (const uint16_t *)(const void *)a->gu + sl * N * 2 * FF : NULL;
+    /* the bf16 route: q/k/v and the attention output kept in bf16, widened into the scratch
+     * for the attention's backward (block_forward) */
+    const uint16_t *qkv16 = mlp16 ? (const uint16_t *)(const void *)a->qkv + sl * N * QKV : NULL;
+    const uint16_t *att16 = mlp16 ? (const uint16_t *)(const void *)a->att + sl * N * C : NULL;
+    float *qkv = mlp16 ? a->qkv_wide : a->qkv + sl * N * QKV;
+    float *att = mlp16 ? a->att_wide : a->att + sl * N * C;
     const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
     /* h, xmid, ln2 and ln1 again, as forward made them (same kernels, same inputs: the same
@@ -511,7 +549,8 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
     }
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
-    PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
+    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
+    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
     PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
     if (mlp16)
         PROF(m, FS_PROF_GEMM,
@@ -522,8 +561,17 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     PROF(m, FS_PROF_NORM,
          K->rmsnorm_backward(dev, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
+    if (mlp16) {
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, a->datt, bg.o, a->dres, att16, bw.o, N, C, C, 0, accumulate));
+        PROF(m, FS_PROF_OTHER, {
+            K->cast_bf16_to_fp32(dev, qkv, qkv16, N * QKV);
+            K->cast_bf16_to_fp32(dev, att, att16, N * C);
+        });
+    } else {
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
+    }
     PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
     PROF(m, FS_PROF_ATTENTION,
          K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,

@@ -123,14 +123,17 @@ typedef struct op_cost {
  * kernels (docs/planner.md lists them): with QK = (NH + NKV) HS the roped q and k,
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
- *   (under bf16 where hw->mlp_bf16_operands, the CPU: SwiGLU reads gu and writes h in bf16,
- *   so its forward moves 3FF x 2 bytes)
+ *   (under bf16 where hw->bf16_route, the CPU: SwiGLU reads gu and writes h in bf16, so its
+ *   forward moves 3FF x 2 bytes; q/k/v are rounded into their bf16 slot and widened back,
+ *   12 QKV bytes, and the attention's output rounded, 6C)
  *   block backward   SwiGLU forward again for h (3FF) + zero dgu (2FF) + SwiGLU (read FF +
  *                    2FF, dgu read and written 4FF) + the residual copy again for xmid (2C)
  *                    + 2 rmsnorm forwards again for ln2, ln1 (2C each) + 2 rmsnorm (read
  *                    dln, x; dres read and written; then dln and x again for the weight's
  *                    gradient: 6C each) + zero dqkv (QKV) + rope in place (2 QK)
  *                                                                   = 18C + 12FF + QKV + 2 QK
+ *                    (under the bf16 route also q/k/v and the output widened: 6 QKV + 6C
+ *                    bytes)
  *   recomputation    the forward without its SwiGLU and last copy   = 6C + 2 QK
  *   head chunk       forward: the final rmsnorm (2C, first chunk) + cross-entropy reads the
  *                    logits (Vc); backward: dlogits in place (2 Vc) + zero dres and the final
@@ -158,12 +161,17 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.attention = 2.0 * k.fwd.attention;
         k.bwd.bytes = N * (18.0 * C + 12.0 * FF + QKV + 2.0 * QK) * act;
-        if (p->cfg.precision == FS_PRECISION_BF16 && hw->mlp_bf16_operands) {
+        const int route = p->cfg.precision == FS_PRECISION_BF16 && hw->bf16_route;
+        /* the bf16 route's casts of q/k/v and the attention output (llama.c), in bytes:
+         * forward q/k/v rounded and widened back (4 + 2 + 2 + 4 per element) and the output
+         * rounded (4 + 2); backward both widened (2 + 4) */
+        const double casts_fwd = 12.0 * QKV + 6.0 * C, casts_bwd = 6.0 * QKV + 6.0 * C;
+        if (route) {
             /* SwiGLU: forward reads gu in bf16 (2FF x 2 bytes), writes h in bf16 (FF x 2);
              * backward one pass reads gu in bf16 (2FF x 2) and dh (FF), writes dgu and h in
              * bf16 (3FF x 2) */
-            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * 6.0);
-            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (act + 10.0));
+            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * 6.0 + casts_fwd);
+            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (act + 10.0) + casts_bwd);
         }
         /* every block's backward runs the o_proj forward again for xmid (llama.c): not
          * model FLOPs */
@@ -171,7 +179,7 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         if (u->index < p->cfg.ckpt_layers) {
             k.recompute.gemm += k.fwd.gemm;
             k.recompute.attention = k.fwd.attention;
-            k.recompute.bytes = N * (6.0 * C + 2.0 * QK) * act;
+            k.recompute.bytes = N * ((6.0 * C + 2.0 * QK) * act + (route ? casts_fwd : 0.0));
         }
     } else if (o->kind == FS_UNIT_HEAD) {
         const double rows = (double)u->rows;

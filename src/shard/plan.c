@@ -251,7 +251,7 @@ static void predict_bytes(fs_plan *pl) {
     b[FS_MEM_GRAD_BUF] = gb;
 
     size_t act = 0, other = 0;
-    fs_acts_bytes(l, c->batch, c->seq, c->ckpt_layers, c->gu_bf16, &act, &other);
+    fs_acts_bytes(l, c->batch, c->seq, c->ckpt_layers, c->bf16_route, &act, &other);
     b[FS_MEM_ACTIVATIONS] = act;
     b[FS_MEM_COMM] = c->comm_bytes;
     /* other: the batch tokens, plus the engine's per-op bookkeeping (an estimate) */
