@@ -688,6 +688,21 @@ _Static_assert((int64_t)4097 * 4100 > ONE_GRID, "the last SwiGLU case spans more
  * Gates of +-100 (expf overflowing to Inf, or underflowing to a subnormal), 0 and -1.28 are
  * planted among N(0, 9) draws.
  */
+/* The backward's tolerance above, per element of dgu (want: the CPU's result). */
+static void swiglu_backward_tol(double *tol, const float *gu, const float *dy, const float *want, int64_t N,
+                                int64_t FF) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < FF; i++) {
+            const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i], g = dy[n * FF + i];
+            const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
+            const double dgate = g * up * sig * q, dup = g * x * sig;
+            const int64_t ig = n * 2 * FF + i, iu = ig + FF;
+            tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U + 8.0 * U * fabs(dgate) +
+                      2.0 * U * fabs((double)want[ig]) + 1e-37;
+            tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
+        }
+}
+
 static void test_cuda_swiglu(void) {
     for (size_t s = 0; s < sizeof swiglu_cases / sizeof swiglu_cases[0]; s++) {
         const int64_t N = swiglu_cases[s].N, FF = swiglu_cases[s].FF;
@@ -714,17 +729,7 @@ static void test_cuda_swiglu(void) {
         float *d_dy = dev_upload(dy, N * FF), *d_g = dev_upload(g0, N * 2 * FF);
         CHECK_OK(fs_cuda_swiglu_backward(test_stream, d_g, d_dy, dgu_, N, FF));
         dev_download(dgot, d_g, N * 2 * FF);
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t i = 0; i < FF; i++) {
-                const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i],
-                             g = dy[n * FF + i];
-                const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
-                const double dgate = g * up * sig * q, dup = g * x * sig;
-                const int64_t ig = n * 2 * FF + i, iu = ig + FF;
-                tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U +
-                          8.0 * U * fabs(dgate) + 2.0 * U * fabs((double)want[ig]) + 1e-37;
-                tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
-            }
+        swiglu_backward_tol(tol, gu, dy, want, N, FF);
         snprintf(what, sizeof what, "swiglu dgu N=%lld FF=%lld", (long long)N, (long long)FF);
         CHECK_TOL(what, dgot, want, tol, N * 2 * FF);
 
@@ -778,17 +783,7 @@ static void test_cuda_swiglu_bf16(void) {
         CHECK_OK(fs_cuda_swiglu_backward_bf16(test_stream, d_dgu, d_hb, d_dy, d_gu, N, FF));
         dev_download_u16(dgu16, d_dgu, N * 2 * FF);
         dev_download_u16(hb16, d_hb, N * FF);
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t i = 0; i < FF; i++) {
-                const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i],
-                             g = dy[n * FF + i];
-                const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
-                const double dgate = g * up * sig * q, dup = g * x * sig;
-                const int64_t ig = n * 2 * FF + i, iu = ig + FF;
-                tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U +
-                          8.0 * U * fabs(dgate) + 2.0 * U * fabs((double)want[ig]) + 1e-37;
-                tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
-            }
+        swiglu_backward_tol(tol, gu, dy, want, N, FF);
         snprintf(what, sizeof what, "swiglu_bf16 dgu N=%lld FF=%lld", (long long)N, (long long)FF);
         CHECK_BF16_BAND(what, dgu16, want, tol, N * 2 * FF);
         snprintf(what, sizeof what, "swiglu_bf16 backward's h = forward's N=%lld FF=%lld",
