@@ -155,11 +155,12 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 written and read as bf16 (kernels.h: fs_swiglu_backward_bf16; the same bits
  *                 as the fp32 dgu, which the GEMMs would round anyway);
  *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  the same for h
- *                 (fs_swiglu_forward_bf16), in forward and in backward;
+ *                 (fs_swiglu_forward_bf16), in forward and in backward; the _inp GEMMs also
+ *                 take o_proj's input, the attention output the bf16 route keeps in bf16;
  *   linear_forward_bf16_out  the gate/up projection's forward writing gu in bf16
  *                 (fs_matmul_forward_bf16_out: the fp32 result rounded, bit for bit), which
  *                 the two bf16 SwiGLU kernels read. The CPU's and the GPU's tables have them
- *                 all; the model takes all or none. */
+ *                 all; the model takes all or none (src/model/llama.c: the bf16 route). */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -224,11 +225,12 @@ typedef struct fs_kernel_table {
                                     int64_t N, int64_t IC, int64_t OC);
 } fs_kernel_table;
 
-/* Whether a device's kernel table has every kernel of the bf16 MLP route (the optional
- * entries above): under bf16, the model then keeps gu in bf16 and runs the MLP's SwiGLU and
- * GEMMs on bf16 operands (src/model/llama.c), and the activations hold gu in bf16
- * (fs_acts_init). fs_device_kind_mlp_bf16: the same for a kind, before any device is open
- * (the plan): every kind's table has them (the emulated device's is the CPU's). */
+/* Whether a device's kernel table has every kernel of the bf16 route (the optional entries
+ * above): under bf16, the model then keeps gu, q/k/v and the attention output in bf16 and
+ * runs the MLP's SwiGLU and GEMMs and o_proj's GEMMs on bf16 operands (src/model/llama.c),
+ * and the activations are sized so (fs_acts_init). fs_device_kind_mlp_bf16: the same for a
+ * kind, before any device is open (the plan): every kind's table has them (the emulated
+ * device's is the CPU's). */
 int fs_kernel_table_mlp_bf16(const fs_kernel_table *k);
 int fs_device_kind_mlp_bf16(fs_device_kind kind);
 

@@ -284,7 +284,8 @@ typedef struct fs_model {
     fs_profile *profile;
     /* 0: unit weights are fp32 and the linear layers run fp32 sgemm; 1 (the bf16 policy):
      * unit weights are bf16 (uint16_t) and the linear layers run the bf16 GEMM, rounding
-     * their activation inputs to bf16. Norm weights, activations and gradients stay fp32. */
+     * their activation inputs to bf16. Norm weights and gradients stay fp32; activations
+     * too, but those the bf16 route keeps in bf16 (fs_acts.bf16_route). */
     int bf16_weights;
 } fs_model;
 

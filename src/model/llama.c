@@ -103,11 +103,11 @@ typedef struct scratch_offsets {
  * att_wide [0, c) (the attention's output until it is rounded; widened in backward).
  * dln sits above both xmid and dqkv: at max(g + 2c, 2c + q). The region is the largest end:
  * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
- * 7B; 2·N·C + 2·N·QKV where that is more), against 4·N·C + N·QKV + 3·N·FF + N·Vc (and
- * xmid's N·C per block) in arrays of their own. The logits of the last forward chunk stay
+ * 7B); on the bf16 route 2·N·C + 2·N·QKV where that is more (no preset model); against
+ * 4·N·C + N·QKV + 3·N·FF + N·Vc (and xmid's N·C per block) in arrays of their own. The logits of the last forward chunk stay
  * there until the head's backward: nothing runs between the two (a block forward marks them
  * gone, logits_op = -1). */
-static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
+static int64_t scratch_numel(const dims *d, int bf16_route, scratch_offsets *out) {
     const int64_t c = round16(d->N * d->C), q = round16(d->N * d->QKV);
     const int64_t f = round16(d->N * d->FF), g = round16(d->N * 2 * d->FF);
     const int64_t v = round16(d->N * d->Vc);
@@ -116,7 +116,7 @@ static int64_t scratch_numel(const dims *d, scratch_offsets *out) {
     o.dln = g + 2 * c > 2 * c + q ? g + 2 * c : 2 * c + q;
     int64_t end = g + f;
     if (o.dln + c > end) end = o.dln + c;
-    if (o.qkv_wide + q > end) end = o.qkv_wide + q;
+    if (bf16_route && o.qkv_wide + q > end) end = o.qkv_wide + q;
     if (o.logits + v > end) end = o.logits + v;
     if (out) *out = o;
     return end;
@@ -145,7 +145,7 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int bf16_route, int64
     numel[i++] = d->N;                         /* row_sum */
     numel[i++] = d->N;                         /* target_logit */
     numel[i++] = d->N * d->C;                  /* dres */
-    numel[i++] = scratch_numel(d, NULL);       /* the scratch: see scratch_numel */
+    numel[i++] = scratch_numel(d, bf16_route, NULL); /* the scratch: see scratch_numel */
     numel[i++] = 2;                            /* loss_sum: one double */
     FS_ASSERT(i == N_ACT_ARRAYS);
 }
@@ -202,7 +202,7 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
         p += round16(numel[i]);
     }
     scratch_offsets so;
-    scratch_numel(&d, &so);
+    scratch_numel(&d, bf16_route, &so);
     a->dgu = scratch + so.dgu;
     a->dh = scratch + so.dh;
     a->dln = scratch + so.dln;
@@ -245,10 +245,11 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu) {
     dims d = get_dims(layout, B, T);
     if (gpu) {
-        /* the casts of the fp32 linear layers: qkv (C -> QKV), o (C -> C), head chunks
-         * (C -> Vc); a backward casts dout (N x OC) and after it inp (N x C) at a 256-byte
-         * boundary (+ 128 elements). The MLP's reads gu, h and dgu in bf16 and casts N x C
-         * at most (ln2, dres). */
+        /* the casts of the linear layers with fp32 operands, qkv (C -> QKV) and the head
+         * chunks (C -> Vc): a backward casts dout (N x OC) and after it inp (N x C) at a
+         * 256-byte boundary (+ 128 elements). On the bf16 route the MLP and o_proj read
+         * gu, h, dgu and the attention output in bf16 and cast N x C at most (ln1, ln2,
+         * dres). */
         int64_t out = d.QKV;
         if (d.C > out) out = d.C;
         if (d.Vc > out) out = d.Vc;
@@ -372,7 +373,11 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * slot, which the o_proj GEMMs read as their bf16 operand (the bits they read before), and
  * backward widens both for the attention's backward, whose D = rowsum(dout * out) now sums
  * the rounded output (2^-9 relative per element, as PyTorch's bf16 attention does). Half the
- * bytes of the largest per-block arrays after gu: N·(QKV + C) x 2 bytes per block.
+ * bytes of the largest per-block arrays after gu: N·(QKV + C) x 2 bytes per block. (The CPU's
+ * bf16 kernels convert with vcvtne2ps2bf16, which takes an fp32 denormal as zero where
+ * fs_fp32_to_bf16 rounds it: a q/k/v or output element just below FLT_MIN now reaches them
+ * as FLT_MIN instead of 0. The fp32 attention kernels, a fallback under bf16, now see the
+ * rounded q/k/v.)
  * gu: the gate/up projection's forward writes its fp32 result
  * rounded (fs_matmul_forward_bf16_out; PyTorch's autocast keeps a linear's output in bf16 the
  * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;
@@ -530,7 +535,7 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
      * reader (the attention backward) */
     float *h = a->dgu, *xmid = a->xmid, *ln2 = a->dh, *ln1 = a->datt;
 
-    /* dres = dL/dx[l+1] on entry; MLP branch (mlp_in_bf16: gu, dgu and h in bf16) */
+    /* dres = dL/dx[l+1] on entry; MLP branch (in_bf16_route: gu, dgu and h in bf16) */
     uint16_t *dgu_bf16 = (uint16_t *)(void *)a->dgu;
     if (mlp16) {
         /* dh first (the down projection's input gradient reads no h), then one SwiGLU pass

@@ -163,7 +163,9 @@ def acts(k, B=2, T=4096, act_bytes=2):                  # docs/planner.md, activ
         [Sl * N, Sl * N * QKV, Sl * N * C, Sl * B * NH * T, Sl * N, Sl * N * 2 * FF] + \
         [N * C, N, N, N, N] + [N * C] + [2]            # head; dres; the loss sum, one double
     c, q, f, g, v = r(N * C), r(N * QKV), r(N * FF), r(N * 2 * FF), r(N * V)
-    scratch = max(g + f, max(g + 2 * c, 2 * c + q) + c, c + v)  # shared within an op
+    # shared within an op (the 2c + 2q of the bf16 route does not apply: a preset plans the
+    # fp32 layout, scaled to its 2 bytes per element)
+    scratch = max(g + f, max(g + 2 * c, 2 * c + q) + c, c + v)
     return (sum(r(a) for a in arrays) + scratch) * act_bytes
 n_units, n_ops = 1 + 1 + L + 1, 1 + L + 1
 other = 2 * (-(-8192 // 16) * 16) * 4 + n_ops * 64 + n_units * 64  # inputs, targets; bookkeeping
