@@ -550,8 +550,7 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                 for (int64_t i = 0; i < l.units[u].numel; i++)
                     w16[w.unit_offset[u] + i] = fs_fp32_to_bf16(p[i]);
             }
-            const int route = bf16 && fs_kernel_table_mlp_bf16(fs_device_kernels(dev));
-            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, route, dev, mem));
+            CHECK_OK(fs_acts_init(&a, &l, mc.B, mc.T, ckpt, bf16, dev, mem));
             CHECK_OK(fs_acts_prepare_gemms(&l, mc.B, mc.T, bf16, dev, mem));
             memcpy(a.inputs, in, sizeof in);
             memcpy(a.targets, tg, sizeof tg);

@@ -150,7 +150,8 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 instead of returning it: the GPU never waits for the loss inside a step;
  *   sum_squares   returns the double (on the GPU it waits: the end-of-step gradient norm);
  *   copy, zero    memcpy and memset of device memory, on the compute stream.
- * Optional entries (NULL where a device has none; the model then takes the fp32 route):
+ * The bf16 route's entries (every table has them; the model uses them under bf16, the fp32
+ * entries under fp32: src/model/llama.c):
  *   swiglu_backward_bf16, linear_backward_bf16_dout  the bf16 policy's MLP backward with dgu
  *                 written and read as bf16 (kernels.h: fs_swiglu_backward_bf16; the same bits
  *                 as the fp32 dgu, which the GEMMs would round anyway);
@@ -159,8 +160,7 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 take o_proj's input, the attention output the bf16 route keeps in bf16;
  *   linear_forward_bf16_out  the gate/up projection's forward writing gu in bf16
  *                 (fs_matmul_forward_bf16_out: the fp32 result rounded, bit for bit), which
- *                 the two bf16 SwiGLU kernels read. The CPU's and the GPU's tables have them
- *                 all; the model takes all or none (src/model/llama.c: the bf16 route). */
+ *                 the two bf16 SwiGLU kernels read. */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -225,16 +225,11 @@ typedef struct fs_kernel_table {
                                     int64_t N, int64_t IC, int64_t OC);
 } fs_kernel_table;
 
-/* Whether a device's kernel table has every kernel of the bf16 route (the optional entries
- * above): under bf16, the model then keeps gu, q/k/v and the attention output in bf16 and
- * runs the MLP's SwiGLU and GEMMs and o_proj's GEMMs on bf16 operands (src/model/llama.c),
- * and the activations are sized so (fs_acts_init). fs_device_kind_mlp_bf16: the same for a
- * kind, before any device is open (the plan): every kind's table has them (the emulated
- * device's is the CPU's). */
-int fs_kernel_table_mlp_bf16(const fs_kernel_table *k);
-int fs_device_kind_mlp_bf16(fs_device_kind kind);
-
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);
+/* 1 when no entry of k is NULL. The model calls every entry without looking (no kernel is
+ * optional), so fs_device_open refuses a CUDA library whose table misses one instead of
+ * crashing in the first step. */
+int fs_kernel_table_complete(const fs_kernel_table *k);
 
 /* The scratch for the bf16 linear layers' activation operands: at least `bytes`
  * (fs_acts_scratch_bytes), allocated once from `mem` before the first step (fs_acts_init

@@ -213,8 +213,8 @@ typedef struct fs_acts {
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
     float *rstd2;        /* (S, N) */
     float *gu;           /* (S, N, 2FF) gate | up; uint16_t bf16 where bf16_route (half the bytes) */
-    int bf16_route;      /* the bf16 route's activations: gu, qkv and att in bf16
-                            (fs_kernel_table_mlp_bf16 under bf16; llama.c) */
+    int bf16_route;      /* the bf16 route's activations: gu, qkv and att in bf16 (under
+                            bf16; llama.c) */
     /* head stage */
     float *lnf;          /* (N, C) final norm output */
     float *rstdf;        /* (N) */
@@ -245,9 +245,8 @@ typedef struct fs_acts {
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int bf16_route,
                    size_t *activation_bytes, size_t *other_bytes);
 /* dev NULL: the CPU. On a GPU this also uploads the rope tables. bf16_route: gu, q/k/v and
- * the attention output are kept in bf16, for a model under bf16 on a device with the bf16
- * route's kernels (fs_kernel_table_mlp_bf16, or fs_device_kind_mlp_bf16 for the plan); the
- * model asserts that the two agree. */
+ * the attention output are kept in bf16, for a model under bf16 (every device's table has
+ * the route's kernels); the model asserts that the two agree. */
 struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
                        int64_t ckpt_layers, int bf16_route, struct fs_device *dev, fs_mem *mem);

@@ -108,11 +108,10 @@ fs_status fs_device_open(fs_device **out, fs_device_kind kind, int ordinal, fs_p
         const fs_cuda_api *api = cuda_api(&why);
         fs_status st = api ? api->open(d, ordinal)
                            : fs_errorf(FS_ERR_USAGE, "--device cuda: no usable GPU: %s", why);
-        if (st == FS_OK && !fs_kernel_table_mlp_bf16(d->kernels)) {
-            /* the plan sized gu by fs_device_kind_mlp_bf16: a table without the route breaks it */
+        if (st == FS_OK && !fs_kernel_table_complete(d->kernels)) {
             api->close(d);
-            st = fs_errorf(FS_ERR_INTERNAL, "%s (%s) lacks the bf16 MLP kernels", FS_CUDA_LIBRARY,
-                           FS_CUDA_API_SYMBOL);
+            st = fs_errorf(FS_ERR_INTERNAL, "%s (%s): the kernel table has an empty entry",
+                           FS_CUDA_LIBRARY, FS_CUDA_API_SYMBOL);
         }
         if (st != FS_OK) {
             free(d);
@@ -133,16 +132,14 @@ fs_device_kind fs_device_kind_of(const fs_device *dev) { return dev ? dev->kind 
 const char *fs_device_name(const fs_device *dev) { return dev ? dev->name : "cpu"; }
 const fs_kernel_table *fs_device_kernels(const fs_device *dev) { return dev->kernels; }
 
-int fs_kernel_table_mlp_bf16(const fs_kernel_table *k) {
-    return k->swiglu_forward_bf16 && k->swiglu_backward_bf16 && k->linear_forward_bf16_inp &&
-           k->linear_backward_bf16_inp && k->linear_backward_bf16_dout && k->linear_forward_bf16_out;
-}
-
-/* The CUDA table (src/device/cuda.c) has every optional entry since fs_cuda_api_v4, and this
- * build loads only its own version (FS_CUDA_API_SYMBOL): the kind alone says it, without loading the CUDA library
- * (fs_device_open checks the table it gets). */
-int fs_device_kind_mlp_bf16(fs_device_kind kind) {
-    return kind == FS_DEVICE_CUDA || fs_kernel_table_mlp_bf16(&fs_cpu_kernel_table);
+int fs_kernel_table_complete(const fs_kernel_table *k) {
+    typedef void (*entry)(void);
+    _Static_assert(sizeof *k % sizeof(entry) == 0, "the kernel table holds only function pointers");
+    entry e[sizeof *k / sizeof(entry)];
+    memcpy(e, k, sizeof e); /* the entries' own types differ; only NULL or not is read */
+    for (size_t i = 0; i < sizeof e / sizeof *e; i++)
+        if (!e[i]) return 0;
+    return 1;
 }
 
 int fs_device_cuda_built(void) { return FS_HAVE_CUDA; }

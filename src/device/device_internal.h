@@ -21,9 +21,9 @@
 #define FS_CUDA_LIBRARY "libflatshard-cuda.so"
 /* The version is in the name: a library built against another table layout is refused by
  * dlsym, never called with the wrong arguments. v2: the attention entries take the policy
- * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the optional bf16-MLP
- * entries appended; v4: the CUDA table fills those entries (fs_device_kind_mlp_bf16 says so of
- * the kind, before the library is loaded, and the plan sizes gu by it); v5: the kernel-time
+ * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the bf16-MLP
+ * entries appended; v4: the CUDA table fills those entries (every table has them since: the
+ * plan sizes the bf16 route's activations before the library is loaded); v5: the kernel-time
  * profile's three functions. Rename whenever fs_cuda_api, fs_kernel_table or what the table
  * fills changes. */
 #define FS_CUDA_API_SYMBOL "fs_cuda_api_v5"

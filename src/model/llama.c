@@ -385,13 +385,12 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * first half of its scratch), read so by the down projection's GEMMs, and in backward dgu
  * (into the first half of its array, with h again after it), read so by the gate/up
  * projection's backward GEMMs: those GEMMs would round the fp32 arrays to bf16 anyway, the
- * same bits, half the bytes written, no rounding stages, no zeroing of dgu. All of it or
- * none (fs_kernel_table_mlp_bf16): one bf16 route, one fp32; the activations are sized for it
+ * same bits, half the bytes written, no rounding stages, no zeroing of dgu. One bf16 route
+ * (every device's table has its kernels), one fp32; the activations are sized for it
  * (fs_acts_init's bf16_route). */
 static int in_bf16_route(const fs_model *m, const fs_acts *a) {
-    const int route = m->bf16_weights && fs_kernel_table_mlp_bf16(m->dev->kernels);
-    FS_ASSERT(route == a->bf16_route); /* the activations were sized for the route (fs_acts_init) */
-    return route;
+    FS_ASSERT(m->bf16_weights == a->bf16_route); /* the activations were sized for the route */
+    return m->bf16_weights;
 }
 
 /* Forward of block l. write_output = 0 recomputes a checkpointed block's activations in

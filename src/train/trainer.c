@@ -128,7 +128,7 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
         .device_bytes = fs_device_scratch_bytes(cfg->device, cfg->precision == FS_PRECISION_BF16,
                                                 fs_acts_scratch_bytes(layout, cfg->batch, cfg->seq,
                                                                       cfg->device == FS_DEVICE_CUDA)),
-        .bf16_route = cfg->precision == FS_PRECISION_BF16 && fs_device_kind_mlp_bf16(cfg->device),
+        .bf16_route = cfg->precision == FS_PRECISION_BF16,
     };
     fs_status st = fs_plan_init(plan, layout, pc);
     if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
@@ -183,8 +183,7 @@ fs_status fs_trainer_init(fs_trainer *t, const fs_llama_config *model_cfg,
     }
     if (st == FS_OK)
         st = fs_acts_init(&t->acts, &t->layout, cfg->batch, cfg->seq, cfg->ckpt_layers,
-                          cfg->precision == FS_PRECISION_BF16 && fs_kernel_table_mlp_bf16(fs_device_kernels(t->dev)),
-                          t->dev, t->dev_mem);
+                          cfg->precision == FS_PRECISION_BF16, t->dev, t->dev_mem);
     if (st == FS_OK)
         st = fs_acts_prepare_gemms(&t->layout, cfg->batch, cfg->seq, cfg->precision == FS_PRECISION_BF16,
                                    t->dev, t->dev_mem);
