@@ -107,7 +107,7 @@ test)
     setup_test_venv
     echo "== building (warnings are errors)"
     make -j"$jobs" WERROR=1
-    echo "== running the test suite (plain build, then under ASan, UBSan and TSan)"
+    echo "== running the test suite (plain build, then under ASan+UBSan and under TSan)"
     make check WERROR=1
     ;;
 *)

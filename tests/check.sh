@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/check.sh — what CI runs: the whole suite on the plain build, then under
-# AddressSanitizer, UndefinedBehaviorSanitizer and ThreadSanitizer (each build in its own
-# directory); then the two builds the suite would otherwise never compile, `make MPI=none
+# AddressSanitizer and UndefinedBehaviorSanitizer together, then under ThreadSanitizer (each
+# build in its own directory); then the two builds the suite would otherwise never compile, `make MPI=none
 # ONEDNN=0` (build-nompi/) and `make DEBUG=1` (build-debug/), each exercised by its test
 # programs and a short training run (tests/run.sh --quick); and one final line
 # "N passed, M failed, K skipped" over all of them. A build that fails counts as a failure.
@@ -34,7 +34,7 @@ suite() {
     fi
 }
 
-for san in "" address undefined thread; do
+for san in "" address+undefined thread; do
     name=${san:-plain}
     echo "=================== $name build"
     if ! make -j"$jobs" SANITIZER="$san" ${WERROR:+WERROR=$WERROR} all; then
