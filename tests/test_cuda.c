@@ -521,8 +521,8 @@ static const nc_case rms_cases[] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {7
  *   dinp += r (w dy - x coef)   |err| <= r |x| |d coef| + 4 u r (|w dy| + |x coef|) + u |dinp|
  * doubled for the two sides. dweight += sum_n dy (x r): each term is rounded identically on
  * both sides; the sums of N + 1 values (the gradient and the N terms) in different orders
- * differ by at most 2 (N + 33) u (|dweight0| + sum |terms|) (the GPU's 32 lanes add 32 more
- * roundings).
+ * differ by at most 2 (N + 33) u (|dweight0| + sum |terms|) (the GPU's row lanes and their tree
+ * add fewer roundings than N: the bound is the serial sum's, with 33 to spare).
  */
 static void test_cuda_rmsnorm(void) {
     const float eps = 1e-5f;
