@@ -441,12 +441,14 @@ static void test_cuda_sum_squares(void) {
 typedef struct emb_case {
     int64_t N, C, V, row0, rows;
 } emb_case;
-/* chunks [12, 37) of 50 (tokens on both sides of it outside), the whole table, and a table
- * of 3 rows that 1000 tokens hit over and over (repeated rows inside one window of the
- * backward's loads) */
+/* chunks [12, 37) of 50 (tokens on both sides of it outside), the whole table, a table of 3
+ * rows that 1000 tokens hit over and over (repeated rows inside one window of the backward's
+ * loads), and chunks of more rows than the backward's row ranges (64: ranges of 2 and 3 rows,
+ * uneven) */
 static const emb_case emb_cases[] = {
     {1, 37, 50, 12, 25},    {7, 37, 50, 12, 25},  {70, 100, 50, 12, 25}, {1000, 37, 50, 12, 25},
     {1000, 100, 50, 0, 50}, {1000, 300, 3, 0, 3}, {70, 1, 3, 1, 1},      {7, 100, 50, 0, 50},
+    {1000, 37, 200, 20, 150}, {300, 70, 131, 0, 131},
 };
 
 /* Forward: copies (or exact widenings): bit for bit, rows whose token is outside the chunk

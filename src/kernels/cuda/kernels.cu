@@ -268,8 +268,9 @@ fs_status fs_cuda_embedding_forward_bf16(void *stream, float *out, const int32_t
 /*
  * Backward: dwte[tokens[n] - row0, c] += dout[n, c], every column summed in token order, as
  * on the CPU (whose bits it reproduces: the same additions in the same order). Two tokens
- * may hit one row, so the work is split over columns only: thread c owns column c of every
- * row and walks all tokens in order; no two threads ever touch one element.
+ * may hit one row, so no element's sum is split: thread c of a block owns column c of the
+ * block's rows (a range of them, below) and walks all tokens in order; no two threads ever
+ * touch one element.
  *
  * Walking tokens one at a time would wait a memory round trip per token (each add reads
  * what the previous one may have written). So a thread takes a window of EMB_WINDOW tokens:
@@ -282,12 +283,19 @@ fs_status fs_cuda_embedding_forward_bf16(void *stream, float *out, const int32_t
  */
 #define EMB_THREADS 64 /* threads (columns) per block, and tokens staged per pass */
 #define EMB_WINDOW 8   /* tokens whose loads are in flight together */
+/* The rows are split too: block y of the grid owns rows [rows y / Y, rows (y + 1) / Y) of the
+ * chunk and ignores the other tokens. A column alone gave C/64 blocks (12 for C = 768), each
+ * waiting a memory round trip per window for all N tokens; with EMB_ROW_RANGES ranges a
+ * block waits only on its own rows' tokens. No element changes hands, so every element still
+ * gets its additions in token order: the same bits whatever the split. */
+#define EMB_ROW_RANGES 64
 static_assert(EMB_THREADS % EMB_WINDOW == 0, "whole windows per staged tile");
 
 static __global__ void embedding_backward_kernel(float *dwte, const float *dout,
                                                  const int32_t *tokens, int64_t N, int64_t C,
                                                  int64_t row0, int64_t rows) {
     __shared__ int64_t row_of[EMB_THREADS]; /* dwte row of each staged token, -1: not ours */
+    const int64_t lo = rows * blockIdx.y / gridDim.y, hi = rows * (blockIdx.y + 1) / gridDim.y;
     for (int64_t c0 = (int64_t)blockIdx.x * EMB_THREADS; c0 < C;
          c0 += (int64_t)gridDim.x * EMB_THREADS) {
         const int64_t c = c0 + threadIdx.x;
@@ -298,7 +306,7 @@ static __global__ void embedding_backward_kernel(float *dwte, const float *dout,
             int64_t r = -1;
             if (n < N) {
                 r = (int64_t)tokens[n] - row0;
-                if (r < 0 || r >= rows) r = -1;
+                if (r < lo || r >= hi) r = -1;
             }
             row_of[threadIdx.x] = r;
             __syncthreads();
@@ -336,8 +344,11 @@ fs_status fs_cuda_embedding_backward(void *stream, float *dwte, const float *dou
                                      int64_t rows) {
     if (N < 0 || C < 0) return negative("embedding_backward", N < 0 ? "N" : "C", N < 0 ? N : C);
     if (N == 0 || C == 0) return FS_OK;
-    embedding_backward_kernel<<<blocks_for(C, EMB_THREADS), EMB_THREADS, 0, as_stream(stream)>>>(
-        dwte, dout, tokens, N, C, row0, rows);
+    if (rows <= 0) return FS_OK; /* no token is ours */
+    const int64_t ranges = rows < EMB_ROW_RANGES ? rows : EMB_ROW_RANGES;
+    const dim3 grid(blocks_for(C, EMB_THREADS), (unsigned)ranges);
+    embedding_backward_kernel<<<grid, EMB_THREADS, 0, as_stream(stream)>>>(dwte, dout, tokens, N, C,
+                                                                         row0, rows);
     return launched("embedding_backward");
 }
 
