@@ -14,8 +14,8 @@
  * runs block reductions (their barriers are what costs time here), keeping N = 1 and 7 and
  * rows past several grids. Backward kernels start from random gradients (an overwrite where
  * the contract is += fails). Every output buffer has guard elements on both sides, filled
- * with a pattern that must survive ("guards changed 0"); inputs are exact allocations, so
- * ASan catches reads past them.
+ * poisoned under ASan (any access to them is reported) and holding -0 patterns that must
+ * survive ("guards changed 0"); inputs are exact allocations, so ASan catches reads past them.
  *
  * Prints one line per check ("ok   ..." or "FAIL ...: detail"), then "ok: every check
  * passed (...)" or "FAILED: n of m checks"; exits 1 on any failure.
@@ -28,6 +28,9 @@
 #include <cstdarg>
 #include <random>
 #include <string>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #ifndef EMU_MAX_BLOCKS
 #error "run.sh passes -DEMU_MAX_BLOCKS"
@@ -61,13 +64,38 @@ static void status_ok(fs_status st, const std::string &what) {
     if (st != FS_OK) result(false, what + ": launcher status", fmt("status %d: %s", (int)st, fs_error_message()));
 }
 
-/* An output buffer: n elements between two guards of G elements each, a byte pattern. */
+/* An output buffer: n elements between two guards of G elements each. Under ASan the guards
+ * are poisoned, so any access to them, a read as much as a write, stops the run with ASan's
+ * report; without it they hold negative zeros (each element's top byte 0x80, the rest 0),
+ * which any store changes, and so does any += (-0 + +0 is +0), whose bits are checked. */
 template <typename T> struct Out {
-    static constexpr int64_t G = 37;
+    static constexpr int64_t G = 40; /* a multiple of 8 elements: whole ASan granules */
     std::vector<T> mem;
     int64_t n;
     explicit Out(int64_t n_) : mem((size_t)(n_ + 2 * G)), n(n_) {
-        memset(mem.data(), 0xa5, mem.size() * sizeof(T));
+        fill_guard(mem.data());
+        fill_guard(mem.data() + G + n);
+        poison(true);
+    }
+    ~Out() { poison(false); }
+    Out(const Out &) = delete;
+    Out &operator=(const Out &) = delete;
+    static void fill_guard(T *g) {
+        unsigned char *b = (unsigned char *)g;
+        memset(b, 0, G * sizeof(T));
+        for (int64_t i = 0; i < G; i++) b[(i + 1) * (int64_t)sizeof(T) - 1] = 0x80;
+    }
+    void poison(bool on) {
+#if defined(__SANITIZE_ADDRESS__)
+        if (on) {
+            ASAN_POISON_MEMORY_REGION(mem.data(), G * sizeof(T));
+            ASAN_POISON_MEMORY_REGION(mem.data() + G + n, G * sizeof(T));
+        } else {
+            ASAN_UNPOISON_MEMORY_REGION(mem.data(), mem.size() * sizeof(T));
+        }
+#else
+        (void)on;
+#endif
     }
     T *p() { return mem.data() + G; }
     T &operator[](int64_t i) { return mem[(size_t)(G + i)]; }
@@ -75,11 +103,16 @@ template <typename T> struct Out {
         if (n > 0) memcpy(p(), src, (size_t)n * sizeof(T));
     }
     void fill_bytes(int b) { memset(p(), b, (size_t)n * sizeof(T)); }
-    int64_t guards_changed() const {
+    int64_t guards_changed() {
+        poison(false);
+        std::vector<T> want((size_t)G);
+        fill_guard(want.data());
+        const int64_t bytes = G * (int64_t)sizeof(T);
+        const unsigned char *w = (const unsigned char *)want.data(), *lo = (const unsigned char *)mem.data(),
+                            *hi = (const unsigned char *)(mem.data() + G + n);
         int64_t bad = 0;
-        const unsigned char *b = (const unsigned char *)mem.data();
-        const size_t gb = (size_t)G * sizeof(T), total = mem.size() * sizeof(T);
-        for (size_t i = 0; i < gb; i++) bad += b[i] != 0xa5 || b[total - 1 - i] != 0xa5;
+        for (int64_t i = 0; i < bytes; i++) bad += (lo[i] != w[i]) + (hi[i] != w[i]);
+        poison(true);
         return bad;
     }
 };
