@@ -30,6 +30,12 @@
  *   - launch configuration: a block of more than 1024 threads, a block dimension past
  *     1024/1024/64, an empty grid or one past 2^31-1 x 65535 x 65535 is not run and sets the
  *     error cudaGetLastError returns (cudaErrorInvalidConfiguration), like the runtime.
+ *   - also provided, for kernels rewritten later: __shfl_sync/_up/_xor, __syncwarp,
+ *     __ballot_sync/__any_sync/__all_sync (live lanes), __popc, __ffs, __clz, __ldg, the
+ *     IEEE-rounded __f*_rn intrinsics, mixed-type integer min/max, integer atomicAdd/Max
+ *     (plain updates: fibers never overlap), cudaMemsetAsync/cudaMemcpyAsync (at once),
+ *     cudaFuncSetAttribute (a no-op), extern __shared__ (the launch's bytes, 0xff-filled).
+ *     Anything else fails to compile, naming it.
  *   - math: expf, logf, sqrtf, exp, log, ... are the host's (glibc); CUDA's expf, logf and
  *     exp may differ by an ulp or two, so results involving them match the CPU kernels only
  *     within test_cuda.c's tolerances (main.cpp uses those, not bits, there). +, -, *, /,
@@ -49,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <ucontext.h>
 #include <sys/mman.h>
 #include <vector>
@@ -237,6 +244,51 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int widt
     const int s = l ^ mask;
     return emu_shfl(v, (s / width == l / width) ? s : -1);
 }
+
+/* vote and bit intrinsics: the warp's live lanes' values, gathered through the slots */
+inline unsigned __ballot_sync(unsigned, int pred) {
+    emu_fiber *f = emu_cur;
+    const unsigned set = f->shfl_seq++ & 1u;
+    emu_slots[set][f->warp][f->lane] = pred != 0;
+    emu_bar_wait(emu_warp_bar[f->warp]);
+    unsigned m = 0;
+    for (int l = 0; l < emu_warp_lanes[f->warp]; l++)
+        if (emu_slots[set][f->warp][l] == 1) m |= 1u << l;
+    return m;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) {
+    const int lanes = emu_warp_lanes[emu_cur->warp];
+    return __ballot_sync(mask, pred) == (lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u);
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+/* CUDA's integer min/max take mixed types; the host's std::min does not (floats: fminf) */
+template <typename A, typename B, typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
+inline std::common_type_t<A, B> min(A a, B b) {
+    return b < a ? (std::common_type_t<A, B>)b : (std::common_type_t<A, B>)a;
+}
+template <typename A, typename B, typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
+inline std::common_type_t<A, B> max(A a, B b) {
+    return a < b ? (std::common_type_t<A, B>)b : (std::common_type_t<A, B>)a;
+}
+/* integer atomics: fibers never run at the same time, so a plain update is atomic (the
+ * kernels use no floating-point atomics: their sums have fixed orders) */
+template <typename T> inline T atomicAdd(T *p, T v) {
+    static_assert(std::is_integral_v<T>, "floating-point atomics: not deterministic, not modelled");
+    const T old = *p;
+    *p = old + v;
+    return old;
+}
+template <typename T> inline T atomicMax(T *p, T v) {
+    const T old = *p;
+    if (old < v) *p = v;
+    return old;
+}
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename F> inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
 
 /* __shared__ variables: poisoned once per block, by the first thread that declares them */
 inline std::vector<void *> emu_shared_seen;
