@@ -325,6 +325,7 @@ inline void emu_run_block(unsigned nthreads, bool descending) {
         emu_warp_lanes[w] = lanes;
     }
     memset(emu_slots, 0xff, sizeof emu_slots);
+    memset(emu_dyn_smem.data(), 0xff, emu_dyn_smem.size());
     emu_shared_seen.clear();
     for (unsigned t = 0; t < nthreads; t++) {
         emu_fiber &f = emu_fibers[t];
@@ -391,7 +392,7 @@ void emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream
     emu_kernel_name = name;
     gridDim = grid;
     blockDim = block;
-    emu_dyn_smem.assign(smem ? smem : 1, 0xff);
+    emu_dyn_smem.assign(smem ? smem : 1, 0xff); /* refilled for every block */
     emu_body = [](void *ctx) { (*static_cast<F *>(ctx))(); };
     emu_body_ctx = &body;
     /* EMU_FAULT=drop_last_block: the harness's own check (tests/cli/test_kernels_emu.sh):
