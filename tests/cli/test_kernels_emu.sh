@@ -28,7 +28,7 @@ else
     # every launch of several blocks, and the checks must see it (a shim or harness that
     # passes everything would show here); independent of kernels.cu's lines
     run "the emulator fails when a block of each launch is not run (EMU_FAULT=drop_last_block)" 1 \
-        env FLATSHARD_BUILD="$BUILD" EMU_FAULT=drop_last_block tools/cuda_kernels_emu/run.sh
+        env FLATSHARD_BUILD="$BUILD" EMU_FAULT=drop_last_block tools/cuda_kernels_emu/run.sh src/kernels/cuda/kernels.cu rmsnorm embedding
     expect "the dropped blocks are reported by the checks" bash -c "grep -q '^FAILED: ' '$WORK/out' && grep -q '^FAIL rmsnorm' '$WORK/out' && grep -q '^FAIL embedding backward' '$WORK/out'"
 fi
 summary

@@ -649,16 +649,19 @@ int main(int argc, char **argv) {
         {"add", test_add},             {"sum_squares", test_sum_squares}, {"xent", test_xent},
         {"adamw", test_adamw},
     };
-    const char *only = argc > 1 ? argv[1] : NULL;
-    int ran = 0;
-    for (const T &t : tests) {
-        if (only && strcmp(only, t.name) != 0) continue;
-        t.fn();
-        ran++;
+    /* arguments: the groups to run (all without any) */
+    for (int a = 1; a < argc; a++) {
+        bool known = false;
+        for (const T &t : tests) known |= strcmp(argv[a], t.name) == 0;
+        if (!known) {
+            fprintf(stderr, "cuda_kernels_emu: no test group named %s\n", argv[a]);
+            return 2;
+        }
     }
-    if (!ran) {
-        fprintf(stderr, "cuda_kernels_emu: no test named %s\n", only);
-        return 2;
+    for (const T &t : tests) {
+        bool chosen = argc == 1;
+        for (int a = 1; a < argc; a++) chosen |= strcmp(argv[a], t.name) == 0;
+        if (chosen) t.fn();
     }
     if (n_failed) {
         printf("FAILED: %d of %d checks (%llu launches, %llu blocks, %llu GPU threads emulated)\n", n_failed,

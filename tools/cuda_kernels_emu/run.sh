@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/cuda_kernels_emu/run.sh [KERNELS.cu [TEST]] — the element-wise and row kernels of
+# tools/cuda_kernels_emu/run.sh [KERNELS.cu [GROUP...]] — the element-wise and row kernels of
 # src/kernels/cuda/kernels.cu (casts, add, sum of squares, embedding, RMSNorm, RoPE, SwiGLU
 # fp32 and bf16, cross-entropy, AdamW) run on the host, against the CPU kernels of
 # $FLATSHARD_BUILD/libflatshard.a (default build/; `make` first): tests/test_cuda.c's checks,
@@ -16,7 +16,7 @@
 # memory model and speed, concurrent blocks, implicit warp-synchronous execution): shim.h.
 #
 # KERNELS.cu defaults to src/kernels/cuda/kernels.cu (give a scratch copy to try a change or
-# a planted bug); TEST runs one group (rmsnorm, swiglu, swiglu_bf16, embedding, rope, casts,
+# a planted bug); GROUPs run only those (rmsnorm, swiglu, swiglu_bf16, embedding, rope, casts,
 # add, sum_squares, xent, adamw). EMU_CXXFLAGS adds compiler flags (tests/cli/
 # test_kernels_emu.sh: -fsanitize=address,undefined). Needs g++ (C++20) and python3; ~30 s
 # on 2 cores with the sanitizers. Exits 1 on a failed check, 2 if it cannot build.
@@ -43,4 +43,4 @@ g++ "${flags[@]}" -c "$tmp/kernels_emu.cpp" -o "$tmp/kernels_emu.o" || exit 2
 g++ "${flags[@]}" -c tools/cuda_kernels_emu/main.cpp -o "$tmp/main.o" || exit 2
 # shellcheck disable=SC2086
 g++ "${flags[@]}" "$tmp/main.o" "$tmp/kernels_emu.o" "$lib" $ldlibs -o "$tmp/emu" || exit 2
-"$tmp/emu" ${2:+"$2"}
+"$tmp/emu" "${@:2}"
