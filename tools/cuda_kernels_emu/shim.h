@@ -45,7 +45,9 @@
  * its speed, its memory model (everything here is sequentially consistent: a missing
  * __threadfence or a race between blocks never shows; blocks never run concurrently), warp
  * divergence and independent thread scheduling beyond the barriers above (a kernel relying
- * on implicit warp-synchronous execution without __syncwarp runs as if it were), occupancy,
+ * on implicit warp-synchronous execution without __syncwarp runs as if it were; a thread
+ * spinning on a value another thread writes, without a barrier, never lets it run: run.sh's
+ * timeout stops it), occupancy,
  * register and shared memory limits, streams (every launch runs at once, in order).
  */
 #pragma once
@@ -153,7 +155,7 @@ struct emu_fiber {
     unsigned shfl_seq = 0;
     bool done = false;
 };
-constexpr size_t emu_stack_bytes = 64 * 1024; /* kernels.cu's frames are small, ASan's too */
+constexpr size_t emu_stack_bytes = 64 * 1024; /* per GPU thread: kernels.cu's frames are small, ASan's too; a deeper one segfaults on the guard page below */
 inline std::vector<emu_fiber> emu_fibers;
 inline emu_fiber *emu_cur;
 inline ucontext_t emu_sched_ctx;
@@ -330,12 +332,15 @@ inline void emu_run_block(unsigned nthreads, bool descending) {
     for (unsigned t = 0; t < nthreads; t++) {
         emu_fiber &f = emu_fibers[t];
         if (!f.stack) {
-            f.stack = mmap(nullptr, emu_stack_bytes, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (f.stack == MAP_FAILED) {
+            /* one more page below the stack, inaccessible: an overflow faults at once
+             * instead of writing into the next fiber's stack */
+            char *m = (char *)mmap(nullptr, emu_stack_bytes + 4096, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED || mprotect(m, 4096, PROT_NONE) != 0) {
                 fprintf(stderr, "cuda_kernels_emu: cannot map a fiber stack\n");
                 exit(2);
             }
+            f.stack = m + 4096;
         }
         f.tid = dim3(t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y));
         f.warp = (int)(t / 32);
