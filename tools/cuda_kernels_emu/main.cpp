@@ -61,7 +61,9 @@ static std::string fmt(const char *f, ...) {
     return b;
 }
 static void status_ok(fs_status st, const std::string &what) {
-    if (st != FS_OK) result(false, what + ": launcher status", fmt("status %d: %s", (int)st, fs_error_message()));
+    if (st != FS_OK)
+        result(false, what + ": launcher status",
+               fmt("status %d: %s", (int)st, fs_error_message()));
 }
 
 /* An output buffer: n elements between two guards of G elements each. Under ASan the guards
@@ -83,7 +85,8 @@ template <typename T> struct Out {
     static void fill_guard(T *g) {
         unsigned char *b = (unsigned char *)g;
         memset(b, 0, G * sizeof(T));
-        for (int64_t i = 0; i < G; i++) b[(i + 1) * (int64_t)sizeof(T) - 1] = 0x80;
+        for (int64_t i = 0; i < G; i++)
+            b[(i + 1) * (int64_t)sizeof(T) - 1] = 0x80;
     }
     void poison(bool on) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -97,21 +100,29 @@ template <typename T> struct Out {
         (void)on;
 #endif
     }
-    T *p() { return mem.data() + G; }
-    T &operator[](int64_t i) { return mem[(size_t)(G + i)]; }
+    T *p() {
+        return mem.data() + G;
+    }
+    T &operator[](int64_t i) {
+        return mem[(size_t)(G + i)];
+    }
     void set(const T *src) {
         if (n > 0) memcpy(p(), src, (size_t)n * sizeof(T));
     }
-    void fill_bytes(int b) { memset(p(), b, (size_t)n * sizeof(T)); }
+    void fill_bytes(int b) {
+        memset(p(), b, (size_t)n * sizeof(T));
+    }
     int64_t guards_changed() {
         poison(false);
         std::vector<T> want((size_t)G);
         fill_guard(want.data());
         const int64_t bytes = G * (int64_t)sizeof(T);
-        const unsigned char *w = (const unsigned char *)want.data(), *lo = (const unsigned char *)mem.data(),
+        const unsigned char *w = (const unsigned char *)want.data(),
+                            *lo = (const unsigned char *)mem.data(),
                             *hi = (const unsigned char *)(mem.data() + G + n);
         int64_t bad = 0;
-        for (int64_t i = 0; i < bytes; i++) bad += (lo[i] != w[i]) + (hi[i] != w[i]);
+        for (int64_t i = 0; i < bytes; i++)
+            bad += (lo[i] != w[i]) + (hi[i] != w[i]);
         poison(true);
         return bad;
     }
@@ -125,24 +136,28 @@ template <typename... B> static void guards(const std::string &what, B &...bufs)
 static std::vector<float> normal(int64_t n, float scale) {
     std::normal_distribution<float> d(0.0f, scale);
     std::vector<float> v((size_t)n);
-    for (auto &x : v) x = d(rng);
+    for (auto &x : v)
+        x = d(rng);
     return v;
 }
 static std::vector<float> uniform(int64_t n, float lo, float hi) {
     std::uniform_real_distribution<float> d(lo, hi);
     std::vector<float> v((size_t)n);
-    for (auto &x : v) x = d(rng);
+    for (auto &x : v)
+        x = d(rng);
     return v;
 }
 static std::vector<int32_t> tokens_below(int64_t n, int64_t V) {
     std::vector<int32_t> v((size_t)n);
-    for (auto &x : v) x = (int32_t)(rng() % (uint64_t)V);
+    for (auto &x : v)
+        x = (int32_t)(rng() % (uint64_t)V);
     return v;
 }
 static std::vector<uint16_t> bf16_normal(int64_t n, float scale) {
     std::vector<float> f = normal(n, scale);
     std::vector<uint16_t> v((size_t)n);
-    for (int64_t i = 0; i < n; i++) v[(size_t)i] = fs_fp32_to_bf16(f[(size_t)i]);
+    for (int64_t i = 0; i < n; i++)
+        v[(size_t)i] = fs_fp32_to_bf16(f[(size_t)i]);
     return v;
 }
 
@@ -150,17 +165,20 @@ static std::vector<uint16_t> bf16_normal(int64_t n, float scale) {
 static void check_bits(const std::string &what, const float *got, const float *want, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (memcmp(&got[i], &want[i], 4) != 0) {
-            result(false, what, fmt("element %lld is %.9g, expected %.9g bit for bit (%lld elements)",
-                                    (long long)i, got[i], want[i], (long long)n));
+            result(false, what,
+                   fmt("element %lld is %.9g, expected %.9g bit for bit (%lld elements)",
+                       (long long)i, got[i], want[i], (long long)n));
             return;
         }
     result(true, what + " (bits)", "");
 }
-static void check_bits16(const std::string &what, const uint16_t *got, const uint16_t *want, int64_t n) {
+static void check_bits16(const std::string &what, const uint16_t *got, const uint16_t *want,
+                         int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (got[i] != want[i]) {
-            result(false, what, fmt("element %lld is 0x%04x, expected 0x%04x (%lld elements)",
-                                    (long long)i, got[i], want[i], (long long)n));
+            result(false, what,
+                   fmt("element %lld is 0x%04x, expected 0x%04x (%lld elements)", (long long)i,
+                       got[i], want[i], (long long)n));
             return;
         }
     result(true, what + " (bits)", "");
@@ -218,9 +236,11 @@ static void check_bf16_band(const std::string &what, const uint16_t *got, const 
     result(true, what + " (within the bf16 band)", "");
 }
 
-/* ------------------------------------------------------------------ RMSNorm (test_cuda.c's rule) */
+/* ------------------------------------------------------------------ RMSNorm (test_cuda.c's rule)
+ */
 static void test_rmsnorm() {
-    static const int64_t cases[][2] = {{1, 37}, {7, 100}, {70, 37}, {100, 100}, {7, 1000}, {70, 1}, {23, 300}};
+    static const int64_t cases[][2] = {{1, 37},   {7, 100}, {70, 37}, {100, 100},
+                                       {7, 1000}, {70, 1},  {23, 300}};
     const float eps = 1e-5f;
     for (auto &cs : cases) {
         const int64_t N = cs[0], C = cs[1];
@@ -229,16 +249,20 @@ static void test_rmsnorm() {
         std::vector<float> out((size_t)(N * C)), rstd((size_t)N);
         fs_rmsnorm_forward(NULL, out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
         Out<float> got(N * C), got_r(N);
-        status_ok(fs_cuda_rmsnorm_forward(NULL, got.p(), got_r.p(), inp.data(), w.data(), N, C, eps),
-                  "rmsnorm forward " + sh);
+        status_ok(
+            fs_cuda_rmsnorm_forward(NULL, got.p(), got_r.p(), inp.data(), w.data(), N, C, eps),
+            "rmsnorm forward " + sh);
         std::vector<double> tol((size_t)std::max(N * C, C));
-        for (int64_t n = 0; n < N; n++) tol[(size_t)n] = (double)(C + 8) * U * fabs((double)rstd[(size_t)n]);
+        for (int64_t n = 0; n < N; n++)
+            tol[(size_t)n] = (double)(C + 8) * U * fabs((double)rstd[(size_t)n]);
         check_tol("rmsnorm rstd " + sh, got_r.p(), rstd.data(), tol.data(), N);
-        for (int64_t i = 0; i < N * C; i++) tol[(size_t)i] = (double)(C + 12) * U * fabs((double)out[(size_t)i]) + 1e-37;
+        for (int64_t i = 0; i < N * C; i++)
+            tol[(size_t)i] = (double)(C + 12) * U * fabs((double)out[(size_t)i]) + 1e-37;
         check_tol("rmsnorm out " + sh, got.p(), out.data(), tol.data(), N * C);
         guards("rmsnorm forward " + sh, got, got_r);
 
-        std::vector<float> dy = normal(N * C, 1.0f), dx0 = normal(N * C, 1.0f), dw0 = normal(C, 1.0f);
+        std::vector<float> dy = normal(N * C, 1.0f), dx0 = normal(N * C, 1.0f),
+                           dw0 = normal(C, 1.0f);
         std::vector<float> dx_want = dx0, dw_want = dw0;
         fs_rmsnorm_backward(NULL, dx_want.data(), dw_want.data(), dy.data(), inp.data(), w.data(),
                             rstd.data(), N, C);
@@ -252,24 +276,29 @@ static void test_rmsnorm() {
             const double r = rstd[(size_t)n];
             double sum = 0.0, sum_abs = 0.0;
             for (int64_t c = 0; c < C; c++) {
-                const double t = (double)dy[(size_t)(n * C + c)] * w[(size_t)c] * inp[(size_t)(n * C + c)];
+                const double t =
+                    (double)dy[(size_t)(n * C + c)] * w[(size_t)c] * inp[(size_t)(n * C + c)];
                 sum += t;
                 sum_abs += fabs(t);
             }
             const double coef = r * r * sum / (double)C;
-            const double dcoef = r * r * (double)(C + 2) * U * sum_abs / (double)C + 3.0 * U * fabs(coef);
+            const double dcoef =
+                r * r * (double)(C + 2) * U * sum_abs / (double)C + 3.0 * U * fabs(coef);
             for (int64_t c = 0; c < C; c++) {
-                const double x = inp[(size_t)(n * C + c)], wdy = (double)w[(size_t)c] * dy[(size_t)(n * C + c)];
+                const double x = inp[(size_t)(n * C + c)],
+                             wdy = (double)w[(size_t)c] * dy[(size_t)(n * C + c)];
                 tol[(size_t)(n * C + c)] =
                     2.0 * (r * fabs(x) * dcoef + 4.0 * U * r * (fabs(wdy) + fabs(x * coef)) +
-                           U * fabs((double)dx_want[(size_t)(n * C + c)])) + 1e-37;
+                           U * fabs((double)dx_want[(size_t)(n * C + c)])) +
+                    1e-37;
             }
         }
         check_tol("rmsnorm dinp " + sh, dx.p(), dx_want.data(), tol.data(), N * C);
         for (int64_t c = 0; c < C; c++) {
             double mag = fabs((double)dw0[(size_t)c]);
             for (int64_t n = 0; n < N; n++)
-                mag += fabs((double)dy[(size_t)(n * C + c)] * inp[(size_t)(n * C + c)] * rstd[(size_t)n]);
+                mag += fabs((double)dy[(size_t)(n * C + c)] * inp[(size_t)(n * C + c)] *
+                            rstd[(size_t)n]);
             tol[(size_t)c] = 2.0 * (double)(N + 33) * U * mag + 1e-37;
         }
         check_tol("rmsnorm dweight " + sh, dw.p(), dw_want.data(), tol.data(), C);
@@ -297,8 +326,8 @@ static void swiglu_backward_tol(double *tol, const float *gu, const float *dy, c
             const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
             const double dgate = g * up * sig * q, dup = g * x * sig;
             const int64_t ig = n * 2 * FF + i, iu = ig + FF;
-            tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U + 8.0 * U * fabs(dgate) +
-                      2.0 * U * fabs((double)want[ig]) + 1e-37;
+            tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U +
+                      8.0 * U * fabs(dgate) + 2.0 * U * fabs((double)want[ig]) + 1e-37;
             tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
         }
 }
@@ -309,12 +338,14 @@ static void test_swiglu() {
         const std::string sh = fmt("N=%lld FF=%lld", (long long)N, (long long)FF);
         std::vector<float> gu = normal(N * 2 * FF, 3.0f), out((size_t)(N * FF));
         static const float planted[4] = {-100.0f, 100.0f, 0.0f, -1.28f};
-        for (int k = 0; k < 4 && k < FF; k++) gu[(size_t)k] = planted[k];
+        for (int k = 0; k < 4 && k < FF; k++)
+            gu[(size_t)k] = planted[k];
         fs_swiglu_forward(NULL, out.data(), gu.data(), N, FF);
         Out<float> got(N * FF);
         status_ok(fs_cuda_swiglu_forward(NULL, got.p(), gu.data(), N, FF), "swiglu forward " + sh);
         std::vector<double> tol((size_t)(N * 2 * FF));
-        for (int64_t i = 0; i < N * FF; i++) tol[(size_t)i] = 24.0 * U * fabs((double)out[(size_t)i]) + 1e-37;
+        for (int64_t i = 0; i < N * FF; i++)
+            tol[(size_t)i] = 24.0 * U * fabs((double)out[(size_t)i]) + 1e-37;
         check_tol("swiglu out " + sh, got.p(), out.data(), tol.data(), N * FF);
         guards("swiglu forward " + sh, got);
 
@@ -322,7 +353,8 @@ static void test_swiglu() {
         fs_swiglu_backward(NULL, want.data(), dy.data(), gu.data(), N, FF);
         Out<float> dg(N * 2 * FF);
         dg.set(g0.data());
-        status_ok(fs_cuda_swiglu_backward(NULL, dg.p(), dy.data(), gu.data(), N, FF), "swiglu backward " + sh);
+        status_ok(fs_cuda_swiglu_backward(NULL, dg.p(), dy.data(), gu.data(), N, FF),
+                  "swiglu backward " + sh);
         swiglu_backward_tol(tol.data(), gu.data(), dy.data(), want.data(), N, FF);
         check_tol("swiglu dgu " + sh, dg.p(), want.data(), tol.data(), N * 2 * FF);
         guards("swiglu backward " + sh, dg);
@@ -335,15 +367,19 @@ static void test_swiglu_bf16() {
         const std::string sh = fmt("N=%lld FF=%lld", (long long)N, (long long)FF);
         std::vector<uint16_t> gu16 = bf16_normal(N * 2 * FF, 3.0f);
         static const float planted[4] = {-100.0f, 100.0f, 0.0f, -1.28f};
-        for (int k = 0; k < 4 && k < FF; k++) gu16[(size_t)k] = fs_fp32_to_bf16(planted[k]);
+        for (int k = 0; k < 4 && k < FF; k++)
+            gu16[(size_t)k] = fs_fp32_to_bf16(planted[k]);
         std::vector<float> gu((size_t)(N * 2 * FF)), out((size_t)(N * FF));
-        for (int64_t i = 0; i < N * 2 * FF; i++) gu[(size_t)i] = fs_bf16_to_fp32(gu16[(size_t)i]);
+        for (int64_t i = 0; i < N * 2 * FF; i++)
+            gu[(size_t)i] = fs_bf16_to_fp32(gu16[(size_t)i]);
         fs_swiglu_forward(NULL, out.data(), gu.data(), N, FF);
         Out<uint16_t> h(N * FF);
         h.fill_bytes(0xff); /* NaNs: an unwritten element shows */
-        status_ok(fs_cuda_swiglu_forward_bf16(NULL, h.p(), gu16.data(), N, FF), "swiglu_bf16 forward " + sh);
+        status_ok(fs_cuda_swiglu_forward_bf16(NULL, h.p(), gu16.data(), N, FF),
+                  "swiglu_bf16 forward " + sh);
         std::vector<double> tol((size_t)(N * 2 * FF));
-        for (int64_t i = 0; i < N * FF; i++) tol[(size_t)i] = 24.0 * U * fabs((double)out[(size_t)i]) + 1e-37;
+        for (int64_t i = 0; i < N * FF; i++)
+            tol[(size_t)i] = 24.0 * U * fabs((double)out[(size_t)i]) + 1e-37;
         check_bf16_band("swiglu_bf16 out " + sh, h.p(), out.data(), tol.data(), N * FF);
         guards("swiglu_bf16 forward " + sh, h);
 
@@ -353,13 +389,15 @@ static void test_swiglu_bf16() {
         dgu.fill_bytes(0xff);
         hb.fill_bytes(0xff);
         dgu_noh.fill_bytes(0xff);
-        status_ok(fs_cuda_swiglu_backward_bf16(NULL, dgu.p(), hb.p(), dy.data(), gu16.data(), N, FF),
-                  "swiglu_bf16 backward " + sh);
+        status_ok(
+            fs_cuda_swiglu_backward_bf16(NULL, dgu.p(), hb.p(), dy.data(), gu16.data(), N, FF),
+            "swiglu_bf16 backward " + sh);
         swiglu_backward_tol(tol.data(), gu.data(), dy.data(), want.data(), N, FF);
         check_bf16_band("swiglu_bf16 dgu " + sh, dgu.p(), want.data(), tol.data(), N * 2 * FF);
         check_bits16("swiglu_bf16 backward's h = forward's " + sh, hb.p(), h.p(), N * FF);
-        status_ok(fs_cuda_swiglu_backward_bf16(NULL, dgu_noh.p(), NULL, dy.data(), gu16.data(), N, FF),
-                  "swiglu_bf16 backward, h NULL " + sh);
+        status_ok(
+            fs_cuda_swiglu_backward_bf16(NULL, dgu_noh.p(), NULL, dy.data(), gu16.data(), N, FF),
+            "swiglu_bf16 backward, h NULL " + sh);
         check_bits16("swiglu_bf16 dgu with h NULL " + sh, dgu_noh.p(), dgu.p(), N * 2 * FF);
         guards("swiglu_bf16 backward " + sh, dgu, hb, dgu_noh);
     }
@@ -378,7 +416,8 @@ static void test_embedding() {
     };
     for (const C5 &e : cases) {
         const int64_t N = e.N, C = e.C;
-        const std::string sh = fmt("N=%lld C=%lld rows=%lld", (long long)N, (long long)C, (long long)e.rows);
+        const std::string sh =
+            fmt("N=%lld C=%lld rows=%lld", (long long)N, (long long)C, (long long)e.rows);
         std::vector<int32_t> tok = tokens_below(N, e.V);
         std::vector<float> wte = normal(e.rows * C, 1.0f), prefill = normal(N * C, 1.0f);
         std::vector<uint16_t> wte16 = bf16_normal(e.rows * C, 1.0f);
@@ -387,24 +426,29 @@ static void test_embedding() {
         fs_embedding_forward(NULL, want.data(), tok.data(), wte.data(), N, C, e.row0, e.rows);
         Out<float> out(N * C);
         out.set(prefill.data());
-        status_ok(fs_cuda_embedding_forward(NULL, out.p(), tok.data(), wte.data(), N, C, e.row0, e.rows),
-                  "embedding forward " + sh);
+        status_ok(
+            fs_cuda_embedding_forward(NULL, out.p(), tok.data(), wte.data(), N, C, e.row0, e.rows),
+            "embedding forward " + sh);
         check_bits("embedding forward " + sh, out.p(), want.data(), N * C);
 
         want = prefill;
-        fs_embedding_forward_bf16(NULL, want.data(), tok.data(), wte16.data(), N, C, e.row0, e.rows);
+        fs_embedding_forward_bf16(NULL, want.data(), tok.data(), wte16.data(), N, C, e.row0,
+                                  e.rows);
         Out<float> out16(N * C);
         out16.set(prefill.data());
-        status_ok(fs_cuda_embedding_forward_bf16(NULL, out16.p(), tok.data(), wte16.data(), N, C, e.row0, e.rows),
+        status_ok(fs_cuda_embedding_forward_bf16(NULL, out16.p(), tok.data(), wte16.data(), N, C,
+                                                 e.row0, e.rows),
                   "embedding forward bf16 " + sh);
         check_bits("embedding forward bf16 " + sh, out16.p(), want.data(), N * C);
         guards("embedding forward " + sh, out, out16);
 
         std::vector<float> dw_want = wte;
-        fs_embedding_backward(NULL, dw_want.data(), prefill.data(), tok.data(), N, C, e.row0, e.rows);
+        fs_embedding_backward(NULL, dw_want.data(), prefill.data(), tok.data(), N, C, e.row0,
+                              e.rows);
         Out<float> dw(e.rows * C);
         dw.set(wte.data());
-        status_ok(fs_cuda_embedding_backward(NULL, dw.p(), prefill.data(), tok.data(), N, C, e.row0, e.rows),
+        status_ok(fs_cuda_embedding_backward(NULL, dw.p(), prefill.data(), tok.data(), N, C, e.row0,
+                                             e.rows),
                   "embedding backward " + sh);
         check_bits("embedding backward " + sh, dw.p(), dw_want.data(), e.rows * C);
         guards("embedding backward " + sh, dw);
@@ -424,18 +468,23 @@ static void test_rope() {
         std::vector<float> cs((size_t)(r.T * half)), sn((size_t)(r.T * half));
         fs_rope_table(cs.data(), sn.data(), r.T, r.HS, 10000.0f);
         for (int pass = 0; pass < 2; pass++) {
-            const std::string sh = fmt("rope %s B=%lld T=%lld heads=%lld HS=%lld", pass ? "backward" : "forward",
-                                       (long long)r.B, (long long)r.T, (long long)r.heads, (long long)r.HS);
+            const std::string sh =
+                fmt("rope %s B=%lld T=%lld heads=%lld HS=%lld", pass ? "backward" : "forward",
+                    (long long)r.B, (long long)r.T, (long long)r.heads, (long long)r.HS);
             std::vector<float> x = normal(n, 1.0f);
             Out<float> got(n);
             got.set(x.data());
             fs_status st;
             if (pass == 0) {
-                fs_rope_forward(NULL, x.data() + r.col0, ld, cs.data(), sn.data(), r.B, r.T, r.heads, r.HS);
-                st = fs_cuda_rope_forward(NULL, got.p() + r.col0, ld, cs.data(), sn.data(), r.B, r.T, r.heads, r.HS);
+                fs_rope_forward(NULL, x.data() + r.col0, ld, cs.data(), sn.data(), r.B, r.T,
+                                r.heads, r.HS);
+                st = fs_cuda_rope_forward(NULL, got.p() + r.col0, ld, cs.data(), sn.data(), r.B,
+                                          r.T, r.heads, r.HS);
             } else {
-                fs_rope_backward(NULL, x.data() + r.col0, ld, cs.data(), sn.data(), r.B, r.T, r.heads, r.HS);
-                st = fs_cuda_rope_backward(NULL, got.p() + r.col0, ld, cs.data(), sn.data(), r.B, r.T, r.heads, r.HS);
+                fs_rope_backward(NULL, x.data() + r.col0, ld, cs.data(), sn.data(), r.B, r.T,
+                                 r.heads, r.HS);
+                st = fs_cuda_rope_backward(NULL, got.p() + r.col0, ld, cs.data(), sn.data(), r.B,
+                                           r.T, r.heads, r.HS);
             }
             status_ok(st, sh);
             check_bits(sh, got.p(), x.data(), n);
@@ -445,7 +494,9 @@ static void test_rope() {
 }
 
 /* ------------------------------------------------------------------ casts, add (bits) */
-static float f32_of_bits(uint32_t u) { return __uint_as_float(u); }
+static float f32_of_bits(uint32_t u) {
+    return __uint_as_float(u);
+}
 static void test_casts() {
     static const uint32_t specials[] = {
         0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u,
@@ -457,21 +508,25 @@ static void test_casts() {
     const int64_t n_specials = (int64_t)(sizeof specials / sizeof specials[0]);
     const int64_t n_max = 3 * ONE_GRID + 1001;
     std::vector<float> x((size_t)n_max);
-    for (int64_t i = 0; i < n_max; i++) x[(size_t)i] = i < n_specials ? f32_of_bits(specials[i]) : f32_of_bits((uint32_t)rng());
+    for (int64_t i = 0; i < n_max; i++)
+        x[(size_t)i] = i < n_specials ? f32_of_bits(specials[i]) : f32_of_bits((uint32_t)rng());
     std::vector<uint16_t> want((size_t)n_max);
-    for (int64_t i = 0; i < n_max; i++) want[(size_t)i] = fs_fp32_to_bf16(x[(size_t)i]);
+    for (int64_t i = 0; i < n_max; i++)
+        want[(size_t)i] = fs_fp32_to_bf16(x[(size_t)i]);
     std::vector<uint16_t> cpu((size_t)n_max);
     fs_cast_fp32_to_bf16(NULL, cpu.data(), x.data(), n_max);
     check_bits16("CPU cast vs fs_fp32_to_bf16", cpu.data(), want.data(), n_max);
     static const int64_t sizes[] = {1, 7, 70, 1000, n_specials, 3 * ONE_GRID + 1001};
     for (int64_t n : sizes) {
         Out<uint16_t> y(n);
-        status_ok(fs_cuda_cast_fp32_to_bf16(NULL, y.p(), x.data(), n), fmt("fp32 -> bf16 n=%lld", (long long)n));
+        status_ok(fs_cuda_cast_fp32_to_bf16(NULL, y.p(), x.data(), n),
+                  fmt("fp32 -> bf16 n=%lld", (long long)n));
         check_bits16(fmt("fp32 -> bf16 n=%lld", (long long)n), y.p(), want.data(), n);
         guards(fmt("fp32 -> bf16 n=%lld", (long long)n), y);
     }
     std::vector<uint16_t> all(65536);
-    for (int64_t i = 0; i < 65536; i++) all[(size_t)i] = (uint16_t)i;
+    for (int64_t i = 0; i < 65536; i++)
+        all[(size_t)i] = (uint16_t)i;
     std::vector<float> wide_want(65536);
     fs_cast_bf16_to_fp32(NULL, wide_want.data(), all.data(), 65536);
     Out<float> wide(65536);
@@ -484,7 +539,8 @@ static void test_add() {
     static const int64_t sizes[] = {1, 7, 70, 1000, 3 * ONE_GRID + 3};
     for (int64_t n : sizes) {
         std::vector<float> x = normal(n, 10.0f), y = normal(n, 1e-3f), want = x;
-        for (int64_t i = 0; i < n; i++) want[(size_t)i] += y[(size_t)i];
+        for (int64_t i = 0; i < n; i++)
+            want[(size_t)i] += y[(size_t)i];
         Out<float> d(n);
         d.set(x.data());
         status_ok(fs_cuda_add(NULL, d.p(), y.data(), n), fmt("add n=%lld", (long long)n));
@@ -493,7 +549,8 @@ static void test_add() {
     }
 }
 
-/* ------------------------------------------------------------------ sum of squares (1e-12 relative) */
+/* ------------------------------------------------------------------ sum of squares (1e-12
+ * relative) */
 static void test_sum_squares() {
     /* 1024 blocks per call whatever n is: the emulator's slowest launch, so fewer sizes than
      * test_cuda.c's (0, pieces of 0 and 1 element, and several elements per thread) */
@@ -505,14 +562,17 @@ static void test_sum_squares() {
         double got[2];
         for (int k = 0; k < (n == 1025 ? 2 : 1); k++) {
             *out.p() = nan_bits;
-            status_ok(fs_cuda_sum_squares(NULL, out.p(), parts.p(), x.data(), n), fmt("sum_squares n=%lld", (long long)n));
+            status_ok(fs_cuda_sum_squares(NULL, out.p(), parts.p(), x.data(), n),
+                      fmt("sum_squares n=%lld", (long long)n));
             got[k] = *out.p();
         }
         const double want = fs_sum_squares(NULL, x.data(), n);
         if (n == 0)
-            result(got[0] == 0.0 && !std::signbit(got[0]), "sum_squares n=0 writes +0", fmt("%.17g", got[0]));
+            result(got[0] == 0.0 && !std::signbit(got[0]), "sum_squares n=0 writes +0",
+                   fmt("%.17g", got[0]));
         else
-            result(fabs(got[0] - want) <= 1e-12 * want, fmt("sum_squares n=%lld (relative 1e-12)", (long long)n),
+            result(fabs(got[0] - want) <= 1e-12 * want,
+                   fmt("sum_squares n=%lld (relative 1e-12)", (long long)n),
                    fmt("%.17g, CPU %.17g (rel %.3g)", got[0], want, fabs(got[0] - want) / want));
         if (n == 1025)
             result(memcmp(&got[0], &got[1], 8) == 0, "sum_squares n=1025 twice: the same bits",
@@ -521,7 +581,8 @@ static void test_sum_squares() {
     }
 }
 
-/* ------------------------------------------------------------------ cross-entropy (test_cuda.c's rule) */
+/* ------------------------------------------------------------------ cross-entropy (test_cuda.c's
+ * rule) */
 static void test_xent() {
     const int64_t V = 1000;
     static const int64_t chunk_lists[2][4] = {{0, 7, 300, 1000}, {0, 0, 400, 1000}};
@@ -532,36 +593,46 @@ static void test_xent() {
             std::vector<float> logits = normal(N * V, 4.0f);
             std::vector<int32_t> targets = tokens_below(N, V);
             static const int32_t planted[5] = {3, 999, 7, 300, 6};
-            for (int k = 0; k < 5 && k < N; k++) targets[(size_t)k] = planted[k];
+            for (int k = 0; k < 5 && k < N; k++)
+                targets[(size_t)k] = planted[k];
             std::vector<float> rm((size_t)N), rs((size_t)N), tl((size_t)N);
             Out<float> g_m(N), g_s(N), g_t(N);
-            for (int64_t n = 0; n < N; n++) g_m[n] = g_s[n] = g_t[n] = NAN;
+            for (int64_t n = 0; n < N; n++)
+                g_m[n] = g_s[n] = g_t[n] = NAN;
             std::vector<double> tol((size_t)(N * V));
             std::vector<std::vector<float>> chunk(3);
-            const std::string sh = fmt("xent N=%lld chunks %lld/%lld/%lld", (long long)N, (long long)bounds[1],
-                                       (long long)bounds[2], (long long)bounds[3]);
+            const std::string sh =
+                fmt("xent N=%lld chunks %lld/%lld/%lld", (long long)N, (long long)bounds[1],
+                    (long long)bounds[2], (long long)bounds[3]);
             for (int c = 0; c < 3; c++) {
                 const int64_t v0 = bounds[c], Vc = bounds[c + 1] - bounds[c];
                 chunk[(size_t)c].resize((size_t)(N * Vc));
                 for (int64_t n = 0; n < N; n++)
-                    for (int64_t j = 0; j < Vc; j++) chunk[(size_t)c][(size_t)(n * Vc + j)] = logits[(size_t)(n * V + v0 + j)];
-                fs_xent_chunk_forward(NULL, rm.data(), rs.data(), tl.data(), chunk[(size_t)c].data(), targets.data(), N, Vc, v0, c == 0);
-                status_ok(fs_cuda_xent_chunk_forward(NULL, g_m.p(), g_s.p(), g_t.p(), chunk[(size_t)c].data(),
-                                                     targets.data(), N, Vc, v0, c == 0),
+                    for (int64_t j = 0; j < Vc; j++)
+                        chunk[(size_t)c][(size_t)(n * Vc + j)] = logits[(size_t)(n * V + v0 + j)];
+                fs_xent_chunk_forward(NULL, rm.data(), rs.data(), tl.data(),
+                                      chunk[(size_t)c].data(), targets.data(), N, Vc, v0, c == 0);
+                status_ok(fs_cuda_xent_chunk_forward(NULL, g_m.p(), g_s.p(), g_t.p(),
+                                                     chunk[(size_t)c].data(), targets.data(), N, Vc,
+                                                     v0, c == 0),
                           sh + fmt(" chunk %d forward", c));
                 check_bits(sh + fmt(" chunk %d: row_max", c), g_m.p(), rm.data(), N);
                 check_bits(sh + fmt(" chunk %d: target_logit", c), g_t.p(), tl.data(), N);
-                for (int64_t n = 0; n < N; n++) tol[(size_t)n] = 24.0 * U * fabs((double)rs[(size_t)n]);
+                for (int64_t n = 0; n < N; n++)
+                    tol[(size_t)n] = 24.0 * U * fabs((double)rs[(size_t)n]);
                 check_tol(sh + fmt(" chunk %d: row_sum", c), g_s.p(), rs.data(), tol.data(), N);
             }
             /* finish, each side on its own state */
             std::vector<float> lse((size_t)N);
-            const double mean = fs_xent_finish(lse.data(), NULL, rm.data(), rs.data(), tl.data(), N);
+            const double mean =
+                fs_xent_finish(lse.data(), NULL, rm.data(), rs.data(), tl.data(), N);
             Out<double> loss(1);
             *loss.p() = 0.25;
             Out<float> g_lse(N);
-            status_ok(fs_cuda_xent_finish(NULL, g_lse.p(), g_m.p(), g_s.p(), g_t.p(), N, loss.p()), sh + " finish");
-            for (int64_t n = 0; n < N; n++) tol[(size_t)n] = 24.0 * U + 2.0 * U * fabs((double)lse[(size_t)n]);
+            status_ok(fs_cuda_xent_finish(NULL, g_lse.p(), g_m.p(), g_s.p(), g_t.p(), N, loss.p()),
+                      sh + " finish");
+            for (int64_t n = 0; n < N; n++)
+                tol[(size_t)n] = 24.0 * U + 2.0 * U * fabs((double)lse[(size_t)n]);
             check_tol(sh + ": lse", g_lse.p(), lse.data(), tol.data(), N);
             result(fabs(*loss.p() - (0.25 + mean)) <= 24.0 * U + 1e-12, sh + ": loss_sum added to",
                    fmt("%.17g, want 0.25 + %.17g", *loss.p(), mean));
@@ -569,10 +640,15 @@ static void test_xent() {
             Out<float> a_m(N);
             a_m.set(rm.data());
             *loss.p() = 0.25;
-            status_ok(fs_cuda_xent_finish(NULL, a_m.p(), a_m.p(), rs.data(), tl.data(), N, loss.p()), sh + " finish aliased");
-            for (int64_t n = 0; n < N; n++) tol[(size_t)n] = 2.0 * U * fabs((double)lse[(size_t)n]);
-            check_tol(sh + ": lse from the CPU's state, aliasing row_max", a_m.p(), lse.data(), tol.data(), N);
-            result(fabs(*loss.p() - (0.25 + mean)) <= 1e-12 * (0.25 + mean), sh + ": loss_sum from the CPU's state",
+            status_ok(
+                fs_cuda_xent_finish(NULL, a_m.p(), a_m.p(), rs.data(), tl.data(), N, loss.p()),
+                sh + " finish aliased");
+            for (int64_t n = 0; n < N; n++)
+                tol[(size_t)n] = 2.0 * U * fabs((double)lse[(size_t)n]);
+            check_tol(sh + ": lse from the CPU's state, aliasing row_max", a_m.p(), lse.data(),
+                      tol.data(), N);
+            result(fabs(*loss.p() - (0.25 + mean)) <= 1e-12 * (0.25 + mean),
+                   sh + ": loss_sum from the CPU's state",
                    fmt("%.17g, want 0.25 + %.17g", *loss.p(), mean));
             guards(sh + " forward and finish", g_m, g_s, g_t, g_lse, a_m, loss);
             /* backward from the CPU's lse */
@@ -580,21 +656,30 @@ static void test_xent() {
             for (int c = 0; c < 3; c++) {
                 const int64_t v0 = bounds[c], Vc = bounds[c + 1] - bounds[c];
                 std::vector<float> want((size_t)(N * Vc));
-                fs_xent_chunk_backward(NULL, want.data(), chunk[(size_t)c].data(), lse.data(), targets.data(), N, Vc, v0, dloss);
+                fs_xent_chunk_backward(NULL, want.data(), chunk[(size_t)c].data(), lse.data(),
+                                       targets.data(), N, Vc, v0, dloss);
                 Out<float> g(N * Vc), in(N * Vc);
-                for (int64_t i = 0; i < N * Vc; i++) g[i] = NAN;
+                for (int64_t i = 0; i < N * Vc; i++)
+                    g[i] = NAN;
                 in.set(chunk[(size_t)c].data());
-                status_ok(fs_cuda_xent_chunk_backward(NULL, g.p(), chunk[(size_t)c].data(), lse.data(), targets.data(), N, Vc, v0, dloss),
+                status_ok(fs_cuda_xent_chunk_backward(NULL, g.p(), chunk[(size_t)c].data(),
+                                                      lse.data(), targets.data(), N, Vc, v0, dloss),
                           sh + fmt(" chunk %d backward", c));
                 for (int64_t n = 0; n < N; n++)
                     for (int64_t j = 0; j < Vc; j++) {
-                        const double p = exp((double)chunk[(size_t)c][(size_t)(n * Vc + j)] - (double)lse[(size_t)n]);
-                        tol[(size_t)(n * Vc + j)] = (double)dloss * (8.0 * U * p + 2.0 * U) + 2.0 * U * fabs((double)want[(size_t)(n * Vc + j)]) + 1e-38;
+                        const double p = exp((double)chunk[(size_t)c][(size_t)(n * Vc + j)] -
+                                             (double)lse[(size_t)n]);
+                        tol[(size_t)(n * Vc + j)] =
+                            (double)dloss * (8.0 * U * p + 2.0 * U) +
+                            2.0 * U * fabs((double)want[(size_t)(n * Vc + j)]) + 1e-38;
                     }
-                check_tol(sh + fmt(" chunk %d: dlogits", c), g.p(), want.data(), tol.data(), N * Vc);
-                status_ok(fs_cuda_xent_chunk_backward(NULL, in.p(), in.p(), lse.data(), targets.data(), N, Vc, v0, dloss),
+                check_tol(sh + fmt(" chunk %d: dlogits", c), g.p(), want.data(), tol.data(),
+                          N * Vc);
+                status_ok(fs_cuda_xent_chunk_backward(NULL, in.p(), in.p(), lse.data(),
+                                                      targets.data(), N, Vc, v0, dloss),
                           sh + fmt(" chunk %d backward in place", c));
-                check_bits(sh + fmt(" chunk %d: dlogits in place vs out of place", c), in.p(), g.p(), N * Vc);
+                check_bits(sh + fmt(" chunk %d: dlogits in place vs out of place", c), in.p(),
+                           g.p(), N * Vc);
                 guards(sh + fmt(" chunk %d backward", c), g, in);
             }
         }
@@ -611,7 +696,8 @@ static void test_adamw() {
             const bool with_copy = h == 0;
             std::vector<float> p = normal(n, 1.0f), m((size_t)n, 0.0f), v((size_t)n, 0.0f);
             static const float planted_p[2] = {-0.0f, 1e-40f};
-            for (int k = 0; k < 2 && k < n; k++) p[(size_t)k] = planted_p[k];
+            for (int k = 0; k < 2 && k < n; k++)
+                p[(size_t)k] = planted_p[k];
             std::vector<uint16_t> copy((size_t)n);
             Out<float> dp(n), dm(n), dv(n);
             Out<uint16_t> dcopy(n);
@@ -621,12 +707,15 @@ static void test_adamw() {
                 hp.step = step;
                 std::vector<float> g = normal(n, 1e-2f);
                 static const float planted_g[5] = {0.0f, 3e-39f, 1e-30f, -1e20f, 5.0f};
-                for (int k = 0; k < 5 && k < n; k++) g[(size_t)((k + step) % n)] = planted_g[k];
+                for (int k = 0; k < 5 && k < n; k++)
+                    g[(size_t)((k + step) % n)] = planted_g[k];
                 const float grad_scale = step == 2 ? 0.3f : 1.0f;
-                fs_adamw_update(NULL, p.data(), with_copy ? copy.data() : NULL, m.data(), v.data(), g.data(), grad_scale, n, hp);
-                const std::string sh = fmt("adamw n=%lld hp %d step %lld", (long long)n, h, (long long)step);
-                status_ok(fs_cuda_adamw_update(NULL, dp.p(), with_copy ? dcopy.p() : NULL, dm.p(), dv.p(), g.data(),
-                                               grad_scale, n, hp),
+                fs_adamw_update(NULL, p.data(), with_copy ? copy.data() : NULL, m.data(), v.data(),
+                                g.data(), grad_scale, n, hp);
+                const std::string sh =
+                    fmt("adamw n=%lld hp %d step %lld", (long long)n, h, (long long)step);
+                status_ok(fs_cuda_adamw_update(NULL, dp.p(), with_copy ? dcopy.p() : NULL, dm.p(),
+                                               dv.p(), g.data(), grad_scale, n, hp),
                           sh);
                 check_bits(sh + ": param", dp.p(), p.data(), n);
                 check_bits(sh + ": m", dm.p(), m.data(), n);
@@ -644,15 +733,22 @@ int main(int argc, char **argv) {
         void (*fn)();
     };
     static const T tests[] = {
-        {"rmsnorm", test_rmsnorm},     {"swiglu", test_swiglu}, {"swiglu_bf16", test_swiglu_bf16},
-        {"embedding", test_embedding}, {"rope", test_rope},     {"casts", test_casts},
-        {"add", test_add},             {"sum_squares", test_sum_squares}, {"xent", test_xent},
+        {"rmsnorm", test_rmsnorm},
+        {"swiglu", test_swiglu},
+        {"swiglu_bf16", test_swiglu_bf16},
+        {"embedding", test_embedding},
+        {"rope", test_rope},
+        {"casts", test_casts},
+        {"add", test_add},
+        {"sum_squares", test_sum_squares},
+        {"xent", test_xent},
         {"adamw", test_adamw},
     };
     /* arguments: the groups to run (all without any) */
     for (int a = 1; a < argc; a++) {
         bool known = false;
-        for (const T &t : tests) known |= strcmp(argv[a], t.name) == 0;
+        for (const T &t : tests)
+            known |= strcmp(argv[a], t.name) == 0;
         if (!known) {
             fprintf(stderr, "cuda_kernels_emu: no test group named %s\n", argv[a]);
             return 2;
@@ -660,15 +756,17 @@ int main(int argc, char **argv) {
     }
     for (const T &t : tests) {
         bool chosen = argc == 1;
-        for (int a = 1; a < argc; a++) chosen |= strcmp(argv[a], t.name) == 0;
+        for (int a = 1; a < argc; a++)
+            chosen |= strcmp(argv[a], t.name) == 0;
         if (chosen) t.fn();
     }
     if (n_failed) {
-        printf("FAILED: %d of %d checks (%llu launches, %llu blocks, %llu GPU threads emulated)\n", n_failed,
-               n_checks, emu_launches, emu_blocks_run, emu_threads_run);
+        printf("FAILED: %d of %d checks (%llu launches, %llu blocks, %llu GPU threads emulated)\n",
+               n_failed, n_checks, emu_launches, emu_blocks_run, emu_threads_run);
         return 1;
     }
-    printf("ok: every check passed (%d checks, %llu launches, %llu blocks, %llu GPU threads emulated)\n", n_checks,
-           emu_launches, emu_blocks_run, emu_threads_run);
+    printf("ok: every check passed (%d checks, %llu launches, %llu blocks, %llu GPU threads "
+           "emulated)\n",
+           n_checks, emu_launches, emu_blocks_run, emu_threads_run);
     return 0;
 }

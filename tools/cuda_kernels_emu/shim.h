@@ -57,9 +57,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <type_traits>
 #include <ucontext.h>
-#include <sys/mman.h>
 #include <vector>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -92,12 +92,17 @@ inline cudaError_t cudaGetLastError() {
     emu_last_error = cudaSuccess;
     return e;
 }
-inline cudaError_t cudaPeekAtLastError() { return emu_last_error; }
+inline cudaError_t cudaPeekAtLastError() {
+    return emu_last_error;
+}
 inline const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
     }
     return "unknown error";
 }
@@ -105,7 +110,8 @@ inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t = null
     memset(p, v, n);
     return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int = 0, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int = 0,
+                                   cudaStream_t = nullptr) {
     memmove(d, s, n);
     return cudaSuccess;
 }
@@ -121,8 +127,12 @@ inline float __uint_as_float(unsigned u) {
     memcpy(&f, &u, 4);
     return f;
 }
-inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
-inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+inline int __float_as_int(float f) {
+    return (int)__float_as_uint(f);
+}
+inline float __int_as_float(int i) {
+    return __uint_as_float((unsigned)i);
+}
 inline long long __double_as_longlong(double d) {
     long long u;
     memcpy(&u, &d, 8);
@@ -133,14 +143,30 @@ inline double __longlong_as_double(long long u) {
     memcpy(&d, &u, 8);
     return d;
 }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __frcp_rn(float a) { return 1.0f / a; }
-inline float __fsqrt_rn(float a) { return sqrtf(a); }
-inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
-template <typename T> inline T __ldg(const T *p) { return *p; }
+inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+    return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+    return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+    return a / b;
+}
+inline float __frcp_rn(float a) {
+    return 1.0f / a;
+}
+inline float __fsqrt_rn(float a) {
+    return sqrtf(a);
+}
+inline float __fmaf_rn(float a, float b, float c) {
+    return fmaf(a, b, c);
+}
+template <typename T> inline T __ldg(const T *p) {
+    return *p;
+}
 
 /* ------------------------------------------------------------------ fibers */
 struct emu_bar { /* a barrier of fibers: expected participants, arrivals, generation */
@@ -155,7 +181,9 @@ struct emu_fiber {
     unsigned shfl_seq = 0;
     bool done = false;
 };
-constexpr size_t emu_stack_bytes = 64 * 1024; /* per GPU thread: kernels.cu's frames are small, ASan's too; a deeper one segfaults on the guard page below */
+constexpr size_t emu_stack_bytes =
+    64 * 1024; /* per GPU thread: kernels.cu's frames are small, ASan's too; a deeper one segfaults
+                  on the guard page below */
 inline std::vector<emu_fiber> emu_fibers;
 inline emu_fiber *emu_cur;
 inline ucontext_t emu_sched_ctx;
@@ -208,7 +236,9 @@ inline void emu_bar_leave(emu_bar &b) {
 }
 
 #define __syncthreads() emu_bar_wait(emu_block_bar)
-inline void __syncwarp(unsigned = 0xffffffffu) { emu_bar_wait(emu_warp_bar[emu_cur->warp]); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    emu_bar_wait(emu_warp_bar[emu_cur->warp]);
+}
 inline void __threadfence_block() {}
 inline void __threadfence() {}
 
@@ -258,21 +288,33 @@ inline unsigned __ballot_sync(unsigned, int pred) {
         if (emu_slots[set][f->warp][l] == 1) m |= 1u << l;
     return m;
 }
-inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __any_sync(unsigned mask, int pred) {
+    return __ballot_sync(mask, pred) != 0;
+}
 inline int __all_sync(unsigned mask, int pred) {
     const int lanes = emu_warp_lanes[emu_cur->warp];
     return __ballot_sync(mask, pred) == (lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u);
 }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline int __popc(unsigned x) {
+    return __builtin_popcount(x);
+}
+inline int __popcll(unsigned long long x) {
+    return __builtin_popcountll(x);
+}
+inline int __ffs(int x) {
+    return __builtin_ffs(x);
+}
+inline int __clz(int x) {
+    return x == 0 ? 32 : __builtin_clz((unsigned)x);
+}
 /* CUDA's integer min/max take mixed types; the host's std::min does not (floats: fminf) */
-template <typename A, typename B, typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
+template <typename A, typename B,
+          typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
 inline std::common_type_t<A, B> min(A a, B b) {
     return b < a ? (std::common_type_t<A, B>)b : (std::common_type_t<A, B>)a;
 }
-template <typename A, typename B, typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
+template <typename A, typename B,
+          typename = std::enable_if_t<std::is_integral_v<A> && std::is_integral_v<B>>>
 inline std::common_type_t<A, B> max(A a, B b) {
     return a < b ? (std::common_type_t<A, B>)b : (std::common_type_t<A, B>)a;
 }
@@ -290,7 +332,9 @@ template <typename T> inline T atomicMax(T *p, T v) {
     return old;
 }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-template <typename F> inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+template <typename F> inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) {
+    return cudaSuccess;
+}
 
 /* __shared__ variables: poisoned once per block, by the first thread that declares them */
 inline std::vector<void *> emu_shared_seen;
@@ -302,7 +346,9 @@ inline void emu_shared_poison(void *p, size_t bytes) {
 }
 /* extern __shared__ (dynamic shared memory): the launch's third argument, in bytes */
 inline std::vector<unsigned char> emu_dyn_smem;
-inline void *emu_dynamic_shared() { return emu_dyn_smem.data(); }
+inline void *emu_dynamic_shared() {
+    return emu_dyn_smem.data();
+}
 
 inline void emu_fiber_entry() {
 #if defined(__SANITIZE_ADDRESS__)
@@ -402,7 +448,8 @@ void emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream
     emu_body_ctx = &body;
     /* EMU_FAULT=drop_last_block: the harness's own check (tests/cli/test_kernels_emu.sh):
      * the last block of a launch of several is not run, which the checks must notice */
-    static const bool drop_last = getenv("EMU_FAULT") && !strcmp(getenv("EMU_FAULT"), "drop_last_block");
+    static const bool drop_last =
+        getenv("EMU_FAULT") && !strcmp(getenv("EMU_FAULT"), "drop_last_block");
     const unsigned long long n_blocks = (unsigned long long)grid.x * grid.y * grid.z;
     unsigned long long linear = 0;
     for (unsigned bz = 0; bz < grid.z; bz++)
