@@ -17,6 +17,9 @@
  * poisoned under ASan (any access to them is reported) and holding -0 patterns that must
  * survive ("guards changed 0"); inputs are exact allocations, so ASan catches reads past them.
  *
+ * Last, every __global__ function of the .cu file (prep.py lists them) must have run in some
+ * check: a kernel added to kernels.cu whose launcher is not called here fails that check.
+ *
  * Prints one line per check ("ok   ..." or "FAIL ...: detail"), then "ok: every check
  * passed (...)" or "FAILED: n of m checks"; exits 1 on any failure.
  */
@@ -38,6 +41,8 @@
 static const int64_t THREADS = 256; /* kernels.cu's; the sizes below only need its order */
 static const int64_t ONE_GRID = (int64_t)EMU_MAX_BLOCKS * THREADS;
 static const double U = 0x1p-24;
+
+extern const char *const emu_kernels_defined[]; /* prep.py's list, NULL-terminated */
 
 static int n_checks, n_failed;
 static std::mt19937_64 rng(0xc0da);
@@ -759,6 +764,17 @@ int main(int argc, char **argv) {
         for (int a = 1; a < argc; a++)
             chosen |= strcmp(argv[a], t.name) == 0;
         if (chosen) t.fn();
+    }
+    /* every __global__ function of the .cu file (prep.py lists them) must have run: a kernel
+     * added or renamed in kernels.cu whose launcher nothing here calls shows, once every
+     * group ran */
+    if (argc == 1) {
+        std::string missing;
+        int n_kernels = 0;
+        for (const char *const *k = emu_kernels_defined; *k; k++, n_kernels++)
+            if (!emu_kernels_run.count(*k)) missing += std::string(" ") + *k;
+        result(missing.empty(), fmt("every __global__ function of the .cu file ran (%d)", n_kernels),
+               "never launched by any check:" + missing + " (add its launcher to main.cpp)");
     }
     if (n_failed) {
         printf("FAILED: %d of %d checks (%llu launches, %llu blocks, %llu GPU threads emulated)\n",

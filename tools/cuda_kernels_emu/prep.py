@@ -11,7 +11,8 @@ CUDA's syntax, not any line of kernels.cu):
   - `__shared__ T name[...];` becomes a static plus emu_shared_poison(&name, sizeof name);
     `extern __shared__ T name[];` a pointer to the launch's dynamic shared memory. Other
     __shared__ forms fall back to shim.h's `#define __shared__ static` (not poisoned).
-Comments and string literals are never matched. Line numbers are kept (a #line directive
+At the end, emu_kernels_defined lists the file's __global__ functions (main.cpp checks that
+each of them ran). Comments and string literals are never matched. Line numbers are kept (a #line directive
 names the .cu file), so compiler errors and sanitizer reports point into the .cu file.
 Exits 1 with one line if a launch cannot be parsed or MAX_BLOCKS is missing.
 """
@@ -181,7 +182,7 @@ def main():
         fail("usage: prep.py IN.cu OUT.cpp")
     path, out = sys.argv[1], sys.argv[2]
     try:
-        s = open(path).read()
+        s = src = open(path).read()
     except OSError as e:
         fail("%s: %s" % (path, e.strerror))
     # includes of the CUDA runtime: the first becomes the shim, the others go
@@ -201,10 +202,16 @@ def main():
         fail("%s: %d '#define MAX_BLOCKS' lines, expected 1 (update tools/cuda_kernels_emu)" % (path, n_mb))
     s, n_launch = rewrite_launches(s)
     s = rewrite_shared(s)
+    # the kernels the file defines, for main.cpp's check that each of them ran
+    plain = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", mask(src))
+    kernels = sorted(set(re.findall(r"__global__\s+[^;{}()]*?(\w+)\s*\(", plain)))
+    s += ("\n/* tools/cuda_kernels_emu/prep.py: the __global__ functions above */\n"
+          "extern const char *const emu_kernels_defined[] = {%snullptr};\n"
+          % "".join('"%s", ' % k for k in kernels))
     if "<<<" in mask(s):
         fail("%s: a launch was left unrewritten" % path)
     open(out, "w").write(head + s)
-    sys.stderr.write("prep.py: %s: %d launches rewritten\n" % (path, n_launch))
+    sys.stderr.write("prep.py: %s: %d launches of %d kernels rewritten\n" % (path, n_launch, len(kernels)))
 
 
 main()

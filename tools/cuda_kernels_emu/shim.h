@@ -57,6 +57,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <string>
 #include <sys/mman.h>
 #include <type_traits>
 #include <ucontext.h>
@@ -195,6 +197,7 @@ inline void (*emu_body)(void *);
 inline void *emu_body_ctx;
 inline const char *emu_kernel_name = "";
 inline unsigned long long emu_launches, emu_blocks_run, emu_threads_run;
+inline std::set<std::string> emu_kernels_run; /* names without template arguments */
 #if defined(__SANITIZE_ADDRESS__)
 inline void *emu_fake_stack;
 inline const void *emu_sched_stack_bottom;
@@ -441,6 +444,7 @@ void emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream
     }
     emu_launches++;
     emu_kernel_name = name;
+    emu_kernels_run.insert(std::string(name).substr(0, std::string(name).find('<')));
     gridDim = grid;
     blockDim = block;
     emu_dyn_smem.assign(smem ? smem : 1, 0xff); /* refilled for every block */
