@@ -731,6 +731,48 @@ static void test_adamw() {
         }
 }
 
+/* ------------------------------------------------------------------ empty and bad sizes */
+/* test_cuda.c's: empty inputs launch nothing (NULL pointers never touched) and succeed;
+ * negative sizes, an odd head size and AdamW step 0 are usage errors */
+static void test_sizes() {
+    fs_adamw_params hp{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+    const unsigned long long before = emu_launches;
+    bool ok = true;
+    ok &= fs_cuda_cast_fp32_to_bf16(NULL, NULL, NULL, 0) == FS_OK;
+    ok &= fs_cuda_cast_bf16_to_fp32(NULL, NULL, NULL, 0) == FS_OK;
+    ok &= fs_cuda_add(NULL, NULL, NULL, 0) == FS_OK;
+    ok &= fs_cuda_embedding_forward(NULL, NULL, NULL, NULL, 0, 8, 0, 4) == FS_OK;
+    ok &= fs_cuda_embedding_forward_bf16(NULL, NULL, NULL, NULL, 3, 0, 0, 4) == FS_OK;
+    ok &= fs_cuda_embedding_backward(NULL, NULL, NULL, NULL, 0, 8, 0, 4) == FS_OK;
+    ok &= fs_cuda_rmsnorm_forward(NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f) == FS_OK;
+    ok &= fs_cuda_rmsnorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8) == FS_OK;
+    ok &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 0, 4, 1, 8) == FS_OK;
+    ok &= fs_cuda_rope_backward(NULL, NULL, 8, NULL, NULL, 2, 0, 1, 8) == FS_OK;
+    ok &= fs_cuda_swiglu_forward(NULL, NULL, NULL, 0, 8) == FS_OK;
+    ok &= fs_cuda_swiglu_backward(NULL, NULL, NULL, NULL, 4, 0) == FS_OK;
+    ok &= fs_cuda_swiglu_forward_bf16(NULL, NULL, NULL, 0, 8) == FS_OK;
+    ok &= fs_cuda_swiglu_backward_bf16(NULL, NULL, NULL, NULL, NULL, 4, 0) == FS_OK;
+    ok &= fs_cuda_xent_chunk_forward(NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 1) == FS_OK;
+    ok &= fs_cuda_xent_finish(NULL, NULL, NULL, NULL, NULL, 0, NULL) == FS_OK;
+    ok &= fs_cuda_xent_chunk_backward(NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 1.0f) == FS_OK;
+    ok &= fs_cuda_adamw_update(NULL, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) == FS_OK;
+    result(ok && emu_launches == before, "empty sizes: FS_OK, nothing launched",
+           fmt("%s, %llu launches", ok ? "all FS_OK" : "a status not FS_OK",
+               emu_launches - before));
+    bool usage = true;
+    usage &= fs_cuda_swiglu_forward_bf16(NULL, NULL, NULL, -1, 8) == FS_ERR_USAGE;
+    usage &= fs_cuda_add(NULL, NULL, NULL, -1) == FS_ERR_USAGE;
+    usage &= fs_cuda_rmsnorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 3, -2) ==
+             FS_ERR_USAGE;
+    usage &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 1, 1, 1, 7) == FS_ERR_USAGE;
+    hp.step = 0;
+    usage &= fs_cuda_adamw_update(NULL, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) ==
+             FS_ERR_USAGE;
+    result(usage && emu_launches == before,
+           "negative sizes, an odd head size, AdamW step 0: FS_ERR_USAGE, nothing launched",
+           usage ? "a launch happened" : "a status not FS_ERR_USAGE");
+}
+
 /* ------------------------------------------------------------------ main */
 int main(int argc, char **argv) {
     struct T {
@@ -747,7 +789,7 @@ int main(int argc, char **argv) {
         {"add", test_add},
         {"sum_squares", test_sum_squares},
         {"xent", test_xent},
-        {"adamw", test_adamw},
+        {"adamw", test_adamw}, {"sizes", test_sizes},
     };
     /* arguments: the groups to run (all without any) */
     for (int a = 1; a < argc; a++) {

@@ -17,7 +17,7 @@
 #
 # KERNELS.cu defaults to src/kernels/cuda/kernels.cu (give a scratch copy to try a change or
 # a planted bug); GROUPs run only those (rmsnorm, swiglu, swiglu_bf16, embedding, rope, casts,
-# add, sum_squares, xent, adamw). EMU_CXXFLAGS adds compiler flags (tests/cli/
+# add, sum_squares, xent, adamw, sizes). EMU_CXXFLAGS adds compiler flags (tests/cli/
 # test_kernels_emu.sh: -fsanitize=address,undefined). Needs g++ (C++20) and python3; ~30 s
 # on 2 cores with the sanitizers. Exits 1 on a failed check, 2 if it cannot build.
 set -euo pipefail
