@@ -17,6 +17,10 @@ if [ -n "${FLATSHARD_SANITIZER:-}" ]; then
 elif ! command -v g++ >/dev/null || ! command -v python3 >/dev/null; then
     skip "the CUDA kernels on the host emulator" "needs g++ (C++20) and python3"
 else
+    run "the emulator's selftest (CUDA forms kernels.cu may take up), ASan+UBSan" 0 \
+        env EMU_CXXFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+        tools/cuda_kernels_emu/run.sh --selftest
+    expect "every selftest check passed" grep -q '^ok: the emulator.s selftest passed' "$WORK/out"
     run "the CUDA kernels of kernels.cu on the host emulator against the CPU kernels, ASan+UBSan" 0 \
         env FLATSHARD_BUILD="$BUILD" EMU_CXXFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
         tools/cuda_kernels_emu/run.sh

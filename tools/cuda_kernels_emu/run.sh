@@ -15,6 +15,9 @@
 # nothing outside the outputs was written. What is not modelled (the GPU's expf/log, its
 # memory model and speed, concurrent blocks, implicit warp-synchronous execution): shim.h.
 #
+# --selftest instead runs selftest.cu: the emulator's own checks of CUDA forms kernels.cu may
+# take up (template kernels with __shared__, extern __shared__, 3-D launches, partial warps,
+# early exits, a race made visible, a refused configuration).
 # KERNELS.cu defaults to src/kernels/cuda/kernels.cu (give a scratch copy to try a change or
 # a planted bug); GROUPs run only those (rmsnorm, swiglu, swiglu_bf16, embedding, rope, casts,
 # add, sum_squares, xent, adamw, sizes). EMU_CXXFLAGS adds compiler flags (tests/cli/
@@ -22,6 +25,17 @@
 # on 2 cores with the sanitizers. Exits 1 on a failed check, 2 if it cannot build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+flags=(-std=c++20 -O1 -g -ffp-contract=off -fno-strict-aliasing -pthread -Wall
+    -Wno-unknown-pragmas -Wno-unused-function -Iinclude -Isrc/kernels/cuda
+    -DEMU_MAX_BLOCKS=7 ${EMU_CXXFLAGS:-})
+if [ "${1:-}" = --selftest ]; then # the shim and prep.py on selftest.cu's CUDA forms
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    python3 tools/cuda_kernels_emu/prep.py tools/cuda_kernels_emu/selftest.cu "$tmp/selftest.cpp" || exit 2
+    cp tools/cuda_kernels_emu/shim.h "$tmp/"
+    g++ "${flags[@]}" -I"$tmp" "$tmp/selftest.cpp" -o "$tmp/selftest" || exit 2
+    exec timeout "${EMU_TIMEOUT:-300}" "$tmp/selftest"
+fi
 cu=${1:-src/kernels/cuda/kernels.cu}
 lib=${FLATSHARD_BUILD:-build}/libflatshard.a
 if [ ! -f "$lib" ]; then
@@ -36,9 +50,7 @@ cp tools/cuda_kernels_emu/shim.h "$tmp/"
 # in OpenBLAS, oneDNN, MPI, ...), asked from make itself so that they follow its options
 ldlibs=$(make -s --no-print-directory -f Makefile -f - emu-print-ldlibs <<<'emu-print-ldlibs: ; @echo $(LDLIBS)' 2>/dev/null) ||
     ldlibs="-lopenblas -lm -ldl"
-flags=(-std=c++20 -O1 -g -ffp-contract=off -fno-strict-aliasing -pthread -Wall
-    -Wno-unknown-pragmas -Wno-unused-function -Iinclude -Isrc/kernels/cuda -I"$tmp"
-    -DEMU_MAX_BLOCKS=7 ${EMU_CXXFLAGS:-})
+flags+=(-I"$tmp")
 g++ "${flags[@]}" -c "$tmp/kernels_emu.cpp" -o "$tmp/kernels_emu.o" || exit 2
 g++ "${flags[@]}" -c tools/cuda_kernels_emu/main.cpp -o "$tmp/main.o" || exit 2
 # shellcheck disable=SC2086
