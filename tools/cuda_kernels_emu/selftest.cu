@@ -58,6 +58,20 @@ static __global__ void partial_warp(unsigned *out) {
     if (threadIdx.x % 32 == 0) out[40 + threadIdx.x / 32] = b;
 }
 
+/* partial masks: the low half-warp sums by shuffles among itself while the high half does
+ * its own, with a different number of exchanges; then a whole-warp shuffle */
+static __global__ void half_warps(int *out) {
+    const int l = (int)threadIdx.x;
+    int v = l;
+    if (l < 16) {
+        for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(0x0000ffffu, v, off);
+    } else {
+        v += __shfl_down_sync(0xffff0000u, v, 1);
+        __syncwarp(0xffff0000u);
+    }
+    out[l] = __shfl_sync(0xffffffffu, v, 31 - l);
+}
+
 /* a 3-D grid and block: each thread writes its linear ids */
 static __global__ void ids(unsigned *out) {
     const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -103,6 +117,16 @@ int main() {
         pw &= p[t] == (lane + 4 < lanes ? t + 4 : t);
     }
     check(pw, "a partial warp: shuffles past its live lanes keep the caller's value, ballot");
+
+    int hw[32];
+    half_warps<<<1, 32>>>(hw);
+    bool hok = true;
+    for (int l = 0; l < 32; l++) {
+        const int src = 31 - l; /* its value: 120 in the low half, src + (src + 1) in the high */
+        const int want = src < 16 ? 120 : src + (src < 31 ? src + 1 : src);
+        hok &= hw[l] == want;
+    }
+    check(hok, "partial masks: two half-warps exchange apart, then the whole warp");
 
     unsigned id[2 * 3 * 2 * 4 * 2 * 2];
     ids<<<dim3(2, 3, 2), dim3(4, 2, 2)>>>(id);

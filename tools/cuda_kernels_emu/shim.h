@@ -15,11 +15,12 @@
  * two, whichever the thread ids of writer and reader are.
  *   - __syncthreads: a barrier of the block's live threads; a thread that returns from the
  *     kernel leaves the block's barrier and its warp's (as a GPU's exited threads do).
- *   - warps: 32 consecutive linear thread ids (x + y bx + z bx by); __shfl_*_sync write the
- *     caller's value to a per-warp slot and wait at the warp's barrier, then read the source
- *     lane's slot (two slot sets used alternately, so one barrier per shuffle suffices). The
- *     mask is not checked: every lane of the warp must call the shuffle (what kernels.cu
- *     does; a partial mask would deadlock here, which is reported).
+ *   - warps: 32 consecutive linear thread ids (x + y bx + z bx by); __shfl_*_sync,
+ *     __ballot_sync and __syncwarp write the caller's value to a slot and wait at a barrier
+ *     of the mask's lanes, then read the source lane's slot (two slot sets used by turns, so
+ *     one barrier per exchange suffices). The whole warp's barrier is left by lanes that
+ *     return; a partial mask gets a barrier of its own lanes. A lane outside the mask as a
+ *     source gives the caller's own value (on a GPU: undefined).
  *   - __shared__: run.sh turns `__shared__ T name[..];` into a static variable plus a call
  *     that fills it with 0xff bytes (a NaN pattern) the first time a thread of each block
  *     reaches it, so a read of an element no thread of this block wrote shows as NaN (or a
@@ -57,6 +58,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <set>
 #include <string>
 #include <sys/mman.h>
@@ -180,7 +182,6 @@ struct emu_fiber {
     void *stack = nullptr;
     dim3 tid;
     int warp = 0, lane = 0;
-    unsigned shfl_seq = 0;
     bool done = false;
 };
 constexpr size_t emu_stack_bytes =
@@ -189,9 +190,8 @@ constexpr size_t emu_stack_bytes =
 inline std::vector<emu_fiber> emu_fibers;
 inline emu_fiber *emu_cur;
 inline ucontext_t emu_sched_ctx;
-inline emu_bar emu_block_bar, emu_warp_bar[32];
+inline emu_bar emu_block_bar;
 inline int emu_warp_lanes[32]; /* lanes of each warp at the block's start */
-inline uint64_t emu_slots[2][32][32];
 inline bool emu_progress;
 inline void (*emu_body)(void *);
 inline void *emu_body_ctx;
@@ -239,64 +239,91 @@ inline void emu_bar_leave(emu_bar &b) {
 }
 
 #define __syncthreads() emu_bar_wait(emu_block_bar)
-inline void __syncwarp(unsigned = 0xffffffffu) {
-    emu_bar_wait(emu_warp_bar[emu_cur->warp]);
+
+/* The lanes a warp-level call waits for: those of its mask that the warp had at the block's
+ * start. The whole warp (the usual mask) uses the warp's barrier, which lanes leave when
+ * they return; a partial mask its own barrier (of mask's lanes; a lane of the mask that
+ * returned first is the kernel's bug, as on a GPU, and deadlocks here, reported). Each
+ * barrier has its own two slot sets, used by the parity of its generation: a lane's next
+ * write to a set needs every lane past the barrier between, so past its read. */
+struct emu_warp_sync {
+    emu_bar bar;
+    uint64_t slots[2][32];
+};
+inline emu_warp_sync emu_warp_full[32];
+inline std::deque<std::pair<unsigned, emu_warp_sync>> emu_warp_partial[32];
+inline unsigned emu_lanes_mask(int w) {
+    return emu_warp_lanes[w] == 32 ? 0xffffffffu : (1u << emu_warp_lanes[w]) - 1u;
+}
+inline emu_warp_sync &emu_sync_for(unsigned mask) {
+    const int w = emu_cur->warp;
+    const unsigned m = mask & emu_lanes_mask(w);
+    if (m == emu_lanes_mask(w)) return emu_warp_full[w];
+    for (auto &p : emu_warp_partial[w])
+        if (p.first == m) return p.second;
+    emu_warp_partial[w].emplace_back(m, emu_warp_sync{});
+    emu_warp_sync &s = emu_warp_partial[w].back().second;
+    s.bar.expected = __builtin_popcount(m);
+    memset(s.slots, 0xff, sizeof s.slots);
+    return s;
+}
+/* Every lane of mask publishes its value, then each reads lane src's (its own where src is
+ * not a lane of the mask). */
+template <typename T> inline T emu_exchange(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+    emu_warp_sync &s = emu_sync_for(mask);
+    const unsigned set = s.bar.gen & 1u, m = mask & emu_lanes_mask(emu_cur->warp);
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof v);
+    s.slots[set][emu_cur->lane] = bits;
+    emu_bar_wait(s.bar);
+    if (src < 0 || src >= 32 || !(m >> src & 1u)) return v;
+    T r;
+    memcpy(&r, &s.slots[set][src], sizeof r);
+    return r;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu_bar_wait(emu_sync_for(mask).bar);
 }
 inline void __threadfence_block() {}
 inline void __threadfence() {}
 
-/* One exchange: every lane of the warp publishes v, then reads lane src's (its own if src is
- * outside the warp's live lanes). */
-template <typename T> inline T emu_shfl(T v, int src) {
-    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
-    emu_fiber *f = emu_cur;
-    const unsigned set = f->shfl_seq++ & 1u;
-    uint64_t bits = 0;
-    memcpy(&bits, &v, sizeof v);
-    emu_slots[set][f->warp][f->lane] = bits;
-    emu_bar_wait(emu_warp_bar[f->warp]);
-    if (src < 0 || src >= emu_warp_lanes[f->warp]) return v; /* no such lane: its own value */
-    T r;
-    memcpy(&r, &emu_slots[set][f->warp][src], sizeof r);
-    return r;
-}
-template <typename T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
     const int l = emu_cur->lane;
-    return emu_shfl(v, (l / width) * width + (src % width));
+    return emu_exchange(mask, v, (l / width) * width + (src % width));
 }
-template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned off, int width = 32) {
+template <typename T> inline T __shfl_down_sync(unsigned mask, T v, unsigned off, int width = 32) {
     const int l = emu_cur->lane;
     const int s = l + (int)off;
-    return emu_shfl(v, (s / width == l / width) ? s : -1);
+    return emu_exchange(mask, v, (s / width == l / width) ? s : -1);
 }
-template <typename T> inline T __shfl_up_sync(unsigned, T v, unsigned off, int width = 32) {
+template <typename T> inline T __shfl_up_sync(unsigned mask, T v, unsigned off, int width = 32) {
     const int l = emu_cur->lane;
     const int s = l - (int)off;
-    return emu_shfl(v, (s >= 0 && s / width == l / width) ? s : -1);
+    return emu_exchange(mask, v, (s >= 0 && s / width == l / width) ? s : -1);
 }
-template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lanemask, int width = 32) {
     const int l = emu_cur->lane;
-    const int s = l ^ mask;
-    return emu_shfl(v, (s / width == l / width) ? s : -1);
+    const int s = l ^ lanemask;
+    return emu_exchange(mask, v, (s / width == l / width) ? s : -1);
 }
 
-/* vote and bit intrinsics: the warp's live lanes' values, gathered through the slots */
-inline unsigned __ballot_sync(unsigned, int pred) {
-    emu_fiber *f = emu_cur;
-    const unsigned set = f->shfl_seq++ & 1u;
-    emu_slots[set][f->warp][f->lane] = pred != 0;
-    emu_bar_wait(emu_warp_bar[f->warp]);
-    unsigned m = 0;
-    for (int l = 0; l < emu_warp_lanes[f->warp]; l++)
-        if (emu_slots[set][f->warp][l] == 1) m |= 1u << l;
-    return m;
+/* vote: the predicates of the mask's lanes, gathered through the slots */
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    emu_warp_sync &s = emu_sync_for(mask);
+    const unsigned set = s.bar.gen & 1u, m = mask & emu_lanes_mask(emu_cur->warp);
+    s.slots[set][emu_cur->lane] = pred != 0;
+    emu_bar_wait(s.bar);
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++)
+        if ((m >> l & 1u) && s.slots[set][l] == 1) r |= 1u << l;
+    return r;
 }
 inline int __any_sync(unsigned mask, int pred) {
     return __ballot_sync(mask, pred) != 0;
 }
 inline int __all_sync(unsigned mask, int pred) {
-    const int lanes = emu_warp_lanes[emu_cur->warp];
-    return __ballot_sync(mask, pred) == (lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u);
+    return __ballot_sync(mask, pred) == (mask & emu_lanes_mask(emu_cur->warp));
 }
 inline int __popc(unsigned x) {
     return __builtin_popcount(x);
@@ -362,7 +389,7 @@ inline void emu_fiber_entry() {
     f->done = true;
     emu_progress = true;
     emu_bar_leave(emu_block_bar);
-    emu_bar_leave(emu_warp_bar[f->warp]);
+    emu_bar_leave(emu_warp_full[f->warp].bar);
     emu_yield(); /* never returns: a finished fiber is not resumed */
     abort();
 }
@@ -372,10 +399,11 @@ inline void emu_run_block(unsigned nthreads, bool descending) {
     emu_block_bar = emu_bar{(int)nthreads, 0, 0};
     for (unsigned w = 0; w < 32; w++) {
         const int lanes = (int)std::min<unsigned>(32, nthreads > w * 32 ? nthreads - w * 32 : 0);
-        emu_warp_bar[w] = emu_bar{lanes, 0, 0};
+        emu_warp_full[w].bar = emu_bar{lanes, 0, 0};
+        memset(emu_warp_full[w].slots, 0xff, sizeof emu_warp_full[w].slots);
+        emu_warp_partial[w].clear();
         emu_warp_lanes[w] = lanes;
     }
-    memset(emu_slots, 0xff, sizeof emu_slots);
     memset(emu_dyn_smem.data(), 0xff, emu_dyn_smem.size());
     emu_shared_seen.clear();
     for (unsigned t = 0; t < nthreads; t++) {
@@ -394,7 +422,6 @@ inline void emu_run_block(unsigned nthreads, bool descending) {
         f.tid = dim3(t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y));
         f.warp = (int)(t / 32);
         f.lane = (int)(t % 32);
-        f.shfl_seq = 0;
         f.done = false;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
