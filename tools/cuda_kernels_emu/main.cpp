@@ -413,11 +413,13 @@ static void test_embedding() {
     struct C5 {
         int64_t N, C, V, row0, rows;
     };
-    /* test_cuda.c's cases, plus C past several grids of column tiles (7 x 64 columns) */
+    /* test_cuda.c's cases (the last two: more rows than the backward's 64 row ranges), plus C
+     * past several grids of column tiles (7 x 64 columns) */
     static const C5 cases[] = {
-        {1, 37, 50, 12, 25},    {7, 37, 50, 12, 25},  {70, 100, 50, 12, 25}, {1000, 37, 50, 12, 25},
-        {1000, 100, 50, 0, 50}, {1000, 300, 3, 0, 3}, {70, 1, 3, 1, 1},      {7, 100, 50, 0, 50},
-        {70, 1000, 50, 12, 25}, {130, 500, 3, 0, 3},
+        {1, 37, 50, 12, 25},      {7, 37, 50, 12, 25},    {70, 100, 50, 12, 25},
+        {1000, 37, 50, 12, 25},   {1000, 100, 50, 0, 50}, {1000, 300, 3, 0, 3},
+        {70, 1, 3, 1, 1},         {7, 100, 50, 0, 50},    {1000, 37, 200, 20, 150},
+        {300, 70, 131, 0, 131},   {70, 1000, 50, 12, 25}, {130, 500, 3, 0, 3},
     };
     for (const C5 &e : cases) {
         const int64_t N = e.N, C = e.C;
