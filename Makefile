@@ -191,7 +191,11 @@ NCCL_LIBDIR := $(firstword $(foreach d,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib /usr/
 CPPFLAGS  += -DFS_HAVE_NCCL=1
 NCCL_SO   := $(BUILD)/libflatshard-nccl.so
 NCCL_OBJ  := $(BUILD)/obj/src/comm/nccl.o
-NCCL_LIBS := $(if $(NCCL_LIBDIR),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -lnccl \
+# a host may have the runtime's libnccl.so.2 without the development symlink libnccl.so:
+# then link that file by name (-l:libnccl.so.2)
+NCCL_LIB  := $(if $(NCCL_LIBDIR),$(if $(wildcard $(NCCL_LIBDIR)/libnccl.so),nccl,:$(notdir \
+             $(firstword $(sort $(wildcard $(NCCL_LIBDIR)/libnccl.so.[0-9]*))))),nccl)
+NCCL_LIBS := $(if $(NCCL_LIBDIR),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -l$(NCCL_LIB) \
              -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
 else ifeq ($(NCCL),0)
 CPPFLAGS  += -DFS_HAVE_NCCL=0
