@@ -25,7 +25,7 @@
  * never joins leaves every rank's oldest call pending. Under an MPI control communicator (a
  * job of processes) the watchdog then prints the one line itself and aborts the control
  * communicator (MPI_Abort), which ends the job: ncclCommAbort may wait for every rank of the
- * node to abort too (NCCL >= 2.19), which a hung peer never does. Under an in-process control
+ * node to abort too (NCCL >= 2.16), which a hung peer never does. Under an in-process control
  * (tests/test_nccl.c) it records the failure and calls ncclCommAbort, without mu (which makes
  * NCCL's kernels return, so stream waits end), and gives the owner FS_NCCL_GRACE_S to return
  * it; an owner still blocked after that (a CUDA wait that never ends) is not waited for: the
@@ -164,8 +164,8 @@ static void *watchdog_main(void *arg) {
             watchdog_poll(c);
             if (n->failed != FS_OK && !n->aborted && c->control &&
                 c->control->backend == FS_COMM_BACKEND_MPI) {
-                /* Under MPI the job ends here, as the owner's error would end it: since NCCL
-                 * 2.19 an abort may wait until every rank of a node aborts too (NVIDIA/nccl
+                /* Under MPI the job ends here, as the owner's error would end it: from NCCL
+                 * 2.16 on an abort may wait until every rank of a node aborts too (NVIDIA/nccl
                  * issue 863), and a peer that hung never does */
                 n->reported = 1;
                 fprintf(stderr, "flatshard: %s\n", n->failed_msg);
