@@ -44,9 +44,9 @@ int main(void) {
 #include <cuda_runtime_api.h>
 
 #include "../src/kernels/cuda/cuda_kernels.h"
+#include "cuda_tolerances.h" /* U and the rules the host emulator shares */
 
 #define SEED 0xc0daULL
-#define U 0x1p-24 /* float's unit roundoff */
 /* elements in one full grid of the element-wise kernels (MAX_BLOCKS x THREADS in
  * kernels.cu): a size past it runs their grid-stride loops more than once */
 #define ONE_GRID ((int64_t)65535 * 256)
@@ -158,29 +158,17 @@ static int check_tol(const char *file, int line, const char *what, const float *
 }
 
 /* A bf16 result of a value the GPU computed in fp32 within tol[i] of want[i], then rounded
- * (to nearest even): rounding is monotone, so got[i] must lie between the roundings of
- * want - tol and want + tol (each end first widened outward to a float). A non-finite want
- * must be matched by its rounding; a NaN got fails. Reports the first bad element. */
+ * (bf16_in_band, cuda_tolerances.h). Reports the first bad element. */
 #define CHECK_BF16_BAND(what, got, want, tol, n) check_bf16_band(__FILE__, __LINE__, what, got, want, tol, n)
 static int check_bf16_band(const char *file, int line, const char *what, const uint16_t *got,
                            const float *want, const double *tol, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float g = fs_bf16_to_fp32(got[i]);
-        int ok;
-        if (!isfinite(want[i]))
-            ok = got[i] == fs_fp32_to_bf16(want[i]);
-        else {
-            const float lo = nextafterf((float)((double)want[i] - tol[i]), -INFINITY);
-            const float hi = nextafterf((float)((double)want[i] + tol[i]), INFINITY);
-            ok = tol[i] >= 0.0 && g >= fs_bf16_to_fp32(fs_fp32_to_bf16(lo)) &&
-                 g <= fs_bf16_to_fp32(fs_fp32_to_bf16(hi));
-        }
-        if (!ok) {
+        if (!bf16_in_band(got[i], want[i], tol[i])) {
             fs_test_fail(file, line,
                          "%s: element %lld is %.9g (0x%04x), expected %.9g within %.3g, then "
                          "rounded to bf16 (%lld elements)",
-                         what, (long long)i, (double)g, got[i], (double)want[i], tol[i],
-                         (long long)n);
+                         what, (long long)i, (double)fs_bf16_to_fp32(got[i]), got[i],
+                         (double)want[i], tol[i], (long long)n);
             return 0;
         }
     }
@@ -565,33 +553,10 @@ static void test_cuda_rmsnorm(void) {
         float *dx_got = fnew(N * C), *dw_got = fnew(C);
         dev_download(dx_got, d_dx, N * C);
         dev_download(dw_got, d_dw, C);
-        for (int64_t n = 0; n < N; n++) {
-            const double r = rstd[n];
-            double sum = 0.0, sum_abs = 0.0;
-            for (int64_t c = 0; c < C; c++) {
-                const double t = (double)dy[n * C + c] * w[c] * inp[n * C + c];
-                sum += t;
-                sum_abs += fabs(t);
-            }
-            const double coef = r * r * sum / (double)C;
-            const double dcoef =
-                r * r * (double)(C + 2) * U * sum_abs / (double)C + 3.0 * U * fabs(coef);
-            for (int64_t c = 0; c < C; c++) {
-                const double x = inp[n * C + c], wdy = (double)w[c] * dy[n * C + c];
-                tol[n * C + c] =
-                    2.0 * (r * fabs(x) * dcoef + 4.0 * U * r * (fabs(wdy) + fabs(x * coef)) +
-                           U * fabs((double)dx_want[n * C + c])) +
-                    1e-37;
-            }
-        }
+        rmsnorm_backward_dinp_tol(tol, dy, inp, w, rstd, dx_want, N, C);
         snprintf(what, sizeof what, "rmsnorm dinp N=%lld C=%lld", (long long)N, (long long)C);
         CHECK_TOL(what, dx_got, dx_want, tol, N * C);
-        for (int64_t c = 0; c < C; c++) {
-            double mag = fabs((double)dw0[c]);
-            for (int64_t n = 0; n < N; n++)
-                mag += fabs((double)dy[n * C + c] * inp[n * C + c] * rstd[n]);
-            tol[c] = 2.0 * (double)(N + 33) * U * mag + 1e-37;
-        }
+        rmsnorm_backward_dweight_tol(tol, dw0, dy, inp, rstd, N, C);
         snprintf(what, sizeof what, "rmsnorm dweight N=%lld C=%lld", (long long)N, (long long)C);
         CHECK_TOL(what, dw_got, dw_want, tol, C);
         /* the same inputs again: the same bits (fixed reduction orders, no atomics) */
@@ -690,20 +655,7 @@ _Static_assert((int64_t)4097 * 4100 > ONE_GRID, "the last SwiGLU case spans more
  * Gates of +-100 (expf overflowing to Inf, or underflowing to a subnormal), 0 and -1.28 are
  * planted among N(0, 9) draws.
  */
-/* The backward's tolerance above, per element of dgu (want: the CPU's result). */
-static void swiglu_backward_tol(double *tol, const float *gu, const float *dy, const float *want, int64_t N,
-                                int64_t FF) {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < FF; i++) {
-            const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i], g = dy[n * FF + i];
-            const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
-            const double dgate = g * up * sig * q, dup = g * x * sig;
-            const int64_t ig = n * 2 * FF + i, iu = ig + FF;
-            tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U + 8.0 * U * fabs(dgate) +
-                      2.0 * U * fabs((double)want[ig]) + 1e-37;
-            tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
-        }
-}
+/* (the backward's tolerance above: swiglu_backward_tol, cuda_tolerances.h) */
 
 static void test_cuda_swiglu(void) {
     for (size_t s = 0; s < sizeof swiglu_cases / sizeof swiglu_cases[0]; s++) {

@@ -26,6 +26,7 @@
 #include "shim.h"
 
 #include "cuda_kernels.h"
+#include "cuda_tolerances.h" /* U and test_cuda.c's rules, shared */
 
 #include <cinttypes>
 #include <cstdarg>
@@ -40,7 +41,6 @@
 #endif
 static const int64_t THREADS = 256; /* kernels.cu's; the sizes below only need its order */
 static const int64_t ONE_GRID = (int64_t)EMU_MAX_BLOCKS * THREADS;
-static const double U = 0x1p-24;
 
 extern const char *const emu_kernels_defined[]; /* prep.py's list, NULL-terminated */
 
@@ -220,21 +220,12 @@ static void check_tol(const std::string &what, const float *got, const float *wa
 static void check_bf16_band(const std::string &what, const uint16_t *got, const float *want,
                             const double *tol, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float g = fs_bf16_to_fp32(got[i]);
-        bool ok;
-        if (!std::isfinite(want[i]))
-            ok = got[i] == fs_fp32_to_bf16(want[i]);
-        else {
-            const float lo = nextafterf((float)((double)want[i] - tol[i]), -INFINITY);
-            const float hi = nextafterf((float)((double)want[i] + tol[i]), INFINITY);
-            ok = tol[i] >= 0.0 && g >= fs_bf16_to_fp32(fs_fp32_to_bf16(lo)) &&
-                 g <= fs_bf16_to_fp32(fs_fp32_to_bf16(hi));
-        }
-        if (!ok) {
+        if (!bf16_in_band(got[i], want[i], tol[i])) {
             result(false, what,
                    fmt("element %lld is %.9g (0x%04x), expected %.9g within %.3g, then rounded "
                        "to bf16 (%lld elements)",
-                       (long long)i, g, got[i], want[i], tol[i], (long long)n));
+                       (long long)i, fs_bf16_to_fp32(got[i]), got[i], want[i], tol[i],
+                       (long long)n));
             return;
         }
     }
@@ -277,35 +268,11 @@ static void test_rmsnorm() {
         status_ok(fs_cuda_rmsnorm_backward(NULL, dx.p(), dw.p(), dy.data(), inp.data(), w.data(),
                                            rstd.data(), N, C),
                   "rmsnorm backward " + sh);
-        for (int64_t n = 0; n < N; n++) {
-            const double r = rstd[(size_t)n];
-            double sum = 0.0, sum_abs = 0.0;
-            for (int64_t c = 0; c < C; c++) {
-                const double t =
-                    (double)dy[(size_t)(n * C + c)] * w[(size_t)c] * inp[(size_t)(n * C + c)];
-                sum += t;
-                sum_abs += fabs(t);
-            }
-            const double coef = r * r * sum / (double)C;
-            const double dcoef =
-                r * r * (double)(C + 2) * U * sum_abs / (double)C + 3.0 * U * fabs(coef);
-            for (int64_t c = 0; c < C; c++) {
-                const double x = inp[(size_t)(n * C + c)],
-                             wdy = (double)w[(size_t)c] * dy[(size_t)(n * C + c)];
-                tol[(size_t)(n * C + c)] =
-                    2.0 * (r * fabs(x) * dcoef + 4.0 * U * r * (fabs(wdy) + fabs(x * coef)) +
-                           U * fabs((double)dx_want[(size_t)(n * C + c)])) +
-                    1e-37;
-            }
-        }
+        rmsnorm_backward_dinp_tol(tol.data(), dy.data(), inp.data(), w.data(), rstd.data(),
+                                  dx_want.data(), N, C);
         check_tol("rmsnorm dinp " + sh, dx.p(), dx_want.data(), tol.data(), N * C);
-        for (int64_t c = 0; c < C; c++) {
-            double mag = fabs((double)dw0[(size_t)c]);
-            for (int64_t n = 0; n < N; n++)
-                mag += fabs((double)dy[(size_t)(n * C + c)] * inp[(size_t)(n * C + c)] *
-                            rstd[(size_t)n]);
-            tol[(size_t)c] = 2.0 * (double)(N + 33) * U * mag + 1e-37;
-        }
+        rmsnorm_backward_dweight_tol(tol.data(), dw0.data(), dy.data(), inp.data(), rstd.data(), N,
+                                     C);
         check_tol("rmsnorm dweight " + sh, dw.p(), dw_want.data(), tol.data(), C);
         guards("rmsnorm backward " + sh, dx, dw);
         /* the same inputs again: the same bits (fixed reduction orders) */
@@ -322,20 +289,6 @@ static void test_rmsnorm() {
 
 /* ------------------------------------------------------------------ SwiGLU (test_cuda.c's rule) */
 static const int64_t swiglu_cases[][2] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {13, 1001}};
-
-static void swiglu_backward_tol(double *tol, const float *gu, const float *dy, const float *want,
-                                int64_t N, int64_t FF) {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < FF; i++) {
-            const double x = gu[n * 2 * FF + i], up = gu[n * 2 * FF + FF + i], g = dy[n * FF + i];
-            const double sig = 1.0 / (1.0 + exp(-x)), q = 1.0 + x * (1.0 - sig);
-            const double dgate = g * up * sig * q, dup = g * x * sig;
-            const int64_t ig = n * 2 * FF + i, iu = ig + FF;
-            tol[ig] = fabs(g * up) * sig * (24.0 * fabs(x) + 24.0 * fabs(q)) * U +
-                      8.0 * U * fabs(dgate) + 2.0 * U * fabs((double)want[ig]) + 1e-37;
-            tol[iu] = 24.0 * U * fabs(dup) + 2.0 * U * fabs((double)want[iu]) + 1e-37;
-        }
-}
 
 static void test_swiglu() {
     for (auto &cs : swiglu_cases) {

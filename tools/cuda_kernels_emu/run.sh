@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 flags=(-std=c++20 -O1 -g -ffp-contract=off -fno-strict-aliasing -pthread -Wall
-    -Wno-unknown-pragmas -Wno-unused-function -Iinclude -Isrc/kernels/cuda
+    -Wno-unknown-pragmas -Wno-unused-function -Iinclude -Isrc/kernels/cuda -Itests
     -DEMU_MAX_BLOCKS=7 ${EMU_CXXFLAGS:-})
 if [ "${1:-}" = --selftest ]; then # the shim and prep.py on selftest.cu's CUDA forms
     tmp=$(mktemp -d)
