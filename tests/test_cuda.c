@@ -587,9 +587,11 @@ static void test_cuda_rmsnorm(void) {
 typedef struct rope_case {
     int64_t B, T, heads, HS, col0, pad; /* the heads sit at columns [col0, col0 + heads HS) */
 } rope_case;
+/* on a rows_grid, as SwiGLU: 9 heads of 32 pairs (288) take two blocks a row; 70000 rows go
+ * round the row loop twice */
 static const rope_case rope_cases[] = {
     {1, 1, 1, 6, 0, 0},     {2, 7, 3, 6, 3, 5},   {2, 7, 2, 8, 0, 1},
-    {1, 70, 2, 64, 128, 7}, {3, 13, 1, 64, 0, 0},
+    {1, 70, 2, 64, 128, 7}, {3, 13, 1, 64, 0, 0}, {2, 5, 9, 64, 0, 3}, {1, 70000, 1, 6, 0, 1},
 };
 
 /* The same two rounded products and one sum per output element as rope.c: bit for bit, in
@@ -634,8 +636,11 @@ static void test_cuda_rope(void) {
 typedef struct nff_case {
     int64_t N, FF;
 } nff_case;
-/* the last past one grid (ONE_GRID elements): the grid-stride loops go round twice */
-static const nff_case swiglu_cases[] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {4097, 4100}};
+/* the kernels run on a rows_grid (kernels.cu): rows on the grid's y, at most 65535 of them,
+ * so 70000 rows go round the row loop twice; rows narrower than a block (37, 3) get a block of
+ * their width rounded up to a warp */
+static const nff_case swiglu_cases[] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {4097, 4100},
+                                        {70000, 3}};
 _Static_assert((int64_t)4097 * 4100 > ONE_GRID, "the last SwiGLU case spans more than one grid");
 
 /*

@@ -134,7 +134,7 @@ const fs_kernel_table *fs_device_kernels(const fs_device *dev) { return dev->ker
 
 int fs_kernel_table_complete(const fs_kernel_table *k) {
     typedef void (*entry)(void);
-    _Static_assert(sizeof *k % sizeof(entry) == 0, "the kernel table holds only function pointers");
+    _Static_assert(sizeof *k % sizeof(entry) == 0, "the table's size: whole pointers");
     entry e[sizeof *k / sizeof(entry)];
     memcpy(e, k, sizeof e); /* the entries' own types differ; only NULL or not is read */
     for (size_t i = 0; i < sizeof e / sizeof *e; i++)

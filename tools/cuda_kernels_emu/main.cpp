@@ -235,8 +235,10 @@ static void check_bf16_band(const std::string &what, const uint16_t *got, const 
 /* ------------------------------------------------------------------ RMSNorm (test_cuda.c's rule)
  */
 static void test_rmsnorm() {
-    static const int64_t cases[][2] = {{1, 37},   {7, 100}, {70, 37}, {100, 100},
-                                       {7, 1000}, {70, 1},  {23, 300}};
+    /* test_cuda.c's, its 1000 rows cut to 100 and 300 (past the weight gradient's 128 row
+     * lanes, so each lane takes a second and third row) */
+    static const int64_t cases[][2] = {{1, 37},   {7, 100}, {70, 37},  {100, 100},
+                                       {7, 1000}, {70, 1},  {23, 300}, {300, 37}};
     const float eps = 1e-5f;
     for (auto &cs : cases) {
         const int64_t N = cs[0], C = cs[1];
@@ -275,7 +277,9 @@ static void test_rmsnorm() {
                                      C);
         check_tol("rmsnorm dweight " + sh, dw.p(), dw_want.data(), tol.data(), C);
         guards("rmsnorm backward " + sh, dx, dw);
-        /* the same inputs again: the same bits (fixed reduction orders) */
+        /* the same inputs again: the same bits (fixed reduction orders). Here the second launch
+         * runs every block's threads in the other order (shim.h), so a result that depends on
+         * which thread gets there first differs */
         Out<float> dx2(N * C), dw2(C);
         dx2.set(dx0.data());
         dw2.set(dw0.data());
@@ -288,7 +292,10 @@ static void test_rmsnorm() {
 }
 
 /* ------------------------------------------------------------------ SwiGLU (test_cuda.c's rule) */
-static const int64_t swiglu_cases[][2] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {13, 1001}};
+/* test_cuda.c's, reduced; 2000 columns: past 7 blocks of 256, so the column loop goes round
+ * too (and the row loop wherever N > 7) */
+static const int64_t swiglu_cases[][2] = {{1, 37}, {7, 100}, {70, 37}, {1000, 100}, {13, 1001},
+                                          {3, 2000}};
 
 static void test_swiglu() {
     for (auto &cs : swiglu_cases) {
@@ -420,9 +427,12 @@ static void test_rope() {
     struct R {
         int64_t B, T, heads, HS, col0, pad;
     };
-    /* test_cuda.c's, plus one past several grids (4 x 50 x 3 x 32 pairs) */
+    /* test_cuda.c's (but its 70000 rows: past 7, the rows loop goes round on any case here),
+     * plus 29 heads of 64 pairs: 1856 pairs a row, past 7 blocks of 256, so the loop over a
+     * row's pairs goes round too */
     static const R cases[] = {{1, 1, 1, 6, 0, 0},     {2, 7, 3, 6, 3, 5},   {2, 7, 2, 8, 0, 1},
-                              {1, 70, 2, 64, 128, 7}, {3, 13, 1, 64, 0, 0}, {4, 50, 3, 64, 5, 3}};
+                              {1, 70, 2, 64, 128, 7}, {3, 13, 1, 64, 0, 0}, {2, 5, 9, 64, 0, 3},
+                              {4, 50, 3, 64, 5, 3},   {1, 3, 29, 128, 2, 1}};
     for (const R &r : cases) {
         const int64_t ld = r.col0 + r.heads * r.HS + r.pad, n = r.B * r.T * ld, half = r.HS / 2;
         std::vector<float> cs((size_t)(r.T * half)), sn((size_t)(r.T * half));

@@ -55,5 +55,7 @@ g++ "${flags[@]}" -c "$tmp/kernels_emu.cpp" -o "$tmp/kernels_emu.o" || exit 2
 g++ "${flags[@]}" -c tools/cuda_kernels_emu/main.cpp -o "$tmp/main.o" || exit 2
 # shellcheck disable=SC2086
 g++ "${flags[@]}" "$tmp/main.o" "$tmp/kernels_emu.o" "$lib" $ldlibs -o "$tmp/emu" || exit 2
-# a kernel that hangs (a thread spinning on another's write: shim.h) is stopped, not waited on
+# a kernel that hangs (a thread spinning on another's write: shim.h) is stopped, not waited on.
+# Under ASan the run prints one warning about swapcontext (the fibers' stack switches: shim.h);
+# it is expected and harmless
 timeout "${EMU_TIMEOUT:-300}" "$tmp/emu" "${@:2}"

@@ -9,8 +9,9 @@
  * nanoseconds per thread instead of an OS context switch, which is what lets 256- and
  * 1024-thread blocks with many barriers (block_reduce: 3 barriers and 10 shuffles per call,
  * sum_squares: 1024 blocks) run in seconds on 2 cores. The order is deterministic and chosen
- * to expose missing barriers: even blocks (by linear block id) run their threads in
- * ascending order, odd blocks in descending order, so a thread that reads shared memory
+ * to expose missing barriers: blocks run their threads in ascending and descending order by
+ * turns (by linear block id plus the launch count, so a one-block launch goes either way and
+ * a launch made again runs each block the other way), so a thread that reads shared memory
  * another thread writes without a barrier between reads it stale (or poisoned) in one of the
  * two, whichever the thread ids of writer and reader are.
  *   - __syncthreads: a barrier of the block's live threads; a thread that returns from the
@@ -488,7 +489,10 @@ void emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream
             for (unsigned bx = 0; bx < grid.x; bx++, linear++) {
                 blockIdx = dim3(bx, by, bz);
                 if (drop_last && n_blocks > 1 && linear == n_blocks - 1) continue;
-                emu_run_block((unsigned)threads, linear & 1);
+                /* the order flips block to block and launch to launch, so a single-block
+                 * launch runs each way too, and a launch made twice runs each block both ways
+                 * (main.cpp's "run twice" checks then see a result that depends on it) */
+                emu_run_block((unsigned)threads, (linear + emu_launches) & 1);
                 emu_blocks_run++;
                 emu_threads_run += threads;
             }

@@ -52,14 +52,19 @@ static unsigned blocks_for(int64_t n, int64_t per_block) {
     return (unsigned)b;
 }
 
-/* The grid of a kernel over N rows of `width` elements that gives each element a thread of its
- * row: blockIdx.y strides over the rows (CUDA caps a grid's y at 65535 = MAX_BLOCKS), and
+/* The launch of a kernel over N rows of `width` elements that gives each element a thread of
+ * its row: blockIdx.y strides over the rows (CUDA caps a grid's y at 65535 = MAX_BLOCKS), and
  * blockIdx.x with the threads over the row, so no element pays a 64-bit division (idx / width,
- * idx % width: tens of instructions each, per element) to find where it is. The kernel's
- * loops: rows from row_first() by row_stride(), and within a row from global_index() by
- * grid_stride(). */
+ * idx % width: tens of instructions each, per element) to find where it is. A row narrower
+ * than THREADS gets a block of its width rounded up to a warp (RoPE's k of 4 heads x 32 pairs:
+ * 128 threads, not 256 with half idle). The kernel's loops: rows from row_first() by
+ * row_stride(), and within a row from global_index() by grid_stride(). */
+static_assert(MAX_BLOCKS <= 65535, "rows_grid puts up to MAX_BLOCKS rows on the grid's y");
+static unsigned row_threads(int64_t width) {
+    return width >= THREADS ? THREADS : (unsigned)((width + 31) / 32 * 32);
+}
 static dim3 rows_grid(int64_t N, int64_t width) {
-    return dim3(blocks_for(width, THREADS), blocks_for(N, 1));
+    return dim3(blocks_for(width, row_threads(width)), blocks_for(N, 1));
 }
 
 /* The launch just made, checked: a bad configuration, or an earlier asynchronous failure. */
@@ -344,7 +349,8 @@ fs_status fs_cuda_embedding_backward(void *stream, float *dwte, const float *dou
                                      int64_t rows) {
     if (N < 0 || C < 0) return negative("embedding_backward", N < 0 ? "N" : "C", N < 0 ? N : C);
     if (N == 0 || C == 0) return FS_OK;
-    if (rows <= 0) return FS_OK; /* no token is ours */
+    if (rows < 0) return negative("embedding_backward", "rows", rows);
+    if (rows == 0) return FS_OK; /* no token is ours */
     const int64_t ranges = rows < EMB_ROW_RANGES ? rows : EMB_ROW_RANGES;
     const dim3 grid(blocks_for(C, EMB_THREADS), (unsigned)ranges);
     embedding_backward_kernel<<<grid, EMB_THREADS, 0, as_stream(stream)>>>(dwte, dout, tokens, N, C,
@@ -498,8 +504,8 @@ static fs_status rope_apply(const char *name, void *stream, float *x, int64_t ld
     if (pairs > INT32_MAX)
         return fs_errorf(FS_ERR_USAGE, "cuda kernel %s: %lld heads of size %lld: over 2^31 pairs",
                          name, (long long)n_heads, (long long)HS);
-    rope_kernel<<<rows_grid(N, pairs), THREADS, 0, as_stream(stream)>>>(x, ld, cos_table, sin_table,
-                                                                        N, T, n_heads, HS, sign);
+    rope_kernel<<<rows_grid(N, pairs), row_threads(pairs), 0, as_stream(stream)>>>(
+        x, ld, cos_table, sin_table, N, T, n_heads, HS, sign);
     return launched(name);
 }
 
@@ -548,8 +554,8 @@ static __global__ void swiglu_backward_kernel(float *dgu, const float *dout, con
 fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int64_t N, int64_t FF) {
     if (N < 0 || FF < 0) return negative("swiglu_forward", N < 0 ? "N" : "FF", N < 0 ? N : FF);
     if (N == 0 || FF == 0) return FS_OK;
-    swiglu_forward_kernel<<<rows_grid(N, FF), THREADS, 0, as_stream(stream)>>>(out, gu,
-                                                                                          N, FF);
+    swiglu_forward_kernel<<<rows_grid(N, FF), row_threads(FF), 0, as_stream(stream)>>>(out, gu, N,
+                                                                                        FF);
     return launched("swiglu_forward");
 }
 
@@ -557,7 +563,7 @@ fs_status fs_cuda_swiglu_backward(void *stream, float *dgu, const float *dout, c
                                   int64_t N, int64_t FF) {
     if (N < 0 || FF < 0) return negative("swiglu_backward", N < 0 ? "N" : "FF", N < 0 ? N : FF);
     if (N == 0 || FF == 0) return FS_OK;
-    swiglu_backward_kernel<<<rows_grid(N, FF), THREADS, 0, as_stream(stream)>>>(
+    swiglu_backward_kernel<<<rows_grid(N, FF), row_threads(FF), 0, as_stream(stream)>>>(
         dgu, dout, gu, N, FF);
     return launched("swiglu_backward");
 }
@@ -598,7 +604,7 @@ fs_status fs_cuda_swiglu_forward_bf16(void *stream, uint16_t *out, const uint16_
     if (N < 0 || FF < 0)
         return negative("swiglu_forward_bf16", N < 0 ? "N" : "FF", N < 0 ? N : FF);
     if (N == 0 || FF == 0) return FS_OK;
-    swiglu_forward_bf16_kernel<<<rows_grid(N, FF), THREADS, 0, as_stream(stream)>>>(
+    swiglu_forward_bf16_kernel<<<rows_grid(N, FF), row_threads(FF), 0, as_stream(stream)>>>(
         out, gu, N, FF);
     return launched("swiglu_forward_bf16");
 }
@@ -608,7 +614,7 @@ fs_status fs_cuda_swiglu_backward_bf16(void *stream, uint16_t *dgu, uint16_t *h,
     if (N < 0 || FF < 0)
         return negative("swiglu_backward_bf16", N < 0 ? "N" : "FF", N < 0 ? N : FF);
     if (N == 0 || FF == 0) return FS_OK;
-    swiglu_backward_bf16_kernel<<<rows_grid(N, FF), THREADS, 0, as_stream(stream)>>>(
+    swiglu_backward_bf16_kernel<<<rows_grid(N, FF), row_threads(FF), 0, as_stream(stream)>>>(
         dgu, h, dout, gu, N, FF);
     return launched("swiglu_backward_bf16");
 }
