@@ -317,7 +317,8 @@ check:
 # Every figure of BENCHMARKS.md, script by script (about an hour on the 2-core machine; each
 # prints its table). bench/pytorch.sh installs its peer, a current torch, into .venv-bench
 # from PyPI the first time (~5 GB); a facility that is missing — root for the network
-# namespaces, a GPU and a CUDA torch for bench/gpu.sh — is skipped with a line saying so.
+# namespaces, a GPU and a CUDA torch for bench/gpu.sh, llm.c for bench/llmc.sh — is skipped
+# with a line saying so.
 bench: all
 	bench/single_process.sh
 	bench/kernels.sh
@@ -327,6 +328,7 @@ bench: all
 	bench/tokenize.sh
 	bench/comm_mpi_configs.sh
 	bench/pytorch.sh
+	bench/llmc.sh   # a "skip:" line unless LLMC names an llm.c checkout with train_gpt2 built
 	bench/interconnect.sh
 	-bench/gpu.sh   # one line and exit 1 where there is no GPU; make goes on
 
