@@ -16,7 +16,11 @@
  *                           Python module, a build): counted as skipped on a workstation, but
  *                           as FAILED when the environment has CI=true, because a CI machine
  *                           is set up to have every tool and a silent skip there hides a
- *                           regression.
+ *                           regression;
+ *   FS_SKIP_NO_GPU          no usable CUDA GPU: not applicable (CI has none), except where
+ *                           FLATSHARD_REQUIRE_GPU=1 says the machine was lent for its GPU
+ *                           (tools/gpu_check.sh sets it), where a GPU that cannot run is the
+ *                           finding and counts as FAILED.
  * A test that records a failure before or after skipping counts as failed.
  *
  * Selection. FLATSHARD_TEST=name runs only the test of that name (the others are neither run
@@ -40,6 +44,7 @@
 typedef enum fs_skip_kind {
     FS_SKIP_NOT_APPLICABLE, /* not a failure anywhere */
     FS_SKIP_MISSING_TOOL,   /* a failure when CI=true */
+    FS_SKIP_NO_GPU,         /* a failure when FLATSHARD_REQUIRE_GPU=1 */
 } fs_skip_kind;
 
 static int fs_test_passed, fs_test_failed, fs_test_skipped;
@@ -89,10 +94,13 @@ __attribute__((format(printf, 3, 4))) static void fs_test_fail(const char *file,
                          fs_status_name(check_ok_st_), fs_error_message());                 \
     } while (0)
 
-/* Whether a skip of this kind counts as a failure here: a missing tool when CI=true. */
+/* Whether a skip of this kind counts as a failure here: a missing tool when CI=true, no GPU
+ * when FLATSHARD_REQUIRE_GPU=1. */
 __attribute__((unused)) static int fs_test_skip_is_failure(fs_skip_kind kind) {
-    const char *ci = getenv("CI");
-    return kind == FS_SKIP_MISSING_TOOL && ci && strcmp(ci, "true") == 0;
+    const char *ci = getenv("CI"), *gpu = getenv("FLATSHARD_REQUIRE_GPU");
+    if (kind == FS_SKIP_MISSING_TOOL) return ci && strcmp(ci, "true") == 0;
+    if (kind == FS_SKIP_NO_GPU) return gpu && strcmp(gpu, "1") == 0;
+    return 0;
 }
 
 /* Marks the current test as skipped, with its reason (the first skip's reason is kept).
@@ -210,8 +218,10 @@ static void fs_test_run(const char *name, void (*fn)(void)) {
         fs_skip_kind kind = (fs_skip_kind)(fs_test_current_skipped - 1);
         if (fs_test_skip_is_failure(kind)) {
             fs_test_failed++;
-            fprintf(out, "FAIL %s: skipped, and CI=true makes a missing tool a failure: %s\n",
-                    name, fs_test_skip_reason);
+            fprintf(out, "FAIL %s: skipped, and %s: %s\n", name,
+                    kind == FS_SKIP_NO_GPU ? "FLATSHARD_REQUIRE_GPU=1 makes no GPU a failure"
+                                           : "CI=true makes a missing tool a failure",
+                    fs_test_skip_reason);
         } else {
             fs_test_skipped++;
             fprintf(out, "skip %s: %s\n", name, fs_test_skip_reason);

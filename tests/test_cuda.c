@@ -1234,7 +1234,7 @@ static void test_cuda_gemm(void) {
 
 static char no_gpu_reason[256];
 
-static void test_cuda(void) { SKIP(FS_SKIP_NOT_APPLICABLE, "%s", no_gpu_reason); }
+static void test_cuda(void) { SKIP(FS_SKIP_NO_GPU, "%s", no_gpu_reason); }
 
 int main(void) {
     int count = 0;

@@ -119,6 +119,7 @@ static void body_skip_not_applicable(void) {
     CHECK(0, "SKIP did not return from the test"); /* never reached when SKIP returns */
 }
 static void body_skip_missing_tool(void) { SKIP(FS_SKIP_MISSING_TOOL, "no frobnicator"); }
+static void body_skip_no_gpu(void) { SKIP(FS_SKIP_NO_GPU, "no CUDA GPU here"); }
 static void body_fail_then_skip(void) {
     CHECK(0, "a real failure");
     SKIP(FS_SKIP_NOT_APPLICABLE, "then gave up");
@@ -201,6 +202,36 @@ static void test_missing_tool_fails_in_ci(void) {
     CHECK(fs_test_skip_is_failure(FS_SKIP_NOT_APPLICABLE) == 0, "not applicable is a failure");
 }
 
+/* No GPU is a skip everywhere (CI has none), and a failure where FLATSHARD_REQUIRE_GPU=1 says
+ * the machine was lent for its GPU (tools/gpu_check.sh). */
+static void test_no_gpu_fails_where_a_gpu_is_required(void) {
+    const char *saved = getenv("FLATSHARD_REQUIRE_GPU");
+    char copy[64] = "";
+    if (saved) snprintf(copy, sizeof copy, "%s", saved);
+    unsetenv("FLATSHARD_REQUIRE_GPU");
+    run_result r = probe_run("gpu", body_skip_no_gpu, "true");
+    CHECK(r.skipped == 1 && r.failed == 0, "no GPU, CI=true, not required: %d failed %d skipped",
+          r.failed, r.skipped);
+    CHECK(strcmp(r.text, "skip gpu: no CUDA GPU here\n") == 0, "printed '%s'", r.text);
+    setenv("FLATSHARD_REQUIRE_GPU", "0", 1);
+    r = probe_run("gpu", body_skip_no_gpu, NULL);
+    CHECK(r.skipped == 1 && r.failed == 0, "no GPU, FLATSHARD_REQUIRE_GPU=0: %d failed %d skipped",
+          r.failed, r.skipped);
+    setenv("FLATSHARD_REQUIRE_GPU", "1", 1);
+    r = probe_run("gpu", body_skip_no_gpu, NULL);
+    CHECK(r.failed == 1 && r.skipped == 0 && r.passed == 0, "no GPU, required: %d/%d/%d",
+          r.passed, r.failed, r.skipped);
+    CHECK(strncmp(r.text, "FAIL gpu", 8) == 0 && strstr(r.text, "FLATSHARD_REQUIRE_GPU=1") &&
+              strstr(r.text, "no CUDA GPU here"),
+          "printed '%s'", r.text);
+    /* the requirement is about GPUs only */
+    r = probe_run("na", body_skip_not_applicable, NULL);
+    CHECK(r.skipped == 1 && r.failed == 0, "not applicable, GPU required: %d failed %d skipped",
+          r.failed, r.skipped);
+    if (saved) setenv("FLATSHARD_REQUIRE_GPU", copy, 1);
+    else unsetenv("FLATSHARD_REQUIRE_GPU");
+}
+
 static void test_failure_before_skip_still_fails(void) {
     run_result r = probe_run("mixed", body_fail_then_skip, NULL);
     CHECK(r.failed == 1 && r.skipped == 0 && r.passed == 0, "fail then skip: %d/%d/%d", r.passed,
@@ -275,6 +306,7 @@ int main(void) {
     RUN(test_check_close_within_and_outside_tolerance);
     RUN(test_skip_is_printed_and_counted);
     RUN(test_missing_tool_fails_in_ci);
+    RUN(test_no_gpu_fails_where_a_gpu_is_required);
     RUN(test_failure_before_skip_still_fails);
     RUN(test_pass_and_note);
     RUN(test_selection_by_name);

@@ -158,7 +158,7 @@ out:
 static void test_nccl_one_rank(void) {
     if (!fs_comm_nccl_built()) SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
     const char *why = NULL;
-    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NO_GPU, "no CUDA GPU here (%s)", why);
     fs_comm *c[1] = {NULL}, *nccl = NULL;
     fs_device *dev = NULL;
     CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
@@ -192,7 +192,7 @@ static void test_nccl_watchdog_timeout(void) {
     SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
 #else
     const char *why = NULL;
-    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NO_GPU, "no CUDA GPU here (%s)", why);
     fs_comm_config cfg = fs_comm_config_default();
     cfg.timeout_s = 0.5;
     fs_comm *c[1] = {NULL}, *nccl = NULL;
@@ -347,7 +347,7 @@ static void test_device_inproc_emulated(void) {
 
 static void test_device_inproc_one_gpu(void) {
     const char *why = NULL;
-    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NO_GPU, "no CUDA GPU here (%s)", why);
     di_args a = {.kind = FS_DEVICE_CUDA};
     for (int W = 1; W <= 4; W++) {
         fs_status st = fs_comm_inproc_run(W, fs_comm_config_default(), di_rank, &a);
@@ -555,7 +555,7 @@ static void test_device_inproc_setup_failure_fails_every_rank(void) {
 static void test_nccl_split_one_rank(void) {
     if (!fs_comm_nccl_built()) SKIP(FS_SKIP_NOT_APPLICABLE, "built without NCCL (make NCCL=0)");
     const char *why = NULL;
-    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NOT_APPLICABLE, "no CUDA GPU here (%s)", why);
+    if (fs_device_cuda_count(&why) == 0) SKIP(FS_SKIP_NO_GPU, "no CUDA GPU here (%s)", why);
     fs_comm *c[1] = {NULL}, *nccl = NULL, *split = NULL;
     fs_device *dev = NULL;
     CHECK_OK(fs_comm_inproc_init(1, fs_comm_config_default(), NULL, c));
@@ -598,7 +598,6 @@ int main(void) {
     RUN(test_host_backends_capabilities);
     RUN(test_nccl_init_refusals);
     RUN(test_nccl_one_rank);
-    RUN(test_nccl_watchdog_timeout);
     RUN(test_device_inproc_refusals);
     RUN(test_device_inproc_emulated);
     RUN(test_device_inproc_one_gpu);
@@ -606,5 +605,8 @@ int main(void) {
     RUN(test_device_inproc_split_names_global_ranks);
     RUN(test_device_inproc_setup_failure_fails_every_rank);
     RUN(test_nccl_split_one_rank);
+    /* last: it aborts a communicator while work is still queued on the GPU, so a sticky CUDA
+     * error it might leave could fail no other test */
+    RUN(test_nccl_watchdog_timeout);
     return fs_test_summary();
 }

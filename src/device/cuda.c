@@ -196,9 +196,14 @@ static fs_status fs_cuda_device_alloc(fs_device *dev, size_t bytes, void **out) 
     *out = NULL;
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes ? bytes : 64);
-    if (err != cudaSuccess)
+    if (err != cudaSuccess) {
+        /* a failed allocation also sets the thread's last error, which the next launch check
+         * (cudaGetLastError) would report as that kernel's failure: clear it here, where the
+         * failure is reported */
+        (void)cudaGetLastError();
         return fs_errorf(err == cudaErrorMemoryAllocation ? FS_ERR_NOMEM : FS_ERR_INTERNAL,
                          "cudaMalloc: %s", cudaGetErrorString(err));
+    }
     /* zero filled, as host blocks are: padding must read as zero. cudaMemset runs on the
      * legacy default stream, which the non-blocking streams do not wait for: wait here
      * (allocation happens at start-up; zero3-param's per-use blocks wait in cudaFree anyway) */

@@ -151,9 +151,14 @@ typedef struct step_record {
 
 static fs_status wait_ticket(fs_engine *e, uint64_t ticket) {
     if (ticket == 0) return FS_OK;
-    if (ticket & DEVICE_TICKET) /* the compute stream waits; the host does not */
-        return fs_device_wait_event(e->dev, FS_STREAM_COMPUTE,
-                                    e->events[(ticket & ~DEVICE_TICKET) % (uint64_t)e->n_events]);
+    if (ticket & DEVICE_TICKET) { /* the compute stream waits; the host does not */
+        const uint64_t t = ticket & ~DEVICE_TICKET;
+        /* the slot still marks ticket t only while fewer than n_events collectives came
+         * after it; an older ticket's slot holds a later collective, maybe on the other
+         * stream, and waiting on it would not order after t (a silent race on a GPU) */
+        FS_ASSERT(t <= e->dev_ticket && e->dev_ticket - t < (uint64_t)e->n_events);
+        return fs_device_wait_event(e->dev, FS_STREAM_COMPUTE, e->events[t % (uint64_t)e->n_events]);
+    }
     double t0 = fs_now();
     fs_status st = fs_comm_worker_wait(e->worker, ticket);
     e->wait_s += fs_now() - t0;
