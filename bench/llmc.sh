@@ -25,8 +25,10 @@
 # gradients and the AdamW state, so steps 1..LLMC_STEPS are measured and the run is stopped
 # after them (its first sampling, at step 20, would cost minutes). flatshard's `bench step`
 # times forward, backward and AdamW after --warmup steps. Both on THREADS threads in one
-# process, fp32; flatshard's bf16 row beside them. The two programs alternate RUNS times;
-# every figure is the median of the runs' medians.
+# process, fp32; flatshard's bf16 row beside them. llm.c, flatshard fp32 and flatshard bf16
+# alternate RUNS times; every time is the median of the runs' medians. Peak RSS: llm.c's
+# VmHWM just before it is stopped (its arrays are all allocated by step 1), flatshard's from
+# GNU time (Debian: time).
 #
 # Environment: LLMC (required), THREADS [nproc], RUNS [3], LLMC_STEPS [8], FS_STEPS [5],
 # PY [.venv-bench/bin/python where bench/pytorch.sh made it, else python3; needs numpy:
@@ -49,6 +51,7 @@ if [ -z "${LLMC:-}" ] || [ ! -x "${LLMC}/train_gpt2" ]; then
     exit 0
 fi
 "$PY" -c 'import numpy' 2>/dev/null || { echo "skip: $PY has no numpy (Debian: python3-numpy)"; exit 0; }
+[ -x /usr/bin/time ] || { echo "skip: GNU time measures flatshard's peak RSS and is not installed (Debian: time)"; exit 0; }
 ensure_corpus "$FS" "$DATA"
 mkdir -p "$WORK/llmc/dev/data/tinyshakespeare"
 WORK=$(cd "$WORK" && pwd)
@@ -103,43 +106,56 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] 
 field() { sed -E "s/.*\"$1\":\"?([^,\"}]*).*/\1/"; }
 
 # llmc_run LOG — one llm.c run, stopped once step LLMC_STEPS is printed (its stdout line
-# buffered, to be seen in time); prints the median of steps 1..LLMC_STEPS in seconds. Fails
+# buffered, to be seen in time); prints the median of steps 1..LLMC_STEPS in seconds and its
+# peak RSS in KiB (VmHWM, read just before it is stopped: the exec chain keeps its PID). Fails
 # when the run ends before that step.
 llmc_run() {
-    local log=$1 pid
+    local log=$1 pid rss=
     (cd "$WORK/llmc" && exec env OMP_NUM_THREADS="$THREADS" stdbuf -oL "$LLMC/train_gpt2") >"$log" 2>&1 &
     pid=$!
     while kill -0 "$pid" 2>/dev/null && ! grep -q "^step $LLMC_STEPS: " "$log"; do sleep 0.5; done
+    rss=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$pid/status" 2>/dev/null)
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     grep -q "^step $LLMC_STEPS: " "$log" || { echo "llm.c stopped before step $LLMC_STEPS: see $log" >&2; return 1; }
-    sed -nE 's/^step ([0-9]+): train loss [^ ]+ \(took ([0-9.]+) ms\)/\1 \2/p' "$log" |
-        awk -v last="$LLMC_STEPS" '$1 >= 1 && $1 <= last { print $2 / 1000 }' | median
+    echo "$(sed -nE 's/^step ([0-9]+): train loss [^ ]+ \(took ([0-9.]+) ms\)/\1 \2/p' "$log" |
+        awk -v last="$LLMC_STEPS" '$1 >= 1 && $1 <= last { print $2 / 1000 }' | median) ${rss:-0}"
+}
+
+# fs_run PRECISION LOG — one flatshard bench step run; prints its median step in seconds, its
+# peak RSS in KiB (GNU time) and the model FLOPs per token
+fs_run() {
+    local js
+    /usr/bin/time -f 'rss_kib %M' -o "$2.rss" "$FS" bench step --model "$WORK/gpt2-sized-llama.json" \
+        --batch 4 --seq 64 --threads "$THREADS" --steps "$FS_STEPS" --warmup 2 --precision "$1" \
+        --data "$DATA" --json >"$2" 2>&1 || { echo "flatshard failed: see $2" >&2; return 1; }
+    js=$(grep '^{' "$2")
+    echo "$(field step_s_median <<<"$js") $(sed -n 's/^rss_kib //p' "$2.rss") $(field flops_per_token <<<"$js")"
 }
 
 bench_machine
 echo "# llm.c: $(git -C "$LLMC" log -1 --format='%h %cs' 2>/dev/null || echo 'not a git checkout'), train_gpt2 on OMP_NUM_THREADS=$THREADS; flatshard: --threads $THREADS"
-l=() f=() b=() flops=()
+l=() f=() b=() lr=() fr=() br=() fpt=
 for run in $(seq "$RUNS"); do
-    l+=("$(llmc_run "$WORK/llmc-$run.log")")
-    js=$("$FS" bench step --model "$WORK/gpt2-sized-llama.json" --batch 4 --seq 64 \
-        --threads "$THREADS" --steps "$FS_STEPS" --warmup 2 --precision both --data "$DATA" --json |
-        tee "$WORK/flatshard-$run.log" | grep '^{')
-    f+=("$(printf '%s\n' "$js" | grep '"precision":"fp32"' | field step_s_median)")
-    b+=("$(printf '%s\n' "$js" | grep '"precision":"bf16"' | field step_s_median)")
-    flops+=("$(printf '%s\n' "$js" | head -n 1 | field flops_per_token)")
+    got=$(llmc_run "$WORK/llmc-$run.log") || exit 1
+    read -r t r <<<"$got"; l+=("$t"); lr+=("$r")
+    got=$(fs_run fp32 "$WORK/flatshard-fp32-$run.log") || exit 1
+    read -r t r fpt <<<"$got"; f+=("$t"); fr+=("$r")
+    got=$(fs_run bf16 "$WORK/flatshard-bf16-$run.log") || exit 1
+    read -r t r fpt <<<"$got"; b+=("$t"); br+=("$r")
 done
 loss0=$(sed -nE 's/^step 0: train loss ([^ ]+) .*/\1/p' "$WORK/llmc-1.log")
-lm=$(printf '%s\n' "${l[@]}" | median)
-fm=$(printf '%s\n' "${f[@]}" | median)
-bm=$(printf '%s\n' "${b[@]}" | median)
-fpt=${flops[0]}
+lm=$(printf '%s\n' "${l[@]}" | median) lrm=$(printf '%s\n' "${lr[@]}" | median)
 echo "# llm.c's first loss: $loss0 (ln 50257 = 10.82); per-run step medians (s): llm.c ${l[*]}; flatshard fp32 ${f[*]}; bf16 ${b[*]}"
-printf '| program | precision | step (s) | tokens/s | GFLOP/s (same model FLOPs) | vs llm.c |\n|---|---|---|---|---|---|\n'
-row() {
-    awk -v name="$1" -v prec="$2" -v s="$3" -v l="$lm" -v fpt="$fpt" 'BEGIN {
-        printf "| %s | %s | %.3f | %.0f | %.1f | %.2fx |\n", name, prec, s, 256 / s, 256 / s * fpt / 1e9, l / s }'
+printf '| program | precision | step (s) | tokens/s | GFLOP/s (same model FLOPs) | peak RSS MiB | tokens/s vs llm.c | RSS vs llm.c |\n|---|---|---|---|---|---|---|---|\n'
+row() { # NAME PRECISION STEP_SECONDS... -- RSS_KIB...
+    local name=$1 prec=$2 s r; shift 2
+    s=$(printf '%s\n' "$@" | sed '/^--$/,$d' | median)
+    r=$(printf '%s\n' "$@" | sed '1,/^--$/d' | median)
+    awk -v name="$name" -v prec="$prec" -v s="$s" -v r="$r" -v l="$lm" -v lr="$lrm" -v fpt="$fpt" 'BEGIN {
+        printf "| %s | %s | %.3f | %.0f | %.1f | %.0f | %.2fx | %.2f |\n", name, prec, s, 256 / s,
+            256 / s * fpt / 1e9, r / 1024, l / s, r / lr }'
 }
-row "llm.c train_gpt2 (GPT-2 124M)" fp32 "$lm"
-row "flatshard bench step (Llama, same size)" fp32 "$fm"
-row "flatshard bench step (Llama, same size)" bf16 "$bm"
+row "llm.c train_gpt2 (GPT-2 124M)" fp32 "${l[@]}" -- "${lr[@]}"
+row "flatshard bench step (Llama, same size)" fp32 "${f[@]}" -- "${fr[@]}"
+row "flatshard bench step (Llama, same size)" bf16 "${b[@]}" -- "${br[@]}"
