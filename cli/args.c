@@ -95,6 +95,9 @@ static int set_value(const char *cmd, const fs_opt *o, const char *value) {
                                   "--%s: expected a size in bytes such as 4096, 64K or 2GiB, got "
                                   "'%s'",
                                   o->name, value);
+        if (o->min < o->max && (v < o->min || v > o->max))
+            return fs_usage_error(cmd, "--%s: %s is out of range (%" PRId64 " to %" PRId64 " bytes)",
+                                  o->name, value, o->min, o->max);
         *(int64_t *)o->dest = v;
         return FS_EXIT_OK;
     }

@@ -33,7 +33,7 @@ typedef struct fs_opt {
     const char *metavar; /* e.g. "N", "FILE"; NULL for flags */
     const char *help;    /* one line */
     const char *const *choices; /* for strings: the accepted values, NULL-terminated, or NULL */
-    int64_t min, max;    /* for integers: the accepted range when min < max */
+    int64_t min, max;    /* for integers and byte sizes: the accepted range when min < max */
 } fs_opt;
 
 typedef struct fs_command_help {

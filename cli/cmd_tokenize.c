@@ -49,7 +49,7 @@ int fs_cmd_tokenize(int argc, char **argv) {
         {"doc-separator", 0, FS_OPT_STRING, &separator, "LINE", "a line that ends a document (dropped); none: each file is one", NULL, 0, 0},
         {"no-special", 0, FS_OPT_FLAG, &no_special, NULL, "leave out the post-processor's tokens (bos)", NULL, 0, 0},
         {"no-eos", 0, FS_OPT_FLAG, &no_eos, NULL, "no eos after each document", NULL, 0, 0},
-        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size; longer documents are cut where docs/formats.md says", NULL, 1024, (int64_t)1 << 30},
+        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size, 1K to 1G; longer documents are cut where docs/formats.md says", NULL, 1024, (int64_t)1 << 30},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     enum { MAX_INPUTS = 4096 };
