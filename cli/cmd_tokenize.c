@@ -120,9 +120,14 @@ int fs_cmd_detokenize(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (!tokenizer) return fs_usage_error("detokenize", "--tokenizer is required; see 'flatshard detokenize --help'");
     if (n != 1) return fs_usage_error("detokenize", "give one token file; see 'flatshard detokenize --help'");
+    /* before reading anything: -o is neither input (it was once written over them), and its
+     * directory exists (created) */
+    const char *in[2] = {inputs[0], tokenizer};
+    fs_status st = out ? fs_cli_check_output("-o", out, in, 2, 1) : FS_OK;
+    if (st != FS_OK) return fs_cli_report("detokenize", st);
     fs_bpe *bpe = NULL;
     fs_token_data data = {0};
-    fs_status st = fs_bpe_load(&bpe, tokenizer);
+    st = fs_bpe_load(&bpe, tokenizer);
     if (st == FS_OK) st = fs_token_data_open(&data, inputs[0]);
     if (st == FS_OK && data.is_text)
         st = fs_errorf(FS_ERR_FORMAT, "%s: is not a token file", inputs[0]);
@@ -138,14 +143,16 @@ int fs_cmd_detokenize(int argc, char **argv) {
     free(ids);
     fs_token_data_close(&data);
     fs_bpe_free(bpe);
-    if (st == FS_OK) {
-        FILE *f = out ? fopen(out, "wb") : stdout;
-        if (!f) st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
-        else {
-            size_t w = fwrite(text, 1, n_bytes, f);
-            int bad = (out ? fclose(f) : fflush(f)) != 0 || w != n_bytes;
-            if (bad) st = fs_errorf(FS_ERR_IO, "%s: write failed", out ? out : "stdout");
+    if (st == FS_OK && out) { /* written whole under a temporary name, then renamed */
+        FILE *f = NULL;
+        st = fs_cli_output_open("-o", out, &f);
+        if (st == FS_OK) {
+            fwrite(text, 1, n_bytes, f); /* a short write sets the error that commit reports */
+            st = fs_cli_output_commit("-o", out, f, 1);
         }
+    } else if (st == FS_OK) {
+        if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)
+            st = fs_errorf(FS_ERR_IO, "stdout: write failed: %s", strerror(errno));
     }
     free(text);
     if (st != FS_OK) return fs_cli_report("detokenize", st);

@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "args.h"
 #include "commands.h"
+#include "common.h"
 #include "flatshard/core.h"
 #include "flatshard/trace.h"
 
@@ -107,10 +109,11 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         steps_present(tf, have, sizeof have);
         return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline holds %s (train --trace-steps sets how many)", step, have);
     }
-    FILE *f = fopen(out, "w");
-    if (!f) {
+    FILE *f = NULL; /* written as "<out>.tmp", renamed when complete */
+    fs_status st = fs_cli_output_open("-o", out, &f);
+    if (st != FS_OK) {
         free(boxes);
-        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+        return st;
     }
     /* a step whose boxes all have zero length at one instant still gets a 1 us axis */
     const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 > t0 ? t1 - t0 : 1.0;
@@ -156,9 +159,8 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x + 16, y + 10, legend[i]);
     }
     fprintf(f, "</svg>\n");
-    int ok = fclose(f) == 0;
     free(boxes);
-    return ok ? FS_OK : fs_errorf(FS_ERR_IO, "%s: write failed", out);
+    return fs_cli_output_commit("-o", out, f, 1);
 }
 
 int fs_cmd_trace_svg(int argc, char **argv) {
@@ -177,6 +179,13 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (npos != 1) return fs_usage_error("trace-svg", "FILE.json is required; see 'flatshard trace-svg --help'");
     if (!out) return fs_usage_error("trace-svg", "-o OUT.svg is required");
+    /* before reading: -o is not the timeline (it was once written over it), its directory
+     * exists (created); a directory as the timeline is named as such (ftell on one is no size) */
+    fs_status st = fs_cli_check_output("-o", out, in, 1, 1);
+    struct stat sb;
+    if (st == FS_OK && stat(in[0], &sb) == 0 && S_ISDIR(sb.st_mode))
+        st = fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a timeline file", in[0]);
+    if (st != FS_OK) return fs_cli_report("trace-svg", st);
     FILE *f = fopen(in[0], "rb");
     if (!f) {
         fs_errorf(FS_ERR_IO, "%s: cannot open: %s", in[0], strerror(errno));
@@ -189,7 +198,7 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
     fclose(f);
     fs_trace_file tf = {0};
-    fs_status st = text && got == (size_t)size
+    st = text && got == (size_t)size
                        ? fs_trace_read_json(&tf, text, got, in[0])
                        : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", in[0], text ? "short read" : "out of memory");
     free(text);

@@ -182,6 +182,48 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     return FS_OK;
 }
 
+/* The temporary of an output: "<path>.tmp", or path itself for a character device. */
+static int output_tmp(const char *path, char *tmp, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) return snprintf(tmp, n, "%s", path) < (int)n ? 1 : -1;
+    return snprintf(tmp, n, "%s.tmp", path) < (int)n ? 0 : -1;
+}
+
+fs_status fs_cli_output_open(const char *what, const char *path, FILE **out) {
+    char tmp[4096];
+    *out = NULL;
+    if (output_tmp(path, tmp, sizeof tmp) < 0)
+        return fs_errorf(FS_ERR_USAGE, "%s %s: the path is too long", what, path);
+    *out = fopen(tmp, "wb");
+    if (!*out) return fs_errorf(FS_ERR_IO, "%s %s: cannot create %s: %s", what, path, tmp, strerror(errno));
+    return FS_OK;
+}
+
+fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f, int keep) {
+    char tmp[4096];
+    int device = output_tmp(path, tmp, sizeof tmp);
+    if (!keep) {
+        fclose(f);
+        if (device != 1) unlink(tmp);
+        return FS_OK;
+    }
+    /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
+     * the buffer fails in fwrite itself); a device is not fsynced (a tty refuses) */
+    int ok = fflush(f) == 0 && !ferror(f) && (device == 1 || fsync(fileno(f)) == 0);
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && device != 1 && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok) return FS_OK;
+    if (device != 1) unlink(tmp);
+    return fs_errorf(FS_ERR_IO, "%s %s: write failed: %s", what, path, strerror(e ? e : EIO));
+}
+
 fs_status fs_cli_model_load(fs_cli_model *m, const char *model_spec, const char *weights_path) {
     memset(m, 0, sizeof *m);
     fs_source *src = NULL;

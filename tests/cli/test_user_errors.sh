@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # tests/cli/test_user_errors.sh — what a careless user gets from the commands other than train
-# (train's outputs are test_outputs.sh's): a value outside an option's declared range is
-# refused for byte sizes too (--chunk-bytes). Each refusal is one line and the exit code of
-# docs/cli.md's table.
+# (train's outputs are test_outputs.sh's): an output path that names an input is refused and
+# the input survives (detokenize -o, trace-svg -o, export --out once wrote over them), an
+# output is written under a temporary name and renamed, so a failed write leaves no file and
+# an older one as it was; an empty export --out is refused (it once wrote to /); a value
+# outside an option's declared range is refused for byte sizes too (--chunk-bytes). Each
+# refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -40,6 +43,67 @@ refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of ran
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
 run "tokenize --chunk-bytes 1K (the smallest accepted)" 0 "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1K --no-eos -o "$WORK/ids.bin" "$D"
+
+# --- detokenize -o
+cp "$WORK/ids.bin" "$WORK/ids-copy.bin"
+cp "$TOK" "$WORK/tok-copy.json"
+refuse "detokenize -o its token file" 2 "^flatshard detokenize: -o .*ids.bin: is the input .*ids.bin" \
+    "$FS" detokenize --tokenizer "$TOK" -o "$WORK/ids.bin" "$WORK/ids.bin"
+refuse "detokenize -o its tokenizer" 2 "^flatshard detokenize: -o .*tokenizer.json: is the input" \
+    "$FS" detokenize --tokenizer "$TOK" -o "$TOK" "$WORK/ids.bin"
+expect_all "the token file and the tokenizer survived" 'cmp -s "$WORK/ids.bin" "$WORK/ids-copy.bin"' \
+    'cmp -s "$TOK" "$WORK/tok-copy.json"'
+refuse "detokenize -o empty" 2 "^flatshard detokenize: -o: the path is empty$" \
+    "$FS" detokenize --tokenizer "$TOK" -o "" "$WORK/ids.bin"
+refuse "detokenize -o a directory" 2 "^flatshard detokenize: -o .*: is a directory" \
+    "$FS" detokenize --tokenizer "$TOK" -o "$WORK" "$WORK/ids.bin"
+run "detokenize -o into a directory that does not exist yet" 0 \
+    "$FS" detokenize --tokenizer "$TOK" -o "$WORK/text/sub/back.txt" "$WORK/ids.bin"
+expect "the text is the corpus back" cmp -s "$WORK/text/sub/back.txt" "$D"
+refuse "detokenize -o /dev/full: one line, exit 1" 1 "^flatshard detokenize: -o /dev/full: write failed: No space left on device$" \
+    "$FS" detokenize --tokenizer "$TOK" -o /dev/full "$WORK/ids.bin"
+echo "an older text" >"$WORK/old.txt"
+refuse "detokenize of a text file (not tokens)" 1 "is not a token file" \
+    "$FS" detokenize --tokenizer "$TOK" -o "$WORK/old.txt" "$D"
+expect_all "a failed detokenize leaves the older -o file and no temporary" \
+    '[ "$(cat "$WORK/old.txt")" = "an older text" ]' '[ ! -e "$WORK/old.txt.tmp" ]'
+
+# --- a tiny model and a timeline
+run "train 3 steps on 2 ranks with --trace" 0 "$FS" train "${small[@]}" --ranks 2 --steps 3 \
+    --out "$WORK/w.safetensors" --trace "$WORK/trace.json"
+cp "$WORK/trace.json" "$WORK/trace-copy.json"
+
+# --- trace-svg -o
+refuse "trace-svg -o its timeline" 2 "^flatshard trace-svg: -o .*trace.json: is the input .*trace.json" \
+    "$FS" trace-svg "$WORK/trace.json" -o "$WORK/trace.json"
+expect "the timeline survived" cmp -s "$WORK/trace.json" "$WORK/trace-copy.json"
+refuse "trace-svg of a directory" 2 "^flatshard trace-svg: .*: is a directory, not a timeline file$" \
+    "$FS" trace-svg "$WORK" -o "$WORK/x.svg"
+refuse "trace-svg -o empty" 2 "^flatshard trace-svg: -o: the path is empty$" \
+    "$FS" trace-svg "$WORK/trace.json" -o ""
+refuse "trace-svg -o /dev/full: one line, exit 1" 1 "^flatshard trace-svg: -o /dev/full: write failed: No space left on device$" \
+    "$FS" trace-svg "$WORK/trace.json" -o /dev/full
+run "trace-svg -o into a directory that does not exist yet" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/svg/step.svg"
+expect "the picture is complete" grep -q "</svg>" "$WORK/svg/step.svg"
+cp "$WORK/svg/step.svg" "$WORK/step-copy.svg"
+refuse "trace-svg of a step the timeline lacks" 2 "--step 99: the timeline holds" \
+    "$FS" trace-svg "$WORK/trace.json" -o "$WORK/svg/step.svg" --step 99
+expect_all "a failed trace-svg leaves the older picture and no temporary" \
+    'cmp -s "$WORK/svg/step.svg" "$WORK/step-copy.svg"' '[ ! -e "$WORK/svg/step.svg.tmp" ]'
+
+# --- export --out
+refuse "export --out empty (it once wrote /model.safetensors)" 2 "^flatshard export: --out: the path is empty$" \
+    "$FS" export --from "$WORK/w.safetensors" --out ""
+run "export the model" 0 "$FS" export --from "$WORK/w.safetensors" --out "$WORK/hf"
+cp "$WORK/hf/model.safetensors" "$WORK/hf-copy.safetensors"
+refuse "export a model directory into itself" 2 "^flatshard export: --out .*hf/model.safetensors: is the input" \
+    "$FS" export --from "$WORK/hf" --out "$WORK/hf" --dtype bf16
+refuse "export its model.safetensors into its own directory" 2 "is the input" \
+    "$FS" export --from "$WORK/hf/model.safetensors" --out "$WORK/hf/"
+expect "the fp32 model survived" cmp -s "$WORK/hf/model.safetensors" "$WORK/hf-copy.safetensors"
+refuse "export from a missing source" 1 "nope.safetensors" \
+    "$FS" export --from "$WORK/nope.safetensors" --out "$WORK/hf-nope"
+expect "the failed export created no directory" [ ! -e "$WORK/hf-nope" ]
 
 
 summary
