@@ -122,6 +122,20 @@ int fs_cmd_generate(int argc, char **argv) {
         }
     }
     int64_t prompt_len = bpe ? prompt_ids.n : (int64_t)strlen(prompt);
+    /* byte level: every byte of the prompt (or the newline an empty one starts from) is a row
+     * of the embedding; a model with fewer rows would read past its table */
+    for (int64_t i = 0; !bpe && st == FS_OK && i < (prompt_len ? prompt_len : 1); i++) {
+        const unsigned char b = prompt_len ? (unsigned char)prompt[i] : '\n';
+        if (b >= V)
+            st = fs_errorf(FS_ERR_USAGE,
+                           "--prompt: byte 0x%02x at offset %" PRId64 " is outside the model's vocabulary of %" PRId64
+                           " (byte-level text needs 256; give the model's --tokenizer)",
+                           b, prompt_len ? i : 0, V);
+    }
+    if (st != FS_OK) {
+        fs_cli_model_free(&cm);
+        return fs_cli_report("generate", st);
+    }
     int64_t total = prompt_len + n_tokens + 1;
     int32_t *tokens = malloc((size_t)total * sizeof *tokens);
     float *scratch = malloc((size_t)V * sizeof *scratch);

@@ -4,8 +4,9 @@
 # the input survives (detokenize -o, trace-svg -o, export --out once wrote over them), an
 # output is written under a temporary name and renamed, so a failed write leaves no file and
 # an older one as it was; an empty export --out is refused (it once wrote to /); a value
-# outside an option's declared range is refused for byte sizes too (--chunk-bytes). Each
-# refusal is one line and the exit code of docs/cli.md's table.
+# outside an option's declared range is refused for byte sizes too (--chunk-bytes); a
+# byte-level prompt outside a small model's vocabulary is refused (it once indexed past the
+# embedding). Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -105,5 +106,19 @@ refuse "export from a missing source" 1 "nope.safetensors" \
     "$FS" export --from "$WORK/nope.safetensors" --out "$WORK/hf-nope"
 expect "the failed export created no directory" [ ! -e "$WORK/hf-nope" ]
 
+# --- generate: a byte-level prompt must fit the model's vocabulary
+python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])); c["vocab_size"] = 100
+json.dump(c, open(sys.argv[2], "w"))' "$WORK/hf/config.json" "$WORK/v100.json"
+python3 -c 'print("abcab" * 200, end="")' >"$WORK/abc.txt"
+run "train a model of vocabulary 100" 0 "$FS" train --model "$WORK/v100.json" --data "$WORK/abc.txt" \
+    --seq 16 --batch 1 --threads 1 --steps 1 --out "$WORK/v100.safetensors" 2>/dev/null
+refuse "generate: a prompt byte beyond the vocabulary" 2 \
+    "^flatshard generate: --prompt: byte 0x7a at offset 1 is outside the model's vocabulary of 100" \
+    "$FS" generate --weights "$WORK/v100.safetensors" --prompt 'az' --tokens 2 --threads 1
+run "generate: a prompt within the vocabulary" 0 "$FS" generate --weights "$WORK/v100.safetensors" --prompt 'ab' \
+    --tokens 2 --threads 1
+expect "it printed the prompt and two bytes" [ "$(head -c 2 "$WORK/out")" = "ab" ]
 
 summary
