@@ -37,7 +37,7 @@ static const char *const dtypes[] = {"fp32", "bf16", NULL};
 int fs_cmd_export(int argc, char **argv) {
     const char *from = NULL, *to = "safetensors", *out = NULL, *dtype = "fp32";
     const fs_opt opts[] = {
-        {"from", 'f', FS_OPT_STRING, &from, "PATH", "a checkpoint, a safetensors file or a Hugging Face model directory", NULL, 0, 0},
+        {"from", 'f', FS_OPT_PATH, &from, "PATH", "a checkpoint, a safetensors file or a Hugging Face model directory", NULL, 0, 0},
         {"to", 0, FS_OPT_STRING, &to, "FORMAT", "the output format", formats, 0, 0},
         {"out", 'o', FS_OPT_STRING, &out, "DIR", "the directory to write model.safetensors and config.json into (created if needed)", NULL, 0, 0},
         {"dtype", 0, FS_OPT_STRING, &dtype, "TYPE", "the dtype of the exported tensors", dtypes, 0, 0},

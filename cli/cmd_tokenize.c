@@ -44,7 +44,7 @@ int fs_cmd_tokenize(int argc, char **argv) {
     int no_special = 0, no_eos = 0;
     const fs_opt opts[] = {
         {"out", 'o', FS_OPT_STRING, &out, "FILE", "the token file to write", NULL, 0, 0},
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
         {"threads", 'j', FS_OPT_INT, &threads, "N", "encoding threads (0: one per CPU)", NULL, 0, 1024},
         {"doc-separator", 0, FS_OPT_STRING, &separator, "LINE", "a line that ends a document (dropped); none: each file is one", NULL, 0, 0},
         {"no-special", 0, FS_OPT_FLAG, &no_special, NULL, "leave out the post-processor's tokens (bos)", NULL, 0, 0},
@@ -108,7 +108,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
     const char *out = NULL, *tokenizer = NULL;
     int keep_special = 0;
     const fs_opt opts[] = {
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
         {"out", 'o', FS_OPT_STRING, &out, "FILE", "where to write the text; none: stdout", NULL, 0, 0},
         {"keep-special", 0, FS_OPT_FLAG, &keep_special, NULL, "decode special tokens (bos, eos) too", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},

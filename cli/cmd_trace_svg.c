@@ -179,6 +179,7 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (npos != 1) return fs_usage_error("trace-svg", "FILE.json is required; see 'flatshard trace-svg --help'");
     if (!out) return fs_usage_error("trace-svg", "-o OUT.svg is required");
+    if (!in[0][0]) return fs_usage_error("trace-svg", "FILE.json is empty");
     /* before reading: -o is not the timeline (it was once written over it), its directory
      * exists (created); a directory as the timeline is named as such (ftell on one is no size) */
     fs_status st = fs_cli_check_output("-o", out, in, 1, 1);

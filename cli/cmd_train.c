@@ -770,12 +770,12 @@ int fs_cmd_train(int argc, char **argv) {
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
-        {"init-from", 0, FS_OPT_STRING, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
+        {"init-from", 0, FS_OPT_PATH, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md). DIR is locked for the run; one holding another run's checkpoints is refused unless this run resumes from DIR or --new-lineage is given", NULL, 0, 0},
         {"new-lineage", 0, FS_OPT_FLAG, &run.new_lineage, NULL, "with --save: start a new lineage in DIR beside other runs' checkpoints (named step-N-<run id>; nothing of theirs is pruned or overwritten)", NULL, 0, 0},
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
         {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
-        {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
+        {"resume", 0, FS_OPT_PATH, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
         {"eval-data", 0, FS_OPT_STRING, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
         {"eval-every", 0, FS_OPT_INT, &run.eval_every, "N", "with --eval-data: evaluate after every N steps (0: only after the last)", NULL, 0, INT64_MAX},

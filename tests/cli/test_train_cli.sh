@@ -237,7 +237,7 @@ printf '{"hidden_size": 64,' >"$WORK/broken.json"
 refuse "config that is not JSON" 1 "broken.json: invalid JSON" "$FS" train --model "$WORK/broken.json" --data "$WORK/fortunes.bin"
 printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100}' >"$WORK/v100.json"
 refuse "tokens beyond the vocabulary" 1 "fortunes.bin.*(token|position)" "$FS" train --model "$WORK/v100.json" --data "$WORK/fortunes.bin" --seq 16 --no-save
-refuse "eval without --weights" 2 "--weights FILE is required" "$FS" eval --data x
+refuse "eval without --weights" 2 "--weights PATH is required" "$FS" eval --data x
 refuse "generate from a missing file" 1 "/nonexistent.safetensors" "$FS" generate --weights /nonexistent.safetensors
 head -c 3000 "$WORK/model/tiny.safetensors" >"$WORK/cut.safetensors"
 refuse "eval of truncated weights" 1 "cut.safetensors" "$FS" eval --weights "$WORK/cut.safetensors" --data "$WORK/fortunes.bin"

@@ -6,7 +6,8 @@
 # an older one as it was; an empty export --out is refused (it once wrote to /); a value
 # outside an option's declared range is refused for byte sizes too (--chunk-bytes); a
 # byte-level prompt outside a small model's vocabulary is refused (it once indexed past the
-# embedding). Each refusal is one line and the exit code of docs/cli.md's table.
+# embedding); an empty path names its option. Each refusal is one line and the exit code of
+# docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -120,5 +121,20 @@ refuse "generate: a prompt byte beyond the vocabulary" 2 \
 run "generate: a prompt within the vocabulary" 0 "$FS" generate --weights "$WORK/v100.safetensors" --prompt 'ab' \
     --tokens 2 --threads 1
 expect "it printed the prompt and two bytes" [ "$(head -c 2 "$WORK/out")" = "ab" ]
+
+# --- an empty path names its option (it said only ": No such file or directory", exit 1)
+refuse "eval --weights empty" 2 "^flatshard eval: --weights: the path is empty$" \
+    "$FS" eval --weights "" --data "$D"
+refuse "train --resume empty" 2 "^flatshard train: --resume: the path is empty$" \
+    "$FS" train "${small[@]}" --steps 1 --no-save --resume ""
+refuse "export --from empty" 2 "^flatshard export: --from: the path is empty$" \
+    "$FS" export --from "" --out "$WORK/hf-empty"
+refuse "detokenize --tokenizer empty" 2 "^flatshard detokenize: --tokenizer: the path is empty$" \
+    "$FS" detokenize --tokenizer "" "$WORK/ids.bin"
+refuse "inspect of an empty PATH" 2 "^flatshard inspect: PATH is empty$" "$FS" inspect ""
+refuse "trace-svg of an empty FILE.json" 2 "^flatshard trace-svg: FILE.json is empty$" "$FS" trace-svg "" -o "$WORK/e.svg"
+run "an empty --prompt is still a prompt (not a path)" 0 "$FS" generate --weights "$WORK/w.safetensors" --prompt "" \
+    --tokens 2 --threads 1
+
 
 summary
