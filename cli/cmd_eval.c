@@ -5,6 +5,7 @@
  * random samples), so the figure is the same on every run and comparable across models.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "args.h"
@@ -113,11 +114,15 @@ int fs_cmd_eval(int argc, char **argv) {
         double loss = sum / (double)used;
         if (st != FS_OK) {
             /* reported below */
-        } else if (json)
-            printf("{\"loss\": %.6f, \"batches\": %" PRId64 ", \"batch\": %" PRId64
+        } else if (json) {
+            /* JSON has no NaN or Infinity (weights holding one give one): null, as train's
+             * --metrics writes it */
+            char text[32] = "null";
+            if (isfinite(loss)) snprintf(text, sizeof text, "%.6f", loss);
+            printf("{\"loss\": %s, \"batches\": %" PRId64 ", \"batch\": %" PRId64
                    ", \"seq\": %" PRId64 ", \"tokens\": %" PRId64 "}\n",
-                   loss, used, batch, seq, used * batch * seq);
-        else
+                   text, used, batch, seq, used * batch * seq);
+        } else
             printf("loss %.4f nats/token (%.4f bits/byte for byte-level data) over %" PRId64
                    " batches of %" PRId64 " x %" PRId64 " tokens\n",
                    loss, loss / 0.6931471805599453, used, batch, seq);

@@ -136,5 +136,19 @@ refuse "trace-svg of an empty FILE.json" 2 "^flatshard trace-svg: FILE.json is e
 run "an empty --prompt is still a prompt (not a path)" 0 "$FS" generate --weights "$WORK/w.safetensors" --prompt "" \
     --tokens 2 --threads 1
 
+# --- eval --json stays JSON when the loss is not finite (it printed "loss": nan)
+python3 - "$WORK/w.safetensors" "$WORK/nan.safetensors" <<'EOF'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+b, e = json.loads(raw[8:8 + n])["model.norm.weight"]["data_offsets"]
+raw[8 + n + b:8 + n + e] = struct.pack("<f", float("nan")) * ((e - b) // 4)
+open(sys.argv[2], "wb").write(raw)
+EOF
+run "eval --json of weights holding a NaN" 0 "$FS" eval --weights "$WORK/nan.safetensors" --data "$D" \
+    --batch 1 --seq 16 --batches 1 --threads 1 --json
+expect "its output is JSON with loss null" python3 -c '
+import json, sys
+assert json.load(open(sys.argv[1]))["loss"] is None' "$WORK/out"
 
 summary
