@@ -221,6 +221,11 @@ refuse "more ranks than the model can be split over" 2 "use at most [0-9]+ ranks
 refuse "unknown strategy" 2 "'fsdp' is not one of: ddp, zero1, zero2, zero3-param, yafsdp" "$FS" train --data x --strategy fsdp
 refuse "a plan over --max-mem" 2 "more than --max-mem" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
 refuse "--ckpt-layers beyond the model" 2 "--ckpt-layers 9" "$FS" train --data "$WORK/fortunes.bin" --ckpt-layers 9 --no-save
+refuse "--save-every without --save (no checkpoint would be written)" 2 "^flatshard train: --save-every and --keep need --save DIR" \
+    "$FS" train --data "$WORK/fortunes.bin" --save-every 5 --no-save
+refuse "--keep without --save" 2 "--save-every and --keep need --save DIR" "$FS" train --data "$WORK/fortunes.bin" --keep 1 --no-save
+refuse "--trace-steps without --trace" 2 "^flatshard train: --trace-steps needs --trace FILE.json" \
+    "$FS" train --data "$WORK/fortunes.bin" --trace-steps 3 --no-save
 refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten
