@@ -641,7 +641,22 @@ static int launcher_world(void) {
  * kept. */
 static fs_status open_metrics(train_run *run) {
     const char *path = run->metrics_path;
-    struct stat sb;
+    struct stat sb, out;
+    /* --metrics /dev/stdout with stdout redirected to a file: opened again, the file would be
+     * truncated under the progress lines already in it and written at a second offset over
+     * them; a duplicate of stdout's descriptor shares its offset, so the rows fall between
+     * the lines (each is flushed whole) */
+    if (stat(path, &sb) == 0 && fstat(STDOUT_FILENO, &out) == 0 && sb.st_dev == out.st_dev &&
+        sb.st_ino == out.st_ino && S_ISREG(sb.st_mode)) {
+        int fd = dup(STDOUT_FILENO);
+        run->metrics = fd >= 0 ? fdopen(fd, "a") : NULL;
+        if (!run->metrics) {
+            if (fd >= 0) close(fd);
+            return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
+        }
+        fflush(stdout); /* what is buffered goes before the first row */
+        return FS_OK;
+    }
     if (run->resume && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
         FILE *f = fopen(path, "r+");
         if (!f) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));

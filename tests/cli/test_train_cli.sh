@@ -108,6 +108,17 @@ for l in open(sys.argv[1]):
     assert abs(r["compute_time"] + r["exposed_comm_time"] - r["step_time"]) < 1e-5, r
     assert set(r["peak_bytes"]) >= {"master", "grads", "optimizer", "weight_buf", "grad_buf", "activations", "comm", "total"}, r
 ' "$WORK/m2.jsonl"
+# --metrics /dev/stdout with stdout redirected to a file: the rows go between the progress
+# lines (the file was opened a second time: truncated, the banner lost, lines overwritten)
+"$FS" train "${common[@]}" --batch 2 --progress lines --metrics /dev/stdout >"$WORK/both.log" 2>"$WORK/err"
+expect "--metrics /dev/stdout > FILE: the banner, 3 step lines and 3 JSON rows, intact" /usr/bin/python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert lines[0].startswith("flatshard train: tiny"), lines[:2]
+rows = [json.loads(l) for l in lines if l.startswith("{")]
+assert [r["step"] for r in rows] == [1, 2, 3], lines
+assert sum(l.startswith("step ") for l in lines) == 3, lines
+' "$WORK/both.log"
 # MFU = tokens/s x FLOPs per token / peak: one constant per run times tokens/s (both printed
 # rounded: mfu to 5 decimals, tokens/s to 0.1); its size depends on the calibration, below
 expect "every step's MFU is its tokens/s times one constant (FLOPs per token over the peak)" /usr/bin/python3 -c '
