@@ -230,7 +230,9 @@ refuse "trace-svg of a file that is not a trace" 1 "not a Chrome Trace Event fil
 # --- bad input: one line, exit 2 for usage errors, 1 for runtime errors
 refuse "more ranks than the model can be split over" 2 "use at most [0-9]+ ranks" "$FS" train --data "$WORK/fortunes.bin" --ranks 200 --no-save
 refuse "unknown strategy" 2 "'fsdp' is not one of: ddp, zero1, zero2, zero3-param, yafsdp" "$FS" train --data x --strategy fsdp
-refuse "a plan over --max-mem" 2 "more than --max-mem" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
+refuse "a plan over --max-mem" 2 "more than --max-mem 10485760 bytes \(10.0 MiB\)$" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
+refuse "a --max-mem below 1 MiB is named in bytes, not as 0.0 MiB" 2 "more than --max-mem 1024 bytes \(0.0 MiB\)$" \
+    "$FS" train --data "$WORK/fortunes.bin" --max-mem 1K --no-save
 refuse "--ckpt-layers beyond the model" 2 "--ckpt-layers 9" "$FS" train --data "$WORK/fortunes.bin" --ckpt-layers 9 --no-save
 refuse "--save-every without --save (no checkpoint would be written)" 2 "^flatshard train: --save-every and --keep need --save DIR" \
     "$FS" train --data "$WORK/fortunes.bin" --save-every 5 --no-save
