@@ -93,6 +93,14 @@ refuse "trace-svg of a step the timeline lacks" 2 "--step 99: the timeline holds
 expect_all "a failed trace-svg leaves the older picture and no temporary" \
     'cmp -s "$WORK/svg/step.svg" "$WORK/step-copy.svg"' '[ ! -e "$WORK/svg/step.svg.tmp" ]'
 
+# a timeline read from a pipe (<(zcat ...)): ftell gives no size, which read as "out of
+# memory"; padded past 1 MiB so the reading buffer grows
+python3 -c 'import sys; sys.stdout.write(open(sys.argv[1]).read() + " " * 3000000)' "$WORK/trace.json" >"$WORK/padded.json"
+run "trace-svg of a timeline on a pipe" 0 "$FS" trace-svg <(cat "$WORK/padded.json") -o "$WORK/pipe.svg"
+expect "the picture from the pipe is the picture from the file" cmp -s "$WORK/pipe.svg" "$WORK/step-copy.svg"
+refuse "trace-svg of a device" 2 "^flatshard trace-svg: /dev/zero: is a device, not a timeline file$" \
+    "$FS" trace-svg /dev/zero -o "$WORK/z.svg"
+
 # --- export --out
 refuse "export --out empty (it once wrote /model.safetensors)" 2 "^flatshard export: --out: the path is empty$" \
     "$FS" export --from "$WORK/w.safetensors" --out ""
