@@ -46,6 +46,15 @@ refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of ran
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
 run "tokenize --chunk-bytes 1K (the smallest accepted)" 0 "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1K --no-eos -o "$WORK/ids.bin" "$D"
 
+# a tokenizer.json that is a directory or a device (a directory said "read failed"; /dev/zero
+# was read until memory ran out); one on a pipe is read
+refuse "--tokenizer a directory" 2 "^flatshard tokenize: .*: is a directory, not a tokenizer.json$" \
+    "$FS" tokenize --tokenizer "$WORK" -o "$WORK/c.bin" "$D"
+refuse "--tokenizer /dev/zero" 2 "^flatshard tokenize: /dev/zero: is a device, not a tokenizer.json$" \
+    "$FS" tokenize --tokenizer /dev/zero -o "$WORK/c.bin" "$D"
+run "--tokenizer on a pipe" 0 "$FS" tokenize --tokenizer <(cat "$TOK") --chunk-bytes 1K --no-eos -o "$WORK/ids-pipe.bin" "$D"
+expect "the pipe's tokenizer gives the same ids" cmp -s "$WORK/ids-pipe.bin" "$WORK/ids.bin"
+
 # --- detokenize -o
 cp "$WORK/ids.bin" "$WORK/ids-copy.bin"
 cp "$TOK" "$WORK/tok-copy.json"
