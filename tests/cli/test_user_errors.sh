@@ -6,8 +6,8 @@
 # an older one as it was; an empty export --out is refused (it once wrote to /); a value
 # outside an option's declared range is refused for byte sizes too (--chunk-bytes); a
 # byte-level prompt outside a small model's vocabulary is refused (it once indexed past the
-# embedding); an empty path names its option. Each refusal is one line and the exit code of
-# docs/cli.md's table.
+# embedding); an empty path names its option; a result that cannot be written to standard
+# output is exit 1. Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -167,5 +167,23 @@ run "eval --json of weights holding a NaN" 0 "$FS" eval --weights "$WORK/nan.saf
 expect "its output is JSON with loss null" python3 -c '
 import json, sys
 assert json.load(open(sys.argv[1]))["loss"] is None' "$WORK/out"
+
+# --- a result on standard output that cannot be written (a full disk) is exit 1 and one line,
+# not exit 0 with an empty or cut file
+full_stdout() { # NAME PATTERN CMD...: CMD with stdout on /dev/full exits 1, one stderr line
+    local name=$1 pattern=$2 rc; shift 2
+    "$@" >/dev/full 2>"$WORK/err"
+    rc=$?
+    expect_all "$name" '[ "$rc" -eq 1 ]' '[ "$(wc -l <"$WORK/err")" -eq 1 ]' 'grep -Eq -- "$pattern" "$WORK/err"'
+}
+full_stdout "eval --json > /dev/full" "^flatshard eval: standard output: write failed: No space left on device$" \
+    "$FS" eval --weights "$WORK/w.safetensors" --data "$D" --batch 1 --seq 16 --batches 1 --threads 1 --json
+full_stdout "generate > /dev/full" "^flatshard generate: standard output: write failed" \
+    "$FS" generate --weights "$WORK/w.safetensors" --tokens 3 --threads 1
+full_stdout "plan --json > /dev/full" "^flatshard plan: standard output: write failed" \
+    "$FS" plan --model tiny --device h100-80gb --json
+full_stdout "detokenize > /dev/full: its own line only" "^flatshard detokenize: stdout: write failed: No space left on device$" \
+    "$FS" detokenize --tokenizer "$TOK" "$WORK/ids.bin"
+full_stdout "--version > /dev/full" "^flatshard: standard output: write failed" "$FS" --version
 
 summary
