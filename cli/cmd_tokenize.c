@@ -63,8 +63,11 @@ int fs_cmd_tokenize(int argc, char **argv) {
     if (!tokenizer && (separator || no_special || no_eos || threads))
         return fs_usage_error("tokenize", "--threads, --doc-separator, --no-special and --no-eos need --tokenizer");
     if (separator && !separator[0]) return fs_usage_error("tokenize", "--doc-separator is empty");
-    /* before reading anything: -o is not an input, and its directory exists (created) */
-    fs_status st = fs_cli_check_output("-o", out, inputs, n, 0);
+    /* before reading anything: -o is not an input, nor the tokenizer (that was once written
+     * over), and its directory exists (created) */
+    const char *tok_in[1] = {tokenizer};
+    fs_status st = fs_cli_check_output("-o", out, tok_in, tokenizer ? 1 : 0, 0);
+    if (st == FS_OK) st = fs_cli_check_output("-o", out, inputs, n, 0);
     if (st != FS_OK) return fs_cli_report("tokenize", st);
     if (!tokenizer) {
         int64_t tokens = 0;

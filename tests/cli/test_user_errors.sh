@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tests/cli/test_user_errors.sh — what a careless user gets from the commands other than train
 # (train's outputs are test_outputs.sh's): an output path that names an input is refused and
-# the input survives (detokenize -o, trace-svg -o, export --out once wrote over them), an
-# output is written under a temporary name and renamed, so a failed write leaves no file and
-# an older one as it was; an empty export --out is refused (it once wrote to /); a value
-# outside an option's declared range is refused for byte sizes too (--chunk-bytes); a
-# byte-level prompt outside a small model's vocabulary is refused (it once indexed past the
-# embedding); an empty path names its option; a result that cannot be written to standard
-# output is exit 1. Each refusal is one line and the exit code of docs/cli.md's table.
+# the input survives (detokenize -o, trace-svg -o, export --out, tokenize -o the tokenizer
+# once wrote over them); an output is written under a temporary name and
+# renamed, so a failed write leaves no file and an older one as it was; an empty export --out
+# is refused (it once wrote to /); a value outside an option's declared range is refused for
+# byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
+# refused (it once indexed past the embedding); an empty path names its option; a result that
+# cannot be written to standard output is exit 1. Each refusal is one line and the exit code
+# of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -44,6 +45,10 @@ refuse "tokenize --chunk-bytes 1 (below 1K)" 2 "^flatshard tokenize: --chunk-byt
 refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of range" \
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
+cp "$TOK" "$WORK/tok-before.json"
+refuse "tokenize -o its tokenizer" 2 "^flatshard tokenize: -o .*tokenizer.json: is the input .*tokenizer.json" \
+    "$FS" tokenize --tokenizer "$TOK" --no-eos -o "$TOK" "$D"
+expect "the tokenizer survived" cmp -s "$TOK" "$WORK/tok-before.json"
 run "tokenize --chunk-bytes 1K (the smallest accepted)" 0 "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1K --no-eos -o "$WORK/ids.bin" "$D"
 
 # a tokenizer.json that is a directory or a device (a directory said "read failed"; /dev/zero
