@@ -685,28 +685,37 @@ static fs_status open_metrics(train_run *run) {
 }
 
 /* The start-up check of --out, --trace and --metrics (fs_cli_check_output): none is an
- * input of the run or another of its outputs, each can be created where it will be. */
+ * input of the run or another of its outputs, each can be created where it will be. The
+ * inputs include every shard of --data and --eval-data by its own path: an output named like
+ * one shard of a list, directory or pattern was once not matched against the spec and
+ * truncated that shard. */
 static fs_status check_outputs(train_run *run) {
-    const char *in[8];
+    const int n_shards = run->data->n_shards + (run->eval_data ? run->eval_data->n_shards : 0);
+    const char **in = malloc((size_t)(8 + n_shards) * sizeof *in);
+    if (!in) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     int n = 0;
     in[n++] = run->data_path;
+    for (int i = 0; i < run->data->n_shards; i++) in[n++] = run->data->shards[i].path;
     if (run->eval_path) in[n++] = run->eval_path;
+    for (int i = 0; run->eval_data && i < run->eval_data->n_shards; i++) in[n++] = run->eval_data->shards[i].path;
     if (run->resume_path) in[n++] = run->resume_path;
     if (run->init_from) in[n++] = run->init_from;
     if (run->model_name) in[n++] = run->model_name; /* a config.json */
+    fs_status st = FS_OK;
     if (!run->no_save) {
-        FS_TRY(fs_cli_check_output("--out", run->out_path, in, n, 0));
+        st = fs_cli_check_output("--out", run->out_path, in, n, 0);
         in[n++] = run->out_path;
     }
-    if (run->trace_path) {
-        FS_TRY(fs_cli_check_output("--trace", run->trace_path, in, n, 0));
+    if (st == FS_OK && run->trace_path) {
+        st = fs_cli_check_output("--trace", run->trace_path, in, n, 0);
         in[n++] = run->trace_path;
     }
-    if (run->metrics_path) {
-        FS_TRY(fs_cli_check_output("--metrics", run->metrics_path, in, n, 1));
-        FS_TRY(open_metrics(run));
+    if (st == FS_OK && run->metrics_path) {
+        st = fs_cli_check_output("--metrics", run->metrics_path, in, n, 1);
+        if (st == FS_OK) st = open_metrics(run);
     }
-    return FS_OK;
+    free(in);
+    return st;
 }
 
 /* Rank 0's line after a signal stopped the run; printed once (under MPI before the ranks

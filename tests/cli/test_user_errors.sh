@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/cli/test_user_errors.sh — what a careless user gets from the commands other than train
-# (train's outputs are test_outputs.sh's): an output path that names an input is refused and
-# the input survives (detokenize -o, trace-svg -o, export --out, tokenize -o the tokenizer
-# once wrote over them); an output is written under a temporary name and
+# (train's outputs are test_outputs.sh's, but for the shards of a multi-file --data here): an
+# output path that names an input is refused and the input survives (detokenize -o, trace-svg
+# -o, export --out, tokenize -o the tokenizer, train --out/--metrics/--trace a shard of a list
+# or directory once wrote over them); an output is written under a temporary name and
 # renamed, so a failed write leaves no file and an older one as it was; an empty export --out
 # is refused (it once wrote to /); a value outside an option's declared range is refused for
 # byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
@@ -83,6 +84,20 @@ refuse "detokenize of a text file (not tokens)" 1 "is not a token file" \
     "$FS" detokenize --tokenizer "$TOK" -o "$WORK/old.txt" "$D"
 expect_all "a failed detokenize leaves the older -o file and no temporary" \
     '[ "$(cat "$WORK/old.txt")" = "an older text" ]' '[ ! -e "$WORK/old.txt.tmp" ]'
+
+# --- train's outputs against the shards of a multi-file --data: an output named like one shard
+# of a list, a directory or a pattern was matched only against the spec, and truncated it
+mkdir -p "$WORK/shards"
+head -c 20000 "$D" >"$WORK/shards/a.txt"
+tail -c 20000 "$D" >"$WORK/shards/b.txt"
+cp "$WORK/shards/b.txt" "$WORK/b-copy.txt"
+refuse "train --metrics a shard of a --data list" 2 "^flatshard train: --metrics .*shards/b.txt: is the input .*shards/b.txt" \
+    "$FS" train --data "$WORK/shards/a.txt,$WORK/shards/b.txt" --seq 16 --batch 1 --threads 1 --steps 1 --no-save --metrics "$WORK/shards/b.txt"
+refuse "train --out a shard of a --data directory" 2 "^flatshard train: --out .*shards/b.txt: is the input" \
+    "$FS" train --data "$WORK/shards" --seq 16 --batch 1 --threads 1 --steps 1 --out "$WORK/shards/b.txt"
+refuse "train --trace a shard of an --eval-data pattern" 2 "^flatshard train: --trace .*shards/b.txt: is the input" \
+    "$FS" train "${small[@]}" --steps 1 --no-save --eval-data "$WORK/shards/*.txt" --trace "$WORK/shards/b.txt"
+expect "the shard survived" cmp -s "$WORK/shards/b.txt" "$WORK/b-copy.txt"
 
 # --- a tiny model and a timeline
 run "train 3 steps on 2 ranks with --trace" 0 "$FS" train "${small[@]}" --ranks 2 --steps 3 \
