@@ -151,7 +151,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
         st = fs_cli_output_open("-o", out, &f);
         if (st == FS_OK) {
             fwrite(text, 1, n_bytes, f); /* a short write sets the error that commit reports */
-            st = fs_cli_output_commit("-o", out, f, 1);
+            st = fs_cli_output_commit("-o", out, f);
         }
     } else if (st == FS_OK) {
         if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)

@@ -160,7 +160,7 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
     }
     fprintf(f, "</svg>\n");
     free(boxes);
-    return fs_cli_output_commit("-o", out, f, 1);
+    return fs_cli_output_commit("-o", out, f);
 }
 
 /* Reads a whole timeline into *text (NUL-terminated, malloc'ed), to EOF rather than to a size

@@ -199,14 +199,9 @@ fs_status fs_cli_output_open(const char *what, const char *path, FILE **out) {
     return FS_OK;
 }
 
-fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f, int keep) {
+fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f) {
     char tmp[4096];
     int device = output_tmp(path, tmp, sizeof tmp);
-    if (!keep) {
-        fclose(f);
-        if (device != 1) unlink(tmp);
-        return FS_OK;
-    }
     /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
      * the buffer fails in fwrite itself); a device is not fsynced (a tty refuses) */
     int ok = fflush(f) == 0 && !ferror(f) && (device == 1 || fsync(fileno(f)) == 0);

@@ -42,12 +42,11 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
  * interrupted leaves nothing a later run could take for a good file, and never replaces a
  * previous file with half of a new one. After fs_cli_check_output has accepted path:
  * fs_cli_output_open opens "<path>.tmp" for writing (a character device, such as /dev/null
- * when allowed, is opened in place). fs_cli_output_commit with keep = 1 flushes, fsyncs and
- * closes it and renames it to path; when a write failed, on any failure there, or with keep =
- * 0 (the caller failed and reports its own error: FS_OK is returned), the temporary is closed
- * and removed and path is left as it was. FS_ERR_IO names what, path and the errno. */
+ * when allowed, is opened in place). fs_cli_output_commit flushes, fsyncs and closes it and
+ * renames it to path; when a write into it failed, or anything there fails, the temporary is
+ * removed and path is left as it was: FS_ERR_IO naming what, path and the errno. */
 fs_status fs_cli_output_open(const char *what, const char *path, FILE **out);
-fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f, int keep);
+fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f);
 
 /* A model ready for inference, from any model source (source.h: a safetensors file, a
  * Hugging Face directory, a checkpoint): its config (or model_spec's, when given), the layout
