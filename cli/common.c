@@ -144,7 +144,9 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     int exists = stat(path, &st) == 0;
     if (exists && S_ISDIR(st.st_mode))
         return fs_errorf(FS_ERR_USAGE, "%s %s: is a directory, not a file", what, path);
-    if (exists && !S_ISREG(st.st_mode) && !(allow_device && S_ISCHR(st.st_mode)))
+    /* allow_device: a terminal, /dev/null, or a pipe (/dev/stdout | less) is written in place */
+    const int in_place = exists && allow_device && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+    if (exists && !S_ISREG(st.st_mode) && !in_place)
         return fs_errorf(FS_ERR_USAGE,
                          "%s %s: exists and is not a regular file (a device, pipe or socket "
                          "would be replaced)", what, path);
@@ -152,7 +154,7 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
         if (inputs[i] && inputs[i][0] && same_file(path, inputs[i]))
             return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it",
                              what, path, inputs[i]);
-    if (exists && S_ISCHR(st.st_mode)) { /* allow_device: written in place, not renamed over */
+    if (in_place) { /* not renamed over */
         FILE *f = fopen(path, "a");
         if (!f) return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));
         fclose(f);
@@ -182,10 +184,11 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     return FS_OK;
 }
 
-/* The temporary of an output: "<path>.tmp", or path itself for a character device. */
+/* The temporary of an output: "<path>.tmp", or path itself for a device or a pipe. */
 static int output_tmp(const char *path, char *tmp, size_t n) {
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) return snprintf(tmp, n, "%s", path) < (int)n ? 1 : -1;
+    if (stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)))
+        return snprintf(tmp, n, "%s", path) < (int)n ? 1 : -1;
     return snprintf(tmp, n, "%s.tmp", path) < (int)n ? 0 : -1;
 }
 
@@ -203,7 +206,7 @@ fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f) {
     char tmp[4096];
     int device = output_tmp(path, tmp, sizeof tmp);
     /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
-     * the buffer fails in fwrite itself); a device is not fsynced (a tty refuses) */
+     * the buffer fails in fwrite itself); a device or a pipe is not fsynced (they refuse) */
     int ok = fflush(f) == 0 && !ferror(f) && (device == 1 || fsync(fileno(f)) == 0);
     int e = errno;
     if (fclose(f) != 0 && ok) {

@@ -79,6 +79,8 @@ run "detokenize -o into a directory that does not exist yet" 0 \
 expect "the text is the corpus back" cmp -s "$WORK/text/sub/back.txt" "$D"
 refuse "detokenize -o /dev/full: one line, exit 1" 1 "^flatshard detokenize: -o /dev/full: write failed: No space left on device$" \
     "$FS" detokenize --tokenizer "$TOK" -o /dev/full "$WORK/ids.bin"
+"$FS" detokenize --tokenizer "$TOK" -o /dev/stdout "$WORK/ids.bin" 2>"$WORK/err" | cat >"$WORK/piped.txt"
+expect "detokenize -o /dev/stdout into a pipe is written in place" cmp -s "$WORK/piped.txt" "$D"
 echo "an older text" >"$WORK/old.txt"
 refuse "detokenize of a text file (not tokens)" 1 "is not a token file" \
     "$FS" detokenize --tokenizer "$TOK" -o "$WORK/old.txt" "$D"
