@@ -101,6 +101,23 @@ refuse "train --trace a shard of an --eval-data pattern" 2 "^flatshard train: --
     "$FS" train "${small[@]}" --steps 1 --no-save --eval-data "$WORK/shards/*.txt" --trace "$WORK/shards/b.txt"
 expect "the shard survived" cmp -s "$WORK/shards/b.txt" "$WORK/b-copy.txt"
 
+# --- a stream of the process as an output (/dev/stdout with stdout redirected to a file; a
+# link of our own into /proc stands for it, so that a failure cannot replace the system's):
+# the finished file was renamed over the link, replacing it (as root, /dev/stdout itself)
+ln -s /proc/self/fd/1 "$WORK/stdout-link"
+"$FS" tokenize -o "$WORK/stdout-link" "$D" >"$WORK/redirected" 2>"$WORK/err"
+rc=$?
+expect_all "tokenize -o a link to /proc/self/fd/1 is refused, and the link stays a link" '[ "$rc" -eq 2 ]' \
+    'grep -q "^flatshard tokenize: -o .*stdout-link: is a stream of this process" "$WORK/err"' '[ -L "$WORK/stdout-link" ]'
+"$FS" train "${small[@]}" --steps 1 --out "$WORK/stdout-link" >"$WORK/redirected" 2>"$WORK/err"
+rc=$?
+expect_all "train --out such a link is refused before step 1" '[ "$rc" -eq 2 ]' '[ -L "$WORK/stdout-link" ]' \
+    'grep -q "^flatshard train: --out .*: is a stream of this process" "$WORK/err"'
+"$FS" detokenize --tokenizer "$TOK" -o "$WORK/stdout-link" "$WORK/ids.bin" >"$WORK/redirected" 2>"$WORK/err"
+rc=$?
+expect_all "detokenize -o such a link writes through it, into the redirected file" '[ "$rc" -eq 0 ]' \
+    '[ -L "$WORK/stdout-link" ]' 'cmp -s "$WORK/redirected" "$D"'
+
 # --- a tiny model and a timeline
 run "train 3 steps on 2 ranks with --trace" 0 "$FS" train "${small[@]}" --ranks 2 --steps 3 \
     --out "$WORK/w.safetensors" --trace "$WORK/trace.json"
