@@ -95,9 +95,16 @@ static int set_value(const char *cmd, const fs_opt *o, const char *value) {
                                   "--%s: expected a size in bytes such as 4096, 64K or 2GiB, got "
                                   "'%s'",
                                   o->name, value);
+        if (o->min < o->max && (v < o->min || v > o->max))
+            return fs_usage_error(cmd, "--%s: %s is out of range (%" PRId64 " to %" PRId64 " bytes)",
+                                  o->name, value, o->min, o->max);
         *(int64_t *)o->dest = v;
         return FS_EXIT_OK;
     }
+    case FS_OPT_PATH:
+        if (!value[0]) return fs_usage_error(cmd, "--%s: the path is empty", o->name);
+        *(const char **)o->dest = value;
+        return FS_EXIT_OK;
     case FS_OPT_STRING:
         if (o->choices) {
             int ok = 0;
@@ -187,6 +194,7 @@ static void default_text(const fs_opt *o, char *buf, size_t n) {
         break;
     }
     case FS_OPT_FLOAT: snprintf(buf, n, "%g", *(double *)o->dest); break;
+    case FS_OPT_PATH:
     case FS_OPT_STRING: {
         const char *s = *(const char **)o->dest;
         snprintf(buf, n, "%s", s ? s : "none");

@@ -23,6 +23,8 @@ typedef enum fs_opt_type {
     FS_OPT_STRING, /* const char **dest (points into argv) */
     FS_OPT_FLAG,   /* int *dest, set to 1 when present */
     FS_OPT_BYTES,  /* int64_t *dest; accepts 4096, 64K, 64KiB, 1M, 2GiB, 1.5G (powers of 1024) */
+    FS_OPT_PATH,   /* const char **dest, as FS_OPT_STRING, for a file or directory: "" is refused
+                    * by name (opened, it said only ": No such file or directory") */
 } fs_opt_type;
 
 typedef struct fs_opt {
@@ -33,7 +35,7 @@ typedef struct fs_opt {
     const char *metavar; /* e.g. "N", "FILE"; NULL for flags */
     const char *help;    /* one line */
     const char *const *choices; /* for strings: the accepted values, NULL-terminated, or NULL */
-    int64_t min, max;    /* for integers: the accepted range when min < max */
+    int64_t min, max;    /* for integers and byte sizes: the accepted range when min < max */
 } fs_opt;
 
 typedef struct fs_command_help {

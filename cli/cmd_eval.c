@@ -5,6 +5,7 @@
  * random samples), so the figure is the same on every run and comparable across models.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "args.h"
@@ -15,7 +16,7 @@
 #include "flatshard/train.h"
 
 static const fs_command_help eval_help = {
-    .usage = "flatshard eval --weights FILE --data FILE [options]",
+    .usage = "flatshard eval --weights PATH --data FILE [options]",
     .description =
         "Prints the mean cross-entropy (nats per token) of saved weights on a text or token\n"
         "file, averaged over --batches batches of --batch consecutive windows of --seq tokens\n"
@@ -61,10 +62,10 @@ int fs_cmd_eval(int argc, char **argv) {
     int64_t batch = 8, seq = 256, batches = 16, threads = 0;
     int json = 0;
     const fs_opt opts[] = {
-        {"weights", 'w', FS_OPT_STRING, &weights, "FILE", "weights saved by 'flatshard train' (safetensors)", NULL, 0, 0},
+        {"weights", 'w', FS_OPT_PATH, &weights, "PATH", "the model's weights: a safetensors file ('flatshard train --out'), a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json (default: the config stored in the weights file)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "a token file or a text file", NULL, 0, 0},
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json for a text file (none: byte level)", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "a Hugging Face tokenizer.json for a text file (none: byte level)", NULL, 0, 0},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "windows per batch", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per window", NULL, 1, 1 << 24},
         {"batches", 0, FS_OPT_INT, &batches, "N", "batches to average over", NULL, 1, INT64_MAX},
@@ -76,7 +77,7 @@ int fs_cmd_eval(int argc, char **argv) {
     int rc = fs_args_parse("eval", &eval_help, opts, argc, argv, NULL, 0, &npos);
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
-    if (!weights) return fs_usage_error("eval", "--weights FILE is required; see 'flatshard eval --help'");
+    if (!weights) return fs_usage_error("eval", "--weights PATH is required; see 'flatshard eval --help'");
     if (!data_path) return fs_usage_error("eval", "--data FILE is required; see 'flatshard eval --help'");
 
     fs_cli_model cm;
@@ -113,11 +114,15 @@ int fs_cmd_eval(int argc, char **argv) {
         double loss = sum / (double)used;
         if (st != FS_OK) {
             /* reported below */
-        } else if (json)
-            printf("{\"loss\": %.6f, \"batches\": %" PRId64 ", \"batch\": %" PRId64
+        } else if (json) {
+            /* JSON has no NaN or Infinity (weights holding one give one): null, as train's
+             * --metrics writes it */
+            char text[32] = "null";
+            if (isfinite(loss)) snprintf(text, sizeof text, "%.6f", loss);
+            printf("{\"loss\": %s, \"batches\": %" PRId64 ", \"batch\": %" PRId64
                    ", \"seq\": %" PRId64 ", \"tokens\": %" PRId64 "}\n",
-                   loss, used, batch, seq, used * batch * seq);
-        else
+                   text, used, batch, seq, used * batch * seq);
+        } else
             printf("loss %.4f nats/token (%.4f bits/byte for byte-level data) over %" PRId64
                    " batches of %" PRId64 " x %" PRId64 " tokens\n",
                    loss, loss / 0.6931471805599453, used, batch, seq);

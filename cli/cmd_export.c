@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "args.h"
 #include "commands.h"
@@ -36,7 +37,7 @@ static const char *const dtypes[] = {"fp32", "bf16", NULL};
 int fs_cmd_export(int argc, char **argv) {
     const char *from = NULL, *to = "safetensors", *out = NULL, *dtype = "fp32";
     const fs_opt opts[] = {
-        {"from", 'f', FS_OPT_STRING, &from, "PATH", "a checkpoint, a safetensors file or a Hugging Face model directory", NULL, 0, 0},
+        {"from", 'f', FS_OPT_PATH, &from, "PATH", "a checkpoint, a safetensors file or a Hugging Face model directory", NULL, 0, 0},
         {"to", 0, FS_OPT_STRING, &to, "FORMAT", "the output format", formats, 0, 0},
         {"out", 'o', FS_OPT_STRING, &out, "DIR", "the directory to write model.safetensors and config.json into (created if needed)", NULL, 0, 0},
         {"dtype", 0, FS_OPT_STRING, &dtype, "TYPE", "the dtype of the exported tensors", dtypes, 0, 0},
@@ -48,11 +49,23 @@ int fs_cmd_export(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (!from) return fs_usage_error("export", "--from PATH is required; see 'flatshard export --help'");
     if (!out) return fs_usage_error("export", "--out DIR is required; see 'flatshard export --help'");
-    char probe[2048];
-    snprintf(probe, sizeof probe, "%s/model.safetensors", out);
-    fs_status st = fs_cli_prepare_output_path(probe);
+    /* an empty DIR once meant "/": the files went to the root directory */
+    if (!out[0]) return fs_usage_error("export", "--out: the path is empty");
+    /* the source first, so that a bad one leaves no directory behind; then neither output
+     * file may be a file of the source (an export of a model directory into itself would
+     * replace the model it reads, with bf16 rounded weights under --dtype bf16) */
     fs_source *src = NULL;
-    if (st == FS_OK) st = fs_source_open(&src, from);
+    fs_status st = fs_source_open(&src, from);
+    char in_model[2048], in_config[2048], probe[2048];
+    snprintf(in_model, sizeof in_model, "%s/model.safetensors", from);
+    snprintf(in_config, sizeof in_config, "%s/config.json", from);
+    struct stat sb; /* the files a model directory would hold, where they exist */
+    const char *in[3] = {from, stat(in_model, &sb) == 0 ? in_model : NULL,
+                         stat(in_config, &sb) == 0 ? in_config : NULL};
+    snprintf(probe, sizeof probe, "%s/model.safetensors", out);
+    if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
+    snprintf(probe, sizeof probe, "%s/config.json", out);
+    if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
     uint64_t bytes = 0;
     int stale = 0;
     double t0 = fs_now();

@@ -19,7 +19,7 @@
 #include "flatshard/train.h"
 
 static const fs_command_help generate_help = {
-    .usage = "flatshard generate --weights FILE [options]",
+    .usage = "flatshard generate --weights PATH [options]",
     .description =
         "Samples text from saved weights with the byte-level tokenizer: the prompt's bytes are\n"
         "the context, and each new byte is drawn from the model's distribution at --temperature\n"
@@ -78,10 +78,10 @@ int fs_cmd_generate(int argc, char **argv) {
     int64_t n_tokens = 256, context = 256, top_k = 40, seed = 1, threads = 0;
     double temperature = 0.8;
     const fs_opt opts[] = {
-        {"weights", 'w', FS_OPT_STRING, &weights, "FILE", "weights saved by 'flatshard train' (safetensors)", NULL, 0, 0},
+        {"weights", 'w', FS_OPT_PATH, &weights, "PATH", "the model's weights: a safetensors file ('flatshard train --out'), a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json (default: the config stored in the weights file)", NULL, 0, 0},
         {"prompt", 'p', FS_OPT_STRING, &prompt, "TEXT", "text to continue", NULL, 0, 0},
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
         {"tokens", 'n', FS_OPT_INT, &n_tokens, "N", "tokens (bytes without --tokenizer) to generate", NULL, 0, 1 << 24},
         {"context", 0, FS_OPT_INT, &context, "T", "most recent tokens the model sees (capped at max_position_embeddings)", NULL, 1, 1 << 24},
         {"temperature", 0, FS_OPT_FLOAT, &temperature, "X", "sampling temperature (0: always the most likely token)", NULL, 0, 0},
@@ -94,7 +94,7 @@ int fs_cmd_generate(int argc, char **argv) {
     int rc = fs_args_parse("generate", &generate_help, opts, argc, argv, NULL, 0, &npos);
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
-    if (!weights) return fs_usage_error("generate", "--weights FILE is required; see 'flatshard generate --help'");
+    if (!weights) return fs_usage_error("generate", "--weights PATH is required; see 'flatshard generate --help'");
     if (!(temperature >= 0 && temperature <= 1e6)) /* NaN too */
         return fs_usage_error("generate", "--temperature must be between 0 (greedy) and 1e6 (got %g)", temperature);
 
@@ -122,6 +122,20 @@ int fs_cmd_generate(int argc, char **argv) {
         }
     }
     int64_t prompt_len = bpe ? prompt_ids.n : (int64_t)strlen(prompt);
+    /* byte level: every byte of the prompt (or the newline an empty one starts from) is a row
+     * of the embedding; a model with fewer rows would read past its table */
+    for (int64_t i = 0; !bpe && st == FS_OK && i < (prompt_len ? prompt_len : 1); i++) {
+        const unsigned char b = prompt_len ? (unsigned char)prompt[i] : '\n';
+        if (b >= V)
+            st = fs_errorf(FS_ERR_USAGE,
+                           "--prompt: byte 0x%02x at offset %" PRId64 " is outside the model's vocabulary of %" PRId64
+                           " (byte-level text needs 256; give the model's --tokenizer)",
+                           b, prompt_len ? i : 0, V);
+    }
+    if (st != FS_OK) {
+        fs_cli_model_free(&cm);
+        return fs_cli_report("generate", st);
+    }
     int64_t total = prompt_len + n_tokens + 1;
     int32_t *tokens = malloc((size_t)total * sizeof *tokens);
     float *scratch = malloc((size_t)V * sizeof *scratch);

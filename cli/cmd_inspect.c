@@ -117,6 +117,7 @@ int fs_cmd_inspect(int argc, char **argv) {
     if (rc < 0) return FS_EXIT_OK;
     if (rc != FS_EXIT_OK) return rc;
     if (npos != 1) return fs_usage_error("inspect", "PATH is required; see 'flatshard inspect --help'");
+    if (!path[0][0]) return fs_usage_error("inspect", "PATH is empty");
     struct stat sb;
     char probe[2048];
     snprintf(probe, sizeof probe, "%s/config.json", path[0]);

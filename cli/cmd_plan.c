@@ -328,9 +328,9 @@ int fs_cmd_plan(int argc, char **argv) {
     char desc[256];
     fs_cli_describe_model(&p.layout, desc, sizeof desc);
     printf("plan: %s %s\n", model, desc);
-    printf("  %" PRId64 " ranks, %s, %s, micro-batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
+    printf("  %" PRId64 " rank%s, %s, %s, micro-batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
            " micro-batch%s per step, %" PRId64 " checkpointed block%s\n",
-           world, strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
+           world, world == 1 ? "" : "s", strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
            tc.ckpt_layers == 1 ? "" : "s");
     if (p.plan.cfg.replicas > 1)
         printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across (the bytes "

@@ -44,12 +44,12 @@ int fs_cmd_tokenize(int argc, char **argv) {
     int no_special = 0, no_eos = 0;
     const fs_opt opts[] = {
         {"out", 'o', FS_OPT_STRING, &out, "FILE", "the token file to write", NULL, 0, 0},
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "a Hugging Face tokenizer.json (BPE); none: byte level", NULL, 0, 0},
         {"threads", 'j', FS_OPT_INT, &threads, "N", "encoding threads (0: one per CPU)", NULL, 0, 1024},
         {"doc-separator", 0, FS_OPT_STRING, &separator, "LINE", "a line that ends a document (dropped); none: each file is one", NULL, 0, 0},
         {"no-special", 0, FS_OPT_FLAG, &no_special, NULL, "leave out the post-processor's tokens (bos)", NULL, 0, 0},
         {"no-eos", 0, FS_OPT_FLAG, &no_eos, NULL, "no eos after each document", NULL, 0, 0},
-        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size; longer documents are cut where docs/formats.md says", NULL, 1024, (int64_t)1 << 30},
+        {"chunk-bytes", 0, FS_OPT_BYTES, &chunk, "BYTES", "job size, 1K to 1G; longer documents are cut where docs/formats.md says", NULL, 1024, (int64_t)1 << 30},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
     };
     enum { MAX_INPUTS = 4096 };
@@ -63,8 +63,11 @@ int fs_cmd_tokenize(int argc, char **argv) {
     if (!tokenizer && (separator || no_special || no_eos || threads))
         return fs_usage_error("tokenize", "--threads, --doc-separator, --no-special and --no-eos need --tokenizer");
     if (separator && !separator[0]) return fs_usage_error("tokenize", "--doc-separator is empty");
-    /* before reading anything: -o is not an input, and its directory exists (created) */
-    fs_status st = fs_cli_check_output("-o", out, inputs, n, 0);
+    /* before reading anything: -o is not an input, nor the tokenizer (that was once written
+     * over), and its directory exists (created) */
+    const char *tok_in[1] = {tokenizer};
+    fs_status st = fs_cli_check_output("-o", out, tok_in, tokenizer ? 1 : 0, 0);
+    if (st == FS_OK) st = fs_cli_check_output("-o", out, inputs, n, 0);
     if (st != FS_OK) return fs_cli_report("tokenize", st);
     if (!tokenizer) {
         int64_t tokens = 0;
@@ -108,7 +111,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
     const char *out = NULL, *tokenizer = NULL;
     int keep_special = 0;
     const fs_opt opts[] = {
-        {"tokenizer", 0, FS_OPT_STRING, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
+        {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "the Hugging Face tokenizer.json the ids were made with", NULL, 0, 0},
         {"out", 'o', FS_OPT_STRING, &out, "FILE", "where to write the text; none: stdout", NULL, 0, 0},
         {"keep-special", 0, FS_OPT_FLAG, &keep_special, NULL, "decode special tokens (bos, eos) too", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
@@ -120,9 +123,14 @@ int fs_cmd_detokenize(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (!tokenizer) return fs_usage_error("detokenize", "--tokenizer is required; see 'flatshard detokenize --help'");
     if (n != 1) return fs_usage_error("detokenize", "give one token file; see 'flatshard detokenize --help'");
+    /* before reading anything: -o is neither input (it was once written over them), and its
+     * directory exists (created) */
+    const char *in[2] = {inputs[0], tokenizer};
+    fs_status st = out ? fs_cli_check_output("-o", out, in, 2, 1) : FS_OK;
+    if (st != FS_OK) return fs_cli_report("detokenize", st);
     fs_bpe *bpe = NULL;
     fs_token_data data = {0};
-    fs_status st = fs_bpe_load(&bpe, tokenizer);
+    st = fs_bpe_load(&bpe, tokenizer);
     if (st == FS_OK) st = fs_token_data_open(&data, inputs[0]);
     if (st == FS_OK && data.is_text)
         st = fs_errorf(FS_ERR_FORMAT, "%s: is not a token file", inputs[0]);
@@ -138,14 +146,16 @@ int fs_cmd_detokenize(int argc, char **argv) {
     free(ids);
     fs_token_data_close(&data);
     fs_bpe_free(bpe);
-    if (st == FS_OK) {
-        FILE *f = out ? fopen(out, "wb") : stdout;
-        if (!f) st = fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
-        else {
-            size_t w = fwrite(text, 1, n_bytes, f);
-            int bad = (out ? fclose(f) : fflush(f)) != 0 || w != n_bytes;
-            if (bad) st = fs_errorf(FS_ERR_IO, "%s: write failed", out ? out : "stdout");
+    if (st == FS_OK && out) { /* written whole under a temporary name, then renamed */
+        FILE *f = NULL;
+        st = fs_cli_output_open("-o", out, &f);
+        if (st == FS_OK) {
+            fwrite(text, 1, n_bytes, f); /* a short write sets the error that commit reports */
+            st = fs_cli_output_commit("-o", out, f);
         }
+    } else if (st == FS_OK) {
+        if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)
+            st = fs_errorf(FS_ERR_IO, "stdout: write failed: %s", strerror(errno));
     }
     free(text);
     if (st != FS_OK) return fs_cli_report("detokenize", st);

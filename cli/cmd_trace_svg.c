@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "args.h"
 #include "commands.h"
+#include "common.h"
 #include "flatshard/core.h"
 #include "flatshard/trace.h"
 
@@ -107,10 +109,11 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         steps_present(tf, have, sizeof have);
         return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline holds %s (train --trace-steps sets how many)", step, have);
     }
-    FILE *f = fopen(out, "w");
-    if (!f) {
+    FILE *f = NULL; /* written as "<out>.tmp", renamed when complete */
+    fs_status st = fs_cli_output_open("-o", out, &f);
+    if (st != FS_OK) {
         free(boxes);
-        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+        return st;
     }
     /* a step whose boxes all have zero length at one instant still gets a 1 us axis */
     const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 > t0 ? t1 - t0 : 1.0;
@@ -156,9 +159,52 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x + 16, y + 10, legend[i]);
     }
     fprintf(f, "</svg>\n");
-    int ok = fclose(f) == 0;
     free(boxes);
-    return ok ? FS_OK : fs_errorf(FS_ERR_IO, "%s: write failed", out);
+    return fs_cli_output_commit("-o", out, f);
+}
+
+/* Reads a whole timeline into *text (NUL-terminated, malloc'ed), to EOF rather than to a size
+ * asked first, so that a pipe (<(zcat trace.json.gz)) reads too: ftell gives none, which was
+ * once reported as "out of memory". At most 1 GiB. */
+static fs_status read_all(const char *path, char **text, size_t *n) {
+    *text = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 0, len = 0;
+    char *buf = NULL;
+    fs_status st = FS_OK;
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            if (cap >= ((size_t)1 << 30)) {
+                st = fs_errorf(FS_ERR_FORMAT, "%s: larger than 1 GiB; not a timeline flatshard wrote", path);
+                break;
+            }
+            size_t want = cap ? 2 * cap : (size_t)1 << 20;
+            char *grown = realloc(buf, want);
+            if (!grown) {
+                st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %zu bytes", path, want);
+                break;
+            }
+            buf = grown;
+            cap = want;
+        }
+        size_t r = fread(buf + len, 1, cap - len - 1, f);
+        len += r;
+        if (r == 0) {
+            if (ferror(f)) st = fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+            break;
+        }
+    }
+    fclose(f);
+    if (st != FS_OK) {
+        free(buf);
+        return st;
+    }
+    buf[len] = '\0';
+    *text = buf;
+    *n = len;
+    return FS_OK;
 }
 
 int fs_cmd_trace_svg(int argc, char **argv) {
@@ -177,21 +223,22 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (npos != 1) return fs_usage_error("trace-svg", "FILE.json is required; see 'flatshard trace-svg --help'");
     if (!out) return fs_usage_error("trace-svg", "-o OUT.svg is required");
-    FILE *f = fopen(in[0], "rb");
-    if (!f) {
-        fs_errorf(FS_ERR_IO, "%s: cannot open: %s", in[0], strerror(errno));
-        return fs_cli_report("trace-svg", FS_ERR_IO);
-    }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = size >= 0 && size < (1L << 30) ? malloc((size_t)size + 1) : NULL;
-    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
-    fclose(f);
+    if (!in[0][0]) return fs_usage_error("trace-svg", "FILE.json is empty");
+    /* before reading: -o is not the timeline (it was once written over it), its directory
+     * exists (created); the timeline is a file or a pipe (a directory was once "out of
+     * memory", and /dev/zero would be read to the 1 GiB limit) */
+    fs_status st = fs_cli_check_output("-o", out, in, 1, 1);
+    struct stat sb;
+    if (st == FS_OK && stat(in[0], &sb) == 0 && S_ISDIR(sb.st_mode))
+        st = fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a timeline file", in[0]);
+    else if (st == FS_OK && stat(in[0], &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode))
+        st = fs_errorf(FS_ERR_USAGE, "%s: is a device, not a timeline file", in[0]);
+    if (st != FS_OK) return fs_cli_report("trace-svg", st);
+    char *text = NULL;
+    size_t got = 0;
+    st = read_all(in[0], &text, &got);
     fs_trace_file tf = {0};
-    fs_status st = text && got == (size_t)size
-                       ? fs_trace_read_json(&tf, text, got, in[0])
-                       : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", in[0], text ? "short read" : "out of memory");
+    if (st == FS_OK) st = fs_trace_read_json(&tf, text, got, in[0]);
     free(text);
     if (st == FS_OK && step == 0) { /* the first step present */
         step = tf.first_step;

@@ -641,7 +641,22 @@ static int launcher_world(void) {
  * kept. */
 static fs_status open_metrics(train_run *run) {
     const char *path = run->metrics_path;
-    struct stat sb;
+    struct stat sb, out;
+    /* --metrics /dev/stdout with stdout redirected to a file: opened again, the file would be
+     * truncated under the progress lines already in it and written at a second offset over
+     * them; a duplicate of stdout's descriptor shares its offset, so the rows fall between
+     * the lines (each is flushed whole) */
+    if (stat(path, &sb) == 0 && fstat(STDOUT_FILENO, &out) == 0 && sb.st_dev == out.st_dev &&
+        sb.st_ino == out.st_ino && S_ISREG(sb.st_mode)) {
+        int fd = dup(STDOUT_FILENO);
+        run->metrics = fd >= 0 ? fdopen(fd, "a") : NULL;
+        if (!run->metrics) {
+            if (fd >= 0) close(fd);
+            return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
+        }
+        fflush(stdout); /* what is buffered goes before the first row */
+        return FS_OK;
+    }
     if (run->resume && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
         FILE *f = fopen(path, "r+");
         if (!f) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
@@ -670,28 +685,37 @@ static fs_status open_metrics(train_run *run) {
 }
 
 /* The start-up check of --out, --trace and --metrics (fs_cli_check_output): none is an
- * input of the run or another of its outputs, each can be created where it will be. */
+ * input of the run or another of its outputs, each can be created where it will be. The
+ * inputs include every shard of --data and --eval-data by its own path: an output named like
+ * one shard of a list, directory or pattern was once not matched against the spec and
+ * truncated that shard. */
 static fs_status check_outputs(train_run *run) {
-    const char *in[8];
+    const int n_shards = run->data->n_shards + (run->eval_data ? run->eval_data->n_shards : 0);
+    const char **in = malloc((size_t)(8 + n_shards) * sizeof *in);
+    if (!in) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     int n = 0;
     in[n++] = run->data_path;
+    for (int i = 0; i < run->data->n_shards; i++) in[n++] = run->data->shards[i].path;
     if (run->eval_path) in[n++] = run->eval_path;
+    for (int i = 0; run->eval_data && i < run->eval_data->n_shards; i++) in[n++] = run->eval_data->shards[i].path;
     if (run->resume_path) in[n++] = run->resume_path;
     if (run->init_from) in[n++] = run->init_from;
     if (run->model_name) in[n++] = run->model_name; /* a config.json */
+    fs_status st = FS_OK;
     if (!run->no_save) {
-        FS_TRY(fs_cli_check_output("--out", run->out_path, in, n, 0));
+        st = fs_cli_check_output("--out", run->out_path, in, n, 0);
         in[n++] = run->out_path;
     }
-    if (run->trace_path) {
-        FS_TRY(fs_cli_check_output("--trace", run->trace_path, in, n, 0));
+    if (st == FS_OK && run->trace_path) {
+        st = fs_cli_check_output("--trace", run->trace_path, in, n, 0);
         in[n++] = run->trace_path;
     }
-    if (run->metrics_path) {
-        FS_TRY(fs_cli_check_output("--metrics", run->metrics_path, in, n, 1));
-        FS_TRY(open_metrics(run));
+    if (st == FS_OK && run->metrics_path) {
+        st = fs_cli_check_output("--metrics", run->metrics_path, in, n, 1);
+        if (st == FS_OK) st = open_metrics(run);
     }
-    return FS_OK;
+    free(in);
+    return st;
 }
 
 /* Rank 0's line after a signal stopped the run; printed once (under MPI before the ranks
@@ -770,12 +794,12 @@ int fs_cmd_train(int argc, char **argv) {
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
-        {"init-from", 0, FS_OPT_STRING, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
+        {"init-from", 0, FS_OPT_PATH, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md). DIR is locked for the run; one holding another run's checkpoints is refused unless this run resumes from DIR or --new-lineage is given", NULL, 0, 0},
         {"new-lineage", 0, FS_OPT_FLAG, &run.new_lineage, NULL, "with --save: start a new lineage in DIR beside other runs' checkpoints (named step-N-<run id>; nothing of theirs is pruned or overwritten)", NULL, 0, 0},
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
         {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
-        {"resume", 0, FS_OPT_STRING, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
+        {"resume", 0, FS_OPT_PATH, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
         {"data", 'd', FS_OPT_STRING, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
         {"eval-data", 0, FS_OPT_STRING, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
         {"eval-every", 0, FS_OPT_INT, &run.eval_every, "N", "with --eval-data: evaluate after every N steps (0: only after the last)", NULL, 0, INT64_MAX},
@@ -879,6 +903,11 @@ int fs_cmd_train(int argc, char **argv) {
         return fs_usage_error("train", "--eval-every and --eval-batches need --eval-data PATH (the held-out data)");
     if (run.new_lineage && !run.save_dir)
         return fs_usage_error("train", "--new-lineage needs --save DIR (it starts a new lineage of checkpoints there)");
+    /* without what they qualify these once did nothing, silently: no checkpoint, no timeline */
+    if (!run.save_dir && (run.save_every > 0 || run.keep != 3))
+        return fs_usage_error("train", "--save-every and --keep need --save DIR (where the checkpoints go)");
+    if (!run.trace_path && run.trace_steps != 2)
+        return fs_usage_error("train", "--trace-steps needs --trace FILE.json (where the timeline goes)");
     /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed
      * saves before anything is read from it (--resume may name it), then claims a lineage. */
     run.lock_fd = -1;

@@ -134,6 +134,20 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+/* Whether path is a link into /proc, such as /dev/stdout (-> /proc/self/fd/1): a stream of
+ * this process, which may lead to a file (stdout redirected). Renaming a finished temporary
+ * over such a path replaces the link itself (as root, the system's /dev/stdout), not the
+ * file it leads to. */
+static int proc_link(const char *path) {
+    struct stat ls;
+    char target[64];
+    if (lstat(path, &ls) != 0 || !S_ISLNK(ls.st_mode)) return 0;
+    ssize_t k = readlink(path, target, sizeof target - 1);
+    if (k <= 0) return 0;
+    target[k] = '\0';
+    return strncmp(target, "/proc/", 6) == 0;
+}
+
 fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
                               int n_inputs, int allow_device) {
     if (!path || !path[0]) return fs_errorf(FS_ERR_USAGE, "%s: the path is empty", what);
@@ -144,7 +158,16 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     int exists = stat(path, &st) == 0;
     if (exists && S_ISDIR(st.st_mode))
         return fs_errorf(FS_ERR_USAGE, "%s %s: is a directory, not a file", what, path);
-    if (exists && !S_ISREG(st.st_mode) && !(allow_device && S_ISCHR(st.st_mode)))
+    /* allow_device: a terminal, /dev/null, a pipe (/dev/stdout | less), or a stream of this
+     * process redirected to a file (/dev/stdout > log) is written in place; without it such a
+     * stream is refused, since the final rename would replace the link */
+    const int stream = exists && proc_link(path);
+    if (stream && !allow_device)
+        return fs_errorf(FS_ERR_USAGE,
+                         "%s %s: is a stream of this process (a link into /proc), not a file: the "
+                         "finished file would replace the link; give the file's own path", what, path);
+    const int in_place = exists && allow_device && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || stream);
+    if (exists && !S_ISREG(st.st_mode) && !in_place)
         return fs_errorf(FS_ERR_USAGE,
                          "%s %s: exists and is not a regular file (a device, pipe or socket "
                          "would be replaced)", what, path);
@@ -152,7 +175,7 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
         if (inputs[i] && inputs[i][0] && same_file(path, inputs[i]))
             return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it",
                              what, path, inputs[i]);
-    if (exists && S_ISCHR(st.st_mode)) { /* allow_device: written in place, not renamed over */
+    if (in_place) { /* not renamed over */
         FILE *f = fopen(path, "a");
         if (!f) return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));
         fclose(f);
@@ -180,6 +203,57 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     close(fd);
     if (created) unlink(tmp);
     return FS_OK;
+}
+
+/* The temporary of an output: "<path>.tmp", or path itself (1) for a device, a pipe or a
+ * stream of this process (proc_link). */
+static int output_tmp(const char *path, char *tmp, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || proc_link(path)))
+        return snprintf(tmp, n, "%s", path) < (int)n ? 1 : -1;
+    return snprintf(tmp, n, "%s.tmp", path) < (int)n ? 0 : -1;
+}
+
+fs_status fs_cli_output_open(const char *what, const char *path, FILE **out) {
+    char tmp[4096];
+    *out = NULL;
+    int in_place = output_tmp(path, tmp, sizeof tmp);
+    if (in_place < 0) return fs_errorf(FS_ERR_USAGE, "%s %s: the path is too long", what, path);
+    /* stdout's own file (-o /dev/stdout > file): through a duplicate of its descriptor, which
+     * shares its offset, so that what the program prints there later follows the output
+     * rather than overwriting its start (a second open would also truncate the file) */
+    struct stat st, so;
+    if (in_place == 1 && stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(STDOUT_FILENO, &so) == 0 &&
+        st.st_dev == so.st_dev && st.st_ino == so.st_ino) {
+        fflush(stdout);
+        int fd = dup(STDOUT_FILENO);
+        *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (!*out && fd >= 0) close(fd);
+    } else {
+        *out = fopen(tmp, "wb");
+    }
+    if (!*out) return fs_errorf(FS_ERR_IO, "%s %s: cannot create %s: %s", what, path, tmp, strerror(errno));
+    return FS_OK;
+}
+
+fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f) {
+    char tmp[4096];
+    int device = output_tmp(path, tmp, sizeof tmp);
+    /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
+     * the buffer fails in fwrite itself); a device or a pipe is not fsynced (they refuse) */
+    int ok = fflush(f) == 0 && !ferror(f) && (device == 1 || fsync(fileno(f)) == 0);
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && device != 1 && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok) return FS_OK;
+    if (device != 1) unlink(tmp);
+    return fs_errorf(FS_ERR_IO, "%s %s: write failed: %s", what, path, strerror(e ? e : EIO));
 }
 
 fs_status fs_cli_model_load(fs_cli_model *m, const char *model_spec, const char *weights_path) {

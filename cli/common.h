@@ -27,8 +27,9 @@ fs_status fs_cli_prepare_output_path(const char *path);
 /* The start-up check of an output file, run before any work so that a path the run could
  * not write fails now and not hours later. `what` names the option in messages ("--out").
  * Refused (FS_ERR_USAGE, one line naming what and path): an empty path, a path that is a
- * directory, a path that exists and is not a regular file (unless allow_device: --metrics
- * may go to /dev/stdout), a path that is one of inputs[0..n_inputs) (same device and inode,
+ * directory, a path that exists and is not a regular file (unless allow_device: a character
+ * device or a pipe, written in place: --metrics or detokenize -o may go to /dev/stdout, a
+ * terminal or a pipe), a path that is one of inputs[0..n_inputs) (same device and inode,
  * or the same realpath when the output does not exist yet). Then the parent directories are
  * created (mkdir -p) and the temporary file the final write will use, "<path>.tmp" (the
  * pattern of safetensors.c, trace.c and tokenfile.c), is created and removed (a leftover one
@@ -37,6 +38,16 @@ fs_status fs_cli_prepare_output_path(const char *path);
  * directories created stay. */
 fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
                               int n_inputs, int allow_device);
+
+/* An output file written whole and then renamed into place, so that a run that fails or is
+ * interrupted leaves nothing a later run could take for a good file, and never replaces a
+ * previous file with half of a new one. After fs_cli_check_output has accepted path:
+ * fs_cli_output_open opens "<path>.tmp" for writing (a character device or a pipe, such as
+ * /dev/null or /dev/stdout when allowed, is opened in place). fs_cli_output_commit flushes,
+ * fsyncs and closes it and renames it to path; when a write into it failed, or anything there fails, the temporary is
+ * removed and path is left as it was: FS_ERR_IO naming what, path and the errno. */
+fs_status fs_cli_output_open(const char *what, const char *path, FILE **out);
+fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f);
 
 /* A model ready for inference, from any model source (source.h: a safetensors file, a
  * Hugging Face directory, a checkpoint): its config (or model_spec's, when given), the layout

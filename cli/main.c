@@ -1,6 +1,7 @@
 /*
  * cli/main.c — `flatshard <command> [options]`: dispatch to a command.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,23 @@ int fs_cli_report(const char *cmd, int status) {
     return status == FS_ERR_USAGE ? FS_EXIT_USAGE : FS_EXIT_RUNTIME;
 }
 
+/* The end of every command: what went to standard output is its result (eval --json >
+ * loss.json, generate > sample.txt), so a write there that failed (a full disk, a closed
+ * descriptor) makes the exit code 1 with one line, instead of 0 with half a result. A command
+ * that failed has said why already (detokenize names its own failed write): one line is
+ * enough. stdio keeps the first failure in ferror; errno names it when the final flush is what
+ * failed. */
+static int finish_stdout(const char *cmd, int rc) {
+    if (rc != FS_EXIT_OK) return rc;
+    errno = 0;
+    const int flush_failed = fflush(stdout) != 0;
+    const int e = errno;
+    if (!flush_failed && !ferror(stdout)) return rc;
+    fprintf(stderr, "flatshard%s%s: standard output: write failed%s%s\n", cmd ? " " : "", cmd ? cmd : "",
+            flush_failed && e ? ": " : "", flush_failed && e ? strerror(e) : "");
+    return FS_EXIT_RUNTIME;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         print_usage(stderr);
@@ -55,11 +73,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         print_usage(stdout);
-        return FS_EXIT_OK;
+        return finish_stdout(NULL, FS_EXIT_OK);
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("flatshard %s\n", FS_VERSION);
-        return FS_EXIT_OK;
+        return finish_stdout(NULL, FS_EXIT_OK);
     }
     const char *kernels_error = fs_kernels_env_error();
     if (kernels_error) {
@@ -80,7 +98,7 @@ int main(int argc, char **argv) {
         return FS_EXIT_USAGE;
     }
     for (const fs_command *c = commands; c->name; c++)
-        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+        if (strcmp(argv[1], c->name) == 0) return finish_stdout(c->name, c->run(argc - 1, argv + 1));
     fprintf(stderr, "flatshard: unknown command '%s'; run 'flatshard --help' for the list\n",
             argv[1]);
     return FS_EXIT_USAGE;

@@ -134,10 +134,10 @@ fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_confi
     if (st == FS_OK && cfg->max_mem_bytes > 0 && plan->total_bytes > cfg->max_mem_bytes)
         st = fs_errorf(FS_ERR_USAGE,
                        "the plan needs %.1f MiB per rank (%s, %s, %d rank%s), more than --max-mem "
-                       "%.1f MiB",
+                       "%zu bytes (%.1f MiB)", /* the bytes too: --max-mem 1K is not "0.0 MiB" */
                        (double)plan->total_bytes / 1048576.0, fs_strategy_name(cfg->strategy),
                        fs_precision_name(cfg->precision), world, world == 1 ? "" : "s",
-                       (double)cfg->max_mem_bytes / 1048576.0);
+                       cfg->max_mem_bytes, (double)cfg->max_mem_bytes / 1048576.0);
     if (st != FS_OK) {
         fs_plan_free(plan);
         fs_layout_free(layout);

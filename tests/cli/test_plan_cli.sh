@@ -42,6 +42,8 @@ run "plan this-machine as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --json
 cp "$WORK/out" "$WORK/cached.json"
 run "plan one rank as JSON from the cache" 0 "$FS" plan "${SMALL[@]}" --world 1 --json
 cp "$WORK/out" "$WORK/cached1.json"
+run "plan one rank as text" 0 "$FS" plan "${SMALL[@]}" --world 1
+expect "one rank is '1 rank' (it said '1 ranks')" grep -q "^  1 rank, yafsdp, " "$WORK/out"
 CHECK_ESTIMATE='
 import json, sys
 e = json.load(open(sys.argv[1]))

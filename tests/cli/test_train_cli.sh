@@ -108,6 +108,17 @@ for l in open(sys.argv[1]):
     assert abs(r["compute_time"] + r["exposed_comm_time"] - r["step_time"]) < 1e-5, r
     assert set(r["peak_bytes"]) >= {"master", "grads", "optimizer", "weight_buf", "grad_buf", "activations", "comm", "total"}, r
 ' "$WORK/m2.jsonl"
+# --metrics /dev/stdout with stdout redirected to a file: the rows go between the progress
+# lines (the file was opened a second time: truncated, the banner lost, lines overwritten)
+"$FS" train "${common[@]}" --batch 2 --progress lines --metrics /dev/stdout >"$WORK/both.log" 2>"$WORK/err"
+expect "--metrics /dev/stdout > FILE: the banner, 3 step lines and 3 JSON rows, intact" /usr/bin/python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert lines[0].startswith("flatshard train: tiny"), lines[:2]
+rows = [json.loads(l) for l in lines if l.startswith("{")]
+assert [r["step"] for r in rows] == [1, 2, 3], lines
+assert sum(l.startswith("step ") for l in lines) == 3, lines
+' "$WORK/both.log"
 # MFU = tokens/s x FLOPs per token / peak: one constant per run times tokens/s (both printed
 # rounded: mfu to 5 decimals, tokens/s to 0.1); its size depends on the calibration, below
 expect "every step's MFU is its tokens/s times one constant (FLOPs per token over the peak)" /usr/bin/python3 -c '
@@ -219,8 +230,15 @@ refuse "trace-svg of a file that is not a trace" 1 "not a Chrome Trace Event fil
 # --- bad input: one line, exit 2 for usage errors, 1 for runtime errors
 refuse "more ranks than the model can be split over" 2 "use at most [0-9]+ ranks" "$FS" train --data "$WORK/fortunes.bin" --ranks 200 --no-save
 refuse "unknown strategy" 2 "'fsdp' is not one of: ddp, zero1, zero2, zero3-param, yafsdp" "$FS" train --data x --strategy fsdp
-refuse "a plan over --max-mem" 2 "more than --max-mem" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
+refuse "a plan over --max-mem" 2 "more than --max-mem 10485760 bytes \(10.0 MiB\)$" "$FS" train --data "$WORK/fortunes.bin" --max-mem 10M --no-save
+refuse "a --max-mem below 1 MiB is named in bytes, not as 0.0 MiB" 2 "more than --max-mem 1024 bytes \(0.0 MiB\)$" \
+    "$FS" train --data "$WORK/fortunes.bin" --max-mem 1K --no-save
 refuse "--ckpt-layers beyond the model" 2 "--ckpt-layers 9" "$FS" train --data "$WORK/fortunes.bin" --ckpt-layers 9 --no-save
+refuse "--save-every without --save (no checkpoint would be written)" 2 "^flatshard train: --save-every and --keep need --save DIR" \
+    "$FS" train --data "$WORK/fortunes.bin" --save-every 5 --no-save
+refuse "--keep without --save" 2 "--save-every and --keep need --save DIR" "$FS" train --data "$WORK/fortunes.bin" --keep 1 --no-save
+refuse "--trace-steps without --trace" 2 "^flatshard train: --trace-steps needs --trace FILE.json" \
+    "$FS" train --data "$WORK/fortunes.bin" --trace-steps 3 --no-save
 refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten
@@ -237,7 +255,7 @@ printf '{"hidden_size": 64,' >"$WORK/broken.json"
 refuse "config that is not JSON" 1 "broken.json: invalid JSON" "$FS" train --model "$WORK/broken.json" --data "$WORK/fortunes.bin"
 printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100}' >"$WORK/v100.json"
 refuse "tokens beyond the vocabulary" 1 "fortunes.bin.*(token|position)" "$FS" train --model "$WORK/v100.json" --data "$WORK/fortunes.bin" --seq 16 --no-save
-refuse "eval without --weights" 2 "--weights FILE is required" "$FS" eval --data x
+refuse "eval without --weights" 2 "--weights PATH is required" "$FS" eval --data x
 refuse "generate from a missing file" 1 "/nonexistent.safetensors" "$FS" generate --weights /nonexistent.safetensors
 head -c 3000 "$WORK/model/tiny.safetensors" >"$WORK/cut.safetensors"
 refuse "eval of truncated weights" 1 "cut.safetensors" "$FS" eval --weights "$WORK/cut.safetensors" --data "$WORK/fortunes.bin"
