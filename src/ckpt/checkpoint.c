@@ -806,6 +806,14 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
         fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, data, recs, keep, lin) : FS_OK;
         st = fs_engine_agree(e, c);
     }
+    /* A save that failed (a full disk, a failed write, a peer gone) leaves nothing behind: its
+     * partial files would hold the space the next save needs until a writer's recovery ran.
+     * The agreement has ended every rank's writes; a commit that failed never moved the
+     * temporary directory into place (commit), so it holds no checkpoint anyone needs. */
+    if (st != FS_OK && rank == 0 && mine.name[0]) {
+        snprintf(tmp, sizeof tmp, "%s/%s.tmp", root, mine.name);
+        remove_dir(tmp); /* best effort: what stays is fs_ckpt_recover's */
+    }
     free(targets);
     free(recs);
     return st;

@@ -27,6 +27,8 @@ expect_all "the next save removed the crashed one's leftovers" '[ ! -e "$WORK/cr
 # --- a failed write during the step-4 save
 run "a failed write during a save exits 1" 1 env FLATSHARD_FAULT=write-fail-in-save:4 "$FS" train "${common[@]}" --save "$WORK/wfail" --save-every 1
 expect "the error names the file and the fault" grep -q "rank-0000[01]-of-00002.bin: write failed: injected fault" "$WORK/err"
+expect "the failed save's partial files are removed (no step-4 .tmp left to hold the space)" \
+    bash -c '[ ! -e "$1/step-00000004.tmp" ] && [ ! -e "$1/step-00000004" ]' _ "$WORK/wfail"
 run "the step-3 checkpoint is intact" 0 "$FS" inspect "$WORK/wfail"
 expect "inspect reads step 3 with every checksum ok" grep -q "step 3, seed 1, saved by 2 ranks" "$WORK/out"
 

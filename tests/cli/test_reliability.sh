@@ -129,6 +129,7 @@ if mount -t tmpfs -o size=60M tmpfs "$WORK/small" 2>/dev/null; then
     expect_all "one line names the file and 'No space left on device', and the last checkpoint" \
         '[ "$(wc -l <"$WORK/err")" -eq 1 ]' \
         'grep -q "step-00000002.tmp/rank-0000[01]-of-00002.bin: .*No space left on device.*the last checkpoint is $WORK/small/ck/step-00000001" "$WORK/err"'
+    expect "the failed save's partial files are removed, freeing the space" [ ! -e "$WORK/small/ck/step-00000002.tmp" ]
     run "the step-1 checkpoint is intact" 0 "$FS" inspect "$WORK/small/ck/step-00000001"
     expect "inspect verifies both rank files" [ "$(grep -c 'bin .*checksum ok' "$WORK/out")" -eq 2 ]
     umount "$WORK/small"
