@@ -819,7 +819,22 @@ static void report_stop(train_run *run) {
     if (run->stopped_at_step <= 0 || run->stop_reported) return;
     run->stop_reported = 1;
     const char *name = run->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
-    if (run->save_dir)
+    if (run->stopped_at_step >= run->cfg.steps) {
+        /* the signal came during the last step: --resume would find nothing left to do (and
+         * refuse), so say what is missing and how to get it */
+        char weights[1400] = "";
+        if (!run->no_save && run->save_dir)
+            snprintf(weights, sizeof weights, "; the weights were not written to %s ('flatshard export --from %s/%s "
+                     "--out DIR' writes them from the checkpoint)", run->out_path, run->save_dir, run->last_saved_name);
+        else if (!run->no_save)
+            snprintf(weights, sizeof weights, "; the weights were not written to %s", run->out_path);
+        if (run->save_dir)
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 ", the last; saved checkpoint %s/%s%s\n",
+                    name, run->stopped_at_step, run->save_dir, run->last_saved_name, weights);
+        else
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 ", the last; nothing saved (no --save)%s\n",
+                    name, run->stopped_at_step, weights);
+    } else if (run->save_dir)
         /* --resume DIR picks the newest save in DIR, and the lock kept any other run from
          * saving there since: it is this one */
         fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; saved checkpoint %s/%s"
