@@ -122,11 +122,38 @@ static fs_status write_text_file(const char *path, const char *text) {
     return st;
 }
 
+/* Opens a file of a checkpoint for reading; anything but a regular file is refused by name.
+ * A directory in a file's place otherwise read as "read error" or "4096 bytes, the manifest
+ * says ...: truncated", and a FIFO blocked the open for ever (SIGTERM too: train's handler
+ * only sets a flag), so the open does not wait (O_NONBLOCK, which a regular file ignores). */
+static int open_regular(const char *path, fs_status *st) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        *st = fs_errorf(FS_ERR_FORMAT, "%s: not a regular file (a directory, pipe or device where the checkpoint "
+                                       "has a file)", path);
+        close(fd);
+        return -1;
+    }
+    *st = FS_OK;
+    return fd;
+}
+
 /* Reads a whole small file into a NUL-terminated buffer. */
 static fs_status read_text_file(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    fs_status ost;
+    int fd = open_regular(path, &ost);
+    if (fd < 0) return ost;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);
@@ -1154,10 +1181,10 @@ fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
     const fs_ckpt_file *f = &ck->files[r];
     char path[2048];
     join(path, sizeof path, ck->dir, f->name);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
     fs_status st = FS_OK;
+    int fd = open_regular(path, &st);
+    if (fd < 0) return st;
+    struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
         st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
                        path, (long long)sb.st_size, (unsigned long long)f->bytes);
@@ -1203,8 +1230,9 @@ fs_status fs_ckpt_read(const fs_ckpt *ck, int array, const char *name, int64_t b
         const fs_ckpt_file *f = &ck->files[g->rank];
         char path[2048];
         join(path, sizeof path, ck->dir, f->name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        fs_status ost;
+        int fd = open_regular(path, &ost);
+        if (fd < 0) return ost;
         off_t at = (off_t)(((int64_t)array * f->numel + g->file_pos + (lo - g->begin)) * (int64_t)sizeof(float));
         size_t want = (size_t)(hi - lo) * sizeof(float), got = 0;
         char *out = (char *)(dst + (lo - begin));

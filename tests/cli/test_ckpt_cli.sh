@@ -61,6 +61,20 @@ printf 'X' | dd of="$WORK/bad/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notru
 run "inspect a corrupted checkpoint exits 1" 1 "$FS" inspect "$WORK/bad"
 expect "inspect names the corrupted file" grep -q "rank-00000-of-00002.bin: checksum mismatch" "$WORK/out"
 refuse "resume a corrupted checkpoint" 1 "rank-00000-of-00002.bin: checksum mismatch" "$FS" train "${common[@]}" --steps 9 --resume "$WORK/bad"
+# a directory or a FIFO where the checkpoint has a file: named as such (before: a directory
+# read as '4096 bytes, the manifest says ...: truncated', and a FIFO blocked the open for ever,
+# SIGTERM included). timeout -s KILL: a hang fails the check instead of the script.
+for kind in dir fifo; do
+    rm -rf "$WORK/odd-$kind" && cp -r "$WORK/full/step-00000005" "$WORK/odd-$kind"
+    rm "$WORK/odd-$kind/rank-00001-of-00002.bin"
+    if [ "$kind" = dir ]; then mkdir "$WORK/odd-$kind/rank-00001-of-00002.bin"; else mkfifo "$WORK/odd-$kind/rank-00001-of-00002.bin"; fi
+    run "inspect: a $kind for a rank file exits 1" 1 timeout -s KILL 60 "$FS" inspect "$WORK/odd-$kind"
+    expect "inspect says the $kind is not a regular file" grep -q "rank-00001-of-00002.bin: not a regular file" "$WORK/out"
+    refuse "resume: a $kind for a rank file" 1 "rank-00001-of-00002.bin: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-$kind"
+done
+rm -rf "$WORK/odd-manifest" && cp -r "$WORK/full/step-00000005" "$WORK/odd-manifest"
+rm "$WORK/odd-manifest/manifest.json" && mkfifo "$WORK/odd-manifest/manifest.json"
+refuse "resume: a FIFO for manifest.json" 1 "manifest.json: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-manifest"
 refuse "export to an unknown format" 2 "'onnx' is not one of: safetensors" "$FS" export --from "$WORK/full" --to onnx --out "$WORK/x"
 
 summary
