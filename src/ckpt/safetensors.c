@@ -16,7 +16,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -391,19 +390,24 @@ fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_en
         fs_st_header_free(&hdr);
         return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
     }
-    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path ||
-        snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path) >= (int)sizeof w->tmp) {
+    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path) {
         fs_st_header_free(&hdr);
         free(w);
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     }
     w->expected = hdr.data_bytes;
-    w->f = fopen(w->tmp, "wb");
+    /* a temporary file of this write's own (core.h): two exports to one path never mix */
+    int fd = fs_tmp_create(path, w->tmp, sizeof w->tmp);
+    w->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!w->f) {
-        int e = errno;
+        st = fd >= 0 ? fs_errorf(FS_ERR_IO, "%s: cannot open: %s", w->tmp, strerror(errno)) : FS_ERR_IO;
+        if (fd >= 0) {
+            close(fd);
+            unlink(w->tmp);
+        }
         fs_st_header_free(&hdr);
         free(w);
-        return fs_errorf(FS_ERR_IO, "%s.tmp: cannot create: %s", path, strerror(e));
+        return st;
     }
     int ok = fwrite(hdr.bytes, 1, hdr.size, w->f) == hdr.size;
     fs_st_header_free(&hdr);
@@ -460,21 +464,17 @@ void fs_st_writer_abort(fs_st_writer *w) {
 /* ------------------------------------------------------------------ one file, many writers */
 
 int fs_st_parallel_tmp_name(char *buf, size_t n, const char *path, uint64_t id) {
-    int k = snprintf(buf, n, "%s.%016llx.tmp", path, (unsigned long long)id);
-    return k >= 0 && (size_t)k < n;
+    return fs_tmp_name(buf, n, path, id);
 }
 
 fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id) {
     char tmp[4096];
     *id = 0;
-    /* a name of this save's own: two runs saving to the same path at once (a sweep left at
-     * the default --out) each write their own file and the last rename wins whole; with one
-     * shared name the second's O_TRUNC and writes went into the first's file, which was
-     * renamed in as a mixture of both models */
-    uint64_t mine = 0;
-    if (getrandom(&mine, sizeof mine, 0) != (ssize_t)sizeof mine)
-        mine = (uint64_t)getpid() << 32 ^ (uint64_t)(fs_now() * 1e9);
-    if (mine == 0) mine = 1; /* 0 means "none" to the callers */
+    /* a name of this save's own (core.h): two runs saving to the same path at once (a sweep
+     * left at the default --out) each write their own file and the last rename wins whole;
+     * with one shared name the second's O_TRUNC and writes went into the first's file, which
+     * was renamed in as a mixture of both models */
+    const uint64_t mine = fs_tmp_id();
     if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, mine)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
