@@ -60,6 +60,8 @@ cp -r "$WORK/full/step-00000005" "$WORK/bad"
 printf 'X' | dd of="$WORK/bad/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
 run "inspect a corrupted checkpoint exits 1" 1 "$FS" inspect "$WORK/bad"
 expect "inspect names the corrupted file" grep -q "rank-00000-of-00002.bin: checksum mismatch" "$WORK/out"
+expect "inspect also says so in one stderr line (before: nothing on stderr)" \
+    bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "^flatshard inspect: .*bad: 1 of 2 rank files failed verification: .*rank-00000-of-00002.bin: checksum mismatch" "$1"' _ "$WORK/err"
 refuse "resume a corrupted checkpoint" 1 "rank-00000-of-00002.bin: checksum mismatch" "$FS" train "${common[@]}" --steps 9 --resume "$WORK/bad"
 # a directory or a FIFO where the checkpoint has a file: named as such (before: a directory
 # read as '4096 bytes, the manifest says ...: truncated', and a FIFO blocked the open for ever,
