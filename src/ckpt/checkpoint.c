@@ -1127,6 +1127,8 @@ fs_status fs_ckpt_open(fs_ckpt *ck, const char *path) {
     if (st == FS_OK) {
         join(probe, sizeof probe, path, es[0].name); /* the newest: the highest save sequence number */
         st = open_dir(ck, probe);
+        if (st == FS_OK && n > 1) /* for fs_ckpt_load, should a rank file turn out damaged */
+            snprintf(ck->next_dir, sizeof ck->next_dir, "%s/%s", path, es[1].name);
     }
     if (st != FS_OK && n > 1) { /* say what else there is: never load it behind the user's back */
         char msg[1536];
@@ -1267,6 +1269,7 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
         for (int k = ct->first_range; k < ct->first_range + ct->n_ranges; k++)
             if (ck->ranges[k].begin < en && ck->ranges[k].end > b) touched[ck->ranges[k].rank] = 1;
     }
+    const int layout_ok = st == FS_OK;
     for (int r = 0; st == FS_OK && r < ck->world; r++)
         if (touched[r]) st = fs_ckpt_verify_file(ck, r);
     for (int i = 0; st == FS_OK && i < n; i++) {
@@ -1274,6 +1277,14 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
         int64_t b = piece_origin(ti) + sl[i].begin, en = piece_origin(ti) + sl[i].end;
         float *dst[FS_CKPT_ARRAYS] = {sl[i].master, sl[i].m, sl[i].v};
         for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++) st = fs_ckpt_read(ck, a, ti->name, b, en, dst[a]);
+    }
+    /* a damaged file of the newest checkpoint of a root: say what else there is, as
+     * fs_ckpt_open does for a damaged manifest (another model's checkpoint would not help) */
+    if (layout_ok && st != FS_OK && st != FS_ERR_NOMEM && ck->next_dir[0]) {
+        char msg[1536];
+        snprintf(msg, sizeof msg, "%s", fs_error_message());
+        st = fs_errorf(st, "%s; the next most recent complete checkpoint is %s (name it to resume from it)", msg,
+                       ck->next_dir);
     }
     free(sl);
     free(touched);

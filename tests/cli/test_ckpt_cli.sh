@@ -63,6 +63,14 @@ expect "inspect names the corrupted file" grep -q "rank-00000-of-00002.bin: chec
 expect "inspect also says so in one stderr line (before: nothing on stderr)" \
     bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "^flatshard inspect: .*bad: 1 of 2 rank files failed verification: .*rank-00000-of-00002.bin: checksum mismatch" "$1"' _ "$WORK/err"
 refuse "resume a corrupted checkpoint" 1 "rank-00000-of-00002.bin: checksum mismatch" "$FS" train "${common[@]}" --steps 9 --resume "$WORK/bad"
+# the newest checkpoint of a root with a damaged rank file: the line names the one before it,
+# as for a damaged manifest (before: only the damage, as if nothing else were there)
+cp -r "$WORK/full" "$WORK/badroot"
+printf 'X' | dd of="$WORK/badroot/step-00000005/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+refuse "resume a root whose newest checkpoint is damaged" 1 \
+    "step-00000005/rank-00000-of-00002.bin: checksum mismatch .*; the next most recent complete checkpoint is $WORK/badroot/step-00000004 \(name it to resume from it\)" \
+    "$FS" train "${common[@]}" --steps 9 --resume "$WORK/badroot"
+run "the one it names resumes" 0 "$FS" train "${common[@]}" --steps 6 --resume "$WORK/badroot/step-00000004"
 # a directory or a FIFO where the checkpoint has a file: named as such (before: a directory
 # read as '4096 bytes, the manifest says ...: truncated', and a FIFO blocked the open for ever,
 # SIGTERM included). timeout -s KILL: a hang fails the check instead of the script.
