@@ -398,8 +398,9 @@ static void format_setting(const rank_setting *s, uint64_t bits, char *buf, size
  * until --comm-timeout, or OpenMPI's heap corrupted by a truncated receive). So before
  * anything else the ranks exchange one value per setting (an all-gather of a fixed size,
  * which cannot mismatch) and every rank refuses the same first difference. Settings a rank
- * may choose alone (--threads, --max-mem, --metrics, --log-every, --comm-timeout, --out's
- * path, --memory's printing) are not compared. Collective. */
+ * may choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
+ * --comm-timeout, --progress, the paths of --out, --save, --init-from) are not compared.
+ * Collective. */
 static fs_status check_same_settings(fs_comm *comm, const train_run *run, const fs_train_config *c) {
     const fs_llama_config *m = &run->mcfg;
     uint64_t data = FS_FNV1A_BASIS; /* the stream: every shard's name and length */
