@@ -118,8 +118,9 @@ typedef struct fs_ckpt {
     int n_data_shards;
     fs_ckpt_shard *data_shards; /* (n_data_shards) in stream order */
     char next_dir[1100];    /* opened from a root: the next most recent complete checkpoint
-                             * there ("" none), which fs_ckpt_load names when a rank file of
-                             * this one is damaged (never loaded behind the user's back) */
+                             * there ("" none), which fs_ckpt_verify_file and the loads name
+                             * when a rank file of this one is damaged (never loaded behind
+                             * the user's back) */
 } fs_ckpt;
 
 /* A run's place in one --save root, kept by the writing rank (rank 0) between saves (its tag

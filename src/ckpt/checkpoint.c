@@ -1179,13 +1179,23 @@ fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
     return FS_OK;
 }
 
+/* A damaged file of the newest checkpoint of a root (ck->next_dir set): say what else there
+ * is, as fs_ckpt_open does for a damaged manifest; nothing older is loaded by itself. */
+static fs_status damaged(const fs_ckpt *ck, fs_status st) {
+    if (st == FS_OK || st == FS_ERR_NOMEM || !ck->next_dir[0]) return st;
+    char msg[1536];
+    snprintf(msg, sizeof msg, "%s", fs_error_message());
+    return fs_errorf(st, "%s; the next most recent complete checkpoint is %s (name it to resume from it)", msg,
+                     ck->next_dir);
+}
+
 fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
     const fs_ckpt_file *f = &ck->files[r];
     char path[2048];
     join(path, sizeof path, ck->dir, f->name);
     fs_status st = FS_OK;
     int fd = open_regular(path, &st);
-    if (fd < 0) return st;
+    if (fd < 0) return damaged(ck, st);
     struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
         st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
@@ -1208,7 +1218,7 @@ fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
                        path, crc, f->crc32);
     free(buf);
     close(fd);
-    return st;
+    return damaged(ck, st);
 }
 
 static int find_tensor(const fs_ckpt *ck, const char *name) {
@@ -1269,22 +1279,14 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
         for (int k = ct->first_range; k < ct->first_range + ct->n_ranges; k++)
             if (ck->ranges[k].begin < en && ck->ranges[k].end > b) touched[ck->ranges[k].rank] = 1;
     }
-    const int layout_ok = st == FS_OK;
     for (int r = 0; st == FS_OK && r < ck->world; r++)
-        if (touched[r]) st = fs_ckpt_verify_file(ck, r);
+        if (touched[r]) st = fs_ckpt_verify_file(ck, r); /* names ck->next_dir when damaged */
     for (int i = 0; st == FS_OK && i < n; i++) {
         const fs_tensor_info *ti = &l->tensors[sl[i].tensor];
         int64_t b = piece_origin(ti) + sl[i].begin, en = piece_origin(ti) + sl[i].end;
         float *dst[FS_CKPT_ARRAYS] = {sl[i].master, sl[i].m, sl[i].v};
-        for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++) st = fs_ckpt_read(ck, a, ti->name, b, en, dst[a]);
-    }
-    /* a damaged file of the newest checkpoint of a root: say what else there is, as
-     * fs_ckpt_open does for a damaged manifest (another model's checkpoint would not help) */
-    if (layout_ok && st != FS_OK && st != FS_ERR_NOMEM && ck->next_dir[0]) {
-        char msg[1536];
-        snprintf(msg, sizeof msg, "%s", fs_error_message());
-        st = fs_errorf(st, "%s; the next most recent complete checkpoint is %s (name it to resume from it)", msg,
-                       ck->next_dir);
+        for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++)
+            st = damaged(ck, fs_ckpt_read(ck, a, ti->name, b, en, dst[a]));
     }
     free(sl);
     free(touched);

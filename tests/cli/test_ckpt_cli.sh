@@ -70,6 +70,8 @@ printf 'X' | dd of="$WORK/badroot/step-00000005/rank-00000-of-00002.bin" bs=1 se
 refuse "resume a root whose newest checkpoint is damaged" 1 \
     "step-00000005/rank-00000-of-00002.bin: checksum mismatch .*; the next most recent complete checkpoint is $WORK/badroot/step-00000004 \(name it to resume from it\)" \
     "$FS" train "${common[@]}" --steps 9 --resume "$WORK/badroot"
+refuse "export from that root names it too" 1 "checksum mismatch .*; the next most recent complete checkpoint is $WORK/badroot/step-00000004" \
+    "$FS" export --from "$WORK/badroot" --out "$WORK/badroot-hf"
 run "the one it names resumes" 0 "$FS" train "${common[@]}" --steps 6 --resume "$WORK/badroot/step-00000004"
 # a directory or a FIFO where the checkpoint has a file: named as such (before: a directory
 # read as '4096 bytes, the manifest says ...: truncated', and a FIFO blocked the open for ever,
