@@ -94,18 +94,20 @@ static int piece_bytes(size_t bytes, size_t i) {
 /* One piece of a sendrecv: a nonblocking send and receive, polled (yielding the core between
  * polls) until both are done or cfg.timeout_s, when it is > 0, has passed. The receive is
  * posted only once a matched probe has seen the incoming message and its size (MPI_Improbe,
- * then MPI_Imrecv of exactly that message); a message of another size than rn sets *too_big
- * (its size) and ends the call: a longer one is never received. A plain receive smaller than its message is an error
- * MPI reports (MPI_ERR_TRUNCATE), but OpenMPI 4.1.4 (shared memory, CMA single copy) first
- * writes past the buffer: 4096 and more bytes past a 512-byte receive, observed, and
- * "malloc(): invalid size" when the ranks issued collectives of different sizes. */
+ * then MPI_Imrecv of exactly that message); a message of another size than rn sets
+ * *wrong_size (its size, else -1) and ends the call: a longer one is never received. A plain
+ * receive smaller than its message is an error MPI reports (MPI_ERR_TRUNCATE), but OpenMPI
+ * 4.1.4 (shared memory, CMA single copy) first writes past the buffer: 4096 and more bytes
+ * past a 512-byte receive, observed, and "malloc(): invalid size" when the ranks issued
+ * collectives of different sizes. */
 static int polled_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *rbuf, int rn,
-                           int src, MPI_Status *status, int *timed_out, int *stalled_peer, int *too_big) {
+                           int src, MPI_Status *status, int *timed_out, int *stalled_peer,
+                           int *wrong_size) {
     MPI_Comm comm = impl_of(c)->comm;
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     MPI_Status st[2];
     *timed_out = 0;
-    *too_big = -1;
+    *wrong_size = -1;
     int rc = MPI_Isend(sbuf, sn, MPI_BYTE, dst, FS_MPI_TAG, comm, &req[1]);
     /* nothing to receive (MPI_PROC_NULL): a receive that completes at once, as before */
     int matched = src == MPI_PROC_NULL;
@@ -128,7 +130,7 @@ static int polled_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *
                      * and no receive may stay posted on a buffer the caller frees); a longer
                      * one never is. This rank's own send is not waited for: the peer, in the
                      * same mismatch, may never take it. */
-                    *too_big = count;
+                    *wrong_size = count;
                     if (count < rn) rc = MPI_Mrecv(rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
                     return rc;
                 }
@@ -221,14 +223,14 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
         int sn = i < ns ? piece_bytes(sbytes, i) : 0;
         int rn = i < nr ? piece_bytes(rbytes, i) : 0;
         MPI_Status status;
-        int timed_out = 0, stalled = -1, too_big = -1;
+        int timed_out = 0, stalled = -1, wrong_size = -1;
         MPI_TRY(polled_sendrecv(c, sn > 0 ? (const char *)sbuf + so : NULL, sn,
                                 i < ns ? dst : MPI_PROC_NULL, rn > 0 ? (char *)rbuf + so : NULL,
-                                rn, i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled, &too_big),
+                                rn, i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled, &wrong_size),
                 "MPI_Isend/MPI_Irecv");
         if (timed_out) return mpi_no_progress(c, stalled);
         if (i < nr) {
-            int got = too_big;
+            int got = wrong_size;
             if (got < 0) MPI_Get_count(&status, MPI_BYTE, &got);
             if (got != rn)
                 return fs_errorf(FS_ERR_USAGE,
