@@ -366,12 +366,132 @@ static fs_status end_rank(fs_trainer *tr, fs_comm *comm, const train_run *run, f
     return st;
 }
 
+/* One setting every rank must share, as the 64 bits the ranks exchange: an integer, a real's
+ * bits, or a text's FNV-1a hash (0: not given). */
+typedef struct rank_setting {
+    const char *name;
+    char kind; /* 'i' integer, 'r' real, 's' text */
+    uint64_t bits;
+} rank_setting;
+
+static rank_setting setting_int(const char *name, int64_t v) { return (rank_setting){name, 'i', (uint64_t)v}; }
+static rank_setting setting_real(const char *name, double v) {
+    rank_setting s = {name, 'r', 0};
+    memcpy(&s.bits, &v, sizeof v);
+    return s;
+}
+static rank_setting setting_text(const char *name, const char *v) {
+    return (rank_setting){name, 's', v ? fs_fnv1a_str(v) : 0};
+}
+
+static void format_setting(const rank_setting *s, uint64_t bits, char *buf, size_t n) {
+    double r;
+    memcpy(&r, &bits, sizeof r);
+    if (s->kind == 'i') snprintf(buf, n, "%" PRId64, (int64_t)bits);
+    else snprintf(buf, n, "%.17g", r);
+}
+
+/* Under a launcher every process parses its own command line, and ranks given different
+ * options would not notice: another --lr or --seed and each rank's shard follows its own,
+ * silently; another --save-every, --eval-every, --steps or --no-save and the ranks issue
+ * collectives of different sizes at a save, an evaluation or the end (a size mismatch, a wait
+ * until --comm-timeout, or OpenMPI's heap corrupted by a truncated receive). So before
+ * anything else the ranks exchange one value per setting (an all-gather of a fixed size,
+ * which cannot mismatch) and every rank refuses the same first difference. Settings a rank
+ * may choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
+ * --comm-timeout, --progress, the paths of --out, --save, --init-from) are not compared.
+ * Collective. */
+static fs_status check_same_settings(fs_comm *comm, const train_run *run, const fs_train_config *c) {
+    const fs_llama_config *m = &run->mcfg;
+    uint64_t data = FS_FNV1A_BASIS; /* the stream: every shard's name and length */
+    for (int i = 0; run->data && i < run->data->n_shards; i++) {
+        const fs_token_data *d = &run->data->shards[i];
+        const char *base = strrchr(d->path, '/');
+        base = base ? base + 1 : d->path;
+        data = fs_fnv1a(data, base, strlen(base) + 1);
+        data = fs_fnv1a(data, &d->n_tokens, sizeof d->n_tokens);
+    }
+    const rank_setting set[] = {
+        setting_int("--model (hidden_size)", m->hidden_size),
+        setting_int("--model (intermediate_size)", m->intermediate_size),
+        setting_int("--model (num_hidden_layers)", m->num_hidden_layers),
+        setting_int("--model (num_attention_heads)", m->num_attention_heads),
+        setting_int("--model (num_key_value_heads)", m->num_key_value_heads),
+        setting_int("--model (vocab_size)", m->vocab_size),
+        setting_int("--model (max_position_embeddings)", m->max_position_embeddings),
+        setting_real("--model (rms_norm_eps)", m->rms_norm_eps),
+        setting_real("--model (rope_theta)", m->rope_theta),
+        setting_real("--model (initializer_range)", m->initializer_range),
+        setting_int("--model (tie_word_embeddings)", m->tie_word_embeddings),
+        setting_int("--data (its shards' names and lengths)", (int64_t)data),
+        setting_int("--steps", c->steps),
+        setting_int("--batch", c->batch),
+        setting_int("--seq", c->seq),
+        setting_int("--grad-accum", c->grad_accum),
+        setting_int("--warmup", c->warmup_steps),
+        setting_real("--lr", c->lr),
+        setting_real("--min-lr", c->min_lr),
+        setting_real("--weight-decay", c->adamw.weight_decay),
+        setting_real("--beta1", c->adamw.beta1),
+        setting_real("--beta2", c->adamw.beta2),
+        setting_real("--adam-eps", c->adamw.eps),
+        setting_real("--clip", c->clip),
+        setting_int("--seed", (int64_t)c->seed),
+        setting_int("--vocab-chunk", c->vocab_chunk_rows),
+        setting_text("--strategy", fs_strategy_name(c->strategy)),
+        setting_int("--shard-group", c->shard_group),
+        setting_text("--precision", fs_precision_name(c->precision)),
+        setting_int("--fp32-grad-wire", c->fp32_grad_wire),
+        setting_text("--device", fs_device_kind_name(c->device)),
+        setting_int("--overlap", c->overlap),
+        setting_int("--on-nan", c->on_nan),
+        setting_int("--debug-collectives", run->comm_cfg.debug),
+        setting_int("--resume (the step of its checkpoint; -1: none)", run->resume ? run->resume->step : -1),
+        setting_int("--init-from (given)", run->init_from != NULL),
+        setting_int("--save (given)", run->save_dir != NULL),
+        setting_int("--save-every", run->save_every),
+        setting_int("--eval-data (given)", run->eval_data != NULL),
+        setting_int("--eval-every", run->eval_every),
+        setting_int("--eval-batches", run->eval_batches),
+        setting_int("--trace (given)", run->trace_path != NULL),
+        setting_int("--trace-steps", run->trace_steps),
+        setting_int("--no-save", run->no_save),
+        setting_int("--memory", run->memory),
+        setting_int("--profile", run->profile),
+    };
+    enum { N = sizeof set / sizeof set[0] };
+    const int world = fs_comm_world(comm);
+    uint64_t mine[N], *all = calloc((size_t)world * N, sizeof *all);
+    if (!all) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the ranks' settings (%d ranks)", world);
+    for (int i = 0; i < N; i++) mine[i] = set[i].bits;
+    fs_status st = fs_comm_all_gather(mine, all, sizeof mine, FS_DTYPE_BYTES, comm);
+    for (int r = 1; st == FS_OK && r < world; r++)
+        for (int i = 0; i < N; i++) {
+            if (all[(size_t)r * N + i] == all[i]) continue;
+            char what[256], theirs[32], first[32];
+            if (set[i].kind == 's') { /* a hash: only that it differs is known */
+                snprintf(what, sizeof what, "rank %d has another %s than rank 0", r, set[i].name);
+            } else {
+                format_setting(&set[i], all[(size_t)r * N + i], theirs, sizeof theirs);
+                format_setting(&set[i], all[i], first, sizeof first);
+                snprintf(what, sizeof what, "rank %d has %s %s where rank 0 has %s", r, set[i].name, theirs, first);
+            }
+            st = fs_errorf(FS_ERR_USAGE,
+                           "the ranks were started with different options: %s (every rank must be given "
+                           "the same training options)", what);
+            break;
+        }
+    free(all);
+    return st;
+}
+
 static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
     const int lead = rank == 0;
     fs_train_config cfg = run->cfg;
     if (cfg.threads == 0) cfg.threads = fs_train_default_threads(run->ranks_here);
     if (run->resume) cfg.seed = run->resume->seed; /* the sampler must continue the same way */
+    FS_TRY(check_same_settings(comm, run, &cfg));
     fs_trainer tr;
     FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
     /* what the plan predicts and --memory measures: the GPU's allocator on a GPU */
@@ -724,7 +844,22 @@ static void report_stop(train_run *run) {
     if (run->stopped_at_step <= 0 || run->stop_reported) return;
     run->stop_reported = 1;
     const char *name = run->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
-    if (run->save_dir)
+    if (run->stopped_at_step >= run->cfg.steps) {
+        /* the signal came during the last step: --resume would find nothing left to do (and
+         * refuse), so say what is missing and how to get it */
+        char weights[1400] = "";
+        if (!run->no_save && run->save_dir)
+            snprintf(weights, sizeof weights, "; the weights were not written to %s ('flatshard export --from %s/%s "
+                     "--out DIR' writes them from the checkpoint)", run->out_path, run->save_dir, run->last_saved_name);
+        else if (!run->no_save)
+            snprintf(weights, sizeof weights, "; the weights were not written to %s", run->out_path);
+        if (run->save_dir)
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 ", the last; saved checkpoint %s/%s%s\n",
+                    name, run->stopped_at_step, run->save_dir, run->last_saved_name, weights);
+        else
+            fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 ", the last; nothing saved (no --save)%s\n",
+                    name, run->stopped_at_step, weights);
+    } else if (run->save_dir)
         /* --resume DIR picks the newest save in DIR, and the lock kept any other run from
          * saving there since: it is this one */
         fprintf(stderr, "flatshard train: %s: stopped after step %" PRId64 "; saved checkpoint %s/%s"

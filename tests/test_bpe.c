@@ -607,7 +607,30 @@ static void test_stream_writer(void) {
     CHECK_OK(fs_tokenfile_stream_append(&w, a, 2));
     fs_tokenfile_stream_abort(&w);
     struct stat sb;
-    CHECK(stat(tpath("gone.bin"), &sb) != 0 && stat(tpath("gone.bin.tmp"), &sb) != 0, "abort leaves nothing");
+    CHECK(stat(tpath("gone.bin"), &sb) != 0 && !tmp_file_left(tpath("gone.bin")), "abort leaves nothing");
+
+    /* two writers of one path at once (two 'tokenize -o same.bin'): the second opens while the
+     * first is half written; each commit must put in its own file, whole. With one shared
+     * "<path>.tmp" the second's O_TRUNC emptied the first's file and both wrote into it: the
+     * first commit renamed in a mixture, the second found no file. */
+    fs_tokenfile_stream w1, w2;
+    const int32_t one[] = {1, 2, 3, 4}, two[] = {7, 8, 9};
+    CHECK_OK(fs_tokenfile_stream_open(&w1, tpath("both.bin"), 300));
+    CHECK_OK(fs_tokenfile_stream_append(&w1, one, 2));
+    CHECK_OK(fs_tokenfile_stream_open(&w2, tpath("both.bin"), 300));
+    CHECK_OK(fs_tokenfile_stream_append(&w2, two, 3));
+    CHECK_OK(fs_tokenfile_stream_append(&w1, one + 2, 2));
+    CHECK_OK(fs_tokenfile_stream_commit(&w1));
+    CHECK_OK(fs_token_data_open(&d, tpath("both.bin")));
+    CHECK(d.n_tokens == 4 && fs_token_data_get(&d, 0) == 1 && fs_token_data_get(&d, 3) == 4,
+          "the first commit put in another file than its own: %lld tokens", (long long)d.n_tokens);
+    fs_token_data_close(&d);
+    CHECK_OK(fs_tokenfile_stream_commit(&w2));
+    CHECK_OK(fs_token_data_open(&d, tpath("both.bin")));
+    CHECK(d.n_tokens == 3 && fs_token_data_get(&d, 0) == 7 && fs_token_data_get(&d, 2) == 9,
+          "the second commit put in another file than its own: %lld tokens", (long long)d.n_tokens);
+    fs_token_data_close(&d);
+    CHECK(!tmp_file_left(tpath("both.bin")), "a temporary file is left after both commits");
 }
 
 static void test_documents_and_threads(void) {

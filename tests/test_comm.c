@@ -256,6 +256,23 @@ static void test_failing_rank_unblocks_the_others(void) {
             }
 }
 
+/* Rank 0 fails at once with a message that already names a rank, as fs_engine_agree hands
+ * every rank the failing rank's words ("rank 2: ..."); ranks 1 and 2 wait in a barrier that
+ * only rank 0's failure ends, so rank 0's failure is the first in time. */
+static fs_status relayed_failure_fn(fs_comm *comm, void *p) {
+    (void)p;
+    if (fs_comm_rank(comm) == 0) return fs_errorf(FS_ERR_IO, "rank 2: data.bin: checksum mismatch");
+    return fs_comm_barrier(comm);
+}
+
+static void test_relayed_failure_named_once(void) {
+    fs_status st = fs_comm_inproc_run(3, fs_comm_config_default(), relayed_failure_fn, NULL);
+    const char *msg = fs_error_message();
+    CHECK(st == FS_ERR_IO && strcmp(msg, "rank 2: data.bin: checksum mismatch") == 0,
+          "the relayed message names its rank once: %s '%s'", fs_status_name(st), msg);
+    /* a message naming no rank still gets the failing rank's: test_failing_rank_unblocks_the_others */
+}
+
 /* Faults around a split: 4 ranks split into groups {0, 1} and {2, 3}, and every rank
  * records what it returned and its message.
  *   SPLIT_PARENT_FAILS, SPLIT_GROUP_ABORTS: no timeout, so only the failure itself can
@@ -571,6 +588,7 @@ int main(void) {
         fs_test_run(cc_checks[current_check].name, run_current_check);
     RUN(test_staging_allocated_once);
     RUN(test_failing_rank_unblocks_the_others);
+    RUN(test_relayed_failure_named_once);
     RUN(test_failure_crosses_a_split);
     RUN(test_silent_rank_times_out);
     RUN(test_silent_rank_of_a_split_named_globally);

@@ -174,7 +174,7 @@ static void test_write_uint16_round_trip(void) {
     toks[N - 1] = 65535; /* the largest id uint16 holds, with vocab 65536 */
     const char *p = tpath("u16.bin");
     CHECK_OK(fs_tokenfile_write(p, toks, N, 65536));
-    CHECK(!file_exists(tpath("u16.bin.tmp")), "temporary removed by the rename");
+    CHECK(!tmp_file_left(tpath("u16.bin")), "temporary removed by the rename");
     fs_token_data d;
     CHECK_OK(fs_token_data_open(&d, p));
     CHECK(!d.is_text && d.token_bytes == 2 && d.vocab_size == 65536 && d.n_tokens == N,
@@ -291,7 +291,7 @@ static void test_write_replaces_and_refuses(void) {
     CHECK_OK(fs_token_data_open(&d, p));
     CHECK(d.n_tokens == 2, "existing file untouched by refused writes");
     fs_token_data_close(&d);
-    CHECK(!file_exists(tpath("replace.bin.tmp")), "no temporary left");
+    CHECK(!tmp_file_left(tpath("replace.bin")), "no temporary left");
 
     const char *nodir = tpath("no/such/dir/x.bin");
     st = fs_tokenfile_write(nodir, a, 4, 256);
@@ -672,7 +672,7 @@ static void test_tokenize_files(void) {
     CHECK_OK(fs_tokenize_files(out, paths, 4, &n));
     int64_t want_n = (int64_t)(strlen(a) + strlen(c)) + BIG;
     CHECK(n == want_n, "token count %lld, want %lld", (long long)n, (long long)want_n);
-    CHECK(!file_exists(tpath("corpus.bin.tmp")), "no temporary left");
+    CHECK(!tmp_file_left(tpath("corpus.bin")), "no temporary left");
     fs_token_data d;
     CHECK_OK(fs_token_data_open(&d, out));
     CHECK(!d.is_text && d.token_bytes == 2 && d.vocab_size == 256 && d.n_tokens == want_n,
@@ -719,7 +719,7 @@ static void test_tokenize_files(void) {
     CHECK(st == FS_ERR_FORMAT && strstr(fs_error_message(), "is a token file"),
           "llm.c Llama 3 file as text input: %s", fs_error_message());
     CHECK(fs_tokenize_files(out2, paths, 0, &n) == FS_ERR_USAGE, "no inputs");
-    CHECK(!file_exists(out2) && !file_exists(tpath("never.bin.tmp")), "no output on error");
+    CHECK(!file_exists(out2) && !tmp_file_left(tpath("never.bin")), "no output on error");
 
     /* more bytes than a token file can count (a sparse file of 2^31 bytes) */
     const char *huge = tpath("huge.txt");
@@ -730,7 +730,7 @@ static void test_tokenize_files(void) {
     st = fs_tokenize_files(out2, hp, 1, &n);
     CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "2147483648 bytes"),
           "2^31 bytes of text: %s: %s", fs_status_name(st), fs_error_message());
-    CHECK(!file_exists(out2) && !file_exists(tpath("never.bin.tmp")), "no output on error");
+    CHECK(!file_exists(out2) && !tmp_file_left(tpath("never.bin")), "no output on error");
     unlink(huge);
 }
 

@@ -14,6 +14,7 @@
  *   - export removes a stale model.safetensors.index.json and the shard files it names, and
  *     nothing else (names outside the directory, model.safetensors, non-safetensors files).
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,25 @@ static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%
 static int exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
+}
+
+/* Whether a temporary file of a save to path is left: "<path>.<id>.tmp" (fs_st_parallel). */
+static int tmp_left(const char *path) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash) *slash = '\0';
+    DIR *d = opendir(slash ? dir : ".");
+    if (!d) return 0;
+    int left = 0;
+    for (struct dirent *de; (de = readdir(d)) && !left;) {
+        size_t n = strlen(de->d_name), b = strlen(base);
+        left = n > b + 5 && strncmp(de->d_name, base, b) == 0 && de->d_name[b] == '.' &&
+               strcmp(de->d_name + n - 4, ".tmp") == 0;
+    }
+    closedir(d);
+    return left;
 }
 
 /* The whole file into a malloc'ed buffer (*n bytes), or NULL. */
@@ -116,24 +136,26 @@ static void test_parallel_protocol(void) {
     char ref[512], path[512], tmp[600];
     path_in(ref, sizeof ref, "ref.safetensors");
     path_in(path, sizeof path, "parts.safetensors");
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     CHECK_OK(fs_safetensors_write(ref, e, 2, NULL));
     fs_st_header h;
     CHECK_OK(fs_st_header_build(&h, e, 2, NULL));
 
     /* a writer that cannot see the file is told the filesystem must be shared */
     fs_st_parallel *p = NULL;
-    CHECK(fs_st_parallel_open(&p, path, &h) == FS_ERR_IO && strstr(fs_error_message(), "share") && !p,
+    CHECK(fs_st_parallel_open(&p, path, 1, &h) == FS_ERR_IO && strstr(fs_error_message(), "share") && !p,
           "open without create: %s", fs_error_message());
 
     /* two writers, in reverse order, one element at a time for the second */
-    CHECK_OK(fs_st_parallel_create(path, &h));
+    uint64_t id = 0;
+    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    CHECK(id != 0 && fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id), "the id %llx names a file",
+          (unsigned long long)id);
     struct stat sb;
     CHECK(stat(tmp, &sb) == 0 && (uint64_t)sb.st_size == h.size + h.data_bytes, "created at %lld bytes",
           (long long)sb.st_size);
     fs_st_parallel *w1 = NULL, *w2 = NULL;
-    CHECK_OK(fs_st_parallel_open(&w1, path, &h));
-    CHECK_OK(fs_st_parallel_open(&w2, path, &h));
+    CHECK_OK(fs_st_parallel_open(&w1, path, id, &h));
+    CHECK_OK(fs_st_parallel_open(&w2, path, id, &h));
     if (w1 && w2) {
         CHECK_OK(fs_st_parallel_write(w2, h.begin[1], b, sizeof b));
         for (int i = 3; i >= 0; i--) CHECK_OK(fs_st_parallel_write(w1, h.begin[0] + 4 * (uint64_t)i, &a[i], 4));
@@ -147,23 +169,61 @@ static void test_parallel_protocol(void) {
     CHECK_OK(fs_st_parallel_close(NULL));
     CHECK(stat(tmp, &sb) == 0 && (uint64_t)sb.st_size == h.size + h.data_bytes,
           "the refused writes changed the size to %lld", (long long)sb.st_size);
-    CHECK_OK(fs_st_parallel_commit(path, &h));
+    CHECK_OK(fs_st_parallel_commit(path, id, &h));
     CHECK(same_file(path, ref), "the file written in parts differs from the streamed one");
     CHECK(!exists(tmp), "the temporary file is left after the commit");
 
     /* a temporary file of the wrong size is not renamed over the good file, and goes */
-    CHECK_OK(fs_st_parallel_create(path, &h));
+    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id);
     CHECK(truncate(tmp, (off_t)(h.size + 4)) == 0, "truncate");
-    CHECK(fs_st_parallel_commit(path, &h) == FS_ERR_IO && strstr(fs_error_message(), "expected"),
+    CHECK(fs_st_parallel_commit(path, id, &h) == FS_ERR_IO && strstr(fs_error_message(), "expected"),
           "a short file was committed: %s", fs_error_message());
     CHECK(!exists(tmp), "a refused commit leaves the temporary file");
     CHECK(same_file(path, ref), "a refused commit changed the file in place");
 
     /* discard */
-    CHECK_OK(fs_st_parallel_create(path, &h));
-    fs_st_parallel_discard(path);
+    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id);
+    fs_st_parallel_discard(path, id);
     CHECK(!exists(tmp), "discard leaves the temporary file");
     CHECK(same_file(path, ref), "discard changed the file in place");
+
+    /* two saves to the same path at once (two runs with the same --out): the second's create
+     * must not truncate or share the first's file. Save 1 writes a, b; save 2 is created in
+     * the middle of it and writes other values; each commit puts one save's file in whole.
+     * With one shared temporary name save 2's create emptied save 1's file, save 1's commit
+     * put save 2's bytes in, and save 2's commit found no file. */
+    float a2[4] = {-1, -2, -3, -4}, b2[2] = {-5, -6};
+    const void *pa2[] = {a2}, *pb2[] = {b2};
+    fs_st_entry e2[2] = {e[0], e[1]};
+    e2[0].pieces = pa2;
+    e2[1].pieces = pb2;
+    char ref2[512], tmp1[600], tmp2[600];
+    path_in(ref2, sizeof ref2, "ref2.safetensors");
+    CHECK_OK(fs_safetensors_write(ref2, e2, 2, NULL));
+    uint64_t id1 = 0, id2 = 0;
+    fs_st_parallel *s1 = NULL, *s2 = NULL;
+    CHECK_OK(fs_st_parallel_create(path, &h, &id1));
+    CHECK_OK(fs_st_parallel_open(&s1, path, id1, &h));
+    if (s1) CHECK_OK(fs_st_parallel_write(s1, h.begin[0], a, sizeof a));
+    CHECK_OK(fs_st_parallel_create(path, &h, &id2));
+    CHECK(id1 != id2, "two saves got the same temporary file (id %llx)", (unsigned long long)id1);
+    CHECK_OK(fs_st_parallel_open(&s2, path, id2, &h));
+    if (s2) {
+        CHECK_OK(fs_st_parallel_write(s2, h.begin[0], a2, sizeof a2));
+        CHECK_OK(fs_st_parallel_write(s2, h.begin[1], b2, sizeof b2));
+    }
+    if (s1) CHECK_OK(fs_st_parallel_write(s1, h.begin[1], b, sizeof b));
+    CHECK_OK(fs_st_parallel_close(s1));
+    CHECK_OK(fs_st_parallel_close(s2));
+    CHECK_OK(fs_st_parallel_commit(path, id1, &h));
+    CHECK(same_file(path, ref), "the first save's commit put in another file than its own");
+    CHECK_OK(fs_st_parallel_commit(path, id2, &h));
+    CHECK(same_file(path, ref2), "the second save's commit put in another file than its own");
+    fs_st_parallel_tmp_name(tmp1, sizeof tmp1, path, id1);
+    fs_st_parallel_tmp_name(tmp2, sizeof tmp2, path, id2);
+    CHECK(!exists(tmp1) && !exists(tmp2), "a temporary file is left after both commits");
     fs_st_header_free(&h);
 }
 
@@ -251,9 +311,7 @@ static void test_sharded_save_equals_the_gathered_one(void) {
                     cases++;
                 }
     }
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    CHECK(!exists(tmp), "a temporary file is left");
+    CHECK(!tmp_left(path), "a temporary file is left");
     fs_test_note("%d cases", cases);
 }
 
@@ -261,10 +319,9 @@ static void test_a_failed_write_fails_every_rank(void) {
     fs_llama_config cfg = ec_model(0);
     int32_t in[MAX_W * 8], tg[MAX_W * 8];
     ec_batch(cfg.vocab_size, MAX_W, 8, in, tg);
-    char path[512], keep[512], tmp[600];
+    char path[512], keep[512];
     path_in(path, sizeof path, "faulty.safetensors");
     path_in(keep, sizeof keep, "faulty.keep");
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     save_spec s = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
                    .path = path};
     CHECK_OK(run_save(3, &s));
@@ -283,7 +340,7 @@ static void test_a_failed_write_fails_every_rank(void) {
         for (int r = 0; r < 3; r++)
             CHECK(s.status[r] != FS_OK, "fault on rank %d: rank %d returned ok", bad, r);
         CHECK(strstr(fs_error_message(), "injected fault") != NULL, "message: %s", fs_error_message());
-        CHECK(!exists(tmp), "fault on rank %d: the temporary file is left", bad);
+        CHECK(!tmp_left(path), "fault on rank %d: the temporary file is left", bad);
         CHECK(same_file(path, keep), "fault on rank %d: the previous file changed", bad);
     }
     CHECK_OK(run_save(3, &s));

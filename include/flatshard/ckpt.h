@@ -117,6 +117,10 @@ typedef struct fs_ckpt {
                              * checkpoints named their data) */
     int n_data_shards;
     fs_ckpt_shard *data_shards; /* (n_data_shards) in stream order */
+    char next_dir[1100];    /* opened from a root: the next most recent complete checkpoint
+                             * there ("" none), which fs_ckpt_verify_file and the loads name
+                             * when a rank file of this one is damaged (never loaded behind
+                             * the user's back) */
 } fs_ckpt;
 
 /* A run's place in one --save root, kept by the writing rank (rank 0) between saves (its tag
@@ -163,7 +167,8 @@ fs_status fs_ckpt_recover(const char *root, int *repaired);
  * unclaimed lin (run_id "") claims a new lineage (fs_ckpt_claim with new_lineage). keep > 0:
  * afterwards only this lineage's newest keep complete checkpoints remain. No complete
  * checkpoint, not even one of the same name, is touched before the new one is complete.
- * Faults (docs/reliability.md): crash-in-save-stage:NAME[:STEP] kills rank 0 (SIGKILL) at
+ * A save that fails leaves nothing: rank 0 removes its temporary directory (only a crash
+ * leaves one, for fs_ckpt_recover). Faults (docs/reliability.md): crash-in-save-stage:NAME[:STEP] kills rank 0 (SIGKILL) at
  * stage NAME of the commit: manifest, complete, swapped, pruning, or, forcing the path of
  * filesystems without RENAME_EXCHANGE, fallback-aside and fallback-swapped. */
 fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t seed, int keep,

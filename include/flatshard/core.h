@@ -205,4 +205,16 @@ uint64_t fs_rand_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_
 uint64_t fs_fnv1a(uint64_t h, const void *bytes, size_t n);
 uint64_t fs_fnv1a_str(const char *s);
 
+/* ------------------------------------------------------------------ temporary files */
+
+/* The temporary file of a write renamed over path when complete: "<path>.<id>.tmp", id 16
+ * hexadecimal digits. Each write has its own, so two processes writing one path at once never
+ * share a file and the last rename wins whole (tmpfile.c). fs_tmp_id: 64 random bits, never 0.
+ * fs_tmp_name: the name into buf, 0 when it does not fit. fs_tmp_create: a new id's file,
+ * created exclusively (O_WRONLY, O_CLOEXEC, mode 0644 before the umask), its name in tmp;
+ * the fd, or -1 with the error set (fs_errorf) naming the file. */
+uint64_t fs_tmp_id(void);
+int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
+int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes);
+
 #endif /* FLATSHARD_CORE_H */

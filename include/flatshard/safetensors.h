@@ -123,21 +123,27 @@ void fs_st_header_free(fs_st_header *h); /* idempotent, safe on a zeroed struct 
 /* One file written by several writers at once (the ranks of a run, threads or processes on a
  * filesystem they share), each writing its own byte ranges, so that no writer needs the
  * whole data. The protocol, with a barrier (fs_engine_agree) between the steps:
- *   1. one writer: fs_st_parallel_create writes the header to "<path>.tmp" and sizes the
- *      file to its final size (header + data), fsynced;
- *   2. every writer: fs_st_parallel_open, any number of fs_st_parallel_write (offsets in the
- *      data area; ranges of different writers must not overlap), fs_st_parallel_close
- *      (fsyncs that writer's bytes);
+ *   1. one writer: fs_st_parallel_create writes the header to a temporary file of its own,
+ *      "<path>.<id>.tmp" (id: 16 hexadecimal digits, random, returned in *id; the other
+ *      writers must be told it), and sizes the file to its final size (header + data),
+ *      fsynced;
+ *   2. every writer: fs_st_parallel_open with that id, any number of fs_st_parallel_write
+ *      (offsets in the data area; ranges of different writers must not overlap),
+ *      fs_st_parallel_close (fsyncs that writer's bytes);
  *   3. the first writer: fs_st_parallel_commit checks the size and renames over path, then
  *      fsyncs the directory; or, when any writer failed, fs_st_parallel_discard.
- * An existing file at path is replaced whole or not at all. Every failing call that created
- * or renamed removes the temporary file; open/write/close failures leave it to discard. */
+ * An existing file at path is replaced whole or not at all; two saves to the same path at
+ * once write different temporary files, and path ends as one of them, whole. Every failing
+ * call that created or renamed removes the temporary file; open/write/close failures leave
+ * it to discard. A crash leaves it behind (its name says which save it was). */
 typedef struct fs_st_parallel fs_st_parallel;
-fs_status fs_st_parallel_create(const char *path, const fs_st_header *h);
-fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, const fs_st_header *h);
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id);
+fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, uint64_t id, const fs_st_header *h);
 fs_status fs_st_parallel_write(fs_st_parallel *p, uint64_t data_offset, const void *data, size_t bytes);
 fs_status fs_st_parallel_close(fs_st_parallel *p); /* frees p, also on error; NULL: FS_OK */
-fs_status fs_st_parallel_commit(const char *path, const fs_st_header *h);
-void fs_st_parallel_discard(const char *path);
+fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h);
+void fs_st_parallel_discard(const char *path, uint64_t id); /* id 0: nothing */
+/* The temporary file's name into buf; 0 when it does not fit. */
+int fs_st_parallel_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
 
 #endif /* FLATSHARD_SAFETENSORS_H */

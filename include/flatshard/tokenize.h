@@ -34,7 +34,7 @@
 
 /* A token file written as the ids come (the header, with the count, goes last). */
 typedef struct fs_tokenfile_stream {
-    char path[512], tmp_path[520];
+    char path[512], tmp_path[544]; /* tmp_path: "<path>.<16 hex digits>.tmp" (fs_tmp_create) */
     int fd;
     int token_bytes; /* 2 or 4 */
     int32_t vocab_size;

@@ -122,11 +122,38 @@ static fs_status write_text_file(const char *path, const char *text) {
     return st;
 }
 
+/* Opens a file of a checkpoint for reading; anything but a regular file is refused by name.
+ * A directory in a file's place otherwise read as "read error" or "4096 bytes, the manifest
+ * says ...: truncated", and a FIFO blocked the open for ever (SIGTERM too: train's handler
+ * only sets a flag), so the open does not wait (O_NONBLOCK, which a regular file ignores). */
+static int open_regular(const char *path, fs_status *st) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        *st = fs_errorf(FS_ERR_FORMAT, "%s: not a regular file (a directory, pipe or device where the checkpoint "
+                                       "has a file)", path);
+        close(fd);
+        return -1;
+    }
+    *st = FS_OK;
+    return fd;
+}
+
 /* Reads a whole small file into a NUL-terminated buffer. */
 static fs_status read_text_file(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    fs_status ost;
+    int fd = open_regular(path, &ost);
+    if (fd < 0) return ost;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);
@@ -806,6 +833,14 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
         fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, data, recs, keep, lin) : FS_OK;
         st = fs_engine_agree(e, c);
     }
+    /* A save that failed (a full disk, a failed write, a peer gone) leaves nothing behind: its
+     * partial files would hold the space the next save needs until a writer's recovery ran.
+     * The agreement has ended every rank's writes; a commit that failed never moved the
+     * temporary directory into place (commit), so it holds no checkpoint anyone needs. */
+    if (st != FS_OK && rank == 0 && mine.name[0]) {
+        snprintf(tmp, sizeof tmp, "%s/%s.tmp", root, mine.name);
+        remove_dir(tmp); /* best effort: what stays is fs_ckpt_recover's */
+    }
     free(targets);
     free(recs);
     return st;
@@ -1092,6 +1127,8 @@ fs_status fs_ckpt_open(fs_ckpt *ck, const char *path) {
     if (st == FS_OK) {
         join(probe, sizeof probe, path, es[0].name); /* the newest: the highest save sequence number */
         st = open_dir(ck, probe);
+        if (st == FS_OK && n > 1) /* for fs_ckpt_load, should a rank file turn out damaged */
+            snprintf(ck->next_dir, sizeof ck->next_dir, "%s/%s", path, es[1].name);
     }
     if (st != FS_OK && n > 1) { /* say what else there is: never load it behind the user's back */
         char msg[1536];
@@ -1142,14 +1179,24 @@ fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
     return FS_OK;
 }
 
+/* A damaged file of the newest checkpoint of a root (ck->next_dir set): say what else there
+ * is, as fs_ckpt_open does for a damaged manifest; nothing older is loaded by itself. */
+static fs_status damaged(const fs_ckpt *ck, fs_status st) {
+    if (st == FS_OK || st == FS_ERR_NOMEM || !ck->next_dir[0]) return st;
+    char msg[1536];
+    snprintf(msg, sizeof msg, "%s", fs_error_message());
+    return fs_errorf(st, "%s; the next most recent complete checkpoint is %s (name it to resume from it)", msg,
+                     ck->next_dir);
+}
+
 fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
     const fs_ckpt_file *f = &ck->files[r];
     char path[2048];
     join(path, sizeof path, ck->dir, f->name);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
     fs_status st = FS_OK;
+    int fd = open_regular(path, &st);
+    if (fd < 0) return damaged(ck, st);
+    struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
         st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
                        path, (long long)sb.st_size, (unsigned long long)f->bytes);
@@ -1171,7 +1218,7 @@ fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
                        path, crc, f->crc32);
     free(buf);
     close(fd);
-    return st;
+    return damaged(ck, st);
 }
 
 static int find_tensor(const fs_ckpt *ck, const char *name) {
@@ -1195,8 +1242,9 @@ fs_status fs_ckpt_read(const fs_ckpt *ck, int array, const char *name, int64_t b
         const fs_ckpt_file *f = &ck->files[g->rank];
         char path[2048];
         join(path, sizeof path, ck->dir, f->name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        fs_status ost;
+        int fd = open_regular(path, &ost);
+        if (fd < 0) return ost;
         off_t at = (off_t)(((int64_t)array * f->numel + g->file_pos + (lo - g->begin)) * (int64_t)sizeof(float));
         size_t want = (size_t)(hi - lo) * sizeof(float), got = 0;
         char *out = (char *)(dst + (lo - begin));
@@ -1232,12 +1280,13 @@ fs_status fs_ckpt_load(const fs_ckpt *ck, fs_engine *e) {
             if (ck->ranges[k].begin < en && ck->ranges[k].end > b) touched[ck->ranges[k].rank] = 1;
     }
     for (int r = 0; st == FS_OK && r < ck->world; r++)
-        if (touched[r]) st = fs_ckpt_verify_file(ck, r);
+        if (touched[r]) st = fs_ckpt_verify_file(ck, r); /* names ck->next_dir when damaged */
     for (int i = 0; st == FS_OK && i < n; i++) {
         const fs_tensor_info *ti = &l->tensors[sl[i].tensor];
         int64_t b = piece_origin(ti) + sl[i].begin, en = piece_origin(ti) + sl[i].end;
         float *dst[FS_CKPT_ARRAYS] = {sl[i].master, sl[i].m, sl[i].v};
-        for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++) st = fs_ckpt_read(ck, a, ti->name, b, en, dst[a]);
+        for (int a = 0; st == FS_OK && a < FS_CKPT_ARRAYS; a++)
+            st = damaged(ck, fs_ckpt_read(ck, a, ti->name, b, en, dst[a]));
     }
     free(sl);
     free(touched);

@@ -390,19 +390,24 @@ fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_en
         fs_st_header_free(&hdr);
         return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
     }
-    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path ||
-        snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path) >= (int)sizeof w->tmp) {
+    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path) {
         fs_st_header_free(&hdr);
         free(w);
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     }
     w->expected = hdr.data_bytes;
-    w->f = fopen(w->tmp, "wb");
+    /* a temporary file of this write's own (core.h): two exports to one path never mix */
+    int fd = fs_tmp_create(path, w->tmp, sizeof w->tmp);
+    w->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!w->f) {
-        int e = errno;
+        st = fd >= 0 ? fs_errorf(FS_ERR_IO, "%s: cannot open: %s", w->tmp, strerror(errno)) : FS_ERR_IO;
+        if (fd >= 0) {
+            close(fd);
+            unlink(w->tmp);
+        }
         fs_st_header_free(&hdr);
         free(w);
-        return fs_errorf(FS_ERR_IO, "%s.tmp: cannot create: %s", path, strerror(e));
+        return st;
     }
     int ok = fwrite(hdr.bytes, 1, hdr.size, w->f) == hdr.size;
     fs_st_header_free(&hdr);
@@ -458,16 +463,20 @@ void fs_st_writer_abort(fs_st_writer *w) {
 
 /* ------------------------------------------------------------------ one file, many writers */
 
-/* "<path>.tmp" into buf; 0 when it does not fit. */
-static int tmp_name(char *buf, size_t n, const char *path) {
-    int k = snprintf(buf, n, "%s.tmp", path);
-    return k >= 0 && (size_t)k < n;
+int fs_st_parallel_tmp_name(char *buf, size_t n, const char *path, uint64_t id) {
+    return fs_tmp_name(buf, n, path, id);
 }
 
-fs_status fs_st_parallel_create(const char *path, const fs_st_header *h) {
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id) {
     char tmp[4096];
-    if (!tmp_name(tmp, sizeof tmp, path)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    *id = 0;
+    /* a name of this save's own (core.h): two runs saving to the same path at once (a sweep
+     * left at the default --out) each write their own file and the last rename wins whole;
+     * with one shared name the second's O_TRUNC and writes went into the first's file, which
+     * was renamed in as a mixture of both models */
+    const uint64_t mine = fs_tmp_id();
+    if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, mine)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     fs_status st = FS_OK;
     for (size_t done = 0; st == FS_OK && done < h->size;) {
@@ -484,6 +493,7 @@ fs_status fs_st_parallel_create(const char *path, const fs_st_header *h) {
     if (st == FS_OK && fsync(fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
     if (close(fd) != 0 && st == FS_OK) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
     if (st != FS_OK) unlink(tmp);
+    else *id = mine;
     return st;
 }
 
@@ -493,11 +503,11 @@ struct fs_st_parallel {
     uint64_t data_start, data_bytes;
 };
 
-fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, const fs_st_header *h) {
+fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, uint64_t id, const fs_st_header *h) {
     *out = NULL;
     fs_st_parallel *p = calloc(1, sizeof *p);
     if (!p) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", path);
-    if (!tmp_name(p->tmp, sizeof p->tmp, path)) {
+    if (!fs_st_parallel_tmp_name(p->tmp, sizeof p->tmp, path, id)) {
         free(p);
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     }
@@ -545,9 +555,9 @@ fs_status fs_st_parallel_close(fs_st_parallel *p) {
     return st;
 }
 
-fs_status fs_st_parallel_commit(const char *path, const fs_st_header *h) {
+fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h) {
     char tmp[4096];
-    if (!tmp_name(tmp, sizeof tmp, path)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     struct stat sb;
     fs_status st = FS_OK;
     if (stat(tmp, &sb) != 0)
@@ -565,9 +575,9 @@ fs_status fs_st_parallel_commit(const char *path, const fs_st_header *h) {
     return FS_OK;
 }
 
-void fs_st_parallel_discard(const char *path) {
+void fs_st_parallel_discard(const char *path, uint64_t id) {
     char tmp[4096];
-    if (tmp_name(tmp, sizeof tmp, path)) unlink(tmp);
+    if (id != 0 && fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id)) unlink(tmp);
 }
 
 fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,

@@ -181,18 +181,25 @@ fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *
         st = fs_mem_alloc(mem, FS_MEM_OTHER, p->save_bytes, "final save staging", (void **)&staging);
     if (st == FS_OK) fs_engine_state_slices(e, 1, sl, n);
 
-    /* 1. rank 0 creates the file at its final size; every rank decides together whether to go on */
-    if (st == FS_OK && lead) st = fs_st_parallel_create(path, &h);
+    /* 1. rank 0 creates the file at its final size; every rank decides together whether to go
+     * on, and learns the file's name (its id: the others contribute 0) */
+    uint64_t tmp_id = 0;
+    if (st == FS_OK && lead) st = fs_st_parallel_create(path, &h, &tmp_id);
     st = fs_engine_agree(e, st);
+    if (st == FS_OK) st = fs_engine_all_gather_bytes(e, &tmp_id, sizeof tmp_id, written_all);
+    for (int r = 0; st == FS_OK && r < world; r++) tmp_id |= written_all[r];
     /* 2. every rank writes its own slices and fsyncs them */
     uint64_t written = 0;
     if (st == FS_OK) {
         fs_st_parallel *w = NULL;
-        fs_status ws = n > 0 ? fs_st_parallel_open(&w, path, &h) : FS_OK;
+        fs_status ws = n > 0 ? fs_st_parallel_open(&w, path, tmp_id, &h) : FS_OK;
         if (ws == FS_OK && n > 0)
             ws = write_slices(w, l, &h, entry_of, sl, n, staging, p->save_bytes, &written);
-        if (ws == FS_OK && fs_fault_at("write-fail-in-final-save", rank, -1))
-            ws = fs_errorf(FS_ERR_IO, "%s.tmp: write failed: injected fault", path);
+        if (ws == FS_OK && fs_fault_at("write-fail-in-final-save", rank, -1)) {
+            char tmp[4096];
+            fs_st_parallel_tmp_name(tmp, sizeof tmp, path, tmp_id);
+            ws = fs_errorf(FS_ERR_IO, "%s: write failed: injected fault", tmp);
+        }
         fs_status cs = fs_st_parallel_close(w);
         st = fs_engine_agree(e, ws != FS_OK ? ws : cs);
     }
@@ -208,8 +215,8 @@ fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *
     }
     /* 3. rank 0 renames the complete file into place, or removes it */
     if (lead) {
-        if (st == FS_OK) st = fs_st_parallel_commit(path, &h);
-        else fs_st_parallel_discard(path);
+        if (st == FS_OK) st = fs_st_parallel_commit(path, tmp_id, &h);
+        else fs_st_parallel_discard(path, tmp_id);
     }
     st = fs_engine_agree(e, st);
     fs_mem_release(mem, staging);

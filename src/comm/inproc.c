@@ -649,6 +649,14 @@ typedef struct run_rank {
     fs_status st;
 } run_rank;
 
+/* Whether msg begins "rank R: " (R decimal): it says already which rank failed. */
+static int names_a_rank(const char *msg) {
+    if (strncmp(msg, "rank ", 5) != 0 || msg[5] < '0' || msg[5] > '9') return 0;
+    const char *p = msg + 5;
+    while (*p >= '0' && *p <= '9') p++;
+    return p[0] == ':' && p[1] == ' ';
+}
+
 static void *run_main(void *p) {
     run_rank *rr = p;
     fs_set_thread_rank(rr->comm->rank);
@@ -687,8 +695,14 @@ fs_status fs_comm_inproc_run_mems(int world, fs_comm_config cfg, fs_mem *const *
     }
     for (int r = 0; r < started; r++) pthread_join(threads[r], NULL);
     if (st == FS_OK && g->failed) {
-        /* The first failure in time is the cause; the others are its consequences. */
-        st = fs_errorf(FS_ERR_INTERNAL, "rank %d: %s", g->failed_rank, g->failed_msg);
+        /* The first failure in time is the cause; the others are its consequences. A message
+         * that already names a rank ("rank R: ...": every rank returns the failing rank's
+         * words so, fs_engine_agree) is not prefixed again: whichever rank returned first,
+         * "rank 0: rank 1: ..." blamed two ranks, differently from run to run. */
+        if (names_a_rank(g->failed_msg))
+            st = fs_errorf(FS_ERR_INTERNAL, "%s", g->failed_msg);
+        else
+            st = fs_errorf(FS_ERR_INTERNAL, "rank %d: %s", g->failed_rank, g->failed_msg);
         for (int r = 0; r < started; r++)
             if (r == g->failed_rank && ranks[r].st != FS_OK) st = ranks[r].st;
     }

@@ -29,7 +29,8 @@
  * against MPI_Sendrecv's spin. With no timeout (cfg.timeout_s 0) the same loop runs with no
  * deadline.
  *
- * Point-to-point is a sendrecv of bytes (MPI_Irecv and MPI_Isend), in pieces of at most 1 GiB
+ * Point-to-point is a sendrecv of bytes (MPI_Isend, and MPI_Improbe then MPI_Imrecv: see
+ * polled_sendrecv for why the receive waits for the probe), in pieces of at most 1 GiB
  * so that counts fit an int. The builtin collectives are MPI's; bf16 sums use a user-defined MPI_Op that adds in
  * fp32 and rounds each pairwise sum to bf16, which is all an MPI_Op can do; avg is MPI_SUM
  * followed by a local division.
@@ -90,26 +91,61 @@ static int piece_bytes(size_t bytes, size_t i) {
     return (int)(bytes - off < FS_MPI_PIECE_BYTES ? bytes - off : FS_MPI_PIECE_BYTES);
 }
 
-/* One piece of a sendrecv: a nonblocking receive and send, polled (yielding the core between
- * polls) until both are done or cfg.timeout_s, when it is > 0, has passed. */
+/* One piece of a sendrecv: a nonblocking send and receive, polled (yielding the core between
+ * polls) until both are done or cfg.timeout_s, when it is > 0, has passed. The receive is
+ * posted only once a matched probe has seen the incoming message and its size (MPI_Improbe,
+ * then MPI_Imrecv of exactly that message); a message of another size than rn sets
+ * *wrong_size (its size, else -1) and ends the call: a longer one is never received. A plain
+ * receive smaller than its message is an error MPI reports (MPI_ERR_TRUNCATE), but OpenMPI
+ * 4.1.4 (shared memory, CMA single copy) first writes past the buffer: 4096 and more bytes
+ * past a 512-byte receive, observed, and "malloc(): invalid size" when the ranks issued
+ * collectives of different sizes. */
 static int polled_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *rbuf, int rn,
-                           int src, MPI_Status *status, int *timed_out, int *stalled_peer) {
+                           int src, MPI_Status *status, int *timed_out, int *stalled_peer,
+                           int *wrong_size) {
     MPI_Comm comm = impl_of(c)->comm;
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     MPI_Status st[2];
-    int rc = MPI_Irecv(rbuf, rn, MPI_BYTE, src, FS_MPI_TAG, comm, &req[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(sbuf, sn, MPI_BYTE, dst, FS_MPI_TAG, comm, &req[1]);
+    *timed_out = 0;
+    *wrong_size = -1;
+    int rc = MPI_Isend(sbuf, sn, MPI_BYTE, dst, FS_MPI_TAG, comm, &req[1]);
+    /* nothing to receive (MPI_PROC_NULL): a receive that completes at once, as before */
+    int matched = src == MPI_PROC_NULL;
+    if (rc == MPI_SUCCESS && matched) rc = MPI_Irecv(rbuf, rn, MPI_BYTE, src, FS_MPI_TAG, comm, &req[0]);
     if (rc != MPI_SUCCESS) return rc;
     const int timed = c->cfg.timeout_s > 0;
     const double deadline = timed ? fs_now() + c->cfg.timeout_s : 0;
     int done = 0;
-    *timed_out = 0;
     for (;;) {
-        rc = MPI_Testall(2, req, &done, st);
-        if (rc != MPI_SUCCESS || done) break;
+        if (!matched) {
+            int flag = 0, count = 0;
+            MPI_Message msg;
+            MPI_Status ps;
+            rc = MPI_Improbe(src, FS_MPI_TAG, comm, &flag, &msg, &ps);
+            if (rc != MPI_SUCCESS) break;
+            if (flag) {
+                MPI_Get_count(&ps, MPI_BYTE, &count);
+                if (count != rn) {
+                    /* a mismatch: the caller fails. A shorter message is received (it fits,
+                     * and no receive may stay posted on a buffer the caller frees); a longer
+                     * one never is. This rank's own send is not waited for: the peer, in the
+                     * same mismatch, may never take it. */
+                    *wrong_size = count;
+                    if (count < rn) rc = MPI_Mrecv(rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+                    return rc;
+                }
+                rc = MPI_Imrecv(rbuf, rn, MPI_BYTE, &msg, &req[0]);
+                if (rc != MPI_SUCCESS) break;
+                matched = 1;
+            }
+        }
+        if (matched) {
+            rc = MPI_Testall(2, req, &done, st);
+            if (rc != MPI_SUCCESS || done) break;
+        }
         if (timed && fs_now() > deadline) {
             int recv_done = 0;
-            MPI_Test(&req[0], &recv_done, &st[0]);
+            if (matched) MPI_Test(&req[0], &recv_done, &st[0]);
             *timed_out = 1;
             *stalled_peer = recv_done ? dst : src;
             return MPI_SUCCESS; /* the requests stay posted: the caller aborts the job */
@@ -187,15 +223,15 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
         int sn = i < ns ? piece_bytes(sbytes, i) : 0;
         int rn = i < nr ? piece_bytes(rbytes, i) : 0;
         MPI_Status status;
-        int timed_out = 0, stalled = -1;
+        int timed_out = 0, stalled = -1, wrong_size = -1;
         MPI_TRY(polled_sendrecv(c, sn > 0 ? (const char *)sbuf + so : NULL, sn,
                                 i < ns ? dst : MPI_PROC_NULL, rn > 0 ? (char *)rbuf + so : NULL,
-                                rn, i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled),
+                                rn, i < nr ? src : MPI_PROC_NULL, &status, &timed_out, &stalled, &wrong_size),
                 "MPI_Isend/MPI_Irecv");
         if (timed_out) return mpi_no_progress(c, stalled);
         if (i < nr) {
-            int got = 0;
-            MPI_Get_count(&status, MPI_BYTE, &got);
+            int got = wrong_size;
+            if (got < 0) MPI_Get_count(&status, MPI_BYTE, &got);
             if (got != rn)
                 return fs_errorf(FS_ERR_USAGE,
                                  "rank %d sent a message of %d bytes where rank %d expected %d "

@@ -294,7 +294,7 @@ fs_status fs_token_data_check_length(const fs_token_data *d, int64_t T) {
 
 /* ------------------------------------------------------------------ writing */
 
-/* A file being written under "<path>.tmp" until commit renames it over path. */
+/* A file being written under "<path>.<id>.tmp" (fs_tmp_create) until commit renames it over path. */
 typedef struct tmp_writer {
     const char *path;
     char tmp_path[FS_TMP_PATH_BYTES];
@@ -304,13 +304,9 @@ typedef struct tmp_writer {
 static fs_status writer_open(tmp_writer *w, const char *path) {
     w->path = path;
     w->fd = -1;
-    int n = snprintf(w->tmp_path, sizeof w->tmp_path, "%s.tmp", path);
-    if (n < 0 || (size_t)n >= sizeof w->tmp_path)
-        return fs_errorf(FS_ERR_USAGE, "%s: path is too long", path);
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0)
-        return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
-    return FS_OK;
+    /* a temporary file of this write's own (core.h): two writers of one path never mix */
+    w->fd = fs_tmp_create(path, w->tmp_path, sizeof w->tmp_path);
+    return w->fd < 0 ? FS_ERR_IO : FS_OK;
 }
 
 /* Closes and removes the temporary file; path is untouched. Safe after a failed open. */

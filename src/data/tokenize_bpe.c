@@ -59,11 +59,11 @@ fs_status fs_tokenfile_stream_open(fs_tokenfile_stream *w, const char *path, int
         return fs_errorf(FS_ERR_USAGE, "%s: vocabulary size %d is not positive", path, vocab_size);
     if (strlen(path) >= sizeof w->path) return fs_errorf(FS_ERR_USAGE, "%s: path is too long", path);
     strcpy(w->path, path);
-    snprintf(w->tmp_path, sizeof w->tmp_path, "%s.tmp", path);
     w->token_bytes = vocab_size <= 65536 ? 2 : 4;
     w->vocab_size = vocab_size;
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    /* a temporary file of this write's own (core.h): two tokenize runs with one -o never mix */
+    w->fd = fs_tmp_create(path, w->tmp_path, sizeof w->tmp_path);
+    if (w->fd < 0) return FS_ERR_IO;
     uint8_t zero[HEADER_BYTES] = {0}; /* a placeholder: the header is written at commit */
     fs_status st = write_all(w, zero, sizeof zero, -1);
     if (st != FS_OK) fs_tokenfile_stream_abort(w);

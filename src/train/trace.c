@@ -77,10 +77,15 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
                               const int32_t *ev_track, int64_t n, int world,
                               const fs_layout *layout) {
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return fs_errorf(FS_ERR_USAGE, "--trace %s: path too long", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return fs_errorf(FS_ERR_IO, "--trace %s: cannot create: %s", tmp, strerror(errno));
+    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
+    if (fd < 0) return fs_errorf(FS_ERR_IO, "--trace %s", fs_error_message());
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        fs_status st = fs_errorf(FS_ERR_IO, "--trace %s: cannot open: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return st;
+    }
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"flatshard\"},\"traceEvents\":[\n");
     for (int r = 0; r < world; r++) {
         fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", r, r);

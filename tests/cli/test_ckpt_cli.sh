@@ -27,6 +27,8 @@ expect_all "the next save removed the crashed one's leftovers" '[ ! -e "$WORK/cr
 # --- a failed write during the step-4 save
 run "a failed write during a save exits 1" 1 env FLATSHARD_FAULT=write-fail-in-save:4 "$FS" train "${common[@]}" --save "$WORK/wfail" --save-every 1
 expect "the error names the file and the fault" grep -q "rank-0000[01]-of-00002.bin: write failed: injected fault" "$WORK/err"
+expect "the failed save's partial files are removed (no step-4 .tmp left to hold the space)" \
+    bash -c '[ ! -e "$1/step-00000004.tmp" ] && [ ! -e "$1/step-00000004" ]' _ "$WORK/wfail"
 run "the step-3 checkpoint is intact" 0 "$FS" inspect "$WORK/wfail"
 expect "inspect reads step 3 with every checksum ok" grep -q "step 3, seed 1, saved by 2 ranks" "$WORK/out"
 
@@ -58,7 +60,33 @@ cp -r "$WORK/full/step-00000005" "$WORK/bad"
 printf 'X' | dd of="$WORK/bad/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
 run "inspect a corrupted checkpoint exits 1" 1 "$FS" inspect "$WORK/bad"
 expect "inspect names the corrupted file" grep -q "rank-00000-of-00002.bin: checksum mismatch" "$WORK/out"
+expect "inspect also says so in one stderr line (before: nothing on stderr)" \
+    bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "^flatshard inspect: .*bad: 1 of 2 rank files failed verification: .*rank-00000-of-00002.bin: checksum mismatch" "$1"' _ "$WORK/err"
 refuse "resume a corrupted checkpoint" 1 "rank-00000-of-00002.bin: checksum mismatch" "$FS" train "${common[@]}" --steps 9 --resume "$WORK/bad"
+# the newest checkpoint of a root with a damaged rank file: the line names the one before it,
+# as for a damaged manifest (before: only the damage, as if nothing else were there)
+cp -r "$WORK/full" "$WORK/badroot"
+printf 'X' | dd of="$WORK/badroot/step-00000005/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+refuse "resume a root whose newest checkpoint is damaged" 1 \
+    "step-00000005/rank-00000-of-00002.bin: checksum mismatch .*; the next most recent complete checkpoint is $WORK/badroot/step-00000004 \(name it to resume from it\)" \
+    "$FS" train "${common[@]}" --steps 9 --resume "$WORK/badroot"
+refuse "export from that root names it too" 1 "checksum mismatch .*; the next most recent complete checkpoint is $WORK/badroot/step-00000004" \
+    "$FS" export --from "$WORK/badroot" --out "$WORK/badroot-hf"
+run "the one it names resumes" 0 "$FS" train "${common[@]}" --steps 6 --resume "$WORK/badroot/step-00000004"
+# a directory or a FIFO where the checkpoint has a file: named as such (before: a directory
+# read as '4096 bytes, the manifest says ...: truncated', and a FIFO blocked the open for ever,
+# SIGTERM included). timeout -s KILL: a hang fails the check instead of the script.
+for kind in dir fifo; do
+    rm -rf "$WORK/odd-$kind" && cp -r "$WORK/full/step-00000005" "$WORK/odd-$kind"
+    rm "$WORK/odd-$kind/rank-00001-of-00002.bin"
+    if [ "$kind" = dir ]; then mkdir "$WORK/odd-$kind/rank-00001-of-00002.bin"; else mkfifo "$WORK/odd-$kind/rank-00001-of-00002.bin"; fi
+    run "inspect: a $kind for a rank file exits 1" 1 timeout -s KILL 60 "$FS" inspect "$WORK/odd-$kind"
+    expect "inspect says the $kind is not a regular file" grep -q "rank-00001-of-00002.bin: not a regular file" "$WORK/out"
+    refuse "resume: a $kind for a rank file" 1 "rank-00001-of-00002.bin: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-$kind"
+done
+rm -rf "$WORK/odd-manifest" && cp -r "$WORK/full/step-00000005" "$WORK/odd-manifest"
+rm "$WORK/odd-manifest/manifest.json" && mkfifo "$WORK/odd-manifest/manifest.json"
+refuse "resume: a FIFO for manifest.json" 1 "manifest.json: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-manifest"
 refuse "export to an unknown format" 2 "'onnx' is not one of: safetensors" "$FS" export --from "$WORK/full" --to onnx --out "$WORK/x"
 
 summary

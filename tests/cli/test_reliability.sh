@@ -129,6 +129,7 @@ if mount -t tmpfs -o size=60M tmpfs "$WORK/small" 2>/dev/null; then
     expect_all "one line names the file and 'No space left on device', and the last checkpoint" \
         '[ "$(wc -l <"$WORK/err")" -eq 1 ]' \
         'grep -q "step-00000002.tmp/rank-0000[01]-of-00002.bin: .*No space left on device.*the last checkpoint is $WORK/small/ck/step-00000001" "$WORK/err"'
+    expect "the failed save's partial files are removed, freeing the space" [ ! -e "$WORK/small/ck/step-00000002.tmp" ]
     run "the step-1 checkpoint is intact" 0 "$FS" inspect "$WORK/small/ck/step-00000001"
     expect "inspect verifies both rank files" [ "$(grep -c 'bin .*checksum ok' "$WORK/out")" -eq 2 ]
     umount "$WORK/small"
@@ -164,6 +165,17 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     # ranks 0 and 2 are alive, only waiting (rank 0 on rank 2 in the ring): neither is blamed
     expect "$label: no live rank is blamed" bash -c '! grep -q "no progress from rank [02] " "$1"' _ "$WORK/err"
     expect "$label: no process is left" [ -z "$(pgrep -f "$tag-hang")" ]
+    # ranks started with different options (each process parses its own command line): the
+    # ranks exchange their settings before the first step and all refuse the first difference.
+    # Another --lr trained on silently (each rank's shard with its own rate); another
+    # --save-every issued collectives of different sizes at the first save (OpenMPI's heap
+    # was corrupted: "malloc(): invalid size", SIGABRT)
+    run "$label: rank 1 started with another --lr: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --lr 0.01
+    expect "$label: the option and both values are named" grep -q "different options: rank 1 has --lr 0.01 where rank 0 has 0.001" "$WORK/err"
+    run "$label: rank 1 started with another --save-every: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 2 : -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 3
+    expect_all "$label: named before any step: no crash, no checkpoint" \
+        'grep -q "rank 1 has --save-every 3 where rank 0 has 2" "$WORK/err"' \
+        '! grep -Eq "Signal:|malloc" "$WORK/err"' '[ -z "$(ls -d "$tag-opts"/step-* 2>/dev/null)" ]'
 }
 # the launchers' exit codes differ (OpenMPI's mpirun exits 1 after MPI_Abort, 137 for a
 # killed process; MPICH's hydra passes on other codes): what matters is failed or not, and
@@ -173,14 +185,14 @@ export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
     mpi_fault_runs openmpi "$FS" mpirun --allow-run-as-root --oversubscribe --bind-to none
 else
-    skip "OpenMPI fault runs (6 checks)" "mpirun is not installed (Debian: openmpi-bin)"
+    skip "OpenMPI fault runs (10 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
 # a failed MPICH build is a failure (the tools are there and our code does not build),
 # missing MPICH a skip
 if [ -n "$SAN" ]; then
-    skip_by_design "MPICH fault runs (6 checks)" "this is a $SAN run; the plain run covers MPICH"
+    skip_by_design "MPICH fault runs (10 checks)" "this is a $SAN run; the plain run covers MPICH"
 elif ! command -v mpirun.mpich >/dev/null 2>&1 || ! command -v mpicc.mpich >/dev/null 2>&1; then
-    skip "MPICH fault runs (6 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
+    skip "MPICH fault runs (10 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
 elif make -s MPI=mpich -j2 build-mpich/flatshard >"$WORK/mpich.log" 2>&1; then
     mpi_fault_runs mpich build-mpich/flatshard mpirun.mpich
 else

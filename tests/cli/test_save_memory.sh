@@ -139,10 +139,27 @@ expect "no temporary file is left beside the saved weights" bash -c '! ls "$1"/*
 cp "$WORK/m.safetensors" "$WORK/keep.safetensors"
 run "a failing write on rank 1 fails the run" 1 \
     env FLATSHARD_FAULT=write-fail-in-final-save:1 "$FS" train --model tiny --data "$WORK/data.bin" --steps 1 --batch 2 --seq 64 --ranks 2 --out "$WORK/m.safetensors"
-expect "the failure names the file" grep -q "m.safetensors.tmp: write failed: injected fault" "$WORK/err"
+expect "the failure names the file" grep -Eq "m.safetensors.[0-9a-f]{16}.tmp: write failed: injected fault" "$WORK/err"
 expect "the failure is one line" [ "$(wc -l <"$WORK/err")" -eq 1 ]
 expect "the previous weights file is untouched" cmp "$WORK/m.safetensors" "$WORK/keep.safetensors"
-expect "the temporary file is removed" [ ! -e "$WORK/m.safetensors.tmp" ]
+expect "the temporary file is removed" bash -c '! ls "$1"/m.safetensors.*.tmp 2>/dev/null | grep -q .' _ "$WORK"
+
+# --- two runs saving to the same --out at once (a sweep left at the default out/model.safetensors):
+# each writes a temporary file of its own and the file ends as one of them, whole. With one
+# shared temporary name the second's writes went into the first's file: exit 0 and a mixture
+# of both models, or the first failing with 'm.safetensors.tmp: No such file or directory'.
+# Whether the two saves overlap here depends on timing (the outcome checked does not); the
+# deterministic interleaving is test_export.c's test_parallel_protocol.
+for seed in 1 2; do
+    run "seed $seed alone" 0 "$FS" train --model tiny --data "$WORK/data.bin" --steps 2 --batch 2 --seq 64 --ranks 2 --seed "$seed" --out "$WORK/alone$seed.safetensors"
+done
+"$FS" train --model tiny --data "$WORK/data.bin" --steps 2 --batch 2 --seq 64 --ranks 2 --seed 1 --out "$WORK/both.safetensors" >"$WORK/out1" 2>"$WORK/err1" &
+pid1=$!
+run "two runs save to the same --out at once" 0 "$FS" train --model tiny --data "$WORK/data.bin" --steps 2 --batch 2 --seq 64 --ranks 2 --seed 2 --out "$WORK/both.safetensors"
+wait "$pid1"
+expect "the other run succeeds too" [ "$?" -eq 0 ]
+expect "the file is one run's weights, whole" bash -c 'cmp -s "$1/both.safetensors" "$1/alone1.safetensors" || cmp -s "$1/both.safetensors" "$1/alone2.safetensors"' _ "$WORK"
+expect "no temporary file is left" bash -c '! ls "$1"/both.safetensors.*.tmp 2>/dev/null | grep -q .' _ "$WORK"
 
 # --- export from a checkpoint streams: its peak RSS stays far below the model's size
 if [ -n "$SAN" ]; then

@@ -29,6 +29,14 @@ expect "step 4 never ran" bash -c "! grep -q '^step     4/8' '$WORK/out'"
 expect "the checkpoint of step 3 is complete" test -f "$WORK/ck/step-00000003/COMPLETE"
 expect "no later checkpoint" bash -c "[ \"\$(ls '$WORK/ck' | grep -c '^step-')\" -eq 1 ]"
 
+# the signal in the last step: the line must not send the user to --resume (which finds
+# nothing left to do and refuses), but say the weights were not written and how to get them
+FLATSHARD_FAULT=signal-at:3 run "SIGINT in the last step: exit 130" 130 "$FS" train "${small[@]}" --ranks 2 --steps 3 \
+    --save "$WORK/last" --out "$WORK/last.safetensors"
+expect "the line says it was the last step and how to write the weights, not --resume" \
+    grep -qx "flatshard train: SIGINT: stopped after step 3, the last; saved checkpoint $WORK/last/step-00000003; the weights were not written to $WORK/last.safetensors ('flatshard export --from $WORK/last/step-00000003 --out DIR' writes them from the checkpoint)" "$WORK/err"
+expect_all "no weights file; the checkpoint of step 3 is complete" '[ ! -e "$WORK/last.safetensors" ]' '[ -f "$WORK/last/step-00000003/COMPLETE" ]'
+
 # the signal on rank 1 only: every rank still stops after the same step
 FLATSHARD_FAULT=signal-at:2:1 run "SIGINT on rank 1 in step 2: exit 130" 130 "$FS" train "${small[@]}" --ranks 2 \
     --steps 8 --no-save --metrics "$WORK/m1.jsonl"

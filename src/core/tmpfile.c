@@ -1,0 +1,46 @@
+/*
+ * tmpfile.c — the temporary file of an atomic write: "<path>.<id>.tmp", the id 64 random
+ * bits, created exclusively.
+ *
+ * Every output flatshard writes whole (token files, safetensors files, the final weights) is
+ * written under a temporary name and renamed over its path when complete. With one fixed
+ * name ("<path>.tmp"), two processes writing one path at once opened the same file with
+ * O_TRUNC and wrote into it together; the first rename put in a mixture of both outputs and
+ * the second failed. A name of each write's own makes the last rename win, whole. What this
+ * does not do: remove the temporary files of writers that crashed (their names differ).
+ */
+#define _GNU_SOURCE
+#include "flatshard/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+uint64_t fs_tmp_id(void) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        id = (uint64_t)getpid() << 32 ^ (uint64_t)(fs_now() * 1e9); /* no entropy source: unique enough per process */
+    return id ? id : 1; /* 0 means "none" to callers */
+}
+
+int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id) {
+    int k = snprintf(buf, n, "%s.%016llx.tmp", path, (unsigned long long)id);
+    return k >= 0 && (size_t)k < n;
+}
+
+int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes) {
+    for (int attempt = 0; attempt < 8; attempt++) {
+        if (!fs_tmp_name(tmp, tmp_bytes, path, fs_tmp_id())) {
+            fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+            return -1;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) return fd;
+        if (errno != EEXIST) break;
+    }
+    fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    return -1;
+}
