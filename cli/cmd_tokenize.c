@@ -147,11 +147,11 @@ int fs_cmd_detokenize(int argc, char **argv) {
     fs_token_data_close(&data);
     fs_bpe_free(bpe);
     if (st == FS_OK && out) { /* written whole under a temporary name, then renamed */
-        FILE *f = NULL;
-        st = fs_cli_output_open("-o", out, &f);
+        fs_cli_output o;
+        st = fs_cli_output_open("-o", out, &o);
         if (st == FS_OK) {
-            fwrite(text, 1, n_bytes, f); /* a short write sets the error that commit reports */
-            st = fs_cli_output_commit("-o", out, f);
+            fwrite(text, 1, n_bytes, o.f); /* a short write sets the error that commit reports */
+            st = fs_cli_output_commit("-o", out, &o);
         }
     } else if (st == FS_OK) {
         if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)

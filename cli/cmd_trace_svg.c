@@ -109,12 +109,13 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         steps_present(tf, have, sizeof have);
         return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline holds %s (train --trace-steps sets how many)", step, have);
     }
-    FILE *f = NULL; /* written as "<out>.tmp", renamed when complete */
-    fs_status st = fs_cli_output_open("-o", out, &f);
+    fs_cli_output o; /* written under a temporary name, renamed when complete */
+    fs_status st = fs_cli_output_open("-o", out, &o);
     if (st != FS_OK) {
         free(boxes);
         return st;
     }
+    FILE *f = o.f;
     /* a step whose boxes all have zero length at one instant still gets a 1 us axis */
     const double left = 130, right = 20, top = 50, row = 24, gap = 14, span = t1 > t0 ? t1 - t0 : 1.0;
     const double plot = width - left - right, height = top + world * (2 * row + gap) + 90;
@@ -160,7 +161,7 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
     }
     fprintf(f, "</svg>\n");
     free(boxes);
-    return fs_cli_output_commit("-o", out, f);
+    return fs_cli_output_commit("-o", out, &o);
 }
 
 /* Reads a whole timeline into *text (NUL-terminated, malloc'ed), to EOF rather than to a size

@@ -192,67 +192,69 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     }
     free(copy);
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return fs_errorf(FS_ERR_USAGE, "%s %s: the path is too long", what, path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    int created = fd >= 0;
-    if (fd < 0 && errno == EEXIST) fd = open(tmp, O_WRONLY | O_CLOEXEC); /* a leftover: keep it */
+    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a temporary like the final write's */
     if (fd < 0)
         return fs_errorf(FS_ERR_IO, "%s %s: cannot create the file %s: %s", what, path, tmp,
                          strerror(errno));
     close(fd);
-    if (created) unlink(tmp);
+    unlink(tmp);
     return FS_OK;
 }
 
-/* The temporary of an output: "<path>.tmp", or path itself (1) for a device, a pipe or a
- * stream of this process (proc_link). */
-static int output_tmp(const char *path, char *tmp, size_t n) {
+/* Whether path is written in place rather than through a temporary renamed over it: a
+ * character device, a pipe, or a stream of this process (proc_link). */
+static int output_in_place(const char *path) {
     struct stat st;
-    if (stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || proc_link(path)))
-        return snprintf(tmp, n, "%s", path) < (int)n ? 1 : -1;
-    return snprintf(tmp, n, "%s.tmp", path) < (int)n ? 0 : -1;
+    return stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || proc_link(path));
 }
 
-fs_status fs_cli_output_open(const char *what, const char *path, FILE **out) {
-    char tmp[4096];
-    *out = NULL;
-    int in_place = output_tmp(path, tmp, sizeof tmp);
-    if (in_place < 0) return fs_errorf(FS_ERR_USAGE, "%s %s: the path is too long", what, path);
-    /* stdout's own file (-o /dev/stdout > file): through a duplicate of its descriptor, which
-     * shares its offset, so that what the program prints there later follows the output
-     * rather than overwriting its start (a second open would also truncate the file) */
+fs_status fs_cli_output_open(const char *what, const char *path, fs_cli_output *out) {
+    memset(out, 0, sizeof *out);
+    out->in_place = output_in_place(path);
     struct stat st, so;
-    if (in_place == 1 && stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(STDOUT_FILENO, &so) == 0 &&
-        st.st_dev == so.st_dev && st.st_ino == so.st_ino) {
+    if (!out->in_place) { /* a temporary of this write's own (core.h: fs_tmp_create) */
+        int fd = fs_tmp_create(path, out->tmp, sizeof out->tmp);
+        if (fd < 0)
+            return fs_errorf(FS_ERR_IO, "%s %s: cannot create the file %s: %s", what, path, out->tmp,
+                             strerror(errno));
+        out->f = fdopen(fd, "wb");
+        if (!out->f) {
+            close(fd);
+            unlink(out->tmp);
+        }
+    } else if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(STDOUT_FILENO, &so) == 0 &&
+               st.st_dev == so.st_dev && st.st_ino == so.st_ino) {
+        /* stdout's own file (-o /dev/stdout > file): through a duplicate of its descriptor,
+         * which shares its offset, so that what the program prints there later follows the
+         * output rather than overwriting its start (a second open would also truncate it) */
         fflush(stdout);
         int fd = dup(STDOUT_FILENO);
-        *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
-        if (!*out && fd >= 0) close(fd);
+        out->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (!out->f && fd >= 0) close(fd);
     } else {
-        *out = fopen(tmp, "wb");
+        out->f = fopen(path, "wb");
     }
-    if (!*out) return fs_errorf(FS_ERR_IO, "%s %s: cannot create %s: %s", what, path, tmp, strerror(errno));
+    if (!out->f) return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));
     return FS_OK;
 }
 
-fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f) {
-    char tmp[4096];
-    int device = output_tmp(path, tmp, sizeof tmp);
+fs_status fs_cli_output_commit(const char *what, const char *path, fs_cli_output *out) {
+    FILE *f = out->f;
+    out->f = NULL;
     /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
      * the buffer fails in fwrite itself); a device or a pipe is not fsynced (they refuse) */
-    int ok = fflush(f) == 0 && !ferror(f) && (device == 1 || fsync(fileno(f)) == 0);
+    int ok = fflush(f) == 0 && !ferror(f) && (out->in_place || fsync(fileno(f)) == 0);
     int e = errno;
     if (fclose(f) != 0 && ok) {
         ok = 0;
         e = errno;
     }
-    if (ok && device != 1 && rename(tmp, path) != 0) {
+    if (ok && !out->in_place && rename(out->tmp, path) != 0) {
         ok = 0;
         e = errno;
     }
     if (ok) return FS_OK;
-    if (device != 1) unlink(tmp);
+    if (!out->in_place) unlink(out->tmp);
     return fs_errorf(FS_ERR_IO, "%s %s: write failed: %s", what, path, strerror(e ? e : EIO));
 }
 

@@ -31,23 +31,29 @@ fs_status fs_cli_prepare_output_path(const char *path);
  * device or a pipe, written in place: --metrics or detokenize -o may go to /dev/stdout, a
  * terminal or a pipe), a path that is one of inputs[0..n_inputs) (same device and inode,
  * or the same realpath when the output does not exist yet). Then the parent directories are
- * created (mkdir -p) and the temporary file the final write will use, "<path>.tmp" (the
- * pattern of safetensors.c, trace.c and tokenfile.c), is created and removed (a leftover one
- * is only opened for writing and left in place). FS_ERR_IO when that fails: a parent that is
- * a file, a directory that cannot be written, /proc. Nothing else is changed; the
- * directories created stay. */
+ * created (mkdir -p) and a temporary file like the one the final write will use
+ * ("<path>.<id>.tmp", fs_tmp_create in core.h) is created and removed. FS_ERR_IO when that
+ * fails: a parent that is a file, a directory that cannot be written, /proc. Nothing else is
+ * changed; the directories created stay. */
 fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
                               int n_inputs, int allow_device);
 
 /* An output file written whole and then renamed into place, so that a run that fails or is
- * interrupted leaves nothing a later run could take for a good file, and never replaces a
- * previous file with half of a new one. After fs_cli_check_output has accepted path:
- * fs_cli_output_open opens "<path>.tmp" for writing (a character device or a pipe, such as
- * /dev/null or /dev/stdout when allowed, is opened in place). fs_cli_output_commit flushes,
- * fsyncs and closes it and renames it to path; when a write into it failed, or anything there fails, the temporary is
- * removed and path is left as it was: FS_ERR_IO naming what, path and the errno. */
-fs_status fs_cli_output_open(const char *what, const char *path, FILE **out);
-fs_status fs_cli_output_commit(const char *what, const char *path, FILE *f);
+ * interrupted leaves nothing a later run could take for a good file, never replaces a
+ * previous file with half of a new one, and two runs writing one path leave one of the two
+ * whole. After fs_cli_check_output has accepted path: fs_cli_output_open opens a temporary
+ * of this write's own ("<path>.<id>.tmp", fs_tmp_create) for writing, or, for a character
+ * device or a pipe (/dev/null, /dev/stdout when allowed), path itself, in place.
+ * fs_cli_output_commit flushes, fsyncs and closes it and renames it to path; when a write
+ * into it failed, or anything there fails, the temporary is removed and path is left as it
+ * was: FS_ERR_IO naming what, path and the errno. */
+typedef struct fs_cli_output {
+    FILE *f;        /* write here */
+    int in_place;   /* path itself (a device, a pipe), not a temporary */
+    char tmp[4096]; /* the temporary */
+} fs_cli_output;
+fs_status fs_cli_output_open(const char *what, const char *path, fs_cli_output *out);
+fs_status fs_cli_output_commit(const char *what, const char *path, fs_cli_output *out);
 
 /* A model ready for inference, from any model source (source.h: a safetensors file, a
  * Hugging Face directory, a checkpoint): its config (or model_spec's, when given), the layout

@@ -212,7 +212,8 @@ uint64_t fs_fnv1a_str(const char *s);
  * share a file and the last rename wins whole (tmpfile.c). fs_tmp_id: 64 random bits, never 0.
  * fs_tmp_name: the name into buf, 0 when it does not fit. fs_tmp_create: a new id's file,
  * created exclusively (O_WRONLY, O_CLOEXEC, mode 0644 before the umask), its name in tmp;
- * the fd, or -1 with the error set (fs_errorf) naming the file. */
+ * the fd, or -1 with the error set (fs_errorf) naming the file and errno saying why
+ * (ENAMETOOLONG when the name does not fit), for callers that word the failure themselves. */
 uint64_t fs_tmp_id(void);
 int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
 int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes);

@@ -98,7 +98,7 @@ fs_status fs_token_data_check_vocab(const fs_token_data *data, int32_t vocab_siz
 fs_status fs_token_data_check_length(const fs_token_data *data, int64_t T);
 
 /* Writes a token file: uint16 tokens when vocab_size <= 65536, else uint32. The file is written
- * to "<path>.tmp" and renamed, so an existing file is never left half written. */
+ * to "<path>.<id>.tmp" and renamed, so an existing file is never left half written. */
 fs_status fs_tokenfile_write(const char *path, const int32_t *tokens, int64_t n_tokens,
                              int32_t vocab_size);
 

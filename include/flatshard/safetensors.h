@@ -13,7 +13,7 @@
  * offsets inside the data area, a byte length equal to numel x dtype size, and no two
  * tensors overlapping. The header parser works on a memory buffer so it can be fuzzed.
  *
- * The writer writes to "<path>.tmp", fsyncs, renames over path and fsyncs the directory: an
+ * The writer writes to "<path>.<id>.tmp", fsyncs, renames over path and fsyncs the directory: an
  * existing file is replaced whole or not at all.
  */
 #ifndef FLATSHARD_SAFETENSORS_H

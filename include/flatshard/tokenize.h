@@ -21,7 +21,7 @@
  * encoding the document whole.
  *
  * The token file: docs/formats.md; uint16 ids when the vocabulary is <= 65536, else uint32,
- * written to "<out>.tmp", header last, then renamed.
+ * written to "<out>.<id>.tmp", header last, then renamed.
  */
 #ifndef FLATSHARD_TOKENIZE_H
 #define FLATSHARD_TOKENIZE_H
@@ -41,7 +41,7 @@ typedef struct fs_tokenfile_stream {
     int64_t n_tokens;
 } fs_tokenfile_stream;
 
-/* Creates "<path>.tmp". Errors: FS_ERR_USAGE (bad vocabulary size, path too long), FS_ERR_IO. */
+/* Creates "<path>.<id>.tmp". Errors: FS_ERR_USAGE (bad vocabulary size, path too long), FS_ERR_IO. */
 fs_status fs_tokenfile_stream_open(fs_tokenfile_stream *w, const char *path, int32_t vocab_size);
 /* Appends ids (each must be in [0, vocab_size): FS_ERR_USAGE otherwise, naming the position).
  * FS_ERR_USAGE also when the file would hold more than 2^31 - 1 tokens. */

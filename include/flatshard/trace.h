@@ -66,7 +66,7 @@ void fs_trace_add(fs_trace *t, fs_trace_kind kind, int unit, int op, int64_t byt
 
 /* Writes a Chrome Trace Event JSON file of n events of `world` ranks: ev_rank[i] says whose
  * event i is, ev_track[i] which track (0 compute, 1 communication). Units are named from the
- * layout ("block 3", "embedding", "lm_head chunk 1", "norm group"). Written to "<path>.tmp"
+ * layout ("block 3", "embedding", "lm_head chunk 1", "norm group"). Written to "<path>.<id>.tmp"
  * and renamed. */
 fs_status fs_trace_write_json(const char *path, const fs_trace_event *events,
                               const int32_t *ev_rank, const int32_t *ev_track, int64_t n,

@@ -40,13 +40,13 @@ static inline float *fs_weights_unit(const fs_weights *w, int unit) {
     return w->data + w->unit_offset[unit];
 }
 
-/* Writes w as a safetensors file (F32) with the config in the metadata, to "<path>.tmp",
+/* Writes w as a safetensors file (F32) with the config in the metadata, to "<path>.<id>.tmp",
  * fsynced, then renamed over path: an existing file is replaced whole or not at all. */
 fs_status fs_weights_save_safetensors(const fs_weights *w, const char *path);
 
 /* Collective (every rank of e's run calls it): writes the master weights as the same file
  * fs_weights_save_safetensors writes for the gathered model, byte for byte, without
- * gathering anything. The header is computed from the layout; rank 0 creates "<path>.tmp" at
+ * gathering anything. The header is computed from the layout; rank 0 creates "<path>.<id>.tmp" at
  * its final size; every rank writes the slices it answers for (fs_engine_state_slices, owned)
  * at their offsets, through a staging buffer of plan->save_bytes taken from mem, and fsyncs
  * them; rank 0 checks the size and renames over path (fs_st_parallel_*, safetensors.h). The

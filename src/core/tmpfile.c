@@ -35,12 +35,15 @@ int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes) {
     for (int attempt = 0; attempt < 8; attempt++) {
         if (!fs_tmp_name(tmp, tmp_bytes, path, fs_tmp_id())) {
             fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+            errno = ENAMETOOLONG;
             return -1;
         }
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) return fd;
         if (errno != EEXIST) break;
     }
-    fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const int e = errno; /* kept for the caller, who may word the failure its own way */
+    fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(e));
+    errno = e;
     return -1;
 }

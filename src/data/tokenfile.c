@@ -10,7 +10,7 @@
  * read. Header integers are decoded byte by byte, so the reader does not depend on the host's
  * byte order. Offsets are 64-bit (_FILE_OFFSET_BITS), so files over 2 GiB work.
  *
- * Writing. The new file goes to "<path>.tmp", is fsynced, renamed over <path>, and the
+ * Writing. The new file goes to "<path>.<id>.tmp" (fs_tmp_create), is fsynced, renamed over <path>, and the
  * directory is fsynced (the redis rdb.c pattern): a reader sees the old file or the complete
  * new one, never a half-written one. Text is streamed through fixed stack buffers, so neither
  * a corpus nor a token array is ever held whole; this file allocates no heap memory.
