@@ -50,6 +50,7 @@ if [ -z "${LLMC:-}" ] || [ ! -x "${LLMC}/train_gpt2" ]; then
     echo "skip: set LLMC to a checkout of karpathy/llm.c where 'make train_gpt2' has been run"
     exit 0
 fi
+LLMC=$(cd "$LLMC" && pwd) # it runs from its own working directory below
 "$PY" -c 'import numpy' 2>/dev/null || { echo "skip: $PY has no numpy (Debian: python3-numpy)"; exit 0; }
 [ -x /usr/bin/time ] || { echo "skip: GNU time measures flatshard's peak RSS and is not installed (Debian: time)"; exit 0; }
 ensure_corpus "$FS" "$DATA"

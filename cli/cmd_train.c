@@ -395,22 +395,33 @@ static void format_setting(const rank_setting *s, uint64_t bits, char *buf, size
  * options would not notice: another --lr or --seed and each rank's shard follows its own,
  * silently; another --save-every, --eval-every, --steps or --no-save and the ranks issue
  * collectives of different sizes at a save, an evaluation or the end (a size mismatch, a wait
- * until --comm-timeout, or OpenMPI's heap corrupted by a truncated receive). So before
- * anything else the ranks exchange one value per setting (an all-gather of a fixed size,
- * which cannot mismatch) and every rank refuses the same first difference. Settings a rank
- * may choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
+ * until --comm-timeout, or OpenMPI's heap corrupted by a truncated receive). So right after
+ * MPI starts, before any other collective, the ranks exchange one value per setting (an
+ * all-gather of a fixed size, which cannot mismatch) and every rank finds the same first
+ * difference (FS_ERR_USAGE; rank 0 reports it, every rank exits 2). Settings a rank may
+ * choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
  * --comm-timeout, --progress, the paths of --out, --save, --init-from) are not compared.
- * Collective. */
-static fs_status check_same_settings(fs_comm *comm, const train_run *run, const fs_train_config *c) {
-    const fs_llama_config *m = &run->mcfg;
-    uint64_t data = FS_FNV1A_BASIS; /* the stream: every shard's name and length */
-    for (int i = 0; run->data && i < run->data->n_shards; i++) {
-        const fs_token_data *d = &run->data->shards[i];
+ * In-process ranks share one command line: there is nothing to compare. Collective. */
+/* A token stream as the ranks compare it: every shard's file name and length, hashed (0: no
+ * stream). */
+static rank_setting setting_stream(const char *name, const fs_token_stream *s) {
+    uint64_t h = FS_FNV1A_BASIS;
+    for (int i = 0; s && i < s->n_shards; i++) {
+        const fs_token_data *d = &s->shards[i];
         const char *base = strrchr(d->path, '/');
         base = base ? base + 1 : d->path;
-        data = fs_fnv1a(data, base, strlen(base) + 1);
-        data = fs_fnv1a(data, &d->n_tokens, sizeof d->n_tokens);
+        h = fs_fnv1a(h, base, strlen(base) + 1);
+        h = fs_fnv1a(h, &d->n_tokens, sizeof d->n_tokens);
     }
+    return (rank_setting){name, 's', s ? (h ? h : 1) : 0};
+}
+
+static fs_status check_same_settings(fs_comm *comm, const train_run *run) {
+    const fs_llama_config *m = &run->mcfg;
+    const fs_train_config *c = &run->cfg;
+    /* the debug check would issue its own collective first, on the ranks that have it: off for
+     * this exchange, which compares it */
+    const int debug = fs_comm_debug(comm);
     const rank_setting set[] = {
         setting_int("--model (hidden_size)", m->hidden_size),
         setting_int("--model (intermediate_size)", m->intermediate_size),
@@ -423,7 +434,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, const 
         setting_real("--model (rope_theta)", m->rope_theta),
         setting_real("--model (initializer_range)", m->initializer_range),
         setting_int("--model (tie_word_embeddings)", m->tie_word_embeddings),
-        setting_int("--data (its shards' names and lengths)", (int64_t)data),
+        setting_stream("--data (its shards' names and lengths)", run->data),
         setting_int("--steps", c->steps),
         setting_int("--batch", c->batch),
         setting_int("--seq", c->seq),
@@ -436,7 +447,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, const 
         setting_real("--beta2", c->adamw.beta2),
         setting_real("--adam-eps", c->adamw.eps),
         setting_real("--clip", c->clip),
-        setting_int("--seed", (int64_t)c->seed),
+        setting_int("--seed", (int64_t)(run->resume ? run->resume->seed : c->seed)), /* resume's wins */
         setting_int("--vocab-chunk", c->vocab_chunk_rows),
         setting_text("--strategy", fs_strategy_name(c->strategy)),
         setting_int("--shard-group", c->shard_group),
@@ -445,12 +456,12 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, const 
         setting_text("--device", fs_device_kind_name(c->device)),
         setting_int("--overlap", c->overlap),
         setting_int("--on-nan", c->on_nan),
-        setting_int("--debug-collectives", run->comm_cfg.debug),
+        setting_int("--debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES)", debug),
         setting_int("--resume (the step of its checkpoint; -1: none)", run->resume ? run->resume->step : -1),
         setting_int("--init-from (given)", run->init_from != NULL),
         setting_int("--save (given)", run->save_dir != NULL),
         setting_int("--save-every", run->save_every),
-        setting_int("--eval-data (given)", run->eval_data != NULL),
+        setting_stream("--eval-data (its shards' names and lengths)", run->eval_data),
         setting_int("--eval-every", run->eval_every),
         setting_int("--eval-batches", run->eval_batches),
         setting_int("--trace (given)", run->trace_path != NULL),
@@ -464,7 +475,9 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, const 
     uint64_t mine[N], *all = calloc((size_t)world * N, sizeof *all);
     if (!all) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the ranks' settings (%d ranks)", world);
     for (int i = 0; i < N; i++) mine[i] = set[i].bits;
+    fs_comm_set_debug(comm, 0);
     fs_status st = fs_comm_all_gather(mine, all, sizeof mine, FS_DTYPE_BYTES, comm);
+    fs_comm_set_debug(comm, debug);
     for (int r = 1; st == FS_OK && r < world; r++)
         for (int i = 0; i < N; i++) {
             if (all[(size_t)r * N + i] == all[i]) continue;
@@ -491,7 +504,6 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     fs_train_config cfg = run->cfg;
     if (cfg.threads == 0) cfg.threads = fs_train_default_threads(run->ranks_here);
     if (run->resume) cfg.seed = run->resume->seed; /* the sampler must continue the same way */
-    FS_TRY(check_same_settings(comm, run, &cfg));
     fs_trainer tr;
     FS_TRY(fs_trainer_init(&tr, &run->mcfg, &cfg, run->data, comm, mem));
     /* what the plan predicts and --memory measures: the GPU's allocator on a GPU */
@@ -1136,7 +1148,18 @@ int fs_cmd_train(int argc, char **argv) {
         st = fs_mem_init(&mem, 0);
         if (st == FS_OK) fs_mem_fail_after(mem, (uint64_t)fs_fault_value("alloc-fail"));
         if (st == FS_OK) st = fs_comm_mpi_init(run.comm_cfg, mem, &comm);
-        if (st == FS_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);
+        /* before any other collective (cuda_under_mpi's, on the ranks given --device cuda):
+         * every rank reaches the same verdict from the same gathered settings, so none is left
+         * waiting; rank 0 says it once, and all exit as from a usage error */
+        if (st == FS_OK) {
+            st = check_same_settings(comm, &run);
+            if (st == FS_ERR_USAGE) {
+                if (fs_comm_rank(comm) == 0) fs_cli_report("train", st);
+                refused = FS_EXIT_USAGE;
+                st = FS_OK;
+            }
+        }
+        if (st == FS_OK && refused == FS_EXIT_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);
         if (st == FS_OK && refused == FS_EXIT_OK) {
             run.ranks_here = local_ranks(fs_comm_world(comm));
             if (fs_comm_rank(comm) != 0 && run.metrics) { /* rank 0 alone writes */

@@ -175,6 +175,12 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
         if (inputs[i] && inputs[i][0] && same_file(path, inputs[i]))
             return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it",
                              what, path, inputs[i]);
+    if (in_place && S_ISFIFO(st.st_mode)) { /* not opened here: a reader already waiting on a
+                                             * named FIFO would see end-of-file when we close */
+        if (access(path, W_OK) != 0)
+            return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));
+        return FS_OK;
+    }
     if (in_place) { /* not renamed over */
         FILE *f = fopen(path, "a");
         if (!f) return fs_errorf(FS_ERR_IO, "%s %s: cannot open for writing: %s", what, path, strerror(errno));

@@ -250,6 +250,13 @@ static void test_error_messages(void) {
     CHECK(fs_error_wrap(FS_ERR_IO, "loading %s", "data") == FS_ERR_IO, "wrap returns status");
     CHECK(strcmp(fs_error_message(), "loading data: x.bin: cannot open") == 0, "wrap: %s",
           fs_error_message());
+    /* the current message as an argument of the next (context added to a deeper error): the
+     * whole of it, not what formatting into its own buffer leaves */
+    fs_errorf(FS_ERR_IO, "/a/rather/long/path/to/out.safetensors.0123456789abcdef.tmp: cannot create: No space");
+    fs_errorf(FS_ERR_IO, "--trace /a/rather/long/path/to/out.safetensors: %s", fs_error_message());
+    CHECK(strcmp(fs_error_message(), "--trace /a/rather/long/path/to/out.safetensors: /a/rather/long/path/to/"
+                                     "out.safetensors.0123456789abcdef.tmp: cannot create: No space") == 0,
+          "the message as its own argument: %s", fs_error_message());
 }
 
 int main(void) {

@@ -356,14 +356,19 @@ fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out);
  * cannot catch a rank that skips it). */
 fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo);
 void fs_comm_set_debug(fs_comm *comm, int on);
+/* Whether the debug check runs on comm (fs_comm_set_debug, or FLATSHARD_DEBUG_COLLECTIVES=1
+ * at its creation). */
+int fs_comm_debug(const fs_comm *comm);
 
 /* This rank cannot go on. inproc: the group is marked failed; every pending and future call
  * of every rank returns FS_ERR_INTERNAL naming this rank. mpi: MPI_Abort (does not return). */
 void fs_comm_abort(fs_comm *comm);
 
 /* 1 when this rank's in-process group has failed (an abort or a timeout: every collective
- * would now fail at once); always 0 under MPI, where a failure ends the process. Lets a
- * thread that is not in a collective notice that its peers have given up. */
+ * would now fail at once); under MPI, where a failure ends the process, 1 only once this
+ * rank refused a message of the wrong size (its own send of that call may still be posted,
+ * and would match a peer's next receive: every later call fails at once). Lets a thread
+ * that is not in a collective notice that its peers have given up. */
 int fs_comm_is_failed(fs_comm *comm);
 
 /* ------------------------------------------------------------------ collectives */

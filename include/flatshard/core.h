@@ -35,7 +35,8 @@ typedef enum fs_status {
 
 /* Records a formatted message for the calling thread and returns st, so that a failing
  * function can `return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));`.
- * The message names what failed and where (file, field, option), without a trailing newline. */
+ * The message names what failed and where (file, field, option), without a trailing newline.
+ * fs_error_message() may be one of the arguments. */
 fs_status fs_errorf(fs_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prefixes the calling thread's current message with "<context>: " and returns st; used to add

@@ -159,6 +159,7 @@ fs_status fs_comm_set_algo(fs_comm *comm, fs_comm_algo algo) {
 }
 
 void fs_comm_set_debug(fs_comm *comm, int on) { comm->cfg.debug = on != 0; }
+int fs_comm_debug(const fs_comm *comm) { return comm->cfg.debug; }
 
 fs_status fs_comm_split(fs_comm *comm, int color, int key, fs_comm **out) {
     if (!out) return fs_errorf(FS_ERR_USAGE, "fs_comm_split: out is NULL");

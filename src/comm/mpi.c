@@ -59,6 +59,10 @@ typedef struct mpi_impl {
     MPI_Comm comm;
     MPI_Op bf16_sum;
     int *global_ranks; /* (world) splits: each rank's in MPI_COMM_WORLD (fs_comm.global_ranks) */
+    /* a message of the wrong size was refused (polled_sendrecv): this rank's own send of that
+     * call may still be posted on the caller's buffer, and would match the peer's next
+     * receive, so nothing more may run on this communicator (fs_comm_is_failed says so) */
+    int mismatched;
 } mpi_impl;
 
 static mpi_impl *impl_of(fs_comm *c) { return c->impl; }
@@ -214,8 +218,16 @@ static fs_status mpi_no_progress(fs_comm *c, int stalled) {
                      fs_comm_global_rank(c, stalled));
 }
 
+/* Every operation's first word: nothing runs after a size mismatch (mpi_impl.mismatched). */
+static fs_status mpi_usable(fs_comm *c) {
+    if (!impl_of(c)->mismatched) return FS_OK;
+    return fs_errorf(FS_ERR_USAGE, "this MPI communicator is unusable after a message of the wrong size "
+                                   "(an earlier call's error says which)");
+}
+
 static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
                               size_t rbytes, int src) {
+    FS_TRY(mpi_usable(c));
     size_t ns = dst < 0 ? 0 : piece_count(sbytes), nr = src < 0 ? 0 : piece_count(rbytes);
     size_t n = ns > nr ? ns : nr;
     for (size_t i = 0; i < n; i++) {
@@ -232,6 +244,7 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
         if (i < nr) {
             int got = wrong_size;
             if (got < 0) MPI_Get_count(&status, MPI_BYTE, &got);
+            if (wrong_size >= 0) impl_of(c)->mismatched = 1;
             if (got != rn)
                 return fs_errorf(FS_ERR_USAGE,
                                  "rank %d sent a message of %d bytes where rank %d expected %d "
@@ -274,6 +287,7 @@ static void divide_by_world(void *buf, fs_dtype dtype, size_t n, int world) {
 }
 
 static fs_status mpi_builtin(fs_comm *c, const fs_comm_op *op) {
+    FS_TRY(mpi_usable(c));
     mpi_impl *m = impl_of(c);
     MPI_Datatype t = mpi_type(op->dtype);
     MPI_Op sum = op->dtype == FS_DTYPE_BF16 ? m->bf16_sum : MPI_SUM;
@@ -331,8 +345,8 @@ static void mpi_abort(fs_comm *c) {
 }
 
 static int mpi_failed(fs_comm *c) {
-    (void)c;
-    return 0; /* a failed MPI job has no survivors to ask */
+    /* a failed MPI job has no survivors to ask; only this rank's own state is known */
+    return impl_of(c)->mismatched;
 }
 
 static void mpi_destroy(fs_comm *c) {

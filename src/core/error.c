@@ -17,10 +17,14 @@ static _Thread_local char error_message[FS_ERROR_MESSAGE_BYTES];
 static _Thread_local int thread_rank = -1;
 
 fs_status fs_errorf(fs_status st, const char *fmt, ...) {
+    /* formatted aside first: an argument may be fs_error_message() itself (adding context to
+     * a deeper error), which vsnprintf into the same buffer would read while writing it */
+    char message[FS_ERROR_MESSAGE_BYTES];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(error_message, message, sizeof message);
     return st;
 }
 

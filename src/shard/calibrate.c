@@ -808,10 +808,15 @@ static fs_status make_parent(const char *path) {
 fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     FS_TRY(make_parent(path));
     char tmp[1100];
-    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (n < 0 || (size_t)n >= sizeof tmp) return fs_errorf(FS_ERR_IO, "%s: path too long", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
+    if (fd < 0) return FS_ERR_IO;                  /* its message names the file */
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return st;
+    }
     fprintf(f,
             "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_fp32_flops %.17g\n"
             "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\nring_busbw %.17g\nbusy_cores %d\n"

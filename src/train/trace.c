@@ -78,7 +78,7 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
                               const fs_layout *layout) {
     char tmp[4096];
     int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "--trace %s", fs_error_message());
+    if (fd < 0) return fs_error_wrap(FS_ERR_IO, "--trace %s", path);
     FILE *f = fdopen(fd, "w");
     if (!f) {
         fs_status st = fs_errorf(FS_ERR_IO, "--trace %s: cannot open: %s", tmp, strerror(errno));

@@ -171,7 +171,16 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     # --save-every issued collectives of different sizes at the first save (OpenMPI's heap
     # was corrupted: "malloc(): invalid size", SIGABRT)
     run "$label: rank 1 started with another --lr: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --lr 0.01
-    expect "$label: the option and both values are named" grep -q "different options: rank 1 has --lr 0.01 where rank 0 has 0.001" "$WORK/err"
+    expect_all "$label: the option and both values are named, once (rank 0 speaks for all)" \
+        'grep -q "different options: rank 1 has --lr 0.01 where rank 0 has 0.001" "$WORK/err"' \
+        '[ "$(grep -c "different options" "$WORK/err")" -eq 1 ]'
+    # the settings exchange comes before any other collective, the debug check's included
+    run "$label: rank 1 started with --debug-collectives: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --debug-collectives
+    expect "$label: the debug check is named, not a mismatched message" grep -q "rank 1 has --debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES) 1 where rank 0 has 0" "$WORK/err"
+    head -c 3000 "$TEXT" >"$WORK/eval-short.txt"
+    mkdir -p "$WORK/eval-long" && head -c 6000 "$TEXT" >"$WORK/eval-long/eval-short.txt"
+    run "$label: rank 1 evaluates on a longer file of the same name: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 --eval-data "$WORK/eval-short.txt" : -np 1 "$bin" train "${common[@]}" --steps 2 --eval-data "$WORK/eval-long/eval-short.txt"
+    expect "$label: the evaluation data is named" grep -q "rank 1 has another --eval-data (its shards' names and lengths) than rank 0" "$WORK/err"
     run "$label: rank 1 started with another --save-every: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 2 : -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 3
     expect_all "$label: named before any step: no crash, no checkpoint" \
         'grep -q "rank 1 has --save-every 3 where rank 0 has 2" "$WORK/err"' \
@@ -185,14 +194,14 @@ export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
     mpi_fault_runs openmpi "$FS" mpirun --allow-run-as-root --oversubscribe --bind-to none
 else
-    skip "OpenMPI fault runs (10 checks)" "mpirun is not installed (Debian: openmpi-bin)"
+    skip "OpenMPI fault runs (15 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
 # a failed MPICH build is a failure (the tools are there and our code does not build),
 # missing MPICH a skip
 if [ -n "$SAN" ]; then
-    skip_by_design "MPICH fault runs (10 checks)" "this is a $SAN run; the plain run covers MPICH"
+    skip_by_design "MPICH fault runs (15 checks)" "this is a $SAN run; the plain run covers MPICH"
 elif ! command -v mpirun.mpich >/dev/null 2>&1 || ! command -v mpicc.mpich >/dev/null 2>&1; then
-    skip "MPICH fault runs (10 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
+    skip "MPICH fault runs (15 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
 elif make -s MPI=mpich -j2 build-mpich/flatshard >"$WORK/mpich.log" 2>&1; then
     mpi_fault_runs mpich build-mpich/flatshard mpirun.mpich
 else

@@ -24,7 +24,9 @@
 /* --size-mismatch (run with 2 ranks): rank 0 gathers 128 floats per rank, rank 1 1152, so
  * rank 0's receive expects 512 bytes where 4608 arrive (past OpenMPI's shared-memory eager
  * limit). Both ranks must fail naming the sizes, and no byte past rank 0's receive buffer may
- * change: a plain receive of 512 bytes (before) let OpenMPI 4.1.4 write 4096 bytes past it. */
+ * change: a plain receive of 512 bytes (before) let OpenMPI 4.1.4 write 4096 bytes past it.
+ * Then the communicator is failed (fs_comm_is_failed) and a further call on it fails at once,
+ * since this rank's own send may still be posted; the ranks agree on a split made before. */
 static int size_mismatch(void) {
     fs_mem *mem = NULL;
     fs_comm *comm = NULL;
@@ -39,6 +41,11 @@ static int size_mismatch(void) {
     unsigned char *recv = malloc((size_t)world * count * sizeof(float) + guard);
     if (!recv) return 2;
     memset(recv, 0xAB, (size_t)world * count * sizeof(float) + guard);
+    fs_comm *other = NULL; /* for the verdict: the mismatched communicator is unusable after */
+    if (fs_comm_split(comm, 0, rank, &other) != FS_OK) {
+        fprintf(stderr, "test_comm_mpi: split: %s\n", fs_error_message());
+        return 2;
+    }
     fs_comm_op o = fs_comm_op_all_gather(send, recv, count, FS_DTYPE_FP32);
     o.algo = FS_COMM_ALGO_RING;
     fs_status st = fs_comm_run(comm, &o);
@@ -48,9 +55,18 @@ static int size_mismatch(void) {
     if (bad)
         fprintf(stderr, "rank %d: FAIL size_mismatch: %s; %zu bytes past the receive buffer changed\n", rank,
                 st == FS_OK ? "the mismatched all-gather succeeded" : fs_error_message(), over);
+    fs_comm_op next = fs_comm_op_barrier();
+    next.algo = FS_COMM_ALGO_BUILTIN;
+    const int failed = fs_comm_is_failed(comm);
+    const fs_status next_st = fs_comm_run(comm, &next);
+    if (!failed || next_st == FS_OK || !strstr(fs_error_message(), "unusable after a message of the wrong size")) {
+        fprintf(stderr, "rank %d: FAIL size_mismatch: afterwards fs_comm_is_failed %d, the next call %s\n", rank,
+                failed, next_st == FS_OK ? "succeeded" : fs_error_message());
+        bad = 1;
+    }
     fs_comm_op agree = fs_comm_op_all_reduce(&bad, &n_bad, 1, FS_DTYPE_INT32, FS_REDOP_SUM);
     agree.algo = FS_COMM_ALGO_BUILTIN;
-    if (fs_comm_run(comm, &agree) != FS_OK) n_bad = 1;
+    if (fs_comm_run(other, &agree) != FS_OK) n_bad = 1;
     if (rank == 0) {
         printf("%s size_mismatch (W=%d): every rank fails, nothing written past a buffer\n", n_bad ? "FAIL" : "ok  ", world);
         printf("#summary passed=%d failed=%d\n", !n_bad, !!n_bad);
@@ -58,6 +74,7 @@ static int size_mismatch(void) {
     fflush(stdout);
     free(recv);
     /* a message left unreceived by design (the longer one): end without MPI_Finalize waiting on it */
+    fs_comm_free(other);
     fs_comm_free(comm);
     fs_comm_mpi_finalize();
     fs_mem_free(mem);
