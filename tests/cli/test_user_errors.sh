@@ -81,6 +81,14 @@ refuse "detokenize -o /dev/full: one line, exit 1" 1 "^flatshard detokenize: -o 
     "$FS" detokenize --tokenizer "$TOK" -o /dev/full "$WORK/ids.bin"
 "$FS" detokenize --tokenizer "$TOK" -o /dev/stdout "$WORK/ids.bin" 2>"$WORK/err" | cat >"$WORK/piped.txt"
 expect "detokenize -o /dev/stdout into a pipe is written in place" cmp -s "$WORK/piped.txt" "$D"
+# a named FIFO with its reader already waiting: the start-up check must not open and close it
+# (the reader saw end-of-file and left, and the real write then blocked for ever)
+mkfifo "$WORK/fifo"
+timeout 90 cat "$WORK/fifo" >"$WORK/from-fifo.txt" & # ends even if no writer comes
+fifo_reader=$!
+run "detokenize -o a named FIFO whose reader waits" 0 timeout -k 5 60 "$FS" detokenize --tokenizer "$TOK" -o "$WORK/fifo" "$WORK/ids.bin"
+wait "$fifo_reader"
+expect "the reader got the whole text" cmp -s "$WORK/from-fifo.txt" "$D"
 echo "an older text" >"$WORK/old.txt"
 refuse "detokenize of a text file (not tokens)" 1 "is not a token file" \
     "$FS" detokenize --tokenizer "$TOK" -o "$WORK/old.txt" "$D"
