@@ -333,9 +333,10 @@ int fs_cmd_plan(int argc, char **argv) {
            world, world == 1 ? "" : "s", strategy, precision, batch, seq, grad_accum, grad_accum == 1 ? "" : "es", tc.ckpt_layers,
            tc.ckpt_layers == 1 ? "" : "s");
     if (p.plan.cfg.replicas > 1)
-        printf("  hybrid sharding: %d groups of %d ranks: shard within, replicate across (the bytes "
+        printf("  hybrid sharding: %d groups of %d rank%s: shard within, replicate across (the bytes "
                "below are a %d-way shard; the replicas' all-reduce at %.1f GB/s bus bandwidth)\n",
-               p.plan.cfg.replicas, p.plan.cfg.world, p.plan.cfg.world, est.replica_busbw / 1e9);
+               p.plan.cfg.replicas, p.plan.cfg.world, p.plan.cfg.world == 1 ? "" : "s", p.plan.cfg.world,
+               est.replica_busbw / 1e9);
     printf("  device %s: %s\n", hw->name, hw->description);
     printf("  device figures: %s\n", hw->origin_note);
     printf("memory per device, GiB (rank 0; activations at %.0f bytes per element on this device):\n",

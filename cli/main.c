@@ -39,7 +39,8 @@ static void print_usage(FILE *f) {
             "flatshard trains Llama-family language models with fully sharded data\n"
             "parallelism (YaFSDP-style layer-wise sharding), in C.\n\ncommands:\n");
     for (const fs_command *c = commands; c->name; c++) fprintf(f, "  %-10s %s\n", c->name, c->summary);
-    fprintf(f, "\n'flatshard <command> --help' lists a command's options with their defaults.\n"
+    fprintf(f, "\n'flatshard <command> --help' (or 'flatshard help <command>') lists a command's\n"
+               "options with their defaults.\n"
                "'flatshard --version' prints the version.\n");
 }
 
@@ -68,6 +69,16 @@ static int finish_stdout(const char *cmd, int rc) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         print_usage(stderr);
+        return FS_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "help") == 0 && argc >= 3) { /* flatshard help train: train --help */
+        for (const fs_command *c = commands; c->name; c++)
+            if (strcmp(argv[2], c->name) == 0) {
+                char *help_argv[] = {argv[2], "--help", NULL};
+                return finish_stdout(c->name, c->run(2, help_argv));
+            }
+        fprintf(stderr, "flatshard help: unknown command '%s'; run 'flatshard --help' for the list\n",
+                argv[2]);
         return FS_EXIT_USAGE;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||

@@ -261,7 +261,7 @@ expect_all "the text has the table and names the choice" \
     'grep -qE "^ +16 +1 +0 +[0-9.]+ fits +[0-9.]+ " "$WORK/out"' \
     'grep -qE "^ +1 +16 +0 +[0-9.]+ fits .*<-$" "$WORK/out"' \
     'grep -q "^  fastest that fits: G = 1, " "$WORK/out"' \
-    'grep -q "^  hybrid sharding: 16 groups of 1 ranks" "$WORK/out"'
+    'grep -q "^  hybrid sharding: 16 groups of 1 rank:" "$WORK/out"'
 
 # Llama 3 70B on 256 H100s at 4096 tokens (docs/planner.md's table): groups of 16 or fewer do
 # not fit 80 GiB even with every block checkpointed; among those that fit, G = 256

@@ -15,6 +15,10 @@ mapfile -t TEXTS < <(find "$CORPUS_DIR" -maxdepth 1 -type f ! -name '*.dat' | so
 # --- help tells the truth
 run "flatshard --help" 0 "$FS" --help
 expect "--help lists the commands" grep -q "train" "$WORK/out"
+"$FS" eval --help >"$WORK/eval-help.txt" 2>&1
+run "flatshard help eval" 0 "$FS" help eval
+expect "flatshard help eval is eval --help" cmp -s "$WORK/out" "$WORK/eval-help.txt"
+refuse "flatshard help of an unknown command" 2 "^flatshard help: unknown command 'evl'" "$FS" help evl
 for cmd in train eval generate tokenize detokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
     # shellcheck disable=SC2086
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
