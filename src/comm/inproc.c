@@ -635,7 +635,8 @@ fs_status fs_comm_inproc_init(int world, fs_comm_config cfg, fs_mem *const *mems
             comms[r] = NULL;
         }
         if (created == 0) group_free(g);
-        return fs_error_wrap(st, "fs_comm_inproc_init");
+        /* a usage error names its own cause (FLATSHARD_COMM_TIMEOUT=..., a segment size) */
+        return st == FS_ERR_USAGE ? st : fs_error_wrap(st, "fs_comm_inproc_init");
     }
     return FS_OK;
 }

@@ -233,4 +233,9 @@ full_stdout "detokenize > /dev/full: its own line only" "^flatshard detokenize: 
     "$FS" detokenize --tokenizer "$TOK" "$WORK/ids.bin"
 full_stdout "--version > /dev/full" "^flatshard: standard output: write failed" "$FS" --version
 
+# --- the environment: a bad FLATSHARD_COMM_TIMEOUT is named as the user wrote it, without
+# the name of the function that read it
+refuse "FLATSHARD_COMM_TIMEOUT=abc, in-process ranks" 2 "^flatshard train: FLATSHARD_COMM_TIMEOUT=abc: not a number of seconds" \
+    env FLATSHARD_COMM_TIMEOUT=abc "$FS" train --model tiny --ranks 2 --steps 1 --no-save --data "$D"
+
 summary
