@@ -398,7 +398,8 @@ static void format_setting(const rank_setting *s, uint64_t bits, char *buf, size
  * until --comm-timeout, or OpenMPI's heap corrupted by a truncated receive). So right after
  * MPI starts, before any other collective, the ranks exchange one value per setting (an
  * all-gather of a fixed size, which cannot mismatch) and every rank finds the same first
- * difference (FS_ERR_USAGE; rank 0 reports it, every rank exits 2). Settings a rank may
+ * difference (FS_ERR_USAGE with *differ set; rank 0 reports it, every rank exits 2; a failure
+ * of the exchange itself, without *differ, aborts the job as any other). Settings a rank may
  * choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
  * --comm-timeout, --progress, the paths of --out, --save, --init-from) are not compared.
  * In-process ranks share one command line: there is nothing to compare. Collective. */
@@ -416,7 +417,7 @@ static rank_setting setting_stream(const char *name, const fs_token_stream *s) {
     return (rank_setting){name, 's', s ? (h ? h : 1) : 0};
 }
 
-static fs_status check_same_settings(fs_comm *comm, const train_run *run) {
+static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *differ) {
     const fs_llama_config *m = &run->mcfg;
     const fs_train_config *c = &run->cfg;
     /* the debug check would issue its own collective first, on the ranks that have it: off for
@@ -471,6 +472,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run) {
         setting_int("--profile", run->profile),
     };
     enum { N = sizeof set / sizeof set[0] };
+    *differ = 0;
     const int world = fs_comm_world(comm);
     uint64_t mine[N], *all = calloc((size_t)world * N, sizeof *all);
     if (!all) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the ranks' settings (%d ranks)", world);
@@ -492,6 +494,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run) {
             st = fs_errorf(FS_ERR_USAGE,
                            "the ranks were started with different options: %s (every rank must be given "
                            "the same training options)", what);
+            *differ = 1;
             break;
         }
     free(all);
@@ -1152,11 +1155,16 @@ int fs_cmd_train(int argc, char **argv) {
          * every rank reaches the same verdict from the same gathered settings, so none is left
          * waiting; rank 0 says it once, and all exit as from a usage error */
         if (st == FS_OK) {
-            st = check_same_settings(comm, &run);
-            if (st == FS_ERR_USAGE) {
+            int differ = 0;
+            st = check_same_settings(comm, &run, &differ);
+            if (differ) {
                 if (fs_comm_rank(comm) == 0) fs_cli_report("train", st);
                 refused = FS_EXIT_USAGE;
                 st = FS_OK;
+            } else if (st != FS_OK) { /* the exchange itself failed: a peer may still wait in it */
+                fs_cli_report("train", st);
+                fflush(stderr);
+                fs_comm_abort(comm);
             }
         }
         if (st == FS_OK && refused == FS_EXIT_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);

@@ -212,7 +212,7 @@ uint64_t fs_fnv1a_str(const char *s);
  * hexadecimal digits. Each write has its own, so two processes writing one path at once never
  * share a file and the last rename wins whole (tmpfile.c). fs_tmp_id: 64 random bits, never 0.
  * fs_tmp_name: the name into buf, 0 when it does not fit. fs_tmp_create: a new id's file,
- * created exclusively (O_WRONLY, O_CLOEXEC, mode 0644 before the umask), its name in tmp;
+ * created exclusively (O_WRONLY, O_CLOEXEC, mode 0666 less the umask, as fopen's), its name in tmp;
  * the fd, or -1 with the error set (fs_errorf) naming the file and errno saying why
  * (ENAMETOOLONG when the name does not fit), for callers that word the failure themselves. */
 uint64_t fs_tmp_id(void);

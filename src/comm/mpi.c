@@ -62,7 +62,8 @@ typedef struct mpi_impl {
     /* a message of the wrong size was refused (polled_sendrecv): this rank's own send of that
      * call may still be posted on the caller's buffer, and would match the peer's next
      * receive, so nothing more may run on this communicator (fs_comm_is_failed says so) */
-    int mismatched;
+    int mismatched;             /* atomic: fs_comm_is_failed reads it from another thread */
+    char mismatch_message[512]; /* that call's error, which every later call repeats */
 } mpi_impl;
 
 static mpi_impl *impl_of(fs_comm *c) { return c->impl; }
@@ -135,6 +136,7 @@ static int polled_sendrecv(fs_comm *c, const void *sbuf, int sn, int dst, void *
                      * one never is. This rank's own send is not waited for: the peer, in the
                      * same mismatch, may never take it. */
                     *wrong_size = count;
+                    __atomic_store_n(&impl_of(c)->mismatched, 1, __ATOMIC_RELEASE);
                     if (count < rn) rc = MPI_Mrecv(rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
                     return rc;
                 }
@@ -218,11 +220,16 @@ static fs_status mpi_no_progress(fs_comm *c, int stalled) {
                      fs_comm_global_rank(c, stalled));
 }
 
-/* Every operation's first word: nothing runs after a size mismatch (mpi_impl.mismatched). */
+/* Every operation's first word: nothing runs after a size mismatch (mpi_impl.mismatched),
+ * and each later call fails with that first error's words, so that a caller that reports the
+ * last error still names the cause. */
 static fs_status mpi_usable(fs_comm *c) {
-    if (!impl_of(c)->mismatched) return FS_OK;
-    return fs_errorf(FS_ERR_USAGE, "this MPI communicator is unusable after a message of the wrong size "
-                                   "(an earlier call's error says which)");
+    mpi_impl *m = impl_of(c);
+    if (!__atomic_load_n(&m->mismatched, __ATOMIC_ACQUIRE)) return FS_OK;
+    if (m->mismatch_message[0])
+        return fs_errorf(FS_ERR_USAGE, "this MPI communicator is unusable after an earlier call: %s",
+                         m->mismatch_message);
+    return fs_errorf(FS_ERR_USAGE, "this MPI communicator is unusable after a message of the wrong size");
 }
 
 static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf,
@@ -244,14 +251,18 @@ static fs_status mpi_sendrecv(fs_comm *c, const void *sbuf, size_t sbytes, int d
         if (i < nr) {
             int got = wrong_size;
             if (got < 0) MPI_Get_count(&status, MPI_BYTE, &got);
-            if (wrong_size >= 0) impl_of(c)->mismatched = 1;
-            if (got != rn)
-                return fs_errorf(FS_ERR_USAGE,
-                                 "rank %d sent a message of %d bytes where rank %d expected %d "
-                                 "(mismatched collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 "
-                                 "checks them)",
-                                 fs_comm_global_rank(c, src), got, fs_comm_global_rank(c, c->rank),
-                                 rn);
+            if (got != rn) {
+                fs_status st = fs_errorf(FS_ERR_USAGE,
+                                         "rank %d sent a message of %d bytes where rank %d expected %d "
+                                         "(mismatched collective arguments? FLATSHARD_DEBUG_COLLECTIVES=1 "
+                                         "checks them)",
+                                         fs_comm_global_rank(c, src), got, fs_comm_global_rank(c, c->rank),
+                                         rn);
+                if (wrong_size >= 0)
+                    snprintf(impl_of(c)->mismatch_message, sizeof impl_of(c)->mismatch_message, "%s",
+                             fs_error_message());
+                return st;
+            }
         }
     }
     return FS_OK;
@@ -346,7 +357,7 @@ static void mpi_abort(fs_comm *c) {
 
 static int mpi_failed(fs_comm *c) {
     /* a failed MPI job has no survivors to ask; only this rank's own state is known */
-    return impl_of(c)->mismatched;
+    return __atomic_load_n(&impl_of(c)->mismatched, __ATOMIC_ACQUIRE);
 }
 
 static void mpi_destroy(fs_comm *c) {

@@ -38,7 +38,7 @@ int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes) {
             errno = ENAMETOOLONG;
             return -1;
         }
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666); /* the umask decides, as for fopen */
         if (fd >= 0) return fd;
         if (errno != EEXIST) break;
     }

@@ -170,7 +170,8 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     # Another --lr trained on silently (each rank's shard with its own rate); another
     # --save-every issued collectives of different sizes at the first save (OpenMPI's heap
     # was corrupted: "malloc(): invalid size", SIGABRT)
-    run "$label: rank 1 started with another --lr: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --lr 0.01
+    # every rank finds the difference and finalizes: exit 2 (a usage error) from either launcher
+    run "$label: rank 1 started with another --lr: refused, exit 2" 2 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --lr 0.01
     expect_all "$label: the option and both values are named, once (rank 0 speaks for all)" \
         'grep -q "different options: rank 1 has --lr 0.01 where rank 0 has 0.001" "$WORK/err"' \
         '[ "$(grep -c "different options" "$WORK/err")" -eq 1 ]'
