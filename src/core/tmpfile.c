@@ -27,6 +27,9 @@ uint64_t fs_tmp_id(void) {
 }
 
 int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id) {
+    /* also what keeps gcc 12's -Wformat-truncation quiet under UBSan, whose null checks make
+     * it consider a NULL buf here */
+    if (!buf || n == 0) return 0;
     int k = snprintf(buf, n, "%s.%016llx.tmp", path, (unsigned long long)id);
     return k >= 0 && (size_t)k < n;
 }
