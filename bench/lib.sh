@@ -15,10 +15,14 @@ ensure_corpus() {
 # script above its tables (BENCHMARKS.md copies it beside each table): the CPU model, the
 # flags that decide which kernels run, the core OpenBLAS picks in this environment, and the
 # commit of the tree (with "+ uncommitted changes" when the code differs from it, so a figure
-# from a tree no commit holds says so).
+# from a tree no commit holds says so). The CPU family and model numbers go with the name,
+# since a VM's name may be only "AMD EPYC": AMD's family 25 (19h) is Zen 3 and Zen 4 (model 17,
+# 11h, is Genoa, Zen 4), family 26 (1Ah) is Zen 5.
 bench_machine() {
-    local model flags core commit
+    local model flags core commit family number
     model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+    family=$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+    number=$(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
         grep -xE 'avx2|fma|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile|amx_int8' | sort | tr '\n' ' ')
     core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename; f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
@@ -26,7 +30,7 @@ bench_machine() {
     if [ -n "$(git status --porcelain -- src cli include tools bench Makefile 2>/dev/null)" ]; then
         commit="$commit + uncommitted changes"
     fi
-    echo "# machine: $model, $(nproc) cores; flags: ${flags% }; OpenBLAS core $core" \
+    echo "# machine: $model (family ${family:-?} model ${number:-?}), $(nproc) cores; flags: ${flags% }; OpenBLAS core $core" \
          "(OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); tree $commit; $(date -u +%Y-%m-%d)"
 }
 
