@@ -364,7 +364,7 @@ static void test_emulated_checkpoints(void) {
          * the GEMM has (8 here, 16 in the straight run) — becomes a 2^-8 relative one where it
          * crosses a bf16 rounding: observed 2.1e-4 largest and 1.3e-5 rms on the oneDNN path,
          * 2.5e-4 and 2.6e-5 (lr/2300 per step) on the flatshard path (the Xeon with AMX,
-         * FLATSHARD_GEMM=flatshard or a build without oneDNN; the path Zen 5 takes), so
+         * FLATSHARD_GEMM=flatshard or a build without oneDNN), so
          * lr/1000 per step under bf16 on either path, which a wrong update of even 1% of the
          * elements (lr/10 rms per step) exceeds 100-fold. */
         const double lr = straight.tc.lr, max_d = ec_max_diff(&emu_again.res.weights, &straight.res.weights);

@@ -291,12 +291,13 @@ static void test_onednn_prepare_linear(void) {
     fs_matmul_forward_bf16(pool3, NULL, o, inp, w16, N - 1, IC, OC, 0);
     CHECK(fs_gemm_primitives_created() > c1, "an unprepared shape was not counted");
     /* a transposed fp32 A (the weight gradient's dout^T) is staged as (M, K), since oneDNN's
-     * AMX brgemm takes no transposed source: every product of a model's shapes stays on AMX */
-    const uint64_t not_amx = fs_gemm_primitives_not_amx();
+     * brgemm takes no transposed source: every product of a model's shapes stays on the
+     * probe's brgemm (AMX or AVX512-BF16) */
+    const uint64_t off = fs_gemm_primitives_off_kernel();
     CHECK_OK(fs_gemm_prepare_linear(512, 768, 1280));
     CHECK_OK(fs_gemm_prepare_linear(256, 3072, 768));
-    CHECK(fs_gemm_primitives_not_amx() == not_amx, "%llu of a model's primitives are not AMX kernels",
-          (unsigned long long)(fs_gemm_primitives_not_amx() - not_amx));
+    CHECK(fs_gemm_primitives_off_kernel() == off, "%llu of a model's primitives are not %s kernels",
+          (unsigned long long)(fs_gemm_primitives_off_kernel() - off), fs_gemm_path_detail());
     free(inp), free(dout), free(w32), free(w16), free(o), free(di), free(dw);
     fs_gemm_set_path(before);
 }

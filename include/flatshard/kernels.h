@@ -139,11 +139,13 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  *              forward's bf16 weight where that copy is no larger than C), an fp32 A tile by
  *              tile; each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
  *              single-threaded oneDNN call per tile, spread over the pool.
- * auto (the default) is onednn where oneDNN runs AMX on this CPU (amx_bf16 and amx_tile, as
- * oneDNN sees them) and flatshard elsewhere: on an Intel Xeon with AMX oneDNN ran the GEMMs
- * of a `small` step at 4-7x the flatshard kernel (BENCHMARKS.md); without AMX its AVX512-BF16
- * brgemm ran about as fast as ours (1.1x on that Xeon with AMX masked off), so there the
- * path whose bits the tests pin down stays. The environment variable FLATSHARD_GEMM
+ * auto (the default) is onednn where oneDNN runs a bf16 brgemm on this CPU (on AMX tiles, or
+ * on AVX512-BF16's vdpbf16ps: its probe product's implementation is "brg:...bf16") and
+ * flatshard elsewhere (no oneDNN, or a CPU without native bf16, where oneDNN would emulate
+ * it). Measured (BENCHMARKS.md): on an Intel Xeon with AMX oneDNN ran the GEMMs of a `small`
+ * step at 4-7x the flatshard kernel; on an AMD Zen 4 its AVX512-BF16 brgemm ran them at
+ * 1.13x and the whole bf16 step at 1.22x; on that Xeon with AMX masked off, 1.06x. Not
+ * measured on Zen 5. The environment variable FLATSHARD_GEMM
  * (auto | onednn | flatshard) overrides the rule; fs_gemm_set_path does for tests. A build
  * without oneDNN (make ONEDNN=0) has the flatshard path only. */
 typedef enum fs_gemm_path { FS_GEMM_PATH_FLATSHARD, FS_GEMM_PATH_ONEDNN, FS_GEMM_PATH_N } fs_gemm_path;
@@ -183,10 +185,11 @@ struct fs_gemm_stage {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC);
 /* How many oneDNN primitives this process has created (tests: none inside a step). */
 uint64_t fs_gemm_primitives_created(void);
-/* How many of them are not an AMX kernel on a CPU where oneDNN runs AMX (0 elsewhere): the
- * operand layouts it is given must keep every product on its AMX brgemm ("gemm:jit", its
- * fallback for a transposed source, ran a third as fast). Tests. */
-uint64_t fs_gemm_primitives_not_amx(void);
+/* How many of them are not the kernel oneDNN's probe product got on this CPU (its AMX or
+ * AVX512-BF16 brgemm; 0 where it has neither): the operand layouts it is given must keep
+ * every product on that brgemm ("gemm:jit", its fallback for a transposed source, ran a
+ * third as fast on AMX). Tests. */
+uint64_t fs_gemm_primitives_off_kernel(void);
 
 /* ------------------------------------------------------------------ instruction sets
  * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,
