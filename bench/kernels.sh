@@ -4,8 +4,11 @@
 # step, and where a step's time goes, per kernel kind. One thread, `small`, T = 256, batch 4;
 # OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for every figure (OpenBLAS's chosen core is
 # printed). Each measurement is repeated RUNS times; the table reports the median of the
-# runs' medians. With BEFORE=path/to/an/older/flatshard, its fp32 `bench step` (an older
-# build has no --precision) is run too, for the before/after per-kernel shares.
+# runs' medians. Where the build and CPU have oneDNN's bf16 matmul, each run also times the
+# bf16 step on each bf16 GEMM path (FLATSHARD_GEMM=flatshard, then onednn), for the rule that
+# picks between them (docs/kernels.md). With BEFORE=path/to/an/older/flatshard, its fp32
+# `bench step` (an older build has no --precision) is run too, for the before/after
+# per-kernel shares.
 #
 #   bench/kernels.sh [DATA]          RUNS=3 BEFORE=/tmp/old/build/flatshard bench/kernels.sh
 set -euo pipefail
@@ -21,9 +24,15 @@ rm -f "$OUT"/*
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 bench_machine
 common=(--model small --seq 256 --batch 4 --threads 1)
+paths=flatshard
+FLATSHARD_GEMM=onednn "$FS" plan --model tiny >/dev/null 2>&1 && paths="flatshard onednn"
 for r in $(seq "$RUNS"); do
     "$FS" bench gemm "${common[@]}" --reps 5 --json >"$OUT/gemm-$r.txt"
     "$FS" bench step "${common[@]}" --steps 5 --warmup 2 --precision both --data "$DATA" --json >"$OUT/step-$r.txt"
+    for p in $paths; do
+        FLATSHARD_GEMM=$p "$FS" bench step "${common[@]}" --steps 3 --warmup 1 --precision bf16 \
+            --data "$DATA" --json >"$OUT/path-$p-$r.txt"
+    done
     if [ -n "${BEFORE:-}" ]; then
         "$BEFORE" bench step "${common[@]}" --steps 5 --warmup 2 --data "$DATA" --json >"$OUT/before-$r.txt"
     fi
@@ -53,20 +62,30 @@ def shares(pattern, precision):
     return {k: med(v) for k, v in acc.items()}
 g = jsons("gemm-*.txt")
 s = jsons("step-*.txt")
-g32, g16 = med(r["step_gemm_gflops"] for r in g), med(r["step_gemm_gflops_bf16"] for r in g)
+in_use = g[0]["bf16_path"]
+g32, gfs = med(r["step_gemm_gflops"] for r in g), med(r["step_gemm_gflops_bf16"] for r in g)
+gdn = med(r["step_gemm_gflops_onednn"] for r in g)
+g16 = gdn if in_use == "onednn" else gfs
 st = {p: [r for r in s if r["precision"] == p] for p in ("fp32", "bf16")}
 s32, s16 = med(r["gflops"] for r in st["fp32"]), med(r["gflops"] for r in st["bf16"])
 t32, t16 = med(r["step_s_median"] for r in st["fp32"]), med(r["step_s_median"] for r in st["bf16"])
-print(f"# OpenBLAS core {g[0]['blas_core']}, bf16 kernel {g[0]['bf16_kernel']}, {runs} runs, median of medians")
+print(f"# OpenBLAS core {g[0]['blas_core']}, bf16 kernel {g[0]['bf16_kernel']}, bf16 GEMM path in use {in_use}, {runs} runs, median of medians")
 print("| figure | value | target |")
 print("|---|---|---|")
 print(f"| sgemm over a step's GEMMs | {g32:.1f} GFLOP/s | |")
-print(f"| bf16 GEMM over a step's GEMMs | {g16:.1f} GFLOP/s | |")
+print(f"| bf16 GEMM over a step's GEMMs, flatshard path | {gfs:.1f} GFLOP/s | |")
+if gdn > 0:
+    print(f"| bf16 GEMM over a step's GEMMs, onednn path | {gdn:.1f} GFLOP/s ({gdn / gfs:.2f}x flatshard) | |")
 print(f"| bf16 GEMM / sgemm | {g16 / g32:.2f}x | >= 1.4x |")
 print(f"| fp32 step | {t32:.3f} s, {s32:.1f} GFLOP/s | |")
 print(f"| bf16 step | {t16:.3f} s, {s16:.1f} GFLOP/s | |")
 print(f"| bf16 step rate / bf16 GEMM rate | {100 * s16 / g16:.0f}% | >= 60% |")
 print(f"| bf16 step / fp32 step speed | {t32 / t16:.2f}x | >= 1.3x |")
+pt = {p: [r["step_s_median"] for r in jsons(f"path-{p}-*.txt")] for p in ("flatshard", "onednn")}
+if pt["onednn"]:
+    fs_t, dn_t = med(pt["flatshard"]), med(pt["onednn"])
+    print(f"| bf16 step, flatshard GEMM path | {fs_t:.3f} s (runs {', '.join(f'{x:.3f}' for x in pt['flatshard'])}) | |")
+    print(f"| bf16 step, onednn GEMM path | {dn_t:.3f} s (runs {', '.join(f'{x:.3f}' for x in pt['onednn'])}): {fs_t / dn_t:.2f}x | |")
 before = shares("before-*.txt", None) if glob.glob(f"{out}/before-*.txt") else None
 a32, a16 = shares("step-*.txt", "fp32"), shares("step-*.txt", "bf16")
 kinds = sorted(set(a32) | set(a16) | set(before or {}), key=lambda k: -a16.get(k, 0))
