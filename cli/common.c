@@ -219,15 +219,10 @@ fs_status fs_cli_output_open(const char *what, const char *path, fs_cli_output *
     out->in_place = output_in_place(path);
     struct stat st, so;
     if (!out->in_place) { /* a temporary of this write's own (core.h: fs_tmp_create) */
-        int fd = fs_tmp_create(path, out->tmp, sizeof out->tmp);
-        if (fd < 0)
+        out->f = fs_tmp_fopen(path, out->tmp, sizeof out->tmp);
+        if (!out->f) /* worded like fs_cli_check_output's, which runs first */
             return fs_errorf(FS_ERR_IO, "%s %s: cannot create the file %s: %s", what, path, out->tmp,
                              strerror(errno));
-        out->f = fdopen(fd, "wb");
-        if (!out->f) {
-            close(fd);
-            unlink(out->tmp);
-        }
     } else if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(STDOUT_FILENO, &so) == 0 &&
                st.st_dev == so.st_dev && st.st_ino == so.st_ino) {
         /* stdout's own file (-o /dev/stdout > file): through a duplicate of its descriptor,
@@ -247,20 +242,19 @@ fs_status fs_cli_output_open(const char *what, const char *path, fs_cli_output *
 fs_status fs_cli_output_commit(const char *what, const char *path, fs_cli_output *out) {
     FILE *f = out->f;
     out->f = NULL;
-    /* stdio keeps the first failed write in ferror, and errno its cause (a write of more than
-     * the buffer fails in fwrite itself); a device or a pipe is not fsynced (they refuse) */
-    int ok = fflush(f) == 0 && !ferror(f) && (out->in_place || fsync(fileno(f)) == 0);
-    int e = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
+    int ok, e;
+    if (out->in_place) { /* a device or a pipe: neither fsynced (they refuse) nor renamed */
+        ok = fflush(f) == 0 && !ferror(f); /* stdio keeps the first failed write in ferror */
         e = errno;
-    }
-    if (ok && !out->in_place && rename(out->tmp, path) != 0) {
-        ok = 0;
+        if (fclose(f) != 0 && ok) {
+            ok = 0;
+            e = errno;
+        }
+    } else {
+        ok = fs_tmp_commit(f, out->tmp, path) == 0;
         e = errno;
     }
     if (ok) return FS_OK;
-    if (!out->in_place) unlink(out->tmp);
     return fs_errorf(FS_ERR_IO, "%s %s: write failed: %s", what, path, strerror(e ? e : EIO));
 }
 

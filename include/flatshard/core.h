@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ------------------------------------------------------------------ status, errors */
 
@@ -218,5 +219,15 @@ uint64_t fs_fnv1a_str(const char *s);
 uint64_t fs_tmp_id(void);
 int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
 int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes);
+
+/* The same write through stdio, for a text file written whole. fs_tmp_fopen: fs_tmp_create's
+ * file as a stream ("wb"), or NULL with the error set (naming the temporary) and errno saying
+ * why, nothing left behind. fs_tmp_commit: flushes, fsyncs and closes f, then renames tmp over
+ * path: 0, or -1 with the temporary removed and errno saying why (stdio keeps only the error
+ * flag of an earlier failed write; its errno survives if nothing since overwrote it, else EIO). fs_tmp_discard: closes f and removes tmp, keeping errno. Both
+ * close f whatever happens. */
+FILE *fs_tmp_fopen(const char *path, char *tmp, size_t tmp_bytes);
+int fs_tmp_commit(FILE *f, const char *tmp, const char *path);
+void fs_tmp_discard(FILE *f, const char *tmp);
 
 #endif /* FLATSHARD_CORE_H */

@@ -397,17 +397,11 @@ fs_status fs_st_writer_open(fs_st_writer **out, const char *path, const fs_st_en
     }
     w->expected = hdr.data_bytes;
     /* a temporary file of this write's own (core.h): two exports to one path never mix */
-    int fd = fs_tmp_create(path, w->tmp, sizeof w->tmp);
-    w->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!w->f) {
-        st = fd >= 0 ? fs_errorf(FS_ERR_IO, "%s: cannot open: %s", w->tmp, strerror(errno)) : FS_ERR_IO;
-        if (fd >= 0) {
-            close(fd);
-            unlink(w->tmp);
-        }
+    w->f = fs_tmp_fopen(path, w->tmp, sizeof w->tmp);
+    if (!w->f) { /* its message names the file */
         fs_st_header_free(&hdr);
         free(w);
-        return st;
+        return FS_ERR_IO;
     }
     int ok = fwrite(hdr.bytes, 1, hdr.size, w->f) == hdr.size;
     fs_st_header_free(&hdr);

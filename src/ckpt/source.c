@@ -327,21 +327,11 @@ static fs_status write_config(const char *dir, const fs_llama_config *cfg, const
     if (fs_llama_config_to_json(cfg, torch_dtype, text, sizeof text) < 0)
         return fs_errorf(FS_ERR_INTERNAL, "config text too long");
     snprintf(path, sizeof path, "%s/config.json", dir);
-    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
-    if (fd < 0) return FS_ERR_IO;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return st;
-    }
-    int ok = fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
+    FILE *f = fs_tmp_fopen(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
+    if (!f) return FS_ERR_IO;                       /* its message names the file */
+    fputs(text, f);
+    if (fs_tmp_commit(f, tmp, path) != 0)
         return fs_errorf(FS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    }
     return FS_OK;
 }
 

@@ -50,3 +50,43 @@ int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes) {
     errno = e;
     return -1;
 }
+
+FILE *fs_tmp_fopen(const char *path, char *tmp, size_t tmp_bytes) {
+    int fd = fs_tmp_create(path, tmp, tmp_bytes);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        const int e = errno;
+        fs_errorf(FS_ERR_IO, "%s: cannot open: %s", tmp, strerror(e));
+        close(fd);
+        unlink(tmp);
+        errno = e;
+    }
+    return f;
+}
+
+int fs_tmp_commit(FILE *f, const char *tmp, const char *path) {
+    /* stdio keeps the first failed write in ferror and errno its cause (a write of more than
+     * the buffer fails in fwrite itself, before this); EIO where nothing set errno */
+    int ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+    int e = ok ? 0 : (errno ? errno : EIO);
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok) return 0;
+    unlink(tmp);
+    errno = e;
+    return -1;
+}
+
+void fs_tmp_discard(FILE *f, const char *tmp) {
+    const int e = errno;
+    fclose(f);
+    unlink(tmp);
+    errno = e;
+}

@@ -808,15 +808,8 @@ static fs_status make_parent(const char *path) {
 fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     FS_TRY(make_parent(path));
     char tmp[1100];
-    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
-    if (fd < 0) return FS_ERR_IO;                  /* its message names the file */
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return st;
-    }
+    FILE *f = fs_tmp_fopen(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
+    if (!f) return FS_ERR_IO;                       /* its message names the file */
     fprintf(f,
             "%s\nkey %s\ndate %s\ngemm_fp32_flops %.17g\ngemm_bf16_flops %.17g\nattention_fp32_flops %.17g\n"
             "attention_bf16_flops %.17g\nadamw_bytes_per_s %.17g\nring_busbw %.17g\nbusy_cores %d\n"
@@ -824,13 +817,8 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
             CACHE_MAGIC, cal->key, cal->date, cal->gemm_fp32_flops, cal->gemm_bf16_flops, cal->attention_fp32_flops,
             cal->attention_bf16_flops, cal->adamw_bytes_per_s, cal->ring_busbw, cal->busy_cores, cal->contention_fp32,
             cal->contention_bf16);
-    int failed = ferror(f);
-    failed |= fclose(f) != 0;
-    if (failed || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return fs_errorf(FS_ERR_IO, "%s: cannot write: %s", path, strerror(e));
-    }
+    if (fs_tmp_commit(f, tmp, path) != 0)
+        return fs_errorf(FS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     return FS_OK;
 }
 

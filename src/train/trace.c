@@ -77,15 +77,8 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
                               const int32_t *ev_track, int64_t n, int world,
                               const fs_layout *layout) {
     char tmp[4096];
-    int fd = fs_tmp_create(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
-    if (fd < 0) return fs_error_wrap(FS_ERR_IO, "--trace %s", path);
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        fs_status st = fs_errorf(FS_ERR_IO, "--trace %s: cannot open: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return st;
-    }
+    FILE *f = fs_tmp_fopen(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
+    if (!f) return fs_error_wrap(FS_ERR_IO, "--trace %s", path);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"flatshard\"},\"traceEvents\":[\n");
     for (int r = 0; r < world; r++) {
         fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", r, r);
@@ -108,16 +101,11 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
                 (long long)e->bytes, i + 1 < n ? "," : "");
     }
     fprintf(f, "]}\n");
-    /* stdio keeps the first error of any fprintf above in ferror */
-    int ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (ok && fs_fault_value("trace-write-fail")) { /* tests: a full disk at the last write */
-        ok = 0;
+    if (fs_fault_value("trace-write-fail")) { /* tests: a full disk at the last write */
         errno = ENOSPC;
-    }
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return fs_errorf(FS_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));
-    }
-    return FS_OK;
+        fs_tmp_discard(f, tmp);
+    } else if (fs_tmp_commit(f, tmp, path) == 0) {
+        return FS_OK;
+    } /* fs_tmp_commit keeps the first error of any fprintf above (stdio's ferror) */
+    return fs_errorf(FS_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));
 }
