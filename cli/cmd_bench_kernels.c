@@ -36,8 +36,8 @@ static const fs_command_help kernels_help = {
         "'same bits', the largest difference relative to the output's largest magnitude, or\n"
         "'one path' for kernels with a single implementation.\n"
         "Rates: model FLOPs over time for GEMM and attention, beside the per-core peaks of\n"
-        "../shared/MACHINE.md (fp32 218 and bf16 385 GFLOP/s; rows on AMX tiles, oneDNN's\n"
-        "GEMM and the amx attention, show no peak); for the memory-bound kernels, the fewest\n"
+        "../shared/MACHINE.md (fp32 218 and bf16 385 GFLOP/s: an AMD Zen 5 core's; rows on\n"
+        "AMX tiles, oneDNN's GEMM there and the amx attention, show no peak); for the memory-bound kernels, the fewest\n"
         "bytes the kernel must read plus write over time (GB/s), beside a memcpy timed in the\n"
         "same run on the same threads that moves as many bytes (it copies half of them: each\n"
         "byte read once and written once, counted twice like the kernels' reads plus writes),\n"
@@ -408,7 +408,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         const double peak = is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) * (double)args.threads
                                      : work / time_memcpy(&b, pool, copy_dst, copy_src, work, t, args.reps) / 1e9;
         const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;
-        if ((k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN) || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
+        const int amx_gemm = k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN && strstr(fs_gemm_path_detail(), "amx");
+        if (amx_gemm || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
             printf("  %-14s %10.3f %7.1f %-3s %9s %-4s %9s  %s\n", kernel_names[k], 1e3 * med, rate, "GF", "-", "",
                    "AMX", check);
         else

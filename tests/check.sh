@@ -53,8 +53,8 @@ done
 
 # MPI=none ONEDNN=0: the comm backend without MPI compiled in, and no oneDNN (its own build
 # directory, build-nompi/): the minimal build a bare GPU host makes (tools/gpu_check.sh), whose
-# bf16 GEMM takes flatshard's path, the one a CPU without AMX takes, so that an AMX machine's
-# CI runs that path's tests too (a bf16 tolerance only the oneDNN path met went unnoticed
+# bf16 GEMM takes flatshard's path, which a build with oneDNN takes only on a CPU without
+# native bf16, so that CI runs that path's tests too on a machine whose default is oneDNN (a bf16 tolerance only the oneDNN path met went unnoticed
 # until 2026-12-06). DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2
 # in-process ranks.
 for variant in nompi debug; do

@@ -10,7 +10,7 @@
  *      without AVX512-BF16 the tests of that path print a skip line;
  *   3. bits independent of the pool size and of how the output is split;
  *   4. the linear-layer wrappers against the fp32 matmul on bf16-representable inputs;
- *   5. the oneDNN path (AMX where the CPU has it) against the same reference, independent of
+ *   5. the oneDNN path (its AMX or AVX512-BF16 brgemm, whichever the CPU has) against the same reference, independent of
  *      the pool size (fixed row tiles), with and without a caller's staging, its primitives
  *      created by fs_gemm_prepare_linear and never again by the products; where this build
  *      or CPU has no oneDNN those tests print a skip line. Tests 1-4 pin the flatshard path
@@ -296,8 +296,9 @@ static void test_onednn_prepare_linear(void) {
     const uint64_t off = fs_gemm_primitives_off_kernel();
     CHECK_OK(fs_gemm_prepare_linear(512, 768, 1280));
     CHECK_OK(fs_gemm_prepare_linear(256, 3072, 768));
-    CHECK(fs_gemm_primitives_off_kernel() == off, "%llu of a model's primitives are not %s kernels",
-          (unsigned long long)(fs_gemm_primitives_off_kernel() - off), fs_gemm_path_detail());
+    CHECK(fs_gemm_primitives_off_kernel() == off, "%llu of a model's primitives are slower kernels than %s, the "
+          "first %s", (unsigned long long)(fs_gemm_primitives_off_kernel() - off), fs_gemm_path_detail(),
+          fs_gemm_first_off_kernel());
     free(inp), free(dout), free(w32), free(w16), free(o), free(di), free(dw);
     fs_gemm_set_path(before);
 }

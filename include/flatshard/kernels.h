@@ -67,8 +67,8 @@ void fs_matmul_backward(fs_pool *pool,
  *
  * Two paths compute it (fs_gemm_path below): flatshard's own blocked kernel, whose inner
  * kernel is vdpbf16ps where the CPU has AVX512-BF16 (fs_kernels_isa() == FS_ISA_AVX512_BF16)
- * and a portable loop with the same products and sums elsewhere; or oneDNN's matmul (AMX
- * tiles on Intel), which sums in an order of its own that depends only on the shape (fixed
+ * and a portable loop with the same products and sums elsewhere; or oneDNN's matmul (a brgemm
+ * on AMX tiles or on AVX512-BF16), which sums in an order of its own that depends only on the shape (fixed
  * row tiles, one oneDNN thread per tile), so the bits still depend neither on the pool size
  * nor on the split. `stage` is where the oneDNN path rounds the fp32 operands to bf16
  * (fs_gemm_stage_bytes); NULL: a grow-only buffer of the calling thread (tests, benchmarks). */
@@ -133,9 +133,9 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  * Which implementation fs_gemm_bf16 runs, chosen once per process by a documented rule:
  *   flatshard  the blocked kernel of gemm_bf16.c (AVX512-BF16 or portable);
  *   onednn     oneDNN's matmul (Debian's libdnnl, src/kernels/cpu/gemm_onednn.c): bf16 x bf16
- *              with fp32 accumulation, brgemm on AMX tiles. The fp32 operands are rounded to
- *              bf16 into a staging buffer (the same rounding as the flatshard path): an fp32 B
- *              once per product, straight into oneDNN's blocked AMX layout (as is the
+ *              with fp32 accumulation, brgemm on AMX tiles or AVX512-BF16. The fp32 operands
+ *              are rounded to bf16 into a staging buffer (the same rounding as the flatshard
+ *              path): an fp32 B once per product, straight into oneDNN's blocked bf16 layout (as is the
  *              forward's bf16 weight where that copy is no larger than C), an fp32 A tile by
  *              tile; each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
  *              single-threaded oneDNN call per tile, spread over the pool.
@@ -185,11 +185,13 @@ struct fs_gemm_stage {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC);
 /* How many oneDNN primitives this process has created (tests: none inside a step). */
 uint64_t fs_gemm_primitives_created(void);
-/* How many of them are not the kernel oneDNN's probe product got on this CPU (its AMX or
- * AVX512-BF16 brgemm; 0 where it has neither): the operand layouts it is given must keep
- * every product on that brgemm ("gemm:jit", its fallback for a transposed source, ran a
- * third as fast on AMX). Tests. */
+/* How many of them run a slower kind of kernel than oneDNN's probe product got on this CPU
+ * (its AMX or AVX512-BF16 brgemm; 0 where it has neither): the operand layouts it is given
+ * must keep every product on that brgemm ("gemm:jit", its fallback for a transposed source,
+ * ran a third as fast on AMX). Tests; fs_gemm_first_off_kernel names the first such
+ * primitive's implementation and shape ("" when none). */
 uint64_t fs_gemm_primitives_off_kernel(void);
+const char *fs_gemm_first_off_kernel(void);
 
 /* ------------------------------------------------------------------ instruction sets
  * Kernels with wider-vector copies pick one at run time (dispatch.c): the best the CPU has,

@@ -14,7 +14,8 @@
  *   1. Every fp32 operand is rounded to bf16 (fs_fp32_to_bf16, the flatshard path's rounding)
  *      into the staging buffer; bf16 operands (the weights) are read in place, except the
  *      forward's (a transposed bf16 B no larger than C), which is copied into oneDNN's blocked
- *      AMX layout (BA16a64b2a) before the tiles. An fp32 B (the weight gradient's inp) is
+ *      bf16 weights layout (BA16a64b2a, which its AMX and its AVX512-BF16 brgemm both read)
+ *      before the tiles. An fp32 B (the weight gradient's inp) is
  *      rounded before the tiles, over the pool, straight into that layout, so that no tile
  *      repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
  *      just before its oneDNN call (still in that core's cache when oneDNN reads them), a
@@ -65,7 +66,7 @@ const char *fs_gemm_path_name(fs_gemm_path path) {
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static dnnl_engine_t engine;
-static int onednn_works, onednn_brgemm_bf16;
+static int onednn_works, onednn_kernel_class;
 /* the implementation of a probe product: "brg:avx512_core_amx_bf16" (AMX tiles),
  * "brg:avx512_core_bf16" (vdpbf16ps), "gemm:jit" or "ref" where the CPU has neither */
 static char onednn_impl[96];
@@ -73,6 +74,15 @@ static char onednn_impl[96];
 static fs_status make_primitive(dnnl_primitive_t *out, dnnl_primitive_desc_t *pd_out, int64_t M,
                                 int64_t N, int64_t K, int a_trans, int64_t lda, int b_trans,
                                 int64_t ldb, int64_t ldc, int accumulate);
+
+/* How fast a kind of oneDNN bf16 matmul kernel is, from its implementation name: 2 a brgemm on
+ * AMX tiles, 1 a brgemm on AVX512-BF16, 0 anything else (gemm:jit, ref: emulated bf16). By
+ * kind rather than by exact name, so that another spelling of the same ISA in another oneDNN
+ * release does not count as another kernel. */
+static int kernel_class(const char *impl) {
+    if (!impl || strncmp(impl, "brg", 3) != 0) return 0;
+    return strstr(impl, "amx") ? 2 : strstr(impl, "bf16") ? 1 : 0;
+}
 
 static void probe(void) {
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return;
@@ -85,8 +95,7 @@ static void probe(void) {
     dnnl_primitive_destroy(p);
     dnnl_primitive_desc_destroy(pd);
     onednn_works = 1;
-    /* a brgemm on a native bf16 instruction: what the rule in path_from_env trusts */
-    onednn_brgemm_bf16 = strncmp(onednn_impl, "brg:", 4) == 0 && strstr(onednn_impl, "bf16") != NULL;
+    onednn_kernel_class = kernel_class(onednn_impl);
 }
 
 int fs_gemm_path_available(fs_gemm_path path) {
@@ -109,7 +118,8 @@ static int path_from_env(void) {
         return FS_GEMM_PATH_ONEDNN;
     /* auto, unset, or a value fs_gemm_env_error names */
 #if FS_HAVE_ONEDNN
-    if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN) && onednn_brgemm_bf16) return FS_GEMM_PATH_ONEDNN;
+    /* a brgemm on a native bf16 instruction: what the rule trusts */
+    if (fs_gemm_path_available(FS_GEMM_PATH_ONEDNN) && onednn_kernel_class > 0) return FS_GEMM_PATH_ONEDNN;
 #endif
     return FS_GEMM_PATH_FLATSHARD;
 }
@@ -184,7 +194,8 @@ static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; 
  * oneDNN 2.6's AMX brgemm matmul takes no transposed source: with one it falls back to
  * "gemm:jit", which ran the weight-gradient tiles at a third of the AMX rate (ONEDNN_VERBOSE,
  * `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged as (M, K), every product
- * runs on brgemm. Only A: a transposed B ("ba" weights) runs on brgemm as it is. Outside the
+ * runs on brgemm (on AVX512-BF16's brgemm too: test_gemm counts any product that leaves the
+ * probe's kind of kernel). Only A: a transposed B ("ba" weights) runs on brgemm as it is. Outside the
  * oneDNN part: the staging sizes below are counted in every build (ONEDNN=0 too). */
 static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.trans; }
 
@@ -223,6 +234,7 @@ size_t fs_gemm_stage_bytes(int64_t N, int64_t IC, int64_t OC) {
 fs_status fs_gemm_prepare_linear(int64_t N, int64_t IC, int64_t OC) { return FS_OK; }
 uint64_t fs_gemm_primitives_created(void) { return 0; }
 uint64_t fs_gemm_primitives_off_kernel(void) { return 0; }
+const char *fs_gemm_first_off_kernel(void) { return ""; }
 void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, uint16_t *C16, int64_t ldc,
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K, int pack_b) {
@@ -238,10 +250,10 @@ static fs_status dnnl_failed(dnnl_status_t s, const char *what, int64_t M, int64
                      what, (long long)M, (long long)N, (long long)K, (int)s);
 }
 
-/* How the tiles read B (bf16_operand.trans): plain, transposed, or packed in oneDNN's AMX
- * layout for bf16 weights, BA16a64b2a: blocks of 32 rows (k) x 64 columns (n), column blocks
+/* How the tiles read B (bf16_operand.trans): plain, transposed, or packed in oneDNN's
+ * blocked layout for bf16 weights (AMX and AVX512-BF16 brgemm alike), BA16a64b2a: blocks of 32 rows (k) x 64 columns (n), column blocks
  * outermost; in a block, row pairs, then the 64 columns, then the pair's 2 rows (the VNNI
- * pairs tdpbf16ps reads), each block 4 KiB; k padded to 32 and n to 64 with zeros. */
+ * pairs tdpbf16ps and vdpbf16ps read), each block 4 KiB; k padded to 32 and n to 64 with zeros. */
 enum { B_PLAIN, B_TRANS, B_BLOCKED };
 
 /* C (M, N) f32 = A (M, K) bf16 @ B (K, N) bf16 (+ C when accumulating); an operand stored
@@ -305,9 +317,11 @@ static prim_entry cache[PRIM_CACHE];
 static int cache_used;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint_fast64_t primitives_created, primitives_off_kernel;
+static char first_off_kernel[128]; /* written under cache_mu, once */
 
 uint64_t fs_gemm_primitives_created(void) { return atomic_load(&primitives_created); }
 uint64_t fs_gemm_primitives_off_kernel(void) { return atomic_load(&primitives_off_kernel); }
+const char *fs_gemm_first_off_kernel(void) { return first_off_kernel; }
 
 static uint64_t key_hash(const prim_key *k) {
     const int64_t f[9] = {k->M, k->N, k->K, k->lda, k->ldb, k->ldc, k->a_trans, k->b_trans, k->accumulate};
@@ -343,10 +357,13 @@ static fs_status lookup(const prim_key *k, const prim_entry **out) {
                 cache_used++;
                 atomic_fetch_add(&primitives_created, 1);
                 const char *impl = NULL;
-                if (onednn_brgemm_bf16 &&
-                    (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
-                     !impl || strcmp(impl, onednn_impl) != 0))
-                    atomic_fetch_add(&primitives_off_kernel, 1);
+                if (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+                    impl = NULL;
+                if (kernel_class(impl) < onednn_kernel_class) {
+                    if (atomic_fetch_add(&primitives_off_kernel, 1) == 0)
+                        snprintf(first_off_kernel, sizeof first_off_kernel, "%s (M %lld N %lld K %lld)",
+                                 impl ? impl : "?", (long long)k->M, (long long)k->N, (long long)k->K);
+                }
             }
         }
     }
