@@ -144,7 +144,7 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  * flatshard elsewhere (no oneDNN, or a CPU without native bf16, where oneDNN would emulate
  * it). Measured (BENCHMARKS.md): on an Intel Xeon with AMX oneDNN ran the GEMMs of a `small`
  * step at 4-7x the flatshard kernel; on an AMD Zen 4 its AVX512-BF16 brgemm ran them at
- * 1.13x and the whole bf16 step at 1.22x; on that Xeon with AMX masked off, 1.06x. Not
+ * 1.14x and the whole bf16 step at 1.13x; on that Xeon with AMX masked off, 1.06x. Not
  * measured on Zen 5. The environment variable FLATSHARD_GEMM
  * (auto | onednn | flatshard) overrides the rule; fs_gemm_set_path does for tests. A build
  * without oneDNN (make ONEDNN=0) has the flatshard path only. */
