@@ -15,9 +15,8 @@
  *      into the staging buffer; bf16 operands (the weights) are read in place, except the
  *      forward's (a transposed bf16 B no larger than C), which is copied into oneDNN's blocked
  *      bf16 weights layout (BA16a64b2a, which its AMX and its AVX512-BF16 brgemm both read)
- *      before the tiles. An fp32 B (the weight gradient's inp) is
- *      rounded before the tiles, over the pool, straight into that layout, so that no tile
- *      repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
+ *      before the tiles. An fp32 B (the weight gradient's inp) is rounded before the tiles,
+ *      over the pool, straight into that layout, so that no tile repacks it. An fp32 A is rounded tile by tile, each tile's rows on the tile's thread
  *      just before its oneDNN call (still in that core's cache when oneDNN reads them), a
  *      transposed one (the weight gradient's dout^T) transposed on the way; a transposed
  *      bf16 A (dgu^T from fs_swiglu_backward_bf16) is only transposed, a plain one read in
@@ -195,8 +194,8 @@ static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; 
  * "gemm:jit", which ran the weight-gradient tiles at a third of the AMX rate (ONEDNN_VERBOSE,
  * `small`: 2.4 ms against ~0.8 ms per 256 x 768 x 1024 tile). Staged as (M, K), every product
  * runs on brgemm (on AVX512-BF16's brgemm too: test_gemm counts any product that leaves the
- * probe's kind of kernel). Only A: a transposed B ("ba" weights) runs on brgemm as it is. Outside the
- * oneDNN part: the staging sizes below are counted in every build (ONEDNN=0 too). */
+ * probe's kind of kernel). Only A: a transposed B ("ba" weights) runs on brgemm as it is.
+ * Outside the oneDNN part: the staging sizes below are counted in every build (ONEDNN=0 too). */
 static int stage_transposes(fs_gemm_operand o, int is_a) { return is_a && o.trans; }
 
 /* Bytes of an operand's staged copy, a multiple of 64 (the next one starts 64-aligned). */
@@ -251,9 +250,10 @@ static fs_status dnnl_failed(dnnl_status_t s, const char *what, int64_t M, int64
 }
 
 /* How the tiles read B (bf16_operand.trans): plain, transposed, or packed in oneDNN's
- * blocked layout for bf16 weights (AMX and AVX512-BF16 brgemm alike), BA16a64b2a: blocks of 32 rows (k) x 64 columns (n), column blocks
- * outermost; in a block, row pairs, then the 64 columns, then the pair's 2 rows (the VNNI
- * pairs tdpbf16ps and vdpbf16ps read), each block 4 KiB; k padded to 32 and n to 64 with zeros. */
+ * blocked layout for bf16 weights (AMX and AVX512-BF16 brgemm alike), BA16a64b2a: blocks of
+ * 32 rows (k) x 64 columns (n), column blocks outermost; in a block, row pairs, then the 64
+ * columns, then the pair's 2 rows (the VNNI pairs tdpbf16ps and vdpbf16ps read), each block
+ * 4 KiB; k padded to 32 and n to 64 with zeros. */
 enum { B_PLAIN, B_TRANS, B_BLOCKED };
 
 /* C (M, N) f32 = A (M, K) bf16 @ B (K, N) bf16 (+ C when accumulating); an operand stored
