@@ -85,6 +85,15 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #define FS_BUILD_FLAVOR "unknown"
 #endif
 
+/* How many timed rounds each measurement takes the fastest of: CAL_REPS (CAL_BLOCK_REPS for
+ * the contention block), or 1 in any other build than release. A sanitized or -O0 build's
+ * figures only plan for that build (its cache key names it), and there every round costs
+ * 3-20x: a calibration under ThreadSanitizer took 13 s, ~80% of it the contention block, and
+ * CI's test suite calibrates about ten times per build. */
+static int timed_rounds(int release_rounds) {
+    return strcmp(FS_BUILD_FLAVOR, "release") == 0 ? release_rounds : 1;
+}
+
 /* 2: the GEMMs forward and backward, attention and AdamW added; 3: attention per precision
  * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table; 4 (never
  * merged): each kernel timed with every core busy; 5: the contention factors of a block
@@ -154,8 +163,9 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double fastest(double t[CAL_REPS]) {
-    qsort(t, CAL_REPS, sizeof t[0], cmp_double);
+/* the fastest of the n rounds in t */
+static double fastest(double t[CAL_REPS], int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
     return t[0];
 }
 
@@ -175,11 +185,12 @@ enum { CAL_MAX_IC = 3072, CAL_MAX_OC = 6144, CAL_MAX_W = 6144 * 768, CAL_WIDEST 
 static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, float *dw, const float *inp,
                            const void *w) {
     const fs_kernel_table *K = fs_device_kernels(dev);
+    const int rounds = timed_rounds(CAL_REPS);
     double flops = 0, seconds = 0;
     for (int l = 0; l < CAL_N_LINEARS; l++) {
         const int64_t IC = cal_linears[l].ic, OC = cal_linears[l].oc;
         double tf[CAL_REPS], tb[CAL_REPS];
-        for (int r = -1; r < CAL_REPS; r++) {
+        for (int r = -1; r < rounds; r++) {
             double t0 = thread_seconds();
             K->linear_forward(dev, o, inp, w, bf16, CAL_N, IC, OC, 0);
             double t1 = thread_seconds();
@@ -190,7 +201,7 @@ static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, floa
             }
         }
         flops += 3.0 * 2.0 * CAL_N * (double)IC * (double)OC;
-        seconds += fastest(tf) + fastest(tb);
+        seconds += fastest(tf, rounds) + fastest(tb, rounds);
     }
     return flops / seconds;
 }
@@ -254,12 +265,13 @@ static fs_status measure_attention(fs_device *dev, int bf16, double *flops_out) 
     if (!qkv || !dqkv || !att || !datt || !lse)
         st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the attention operands");
     double tf[CAL_REPS], tb[CAL_REPS];
+    const int rounds = timed_rounds(CAL_REPS);
     if (st == FS_OK) {
         for (size_t i = 0; i < n_qkv; i++) qkv[i] = (float)((int)(i % 19) - 9) * 0.05f;
         for (size_t i = 0; i < n_out; i++) datt[i] = (float)((int)(i % 11) - 5) * 0.01f;
         const float *q = qkv, *k = qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
         float *dq = dqkv, *dk = dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
-        for (int r = -1; r < CAL_REPS; r++) {
+        for (int r = -1; r < rounds; r++) {
             memset(dqkv, 0, n_qkv * sizeof *dqkv); /* backward accumulates, as in the model */
             double t0 = thread_seconds();
             K->attention_forward(dev, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
@@ -271,7 +283,7 @@ static fs_status measure_attention(fs_device *dev, int bf16, double *flops_out) 
                 tb[r] = thread_seconds() - t1;
             }
         }
-        *flops_out = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf) + fastest(tb));
+        *flops_out = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf, rounds) + fastest(tb, rounds));
     }
     free(qkv);
     free(dqkv);
@@ -307,6 +319,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
     if (!param || !m || !v || !grad || !param_bf16)
         st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the AdamW state");
     double t[CAL_REPS];
+    const int rounds = timed_rounds(CAL_REPS);
     if (st == FS_OK) {
         for (size_t i = 0; i < n; i++) {
             param[i] = (float)((int)(i % 23) - 11) * 0.01f;
@@ -316,7 +329,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
         memset(v, 0, n * sizeof *v);
         memset(param_bf16, 0, n * sizeof *param_bf16);
         fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-        for (int r = -1; r < CAL_REPS; r++) {
+        for (int r = -1; r < rounds; r++) {
             hp.step = r + 2;
             evict(param, n * sizeof *param);
             evict(m, n * sizeof *m);
@@ -327,7 +340,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
             fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, 1.0f, (int64_t)n, hp);
             if (r >= 0) t[r] = thread_seconds() - t0;
         }
-        c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t);
+        c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t, rounds);
     }
     free(param);
     free(m);
@@ -534,12 +547,13 @@ static double clock_of(clockid_t id) {
  * threads computing, the calibrating one included; 1 on one core. */
 static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int cores, double *factor) {
     double alone = INFINITY, busy = INFINITY, busy_any = INFINITY;
+    const int rounds = timed_rounds(CAL_BLOCK_REPS);
     *factor = 1;
     if (cores <= 1) return FS_OK;
     /* no warm-up run: the block's buffers are touched and its GEMMs prepared (block_alloc),
      * the kernels ran just before at the calibration's shapes, and its ~145 MiB do not stay
      * in the caches from one run to the next anyway */
-    for (int r = 0; r < CAL_BLOCK_REPS; r++) {
+    for (int r = 0; r < rounds; r++) {
         double t0 = thread_seconds();
         block_run(dev, b, bf16);
         double t = thread_seconds() - t0;
@@ -565,7 +579,7 @@ static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
     if (st == FS_OK && atomic_load(&L.failed))
         st = fs_errorf(FS_ERR_NOMEM, "calibration: a loading thread could not allocate its block");
-    for (int r = 0, got = 0; st == FS_OK && got < CAL_BLOCK_REPS && r < 2 * CAL_BLOCK_REPS; r++) {
+    for (int r = 0, got = 0; st == FS_OK && got < rounds && r < 2 * rounds; r++) {
         double l0[FS_CALIBRATION_MAX_BUSY], w0 = wall_seconds(), t0 = thread_seconds();
         for (int i = 0; i < n; i++) l0[i] = clock_of(ck[i]);
         block_run(dev, b, bf16);
@@ -607,7 +621,7 @@ static fs_status measure_contentions(fs_device *dev, fs_calibration *c) {
  * weights and the gradients on the wire under each policy), each rank timing its own thread's
  * CPU time (a rank's comm thread takes its compute core: every collective is exposed on
  * shared cores, docs/planner.md). busbw = the bytes each collective moves per rank, S (W - 1)
- * / W, summed over the four, over the CPU time they took, the fastest of CAL_REPS rounds,
+ * / W, summed over the four, over the CPU time they took, the fastest of CAL_RING_REPS rounds,
  * the slower rank's. */
 enum { CAL_RING_BYTES = 8 << 20, CAL_RING_REPS = 3 };
 
@@ -631,7 +645,7 @@ static fs_status ring_rank(fs_comm *comm, void *arg) {
         memset(recv16, 0, CAL_RING_BYTES);
     }
     double best = INFINITY;
-    for (int r = -1; r < CAL_RING_REPS && st == FS_OK; r++) {
+    for (int r = -1; r < timed_rounds(CAL_RING_REPS) && st == FS_OK; r++) {
         st = fs_comm_barrier(comm); /* both ranks start together */
         double t0 = thread_seconds();
         if (st == FS_OK) st = fs_comm_all_gather(send32, recv32, n32 / 2, FS_DTYPE_FP32, comm);
