@@ -1,7 +1,8 @@
 /*
  * cli/cmd_bench_kernels.c — `flatshard bench kernels`: every CPU kernel of a training step on
  * the model's own shapes, each first checked against the reference (portable) path, then
- * timed: median time and GB/s or GFLOP/s beside this machine's peaks (../shared/MACHINE.md).
+ * timed: median time and GB/s or GFLOP/s beside this core's register-bound peaks, measured in
+ * the same run (fs_cpu_peak_gflops), or beside a memcpy of as many bytes (time_memcpy).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -16,12 +17,6 @@
 #include "flatshard/kernels.h"
 #include "flatshard/model.h"
 
-/* Peaks per core, from ../shared/MACHINE.md: fp32 FMA ~215-222 and bf16 vdpbf16ps ~360-410
- * GFLOP/s register-bound. The memory-bound kernels are measured against memcpy instead, in
- * the same run: see time_memcpy. */
-#define PEAK_FP32_GFLOPS 218.0
-#define PEAK_BF16_GFLOPS 385.0
-
 static const fs_command_help kernels_help = {
     .usage = "flatshard bench kernels [options]",
     .description =
@@ -35,9 +30,11 @@ static const fs_command_help kernels_help = {
         "path the CPU selects is compared with the portable path (FLATSHARD_KERNELS=portable):\n"
         "'same bits', the largest difference relative to the output's largest magnitude, or\n"
         "'one path' for kernels with a single implementation.\n"
-        "Rates: model FLOPs over time for GEMM and attention, beside the per-core peaks of\n"
-        "../shared/MACHINE.md (fp32 218 and bf16 385 GFLOP/s: an AMD Zen 5 core's; rows on\n"
-        "AMX tiles, oneDNN's GEMM there and the amx attention, show no peak); for the memory-bound kernels, the fewest\n"
+        "Rates: model FLOPs over time for GEMM and attention, beside this core's register-bound\n"
+        "peak times the threads, measured in the same run and printed in the header (chains of\n"
+        "fp32 FMAs, or of vdpbf16ps for the bf16 rows where the CPU has AVX512-BF16, on its\n"
+        "widest vectors; rows on AMX tiles, oneDNN's GEMM there and the amx attention, show no\n"
+        "peak, nor does a CPU without AVX2); for the memory-bound kernels, the fewest\n"
         "bytes the kernel must read plus write over time (GB/s), beside a memcpy timed in the\n"
         "same run on the same threads that moves as many bytes (it copies half of them: each\n"
         "byte read once and written once, counted twice like the kernels' reads plus writes),\n"
@@ -344,12 +341,15 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     const fs_kernel_isa isa = fs_kernels_isa();
     const fs_gemm_path gemm_path = fs_gemm_path_in_use();
     const char *att16_path = fs_attention_bf16_path(b.HS); /* the bf16 attention kernel timed */
+    /* per core, times the threads below: the pool's threads run one to a core */
+    const double peak_fp32 = fs_cpu_peak_gflops(0), peak_bf16 = fs_cpu_peak_gflops(1);
     printf("bench kernels: %s, B %" PRId64 " x T %" PRId64 " = %" PRId64 " tokens, C %" PRId64 ", FF %" PRId64
            ", heads %" PRId64 "/%" PRId64 " x %" PRId64 ", vocab %" PRId64 "; AdamW/casts over %" PRId64
            " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s, bf16 GEMM %s, bf16 attention %s;"
-           " median of %" PRId64 "\n",
+           " core peak fp32 %.1f / bf16 %.1f GFLOP/s (measured); median of %" PRId64 "\n",
            args.model, b.B, b.T, b.N, b.C, b.FF, b.NH, b.NKV, b.HS, b.V, b.n_opt, args.threads, args.threads == 1 ? "" : "s",
-           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), att16_path, args.reps);
+           fs_kernels_isa_name(isa), fs_kernels_blas_corename(), fs_gemm_path_detail(), att16_path, peak_fp32,
+           peak_bf16, args.reps);
     printf("  %-14s %10s %10s %14s %9s  %s\n", "kernel", "time ms", "rate", "peak or memcpy", "of it", "vs portable path");
     int mismatches = 0;
     for (int ki = 0; ki < K_N; ki++) {
@@ -405,22 +405,23 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel */
         const int bf16_peak = k == K_GEMM_BF16 || ((k == K_ATT16_FWD || k == K_ATT16_BWD) &&
                                                    strcmp(att16_path, "avx512bf16") == 0);
-        const double peak = is_flops ? (bf16_peak ? PEAK_BF16_GFLOPS : PEAK_FP32_GFLOPS) * (double)args.threads
+        const double peak = is_flops ? (bf16_peak ? peak_bf16 : peak_fp32) * (double)args.threads
                                      : work / time_memcpy(&b, pool, copy_dst, copy_src, work, t, args.reps) / 1e9;
         const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;
         const int amx_gemm = k == K_GEMM_BF16 && gemm_path == FS_GEMM_PATH_ONEDNN && strstr(fs_gemm_path_detail(), "amx");
-        if (amx_gemm || amx_att) /* the peaks are vdpbf16ps's, not AMX's */
+        if (amx_gemm || amx_att || !(peak > 0)) /* the peaks are vdpbf16ps's, not AMX's; none without AVX2 */
             printf("  %-14s %10.3f %7.1f %-3s %9s %-4s %9s  %s\n", kernel_names[k], 1e3 * med, rate, "GF", "-", "",
-                   "AMX", check);
+                   amx_gemm || amx_att ? "AMX" : "-", check);
         else
             printf("  %-14s %10.3f %7.1f %-3s %9.1f %-4s %8.0f%%  %s\n", kernel_names[k], 1e3 * med, rate,
                    is_flops ? "GF" : "GB", peak, is_flops ? "GF/s" : "GB/s", 100.0 * rate / peak, check);
         if (args.json)
+            /* peak 0 (no AVX2): no share, and JSON has no inf */
             printf("{\"bench\":\"kernels\",\"kernel\":\"%s\",\"seconds\":%.6g,\"%s\":%.4g,\"peak\":%.4g,"
                    "\"%s\":%.4g,\"same_bits\":%s,\"max_rel_diff\":%.3g,\"isa\":\"%s\"}\n",
                    kernel_names[k], med, is_flops ? "gflops" : "gbs", rate, peak,
-                   is_flops ? "share_of_peak" : "share_of_memcpy", rate / peak, same ? "true" : "false", rel,
-                   fs_kernels_isa_name(isa));
+                   is_flops ? "share_of_peak" : "share_of_memcpy", peak > 0 ? rate / peak : 0.0,
+                   same ? "true" : "false", rel, fs_kernels_isa_name(isa));
     }
     printf("  (memory-bound rates count each array read or written once; each is set beside a memcpy\n"
            "   of the same traffic, timed here on the same threads after the same reset of the\n"
