@@ -403,8 +403,14 @@ static void format_setting(const rank_setting *s, uint64_t bits, char *buf, size
  * choose alone (--threads, --max-mem, --ckpt-layers, --metrics, --log-every,
  * --comm-timeout, --progress, the paths of --out, --save, --init-from) are not compared.
  * In-process ranks share one command line: there is nothing to compare. Collective. */
-/* A token stream as the ranks compare it: every shard's file name and length, hashed (0: no
- * stream). */
+/* A token stream as the ranks compare it: every shard's file name, length and
+ * STREAM_SAMPLES windows of STREAM_SAMPLE_BYTES of its tokens, evenly spaced from the first
+ * byte to the last, hashed (0: no stream). The contents: a file of the same name and length on
+ * one node with other tokens (a stale copy, another tokenizer's output of as many tokens)
+ * trained each rank on its own data, silently. Sampled rather than whole: a stream may be
+ * many GB on every rank before the first step; 16 x 4 KiB of each shard, read through its
+ * mapping, sees a file changed throughout, not one token changed between two windows. */
+enum { STREAM_SAMPLES = 16, STREAM_SAMPLE_BYTES = 4096 };
 static rank_setting setting_stream(const char *name, const fs_token_stream *s) {
     uint64_t h = FS_FNV1A_BASIS;
     for (int i = 0; s && i < s->n_shards; i++) {
@@ -413,6 +419,12 @@ static rank_setting setting_stream(const char *name, const fs_token_stream *s) {
         base = base ? base + 1 : d->path;
         h = fs_fnv1a(h, base, strlen(base) + 1);
         h = fs_fnv1a(h, &d->n_tokens, sizeof d->n_tokens);
+        const int64_t bytes = d->n_tokens * d->token_bytes;
+        const int64_t window = bytes < STREAM_SAMPLE_BYTES ? bytes : STREAM_SAMPLE_BYTES;
+        for (int w = 0; w < STREAM_SAMPLES && window > 0; w++) {
+            const int64_t at = (bytes - window) * w / (STREAM_SAMPLES - 1);
+            h = fs_fnv1a(h, d->tokens + at, (size_t)window);
+        }
     }
     return (rank_setting){name, 's', s ? (h ? h : 1) : 0};
 }
@@ -435,7 +447,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
         setting_real("--model (rope_theta)", m->rope_theta),
         setting_real("--model (initializer_range)", m->initializer_range),
         setting_int("--model (tie_word_embeddings)", m->tie_word_embeddings),
-        setting_stream("--data (its shards' names and lengths)", run->data),
+        setting_stream("--data (its shards' names, lengths and sampled tokens)", run->data),
         setting_int("--steps", c->steps),
         setting_int("--batch", c->batch),
         setting_int("--seq", c->seq),
@@ -462,7 +474,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
         setting_int("--init-from (given)", run->init_from != NULL),
         setting_int("--save (given)", run->save_dir != NULL),
         setting_int("--save-every", run->save_every),
-        setting_stream("--eval-data (its shards' names and lengths)", run->eval_data),
+        setting_stream("--eval-data (its shards' names, lengths and sampled tokens)", run->eval_data),
         setting_int("--eval-every", run->eval_every),
         setting_int("--eval-batches", run->eval_batches),
         setting_int("--trace (given)", run->trace_path != NULL),

@@ -181,7 +181,11 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     head -c 3000 "$TEXT" >"$WORK/eval-short.txt"
     mkdir -p "$WORK/eval-long" && head -c 6000 "$TEXT" >"$WORK/eval-long/eval-short.txt"
     run "$label: rank 1 evaluates on a longer file of the same name: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 --eval-data "$WORK/eval-short.txt" : -np 1 "$bin" train "${common[@]}" --steps 2 --eval-data "$WORK/eval-long/eval-short.txt"
-    expect "$label: the evaluation data is named" grep -q "rank 1 has another --eval-data (its shards' names and lengths) than rank 0" "$WORK/err"
+    expect "$label: the evaluation data is named" grep -q "rank 1 has another --eval-data (its shards' names, lengths and sampled tokens) than rank 0" "$WORK/err"
+    # the same name and length, other bytes throughout (rot13): each rank trained on its own
+    mkdir -p "$WORK/rot13" && tr 'A-Za-z' 'N-ZA-Mn-za-m' <"$TEXT" >"$WORK/rot13/$(basename "$TEXT")"
+    run "$label: rank 1 trains on another file of the same name and length: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --data "$WORK/rot13/$(basename "$TEXT")"
+    expect "$label: the data is named" grep -q "rank 1 has another --data (its shards' names, lengths and sampled tokens) than rank 0" "$WORK/err"
     run "$label: rank 1 started with another --save-every: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 2 : -np 1 "$bin" train "${common[@]}" --steps 4 --save "$tag-opts" --save-every 3
     expect_all "$label: named before any step: no crash, no checkpoint" \
         'grep -q "rank 1 has --save-every 3 where rank 0 has 2" "$WORK/err"' \
@@ -195,14 +199,14 @@ export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
     mpi_fault_runs openmpi "$FS" mpirun --allow-run-as-root --oversubscribe --bind-to none
 else
-    skip "OpenMPI fault runs (15 checks)" "mpirun is not installed (Debian: openmpi-bin)"
+    skip "OpenMPI fault runs (17 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
 # a failed MPICH build is a failure (the tools are there and our code does not build),
 # missing MPICH a skip
 if [ -n "$SAN" ]; then
-    skip_by_design "MPICH fault runs (15 checks)" "this is a $SAN run; the plain run covers MPICH"
+    skip_by_design "MPICH fault runs (17 checks)" "this is a $SAN run; the plain run covers MPICH"
 elif ! command -v mpirun.mpich >/dev/null 2>&1 || ! command -v mpicc.mpich >/dev/null 2>&1; then
-    skip "MPICH fault runs (15 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
+    skip "MPICH fault runs (17 checks)" "mpirun.mpich or mpicc.mpich is not installed (Debian: mpich libmpich-dev)"
 elif make -s MPI=mpich -j2 build-mpich/flatshard >"$WORK/mpich.log" 2>&1; then
     mpi_fault_runs mpich build-mpich/flatshard mpirun.mpich
 else
