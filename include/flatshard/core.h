@@ -207,6 +207,21 @@ uint64_t fs_rand_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_
 uint64_t fs_fnv1a(uint64_t h, const void *bytes, size_t n);
 uint64_t fs_fnv1a_str(const char *s);
 
+/* ------------------------------------------------------------------ input files */
+
+/* Opens path for reading (O_CLOEXEC) without ever blocking in the open — a FIFO without a
+ * writer made a plain open wait for ever — and refuses anything but a regular file: "<path>:
+ * is a directory, not <what>" (a FIFO, a pipe, a device, a socket likewise), with status
+ * wrong_kind (the caller's call: a damaged checkpoint is a format error, a directory named as
+ * the tokenizer a usage error). With FS_FILE_PIPE_OK a pipe is accepted too (bash's
+ * <(zcat x.gz), /dev/stdin after a |), for the inputs read once to their end; a named FIFO
+ * never, since its writer may never come (file.c). The descriptor reads blocking. Returns
+ * FS_OK with *fd (fs_file_fopen: *f, "rb"), or an error with *fd = -1 (*f = NULL): FS_ERR_IO
+ * naming the path and errno's reason when it cannot be opened. */
+enum { FS_FILE_PIPE_OK = 1u };
+fs_status fs_file_open(const char *path, const char *what, unsigned flags, fs_status wrong_kind, int *fd);
+fs_status fs_file_fopen(const char *path, const char *what, unsigned flags, fs_status wrong_kind, FILE **f);
+
 /* ------------------------------------------------------------------ temporary files */
 
 /* The temporary file of a write renamed over path when complete: "<path>.<id>.tmp", id 16

@@ -122,38 +122,15 @@ static fs_status write_text_file(const char *path, const char *text) {
     return st;
 }
 
-/* Opens a file of a checkpoint for reading; anything but a regular file is refused by name.
- * A directory in a file's place otherwise read as "read error" or "4096 bytes, the manifest
- * says ...: truncated", and a FIFO blocked the open for ever (SIGTERM too: train's handler
- * only sets a flag), so the open does not wait (O_NONBLOCK, which a regular file ignores). */
-static int open_regular(const char *path, fs_status *st) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        *st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        *st = fs_errorf(FS_ERR_FORMAT, "%s: not a regular file (a directory, pipe or device where the checkpoint "
-                                       "has a file)", path);
-        close(fd);
-        return -1;
-    }
-    *st = FS_OK;
-    return fd;
-}
-
-/* Reads a whole small file into a NUL-terminated buffer. */
+/* Reads a whole small file into a NUL-terminated buffer. Every file of a checkpoint is opened
+ * with fs_file_open (core.h): a directory in a file's place otherwise read as "read error" or
+ * "4096 bytes, the manifest says ...: truncated", and a FIFO blocked the open for ever
+ * (SIGTERM too: train's handler only sets a flag). Anything but a regular file there is
+ * damage, a format error, as a truncated file is. */
 static fs_status read_text_file(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
-    fs_status ost;
-    int fd = open_regular(path, &ost);
-    if (fd < 0) return ost;
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a regular file", 0, FS_ERR_FORMAT, &f));
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);
@@ -1193,9 +1170,9 @@ fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
     const fs_ckpt_file *f = &ck->files[r];
     char path[2048];
     join(path, sizeof path, ck->dir, f->name);
-    fs_status st = FS_OK;
-    int fd = open_regular(path, &st);
-    if (fd < 0) return damaged(ck, st);
+    int fd = -1;
+    fs_status st = fs_file_open(path, "a regular file", 0, FS_ERR_FORMAT, &fd);
+    if (st != FS_OK) return damaged(ck, st);
     struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
         st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
@@ -1242,9 +1219,8 @@ fs_status fs_ckpt_read(const fs_ckpt *ck, int array, const char *name, int64_t b
         const fs_ckpt_file *f = &ck->files[g->rank];
         char path[2048];
         join(path, sizeof path, ck->dir, f->name);
-        fs_status ost;
-        int fd = open_regular(path, &ost);
-        if (fd < 0) return ost;
+        int fd = -1;
+        FS_TRY(fs_file_open(path, "a regular file", 0, FS_ERR_FORMAT, &fd));
         off_t at = (off_t)(((int64_t)array * f->numel + g->file_pos + (lo - g->begin)) * (int64_t)sizeof(float));
         size_t want = (size_t)(hi - lo) * sizeof(float), got = 0;
         char *out = (char *)(dst + (lo - begin));

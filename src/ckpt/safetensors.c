@@ -187,12 +187,13 @@ fs_status fs_safetensors_parse_header(fs_safetensors *out, const char *json, siz
 
 fs_status fs_safetensors_open(fs_safetensors *out, const char *path) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a safetensors file", 0, FS_ERR_IO, &f));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(f), &sb) != 0) {
+        const int e = errno;
         fclose(f);
-        return fs_errorf(FS_ERR_IO, "%s: not a regular file", path);
+        return fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     uint64_t file_bytes = (uint64_t)sb.st_size;
     uint8_t len_le[8];

@@ -102,8 +102,8 @@ static fs_status index_entries(fs_source *s, const char *origin) {
 
 /* model.safetensors.index.json: {"weight_map": {tensor: file, ...}, ...} */
 static fs_status open_index(fs_source *s, const char *dir, const char *index_path) {
-    FILE *f = fopen(index_path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", index_path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(index_path, "a safetensors index", 0, FS_ERR_IO, &f));
     enum { MAX_INDEX = 64 << 20 };
     /* sized from the file (not MAX_INDEX every time: a typical index is a few KiB), one byte
      * more than it claims so that a file that grew is still seen to be too large */
@@ -357,7 +357,8 @@ static fs_status remove_stale_index(const char *dir, int *removed) {
     struct stat sb;
     if (lstat(index, &sb) != 0) return FS_OK;
     cJSON *root = NULL;
-    FILE *f = fopen(index, "rb");
+    FILE *f = NULL; /* one that cannot be read (a FIFO would have blocked fopen) is removed all the same */
+    (void)fs_file_fopen(index, "a safetensors index", 0, FS_ERR_IO, &f);
     enum { MAX_INDEX = 64 << 20 };
     char *text = f && sb.st_size <= MAX_INDEX ? malloc((size_t)sb.st_size + 1) : NULL;
     if (text) {

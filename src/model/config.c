@@ -235,8 +235,8 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
 }
 
 fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a config.json", 0, FS_ERR_USAGE, &f));
     enum { MAX_CONFIG_BYTES = 1 << 20 };
     char *buf = malloc(MAX_CONFIG_BYTES + 1);
     if (!buf) {
@@ -244,13 +244,11 @@ fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out)
         return fs_errorf(FS_ERR_NOMEM, "%s: cannot allocate a read buffer", path);
     }
     size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
-    int read_error = ferror(f) ? errno : 0; /* EISDIR: a directory was given */
+    int read_error = ferror(f) ? errno : 0;
     fclose(f);
     fs_status st;
     if (read_error)
-        st = read_error == EISDIR
-                 ? fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a config.json or a preset name", path)
-                 : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(read_error));
+        st = fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(read_error));
     else if (n > MAX_CONFIG_BYTES)
         st = fs_errorf(FS_ERR_FORMAT, "%s: larger than %d bytes; not a config.json", path,
                        MAX_CONFIG_BYTES);

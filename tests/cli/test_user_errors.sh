@@ -8,8 +8,8 @@
 # is refused (it once wrote to /); a value outside an option's declared range is refused for
 # byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
 # refused (it once indexed past the embedding); an empty path names its option; a result that
-# cannot be written to standard output is exit 1. Each refusal is one line and the exit code
-# of docs/cli.md's table.
+# cannot be written to standard output is exit 1; an input that is a FIFO is refused at once,
+# never waited on. Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -170,6 +170,38 @@ expect "the fp32 model survived" cmp -s "$WORK/hf/model.safetensors" "$WORK/hf-c
 refuse "export from a missing source" 1 "nope.safetensors" \
     "$FS" export --from "$WORK/nope.safetensors" --out "$WORK/hf-nope"
 expect "the failed export created no directory" [ ! -e "$WORK/hf-nope" ]
+
+# --- an input that is a FIFO no process writes to (mkfifo): one line at once, naming it (the
+# open of a safetensors file, a config.json, a tokenizer.json, a text, a timeline and the
+# files of an --init-from directory waited for a writer for ever). timeout 20: a hang fails
+# the check instead of the script. A pipe (<(cat ...)) still reads where one is accepted.
+mkfifo "$WORK/in-fifo"
+refuse "eval --weights a FIFO" 1 "^flatshard eval: .*in-fifo: is a FIFO, not a safetensors file$" \
+    timeout 20 "$FS" eval --weights "$WORK/in-fifo" --data "$D"
+refuse "train --init-from a FIFO" 1 "^flatshard train: .*in-fifo: is a FIFO, not a safetensors file$" \
+    timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --init-from "$WORK/in-fifo"
+refuse "train --model a FIFO" 2 "^flatshard train: .*in-fifo: is a FIFO, not a config.json$" \
+    timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --model "$WORK/in-fifo"
+refuse "train --data a FIFO" 1 "^flatshard train: .*in-fifo: is a FIFO, not a token file or a text file$" \
+    timeout 20 "$FS" train --data "$WORK/in-fifo" --seq 16 --batch 1 --threads 1 --steps 1 --no-save
+refuse "tokenize --tokenizer a FIFO" 2 "^flatshard tokenize: .*in-fifo: is a FIFO, not a tokenizer.json$" \
+    timeout 20 "$FS" tokenize --tokenizer "$WORK/in-fifo" -o "$WORK/c.bin" "$D"
+refuse "tokenize of a FIFO" 1 "^flatshard tokenize: .*in-fifo: is a FIFO, not a text file$" \
+    timeout 20 "$FS" tokenize -o "$WORK/c.bin" "$WORK/in-fifo"
+refuse "tokenize --tokenizer TOK of a FIFO" 1 "^flatshard tokenize: .*in-fifo: is a FIFO, not a text file$" \
+    timeout 20 "$FS" tokenize --tokenizer "$TOK" --no-eos -o "$WORK/c.bin" "$WORK/in-fifo"
+refuse "trace-svg of a FIFO" 2 "^flatshard trace-svg: .*in-fifo: is a FIFO, not a timeline file$" \
+    timeout 20 "$FS" trace-svg "$WORK/in-fifo" -o "$WORK/f.svg"
+expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
+for f in config.json model.safetensors model.safetensors.index.json; do
+    rm -rf "$WORK/hf-fifo" && cp -r "$WORK/hf" "$WORK/hf-fifo" && rm -f "$WORK/hf-fifo/$f" && mkfifo "$WORK/hf-fifo/$f"
+    refuse "train --init-from a model directory whose $f is a FIFO" "$([ $f = config.json ] && echo 2 || echo 1)" \
+        "^flatshard train: .*hf-fifo/$f: is a FIFO, not a" \
+        timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --init-from "$WORK/hf-fifo"
+done
+"$FS" tokenize -o "$WORK/text-file.bin" "$D" >/dev/null
+run "tokenize of a text on a pipe" 0 timeout 20 "$FS" tokenize -o "$WORK/text-pipe.bin" <(cat "$D")
+expect "the pipe's text gives the same tokens" cmp -s "$WORK/text-pipe.bin" "$WORK/text-file.bin"
 
 # --- generate: a byte-level prompt must fit the model's vocabulary
 python3 -c '
