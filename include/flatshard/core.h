@@ -145,6 +145,12 @@ int64_t fs_fault_value(const char *name);
 /* Whether fault `name` is armed for stage `stage` (a word) at this step: the variable reads
  * "<name>:<stage>" (any step) or "<name>:<stage>:<step>". */
 int fs_fault_stage(const char *name, const char *stage, int64_t step);
+/* Whether FLATSHARD_FAULT, if set, arms a fault that exists, in its form: FS_OK, or
+ * FS_ERR_USAGE with one line naming the value and listing the faults (or the stages, or the
+ * form the fault takes). A mistyped name was ignored, and the test it served passed without
+ * its fault; a program checks once at start-up. The queries above assert that the name they
+ * ask for is one of the list. */
+fs_status fs_fault_check_env(void);
 
 /* ------------------------------------------------------------------ thread pool */
 

@@ -9,7 +9,7 @@
 # byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
 # refused (it once indexed past the embedding); an empty path names its option; a result that
 # cannot be written to standard output is exit 1; an input that is a FIFO is refused at once,
-# never waited on. Each refusal is one line and the exit code of docs/cli.md's table.
+# never waited on; a FLATSHARD_FAULT that names no fault is refused. Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -269,5 +269,17 @@ full_stdout "--version > /dev/full" "^flatshard: standard output: write failed" 
 # the name of the function that read it
 refuse "FLATSHARD_COMM_TIMEOUT=abc, in-process ranks" 2 "^flatshard train: FLATSHARD_COMM_TIMEOUT=abc: not a number of seconds" \
     env FLATSHARD_COMM_TIMEOUT=abc "$FS" train --model tiny --ranks 2 --steps 1 --no-save --data "$D"
+# a FLATSHARD_FAULT that arms nothing is refused before any command runs, listing what is
+# valid (a mistyped fault was ignored, and the test it served passed without the fault)
+refuse "FLATSHARD_FAULT=bogus:3" 2 "^flatshard: FLATSHARD_FAULT=bogus:3: unknown fault 'bogus'; the faults are die-at, .*alloc-fail, .*crash-in-save-stage" \
+    env FLATSHARD_FAULT=bogus:3 "$FS" train "${small[@]}" --steps 1 --no-save
+refuse "FLATSHARD_FAULT=die-at:x" 2 "^flatshard: FLATSHARD_FAULT=die-at:x: expected die-at:S\[:R\]" \
+    env FLATSHARD_FAULT=die-at:x "$FS" train "${small[@]}" --steps 1 --no-save
+refuse "FLATSHARD_FAULT=alloc-fail:3:1 (alloc-fail takes one number)" 2 "^flatshard: FLATSHARD_FAULT=alloc-fail:3:1: expected alloc-fail:N" \
+    env FLATSHARD_FAULT=alloc-fail:3:1 "$FS" plan --model tiny
+refuse "FLATSHARD_FAULT=crash-in-save-stage:complet" 2 "^flatshard: .*: unknown stage 'complet'; the stages are manifest, complete," \
+    env FLATSHARD_FAULT=crash-in-save-stage:complet "$FS" train "${small[@]}" --steps 1 --no-save
+run "a valid FLATSHARD_FAULT for a later step runs" 0 env FLATSHARD_FAULT=die-at:99:1 "$FS" train "${small[@]}" --steps 1 --no-save
+run "an empty FLATSHARD_FAULT arms nothing" 0 env FLATSHARD_FAULT= "$FS" train "${small[@]}" --steps 1 --no-save
 
 summary
