@@ -45,6 +45,8 @@ refuse "tokenize --chunk-bytes 1 (below 1K)" 2 "^flatshard tokenize: --chunk-byt
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1 -o "$WORK/c.bin" "$D"
 refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of range" \
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
+refuse "tokenize --threads 0 (the default) without --tokenizer" 2 "^flatshard tokenize: --threads, .* need --tokenizer$" \
+    "$FS" tokenize --threads 0 -o "$WORK/c.bin" "$D"
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
 cp "$TOK" "$WORK/tok-before.json"
 refuse "tokenize -o its tokenizer" 2 "^flatshard tokenize: -o .*tokenizer.json: is the input .*tokenizer.json" \
