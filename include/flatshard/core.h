@@ -47,6 +47,18 @@ fs_status fs_error_wrap(fs_status st, const char *fmt, ...) __attribute__((forma
 /* The calling thread's last message ("" if none). Valid until the next fs_errorf on the thread. */
 const char *fs_error_message(void);
 
+/* A string a file supplied (a tensor name in a safetensors header or a manifest) as it may be
+ * printed in a message: bytes outside printable ASCII as \xNN and the backslash as \\, so
+ * that a corrupt or hostile name can neither break the one-line error into several nor send
+ * control codes to a terminal, and at most FS_PRINTABLE_MAX of its bytes, then "...(N bytes)".
+ * Returned by value, so that it can stand in an argument list: fs_errorf(..., "tensor '%s'",
+ * fs_printable(name).s) (the temporary lives to the end of the full expression). */
+#define FS_PRINTABLE_MAX 120
+typedef struct fs_printable_text {
+    char s[4 * FS_PRINTABLE_MAX + 32];
+} fs_printable_text;
+fs_printable_text fs_printable(const char *s);
+
 /* A short name for a status ("io error", "format error", ...). */
 const char *fs_status_name(fs_status st);
 

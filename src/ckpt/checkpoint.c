@@ -950,16 +950,16 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
             BAD("%s: tensor %d has no valid name", origin, ti);
         snprintf(ct->name, sizeof ct->name, "%s", name->valuestring);
         for (int k = 0; k < ti; k++)
-            if (!strcmp(ck->tensors[k].name, ct->name)) BAD("%s: tensor '%s' appears twice", origin, ct->name);
+            if (!strcmp(ck->tensors[k].name, ct->name)) BAD("%s: tensor '%s' appears twice", origin, fs_printable(ct->name).s);
         ct->ndim = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
-        if (ct->ndim < 1 || ct->ndim > 2) BAD("%s: tensor '%s' needs a shape of 1 or 2 dimensions", origin, ct->name);
+        if (ct->ndim < 1 || ct->ndim > 2) BAD("%s: tensor '%s' needs a shape of 1 or 2 dimensions", origin, fs_printable(ct->name).s);
         ct->numel = 1;
         for (int d = 0; d < ct->ndim; d++) {
             if (!json_int(cJSON_GetArrayItem(shape, d), 1, (int64_t)1 << 40, &ct->shape[d]))
-                BAD("%s: tensor '%s' has an invalid dimension", origin, ct->name);
+                BAD("%s: tensor '%s' has an invalid dimension", origin, fs_printable(ct->name).s);
             ct->numel *= ct->shape[d];
         }
-        if (ct->numel > ((int64_t)1 << 42)) BAD("%s: tensor '%s' is too large", origin, ct->name);
+        if (ct->numel > ((int64_t)1 << 42)) BAD("%s: tensor '%s' is too large", origin, fs_printable(ct->name).s);
     }
 
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
@@ -1019,13 +1019,13 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
         int64_t covered = 0;
         for (; i < ck->n_ranges && ck->ranges[i].tensor == t; i++) {
             if (ck->ranges[i].begin != covered)
-                BAD("%s: tensor '%s': elements from %lld are %s", origin, ct->name, (long long)covered,
+                BAD("%s: tensor '%s': elements from %lld are %s", origin, fs_printable(ct->name).s, (long long)covered,
                     ck->ranges[i].begin > covered ? "missing" : "stored twice");
             covered = ck->ranges[i].end;
         }
         ct->n_ranges = i - ct->first_range;
         if (covered != ct->numel)
-            BAD("%s: tensor '%s': only %lld of %lld elements are stored", origin, ct->name,
+            BAD("%s: tensor '%s': only %lld of %lld elements are stored", origin, fs_printable(ct->name).s,
                 (long long)covered, (long long)ct->numel);
     }
 out:
@@ -1151,7 +1151,7 @@ fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
         if (strcmp(ct->name, ti->name) != 0 || ct->ndim != ti->ndim || ct->shape[0] != rows ||
             (ti->ndim == 2 && ct->shape[1] != ti->shape[1]))
             return fs_errorf(FS_ERR_FORMAT, "%s: tensor %d is '%s', the model expects '%s' of another shape",
-                             ck->dir, w, ct->name, ti->name);
+                             ck->dir, w, fs_printable(ct->name).s, ti->name);
     }
     return FS_OK;
 }

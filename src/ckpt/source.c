@@ -94,7 +94,7 @@ static fs_status index_entries(fs_source *s, const char *origin) {
             for (int j = 0; j < s->n_entries; j++)
                 if (strcmp(s->entries[j].name, t->name) == 0)
                     return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is in %s and in %s", origin,
-                                     t->name, s->files[s->entries[j].file].path, s->files[i].path);
+                                     fs_printable(t->name).s, s->files[s->entries[j].file].path, s->files[i].path);
             s->entries[s->n_entries++] = (source_entry){.name = t->name, .file = i, .t = t};
         }
     return FS_OK;
@@ -126,7 +126,8 @@ static fs_status open_index(fs_source *s, const char *dir, const char *index_pat
     /* open each distinct file once, in the order the map first names it */
     for (const cJSON *e = map ? map->child : NULL; st == FS_OK && e; e = e->next) {
         if (!cJSON_IsString(e) || !plain_name(e->valuestring)) {
-            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' maps to an invalid file name", index_path, e->string);
+            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' maps to an invalid file name", index_path,
+                           fs_printable(e->string).s);
             break;
         }
         char path[2048];
@@ -220,7 +221,7 @@ fs_status fs_source_check(const fs_source *s, const fs_layout *layout) {
         if (!ignored(s->entries[i].name, layout->cfg.tie_word_embeddings) &&
             fs_layout_find_tensor(layout, s->entries[i].name, 0) < 0)
             return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is not part of this model",
-                             s->files[s->entries[i].file].path, s->entries[i].name);
+                             s->files[s->entries[i].file].path, fs_printable(s->entries[i].name).s);
     for (int ti = 0; ti < layout->n_tensors; ti++) {
         const fs_tensor_info *p = &layout->tensors[ti];
         if (p->row0 != 0) continue;

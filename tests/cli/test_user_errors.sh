@@ -9,7 +9,8 @@
 # byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
 # refused (it once indexed past the embedding); an empty path names its option; a result that
 # cannot be written to standard output is exit 1; an input that is a FIFO is refused at once,
-# never waited on; a FLATSHARD_FAULT that names no fault is refused. Each refusal is one line and the exit code of docs/cli.md's table.
+# never waited on; a FLATSHARD_FAULT that names no fault is refused; a tensor name from a
+# hostile header is printed escaped. Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -233,6 +234,33 @@ refuse "inspect of an empty PATH" 2 "^flatshard inspect: PATH is empty$" "$FS" i
 refuse "trace-svg of an empty FILE.json" 2 "^flatshard trace-svg: FILE.json is empty$" "$FS" trace-svg "" -o "$WORK/e.svg"
 run "an empty --prompt is still a prompt (not a path)" 0 "$FS" generate --weights "$WORK/w.safetensors" --prompt "" \
     --tokens 2 --threads 1
+
+# --- a tensor name from a corrupt or hostile safetensors header is printed escaped (\xNN,
+# \\) and capped: its newline once split the one-line error in two, and an escape sequence in
+# it went to the terminal raw. The model's file with one more (empty) tensor: a name with
+# control and high bytes, a 5000-byte name, a control byte in a name and its dtype.
+python3 - "$WORK/w.safetensors" "$WORK" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+def write(name, key, dtype):  # key: the JSON text of the name, raw bytes (0xff is not UTF-8)
+    entry = json.dumps({"dtype": dtype, "shape": [0], "data_offsets": [len(data), len(data)]})
+    body = json.dumps(header)[:-1].encode() + b', "' + key + b'": ' + entry.encode() + b"}"
+    open(f"{sys.argv[2]}/{name}.safetensors", "wb").write(struct.pack("<Q", len(body)) + body + data)
+write("ctl", b"evil\\u001b[2J\\nname\xff\\\\", "F32")
+write("long", b"x" * 5000, "F32")
+write("dtype", b"odd\\u0007", "Q\u0001")
+EOF
+refuse "a tensor name with control and high bytes: one line, escaped" 1 \
+    "^flatshard eval: .*ctl.safetensors: tensor 'evil\\\\x1b\[2J\\\\x0aname\\\\xff\\\\\\\\' is not part of this model$" \
+    "$FS" eval --weights "$WORK/ctl.safetensors" --data "$D"
+refuse "a 5000-byte tensor name: its first 120 bytes and its length" 1 \
+    "^flatshard eval: .*long.safetensors: tensor 'x{120}\.\.\.\(5000 bytes\)' is not part of this model$" \
+    "$FS" eval --weights "$WORK/long.safetensors" --data "$D"
+refuse "a control byte in a name and its dtype, escaped" 1 \
+    "^flatshard eval: .*dtype.safetensors: tensor 'odd\\\\x07' has unknown dtype 'Q\\\\x01'$" \
+    "$FS" eval --weights "$WORK/dtype.safetensors" --data "$D"
 
 # --- eval --json stays JSON when the loss is not finite (it printed "loss": nan)
 python3 - "$WORK/w.safetensors" "$WORK/nan.safetensors" <<'EOF'
