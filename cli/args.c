@@ -182,6 +182,28 @@ int fs_args_parse(const char *cmd, const fs_command_help *help, const fs_opt *op
     return FS_EXIT_OK;
 }
 
+int fs_args_given(const fs_opt *opts, int argc, char **argv, const char *name) {
+    /* fs_args_parse's walk, on an argv it accepted: every option it names, and the value it
+     * took from the next argument skipped */
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--") == 0) break;
+        const fs_opt *o = NULL;
+        int has_value = 0;
+        if (arg[0] == '-' && arg[1] == '-') {
+            const char *eq = strchr(arg + 2, '=');
+            o = find_long(opts, arg + 2, eq ? (size_t)(eq - arg - 2) : strlen(arg + 2));
+            has_value = eq != NULL;
+        } else if (arg[0] == '-' && arg[1] && !(arg[1] >= '0' && arg[1] <= '9') && arg[2] == '\0') {
+            o = find_short(opts, arg[1]);
+        }
+        if (!o) continue; /* a positional argument */
+        if (strcmp(o->name, name) == 0) return 1;
+        if (o->type != FS_OPT_FLAG && !has_value) i++;
+    }
+    return 0;
+}
+
 static void default_text(const fs_opt *o, char *buf, size_t n) {
     switch (o->type) {
     case FS_OPT_INT: snprintf(buf, n, "%" PRId64, *(int64_t *)o->dest); break;

@@ -54,6 +54,12 @@ int fs_args_parse(const char *cmd, const fs_command_help *help, const fs_opt *op
 
 void fs_args_print_help(FILE *f, const fs_command_help *help, const fs_opt *opts);
 
+/* Whether option `name` of opts is on a command line fs_args_parse accepted (in any of its
+ * forms, before "--"). An option that only qualifies another (--keep needs --save) is refused
+ * alone when given, whatever its value: compared with its default instead, `--keep 3` (the
+ * default) once passed unnoticed. */
+int fs_args_given(const fs_opt *opts, int argc, char **argv, const char *name);
+
 /* Parses a byte size as FS_OPT_BYTES does. Returns 0 on success. */
 int fs_args_parse_bytes(const char *text, int64_t *out);
 

@@ -91,8 +91,9 @@ static int inspect_checkpoint(const char *path) {
     printf("  %d tensors, %" PRId64 " parameters; arrays master, adam_m, adam_v (fp32)\n", ck.n_tensors, params);
     for (int t = 0; t < ck.n_tensors; t++) {
         const fs_ckpt_tensor *ct = &ck.tensors[t];
-        if (ct->ndim == 1) printf("    %-56s [%" PRId64 "]\n", ct->name, ct->shape[0]);
-        else printf("    %-56s [%" PRId64 ", %" PRId64 "]\n", ct->name, ct->shape[0], ct->shape[1]);
+        /* names from the file, escaped as in messages (core.h): no control codes to a terminal */
+        if (ct->ndim == 1) printf("    %-56s [%" PRId64 "]\n", fs_printable(ct->name).s, ct->shape[0]);
+        else printf("    %-56s [%" PRId64 ", %" PRId64 "]\n", fs_printable(ct->name).s, ct->shape[0], ct->shape[1]);
     }
     int bad = 0;
     uint64_t total = 0;
@@ -149,7 +150,7 @@ int fs_cmd_inspect(int argc, char **argv) {
             snprintf(dims + used, sizeof dims - used, "%s%" PRId64, d ? ", " : "", shape[d]);
         }
         params += numel;
-        printf("    %-56s %-5s [%s]\n", name, dtype, dims);
+        printf("    %-56s %-5s [%s]\n", fs_printable(name).s, dtype, dims); /* escaped, as above */
     }
     printf("  %d tensors, %" PRId64 " elements\n", n, params);
     fs_source_close(src);

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "commands.h"
@@ -166,12 +165,13 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
 
 /* Reads a whole timeline into *text (NUL-terminated, malloc'ed), to EOF rather than to a size
  * asked first, so that a pipe (<(zcat trace.json.gz)) reads too: ftell gives none, which was
- * once reported as "out of memory". At most 1 GiB. */
+ * once reported as "out of memory". At most 1 GiB. A file or a pipe only: a directory was
+ * once "out of memory", and /dev/zero would be read to the 1 GiB limit. */
 static fs_status read_all(const char *path, char **text, size_t *n) {
     *text = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a timeline file", FS_FILE_PIPE_OK, FS_ERR_USAGE, &f));
     size_t cap = 0, len = 0;
     char *buf = NULL;
     fs_status st = FS_OK;
@@ -226,14 +226,8 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     if (!out) return fs_usage_error("trace-svg", "-o OUT.svg is required");
     if (!in[0][0]) return fs_usage_error("trace-svg", "FILE.json is empty");
     /* before reading: -o is not the timeline (it was once written over it), its directory
-     * exists (created); the timeline is a file or a pipe (a directory was once "out of
-     * memory", and /dev/zero would be read to the 1 GiB limit) */
+     * exists (created) */
     fs_status st = fs_cli_check_output("-o", out, in, 1, 1);
-    struct stat sb;
-    if (st == FS_OK && stat(in[0], &sb) == 0 && S_ISDIR(sb.st_mode))
-        st = fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a timeline file", in[0]);
-    else if (st == FS_OK && stat(in[0], &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode))
-        st = fs_errorf(FS_ERR_USAGE, "%s: is a device, not a timeline file", in[0]);
     if (st != FS_OK) return fs_cli_report("trace-svg", st);
     char *text = NULL;
     size_t got = 0;

@@ -1061,14 +1061,15 @@ int fs_cmd_train(int argc, char **argv) {
             return FS_EXIT_RUNTIME;
         }
     }
-    if (!run.eval_path && (run.eval_every > 0 || run.eval_batches != 16))
+    /* without what they qualify these once did nothing, silently: no checkpoint, no timeline;
+     * refused when given at all (fs_args_given), their defaults included */
+    if (!run.eval_path && (fs_args_given(opts, argc, argv, "eval-every") || fs_args_given(opts, argc, argv, "eval-batches")))
         return fs_usage_error("train", "--eval-every and --eval-batches need --eval-data PATH (the held-out data)");
     if (run.new_lineage && !run.save_dir)
         return fs_usage_error("train", "--new-lineage needs --save DIR (it starts a new lineage of checkpoints there)");
-    /* without what they qualify these once did nothing, silently: no checkpoint, no timeline */
-    if (!run.save_dir && (run.save_every > 0 || run.keep != 3))
+    if (!run.save_dir && (fs_args_given(opts, argc, argv, "save-every") || fs_args_given(opts, argc, argv, "keep")))
         return fs_usage_error("train", "--save-every and --keep need --save DIR (where the checkpoints go)");
-    if (!run.trace_path && run.trace_steps != 2)
+    if (!run.trace_path && fs_args_given(opts, argc, argv, "trace-steps"))
         return fs_usage_error("train", "--trace-steps needs --trace FILE.json (where the timeline goes)");
     /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed
      * saves before anything is read from it (--resume may name it), then claims a lineage. */

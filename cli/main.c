@@ -108,6 +108,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "flatshard: %s\n", gemm_error);
         return FS_EXIT_USAGE;
     }
+    if (fs_fault_check_env() != FS_OK) {
+        fprintf(stderr, "flatshard: %s\n", fs_error_message());
+        return FS_EXIT_USAGE;
+    }
     for (const fs_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return finish_stdout(c->name, c->run(argc - 1, argv + 1));
     fprintf(stderr, "flatshard: unknown command '%s'; run 'flatshard --help' for the list\n",

@@ -52,6 +52,9 @@ static void test_json_defaults_and_round_trip(void) {
     CHECK(c.num_key_value_heads == 4 && c.rms_norm_eps == 1e-6 && c.rope_theta == 10000.0 &&
               c.max_position_embeddings == 2048 && !c.tie_word_embeddings,
           "Hugging Face defaults");
+    CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": null, \"head_dim\": null}", &c));
+    CHECK(c.num_key_value_heads == 4, "null reads as absent: num_key_value_heads = num_attention_heads");
+    CHECK_OK(parse("{" BASE ", \"head_dim\": 16}", &c));
     CHECK_OK(parse("{" BASE ", \"num_key_value_heads\": 2, \"tie_word_embeddings\": true, "
                    "\"rope_theta\": 500000.0, \"hidden_act\": \"silu\", \"rope_scaling\": null, "
                    "\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"]}",
@@ -74,6 +77,10 @@ static void test_json_errors_name_the_field(void) {
         {"{\"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
          "\"vocab_size\": 100}", "hidden_size"},
         {"{" BASE ", \"num_key_value_heads\": 3}", "num_key_value_heads"},
+        /* 0 once read as absent, and so as num_attention_heads, without a word */
+        {"{" BASE ", \"num_key_value_heads\": 0}", "'num_key_value_heads' is 0"},
+        {"{" BASE ", \"num_key_value_heads\": -2}", "'num_key_value_heads' is -2"},
+        {"{" BASE ", \"head_dim\": 0}", "'head_dim' (0)"},
         {"{\"hidden_size\": 65, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
          "\"num_attention_heads\": 4, \"vocab_size\": 100}", "num_attention_heads"},
         {"{" BASE ", \"rms_norm_eps\": \"small\"}", "rms_norm_eps"},

@@ -1,5 +1,5 @@
 /* tests/test_core.c — the accounting allocator, the thread pool, the random numbers, the
- * assertions. */
+ * assertions, error messages and the names from files they print. */
 #include "flatshard/core.h"
 #include "harness.h"
 
@@ -259,6 +259,22 @@ static void test_error_messages(void) {
           "the message as its own argument: %s", fs_error_message());
 }
 
+/* A name from a file, as messages print it: printable ASCII as is, other bytes \xNN, the
+ * backslash doubled, and no more than FS_PRINTABLE_MAX bytes of it. */
+static void test_printable_names(void) {
+    CHECK(strcmp(fs_printable("model.norm.weight").s, "model.norm.weight") == 0, "a plain name is unchanged");
+    CHECK(strcmp(fs_printable("a\nb\x1b[2J\x7f\xff\\").s, "a\\x0ab\\x1b[2J\\x7f\\xff\\\\") == 0, "escaped: %s",
+          fs_printable("a\nb\x1b[2J\x7f\xff\\").s);
+    char longest[3 * FS_PRINTABLE_MAX];
+    memset(longest, 0xff, sizeof longest - 1);
+    longest[sizeof longest - 1] = '\0';
+    const fs_printable_text t = fs_printable(longest); /* a variable: the temporary's .s dies with its statement */
+    const char *p = t.s;
+    CHECK(strlen(p) == 4 * FS_PRINTABLE_MAX + strlen("...(359 bytes)") && strstr(p, "\\xff...(359 bytes)"),
+          "capped at %d bytes, the length said: %zu bytes, ends '%s'", FS_PRINTABLE_MAX, strlen(p),
+          p + strlen(p) - 20);
+}
+
 int main(void) {
     RUN(test_mem_accounts_by_category);
     RUN(test_mem_limit_and_injected_failure);
@@ -268,6 +284,7 @@ int main(void) {
     RUN(test_rand_is_a_pure_function);
     RUN(test_fnv1a_known_values);
     RUN(test_error_messages);
+    RUN(test_printable_names);
     RUN(test_assertions);
     return fs_test_summary();
 }

@@ -307,7 +307,7 @@ static void test_missing_directory_and_unreadable(void) {
     write_file(tpath("plain"), "abc", 3);
     CHECK_OPEN_FAILS(tpath("plain/child"), FS_ERR_IO, "cannot open");
     mkfifo(tpath("fifo"), 0600);
-    CHECK_OPEN_FAILS(tpath("fifo"), FS_ERR_IO, "not a regular file");
+    CHECK_OPEN_FAILS(tpath("fifo"), FS_ERR_IO, "is a FIFO, not a token file");
     /* Permission bits do not stop root, so the unreadable case runs only as another user. */
     const char *p = tpath("secret.txt");
     write_file(p, "secret", 6);

@@ -47,6 +47,18 @@ fs_status fs_error_wrap(fs_status st, const char *fmt, ...) __attribute__((forma
 /* The calling thread's last message ("" if none). Valid until the next fs_errorf on the thread. */
 const char *fs_error_message(void);
 
+/* A string a file supplied (a tensor name in a safetensors header or a manifest) as it may be
+ * printed in a message: bytes outside printable ASCII as \xNN and the backslash as \\, so
+ * that a corrupt or hostile name can neither break the one-line error into several nor send
+ * control codes to a terminal, and at most FS_PRINTABLE_MAX of its bytes, then "...(N bytes)".
+ * Returned by value, so that it can stand in an argument list: fs_errorf(..., "tensor '%s'",
+ * fs_printable(name).s) (the temporary lives to the end of the full expression). */
+#define FS_PRINTABLE_MAX 120
+typedef struct fs_printable_text {
+    char s[4 * FS_PRINTABLE_MAX + 32];
+} fs_printable_text;
+fs_printable_text fs_printable(const char *s);
+
 /* A short name for a status ("io error", "format error", ...). */
 const char *fs_status_name(fs_status st);
 
@@ -145,6 +157,12 @@ int64_t fs_fault_value(const char *name);
 /* Whether fault `name` is armed for stage `stage` (a word) at this step: the variable reads
  * "<name>:<stage>" (any step) or "<name>:<stage>:<step>". */
 int fs_fault_stage(const char *name, const char *stage, int64_t step);
+/* Whether FLATSHARD_FAULT, if set, arms a fault that exists, in its form: FS_OK, or
+ * FS_ERR_USAGE with one line naming the value and listing the faults (or the stages, or the
+ * form the fault takes). A mistyped name was ignored, and the test it served passed without
+ * its fault; a program checks once at start-up. The queries above assert that the name they
+ * ask for is one of the list. */
+fs_status fs_fault_check_env(void);
 
 /* ------------------------------------------------------------------ thread pool */
 
@@ -206,6 +224,21 @@ uint64_t fs_rand_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_
 #define FS_FNV1A_BASIS 0xcbf29ce484222325ULL
 uint64_t fs_fnv1a(uint64_t h, const void *bytes, size_t n);
 uint64_t fs_fnv1a_str(const char *s);
+
+/* ------------------------------------------------------------------ input files */
+
+/* Opens path for reading (O_CLOEXEC) without ever blocking in the open — a FIFO without a
+ * writer made a plain open wait for ever — and refuses anything but a regular file: "<path>:
+ * is a directory, not <what>" (a FIFO, a pipe, a device, a socket likewise), with status
+ * wrong_kind (the caller's call: a damaged checkpoint is a format error, a directory named as
+ * the tokenizer a usage error). With FS_FILE_PIPE_OK a pipe is accepted too (bash's
+ * <(zcat x.gz), /dev/stdin after a |), for the inputs read once to their end; a named FIFO
+ * never, since its writer may never come (file.c). The descriptor reads blocking. Returns
+ * FS_OK with *fd (fs_file_fopen: *f, "rb"), or an error with *fd = -1 (*f = NULL): FS_ERR_IO
+ * naming the path and errno's reason when it cannot be opened. */
+enum { FS_FILE_PIPE_OK = 1u };
+fs_status fs_file_open(const char *path, const char *what, unsigned flags, fs_status wrong_kind, int *fd);
+fs_status fs_file_fopen(const char *path, const char *what, unsigned flags, fs_status wrong_kind, FILE **f);
 
 /* ------------------------------------------------------------------ temporary files */
 

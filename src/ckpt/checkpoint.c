@@ -122,38 +122,15 @@ static fs_status write_text_file(const char *path, const char *text) {
     return st;
 }
 
-/* Opens a file of a checkpoint for reading; anything but a regular file is refused by name.
- * A directory in a file's place otherwise read as "read error" or "4096 bytes, the manifest
- * says ...: truncated", and a FIFO blocked the open for ever (SIGTERM too: train's handler
- * only sets a flag), so the open does not wait (O_NONBLOCK, which a regular file ignores). */
-static int open_regular(const char *path, fs_status *st) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        *st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        *st = fs_errorf(FS_ERR_FORMAT, "%s: not a regular file (a directory, pipe or device where the checkpoint "
-                                       "has a file)", path);
-        close(fd);
-        return -1;
-    }
-    *st = FS_OK;
-    return fd;
-}
-
-/* Reads a whole small file into a NUL-terminated buffer. */
+/* Reads a whole small file into a NUL-terminated buffer. Every file of a checkpoint is opened
+ * with fs_file_open (core.h): a directory in a file's place otherwise read as "read error" or
+ * "4096 bytes, the manifest says ...: truncated", and a FIFO blocked the open for ever
+ * (SIGTERM too: train's handler only sets a flag). Anything but a regular file there is
+ * damage, a format error, as a truncated file is. */
 static fs_status read_text_file(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
-    fs_status ost;
-    int fd = open_regular(path, &ost);
-    if (fd < 0) return ost;
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a regular file", 0, FS_ERR_FORMAT, &f));
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);
@@ -973,16 +950,16 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
             BAD("%s: tensor %d has no valid name", origin, ti);
         snprintf(ct->name, sizeof ct->name, "%s", name->valuestring);
         for (int k = 0; k < ti; k++)
-            if (!strcmp(ck->tensors[k].name, ct->name)) BAD("%s: tensor '%s' appears twice", origin, ct->name);
+            if (!strcmp(ck->tensors[k].name, ct->name)) BAD("%s: tensor '%s' appears twice", origin, fs_printable(ct->name).s);
         ct->ndim = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
-        if (ct->ndim < 1 || ct->ndim > 2) BAD("%s: tensor '%s' needs a shape of 1 or 2 dimensions", origin, ct->name);
+        if (ct->ndim < 1 || ct->ndim > 2) BAD("%s: tensor '%s' needs a shape of 1 or 2 dimensions", origin, fs_printable(ct->name).s);
         ct->numel = 1;
         for (int d = 0; d < ct->ndim; d++) {
             if (!json_int(cJSON_GetArrayItem(shape, d), 1, (int64_t)1 << 40, &ct->shape[d]))
-                BAD("%s: tensor '%s' has an invalid dimension", origin, ct->name);
+                BAD("%s: tensor '%s' has an invalid dimension", origin, fs_printable(ct->name).s);
             ct->numel *= ct->shape[d];
         }
-        if (ct->numel > ((int64_t)1 << 42)) BAD("%s: tensor '%s' is too large", origin, ct->name);
+        if (ct->numel > ((int64_t)1 << 42)) BAD("%s: tensor '%s' is too large", origin, fs_printable(ct->name).s);
     }
 
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
@@ -1042,13 +1019,13 @@ static fs_status parse_root(fs_ckpt *ck, const cJSON *root, const char *origin) 
         int64_t covered = 0;
         for (; i < ck->n_ranges && ck->ranges[i].tensor == t; i++) {
             if (ck->ranges[i].begin != covered)
-                BAD("%s: tensor '%s': elements from %lld are %s", origin, ct->name, (long long)covered,
+                BAD("%s: tensor '%s': elements from %lld are %s", origin, fs_printable(ct->name).s, (long long)covered,
                     ck->ranges[i].begin > covered ? "missing" : "stored twice");
             covered = ck->ranges[i].end;
         }
         ct->n_ranges = i - ct->first_range;
         if (covered != ct->numel)
-            BAD("%s: tensor '%s': only %lld of %lld elements are stored", origin, ct->name,
+            BAD("%s: tensor '%s': only %lld of %lld elements are stored", origin, fs_printable(ct->name).s,
                 (long long)covered, (long long)ct->numel);
     }
 out:
@@ -1174,7 +1151,7 @@ fs_status fs_ckpt_check_layout(const fs_ckpt *ck, const fs_layout *layout) {
         if (strcmp(ct->name, ti->name) != 0 || ct->ndim != ti->ndim || ct->shape[0] != rows ||
             (ti->ndim == 2 && ct->shape[1] != ti->shape[1]))
             return fs_errorf(FS_ERR_FORMAT, "%s: tensor %d is '%s', the model expects '%s' of another shape",
-                             ck->dir, w, ct->name, ti->name);
+                             ck->dir, w, fs_printable(ct->name).s, ti->name);
     }
     return FS_OK;
 }
@@ -1193,9 +1170,9 @@ fs_status fs_ckpt_verify_file(const fs_ckpt *ck, int r) {
     const fs_ckpt_file *f = &ck->files[r];
     char path[2048];
     join(path, sizeof path, ck->dir, f->name);
-    fs_status st = FS_OK;
-    int fd = open_regular(path, &st);
-    if (fd < 0) return damaged(ck, st);
+    int fd = -1;
+    fs_status st = fs_file_open(path, "a regular file", 0, FS_ERR_FORMAT, &fd);
+    if (st != FS_OK) return damaged(ck, st);
     struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->bytes)
         st = fs_errorf(FS_ERR_FORMAT, "%s: %lld bytes, the manifest says %llu: truncated or overwritten",
@@ -1242,9 +1219,8 @@ fs_status fs_ckpt_read(const fs_ckpt *ck, int array, const char *name, int64_t b
         const fs_ckpt_file *f = &ck->files[g->rank];
         char path[2048];
         join(path, sizeof path, ck->dir, f->name);
-        fs_status ost;
-        int fd = open_regular(path, &ost);
-        if (fd < 0) return ost;
+        int fd = -1;
+        FS_TRY(fs_file_open(path, "a regular file", 0, FS_ERR_FORMAT, &fd));
         off_t at = (off_t)(((int64_t)array * f->numel + g->file_pos + (lo - g->begin)) * (int64_t)sizeof(float));
         size_t want = (size_t)(hi - lo) * sizeof(float), got = 0;
         char *out = (char *)(dst + (lo - begin));

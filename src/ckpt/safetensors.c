@@ -68,32 +68,32 @@ static int cmp_by_begin(const void *a, const void *b) {
 
 static fs_status parse_entry(fs_st_tensor *t, const cJSON *e, uint64_t data_bytes,
                              const char *origin) {
-    const char *name = e->string;
+    const fs_printable_text name = fs_printable(e->string); /* from the file: for messages (core.h) */
     if (!cJSON_IsObject(e))
-        return fs_errorf(FS_ERR_FORMAT, "%s: header entry '%s' is not an object", origin, name);
+        return fs_errorf(FS_ERR_FORMAT, "%s: header entry '%s' is not an object", origin, name.s);
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dtype))
-        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has no dtype string", origin, name);
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has no dtype string", origin, name.s);
     int d = 0;
     while (d < FS_ST_N_DTYPES && strcmp(dtypes[d].name, dtype->valuestring) != 0) d++;
     if (d == FS_ST_N_DTYPES)
-        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%.32s'", origin, name,
-                         dtype->valuestring);
+        return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", origin, name.s,
+                         fs_printable(dtype->valuestring).s);
     t->dtype = (fs_st_dtype)d;
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > FS_ST_MAX_DIMS)
         return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' needs a shape array of at most %d dims",
-                         origin, name, FS_ST_MAX_DIMS);
+                         origin, name.s, FS_ST_MAX_DIMS);
     t->ndim = cJSON_GetArraySize(shape);
     uint64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         uint64_t dim = 0;
         if (!json_u53(cJSON_GetArrayItem(shape, i), &dim))
             return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' dimension %d is not a non-negative "
-                             "integer", origin, name, i);
+                             "integer", origin, name.s, i);
         if (dim != 0 && numel > (((uint64_t)1 << 53) / dim))
-            return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has too many elements", origin, name);
+            return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' has too many elements", origin, name.s);
         numel *= dim;
         t->shape[i] = (int64_t)dim;
     }
@@ -102,17 +102,17 @@ static fs_status parse_entry(fs_st_tensor *t, const cJSON *e, uint64_t data_byte
         !json_u53(cJSON_GetArrayItem(offs, 0), &t->begin) ||
         !json_u53(cJSON_GetArrayItem(offs, 1), &t->end))
         return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' needs data_offsets [begin, end]", origin,
-                         name);
+                         name.s);
     if (t->begin > t->end || t->end > data_bytes)
         return fs_errorf(FS_ERR_FORMAT,
                          "%s: tensor '%s' data_offsets [%llu, %llu] lie outside the %llu-byte "
                          "data area",
-                         origin, name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                         origin, name.s, (unsigned long long)t->begin, (unsigned long long)t->end,
                          (unsigned long long)data_bytes);
     if (t->end - t->begin != numel * dtypes[d].bytes)
         return fs_errorf(FS_ERR_FORMAT,
                          "%s: tensor '%s' holds %llu bytes but its shape and dtype need %llu",
-                         origin, name, (unsigned long long)(t->end - t->begin),
+                         origin, name.s, (unsigned long long)(t->end - t->begin),
                          (unsigned long long)(numel * dtypes[d].bytes));
     return FS_OK;
 }
@@ -126,7 +126,7 @@ static fs_status parse_metadata(fs_safetensors *st, const cJSON *meta, const cha
     for (const cJSON *m = meta->child; m; m = m->next) {
         if (!cJSON_IsString(m))
             return fs_errorf(FS_ERR_FORMAT, "%s: metadata value '%s' is not a string", origin,
-                             m->string);
+                             fs_printable(m->string).s);
         st->metadata[2 * st->n_metadata] = strdup(m->string);
         st->metadata[2 * st->n_metadata + 1] = strdup(m->valuestring);
         st->n_metadata++;
@@ -151,7 +151,8 @@ static fs_status parse_root(fs_safetensors *st, const cJSON *root, uint64_t data
         }
         for (int i = 0; i < st->n_tensors; i++)
             if (strcmp(st->tensors[i].name, e->string) == 0)
-                return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' appears twice", origin, e->string);
+                return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' appears twice", origin,
+                                 fs_printable(e->string).s);
         fs_st_tensor *t = &st->tensors[st->n_tensors];
         t->name = strdup(e->string);
         if (!t->name) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", origin);
@@ -167,7 +168,7 @@ static fs_status parse_root(fs_safetensors *st, const cJSON *root, uint64_t data
     for (int i = 1; i < st->n_tensors && status == FS_OK; i++)
         if (sorted[i]->begin < sorted[i - 1]->end)
             status = fs_errorf(FS_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", origin,
-                               sorted[i - 1]->name, sorted[i]->name);
+                               fs_printable(sorted[i - 1]->name).s, fs_printable(sorted[i]->name).s);
     free(sorted);
     return status;
 }
@@ -187,12 +188,13 @@ fs_status fs_safetensors_parse_header(fs_safetensors *out, const char *json, siz
 
 fs_status fs_safetensors_open(fs_safetensors *out, const char *path) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a safetensors file", 0, FS_ERR_IO, &f));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(f), &sb) != 0) {
+        const int e = errno;
         fclose(f);
-        return fs_errorf(FS_ERR_IO, "%s: not a regular file", path);
+        return fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     uint64_t file_bytes = (uint64_t)sb.st_size;
     uint8_t len_le[8];
@@ -248,7 +250,8 @@ fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, u
                               void *dst, size_t bytes) {
     if (!st->file) return fs_errorf(FS_ERR_INTERNAL, "%s: no file to read from", st->path);
     if (offset > t->end - t->begin || bytes > t->end - t->begin - offset)
-        return fs_errorf(FS_ERR_INTERNAL, "%s: read past the end of tensor '%s'", st->path, t->name);
+        return fs_errorf(FS_ERR_INTERNAL, "%s: read past the end of tensor '%s'", st->path,
+                         fs_printable(t->name).s);
     /* pread: no shared file position, so ranks that are threads may read one file at once */
     const int fd = fileno(st->file);
     const off_t at = (off_t)(st->data_start + t->begin + offset);
@@ -256,7 +259,8 @@ fs_status fs_safetensors_read(const fs_safetensors *st, const fs_st_tensor *t, u
     while (got < bytes) {
         ssize_t n = pread(fd, (char *)dst + got, bytes - got, at + (off_t)got);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return fs_errorf(FS_ERR_IO, "%s: short read of tensor '%s'", st->path, t->name);
+        if (n <= 0)
+            return fs_errorf(FS_ERR_IO, "%s: short read of tensor '%s'", st->path, fs_printable(t->name).s);
         got += (size_t)n;
     }
     return FS_OK;

@@ -94,7 +94,7 @@ static fs_status index_entries(fs_source *s, const char *origin) {
             for (int j = 0; j < s->n_entries; j++)
                 if (strcmp(s->entries[j].name, t->name) == 0)
                     return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is in %s and in %s", origin,
-                                     t->name, s->files[s->entries[j].file].path, s->files[i].path);
+                                     fs_printable(t->name).s, s->files[s->entries[j].file].path, s->files[i].path);
             s->entries[s->n_entries++] = (source_entry){.name = t->name, .file = i, .t = t};
         }
     return FS_OK;
@@ -102,8 +102,8 @@ static fs_status index_entries(fs_source *s, const char *origin) {
 
 /* model.safetensors.index.json: {"weight_map": {tensor: file, ...}, ...} */
 static fs_status open_index(fs_source *s, const char *dir, const char *index_path) {
-    FILE *f = fopen(index_path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", index_path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(index_path, "a safetensors index", 0, FS_ERR_IO, &f));
     enum { MAX_INDEX = 64 << 20 };
     /* sized from the file (not MAX_INDEX every time: a typical index is a few KiB), one byte
      * more than it claims so that a file that grew is still seen to be too large */
@@ -126,7 +126,8 @@ static fs_status open_index(fs_source *s, const char *dir, const char *index_pat
     /* open each distinct file once, in the order the map first names it */
     for (const cJSON *e = map ? map->child : NULL; st == FS_OK && e; e = e->next) {
         if (!cJSON_IsString(e) || !plain_name(e->valuestring)) {
-            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' maps to an invalid file name", index_path, e->string);
+            st = fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' maps to an invalid file name", index_path,
+                           fs_printable(e->string).s);
             break;
         }
         char path[2048];
@@ -220,7 +221,7 @@ fs_status fs_source_check(const fs_source *s, const fs_layout *layout) {
         if (!ignored(s->entries[i].name, layout->cfg.tie_word_embeddings) &&
             fs_layout_find_tensor(layout, s->entries[i].name, 0) < 0)
             return fs_errorf(FS_ERR_FORMAT, "%s: tensor '%s' is not part of this model",
-                             s->files[s->entries[i].file].path, s->entries[i].name);
+                             s->files[s->entries[i].file].path, fs_printable(s->entries[i].name).s);
     for (int ti = 0; ti < layout->n_tensors; ti++) {
         const fs_tensor_info *p = &layout->tensors[ti];
         if (p->row0 != 0) continue;
@@ -357,7 +358,8 @@ static fs_status remove_stale_index(const char *dir, int *removed) {
     struct stat sb;
     if (lstat(index, &sb) != 0) return FS_OK;
     cJSON *root = NULL;
-    FILE *f = fopen(index, "rb");
+    FILE *f = NULL; /* one that cannot be read (a FIFO would have blocked fopen) is removed all the same */
+    (void)fs_file_fopen(index, "a safetensors index", 0, FS_ERR_IO, &f);
     enum { MAX_INDEX = 64 << 20 };
     char *text = f && sb.st_size <= MAX_INDEX ? malloc((size_t)sb.st_size + 1) : NULL;
     if (text) {

@@ -45,6 +45,25 @@ fs_status fs_error_wrap(fs_status st, const char *fmt, ...) {
 
 const char *fs_error_message(void) { return error_message; }
 
+fs_printable_text fs_printable(const char *s) {
+    fs_printable_text t;
+    size_t n = strlen(s), k = 0, i = 0;
+    for (; i < n && i < FS_PRINTABLE_MAX; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '\\') {
+            t.s[k++] = '\\';
+            t.s[k++] = '\\';
+        } else if (c < 0x20 || c > 0x7e) {
+            k += (size_t)snprintf(t.s + k, sizeof t.s - k, "\\x%02x", c);
+        } else {
+            t.s[k++] = (char)c;
+        }
+    }
+    t.s[k] = '\0';
+    if (i < n) snprintf(t.s + k, sizeof t.s - k, "...(%zu bytes)", n);
+    return t;
+}
+
 const char *fs_status_name(fs_status st) {
     switch (st) {
     case FS_OK: return "ok";

@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* GPT-2's pre-tokenizer regex, which the ByteLevel pre-tokenizer uses when use_regex is true
  * (a fact about `tokenizers`' byte_level.rs). */
@@ -1067,21 +1066,16 @@ fs_status fs_bpe_load(fs_bpe **out, const char *path) {
         return fs_errorf(FS_ERR_USAGE, "%s: tokenizer path too long", path);
     }
     strcpy(t->path, path);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* a directory failed as "read failed"; a device such as /dev/zero would be read until
+     * memory ran out. A pipe (<(cat tokenizer.json)) is read as a file is; a FIFO no writer
+     * holds reads as empty, and is refused as not a JSON object. */
+    FILE *f = NULL;
+    fs_status st = fs_file_fopen(path, "a tokenizer.json", FS_FILE_PIPE_OK, FS_ERR_USAGE, &f);
+    if (st != FS_OK) {
         free(t);
         return st;
     }
     bytes text = {0};
-    fs_status st = FS_OK;
-    /* a directory failed as "read failed"; a device such as /dev/zero would be read until
-     * memory ran out. A pipe (<(cat tokenizer.json)) is read as a file is. */
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode))
-        st = fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a tokenizer.json", path);
-    else if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode))
-        st = fs_errorf(FS_ERR_USAGE, "%s: is a device, not a tokenizer.json", path);
     char buf[65536];
     size_t k;
     while (st == FS_OK && (k = fread(buf, 1, sizeof buf, f)) > 0) st = bytes_put(&text, buf, k);

@@ -132,23 +132,14 @@ fs_status fs_token_data_open(fs_token_data *out, const char *path) {
         return fs_errorf(FS_ERR_USAGE, "%s: path is longer than %zu bytes", path,
                          sizeof out->path - 1);
 
-    /* O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* a regular file only: it is mapped, which a pipe or a device cannot be */
+    int fd = -1;
+    FS_TRY(fs_file_open(path, "a token file or a text file", 0, FS_ERR_IO, &fd));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (S_ISDIR(st.st_mode)) {
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: is a directory, not a token file or a text file", path);
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: is not a regular file (a pipe or device cannot be "
-                                    "mapped)", path);
     }
     int64_t file_bytes = (int64_t)st.st_size;
     if ((uint64_t)file_bytes > (uint64_t)SIZE_MAX) {
@@ -436,18 +427,9 @@ static int64_t read_full(int fd, uint8_t *buf, size_t bytes) {
 
 /* Appends the byte tokens of one text file as uint16; *n_total counts tokens so far. */
 static fs_status tokenize_one(tmp_writer *w, const char *text_path, int64_t *n_total) {
-    int fd = open(text_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", text_path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", text_path, strerror(e));
-    }
-    if (S_ISDIR(st.st_mode)) {
-        close(fd);
-        return fs_errorf(FS_ERR_IO, "%s: is a directory, not a text file", text_path);
-    }
+    /* a file, or a pipe (<(zcat corpus.gz)): it is read once, in order */
+    int fd = -1;
+    FS_TRY(fs_file_open(text_path, "a text file", FS_FILE_PIPE_OK, FS_ERR_IO, &fd));
     uint8_t in[FS_TEXT_CHUNK_BYTES];
     uint8_t out[2 * FS_TEXT_CHUNK_BYTES];
     fs_status status = FS_OK;

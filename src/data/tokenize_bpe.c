@@ -16,7 +16,6 @@
 #include "flatshard/tokenize.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,20 +260,9 @@ static fs_status add_line(pipeline *p, const char *line, size_t n) {
 }
 
 static fs_status tokenize_file(pipeline *p, const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || S_ISDIR(sb.st_mode)) {
-        int e = errno;
-        close(fd);
-        return S_ISDIR(sb.st_mode) ? fs_errorf(FS_ERR_IO, "%s: is a directory, not a text file", path)
-                                   : fs_errorf(FS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        return fs_errorf(FS_ERR_NOMEM, "%s: cannot open a stream", path);
-    }
+    /* a file, or a pipe (<(zcat corpus.gz)): it is read once, in order */
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a text file", FS_FILE_PIPE_OK, FS_ERR_IO, &f));
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;

@@ -123,6 +123,12 @@ fs_status fs_llama_config_validate(const fs_llama_config *c) {
     return FS_OK;
 }
 
+/* Whether a field is given: present and not null (null reads as absent, as in transformers). */
+static int given(const cJSON *root, const char *field) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, field);
+    return item && !cJSON_IsNull(item);
+}
+
 /* Reads an integer field. Missing: *out keeps its value unless required. */
 static fs_status get_int(const cJSON *root, const char *origin, const char *field, int required,
                          int64_t *out) {
@@ -162,7 +168,6 @@ static fs_status parse_root(const cJSON *root, const char *origin, fs_llama_conf
     if (!cJSON_IsObject(root))
         return fs_errorf(FS_ERR_FORMAT, "%s: a config must be a JSON object", origin);
     fs_llama_config c = {
-        .num_key_value_heads = 0,
         .max_position_embeddings = 2048,
         .rms_norm_eps = 1e-6,
         .rope_theta = 10000.0,
@@ -180,7 +185,10 @@ static fs_status parse_root(const cJSON *root, const char *origin, fs_llama_conf
     FS_TRY(get_double(root, origin, "rope_theta", &c.rope_theta));
     FS_TRY(get_double(root, origin, "initializer_range", &c.initializer_range));
     FS_TRY(get_bool(root, origin, "tie_word_embeddings", &c.tie_word_embeddings));
-    if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;
+    /* absent: one key/value head per attention head, as transformers reads it. Told by its
+     * presence, not by a 0 left in it: a given 0 once read as absent and became NH without a
+     * word; fs_llama_config_validate now refuses it, naming the field. */
+    if (!given(root, "num_key_value_heads")) c.num_key_value_heads = c.num_attention_heads;
 
     /* Refuse what would silently change the model. */
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
@@ -202,10 +210,9 @@ static fs_status parse_root(const cJSON *root, const char *origin, fs_llama_conf
     if (scaling && !cJSON_IsNull(scaling))
         return fs_errorf(FS_ERR_FORMAT, "%s: field 'rope_scaling' is not supported (must be null)",
                          origin);
-    int64_t head_dim = 0;
+    int64_t head_dim = 0; /* absent: hidden_size / num_attention_heads; given (0 too), it must be that */
     FS_TRY(get_int(root, origin, "head_dim", 0, &head_dim));
-    if (head_dim != 0 && c.num_attention_heads > 0 &&
-        head_dim * c.num_attention_heads != c.hidden_size)
+    if (given(root, "head_dim") && c.num_attention_heads > 0 && head_dim * c.num_attention_heads != c.hidden_size)
         return fs_errorf(FS_ERR_FORMAT,
                          "%s: field 'head_dim' (%lld) must equal hidden_size / "
                          "num_attention_heads",
@@ -235,8 +242,8 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
 }
 
 fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    FS_TRY(fs_file_fopen(path, "a config.json", 0, FS_ERR_USAGE, &f));
     enum { MAX_CONFIG_BYTES = 1 << 20 };
     char *buf = malloc(MAX_CONFIG_BYTES + 1);
     if (!buf) {
@@ -244,13 +251,11 @@ fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out)
         return fs_errorf(FS_ERR_NOMEM, "%s: cannot allocate a read buffer", path);
     }
     size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
-    int read_error = ferror(f) ? errno : 0; /* EISDIR: a directory was given */
+    int read_error = ferror(f) ? errno : 0;
     fclose(f);
     fs_status st;
     if (read_error)
-        st = read_error == EISDIR
-                 ? fs_errorf(FS_ERR_USAGE, "%s: is a directory, not a config.json or a preset name", path)
-                 : fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(read_error));
+        st = fs_errorf(FS_ERR_IO, "%s: cannot read: %s", path, strerror(read_error));
     else if (n > MAX_CONFIG_BYTES)
         st = fs_errorf(FS_ERR_FORMAT, "%s: larger than %d bytes; not a config.json", path,
                        MAX_CONFIG_BYTES);

@@ -81,12 +81,12 @@ for kind in dir fifo; do
     rm "$WORK/odd-$kind/rank-00001-of-00002.bin"
     if [ "$kind" = dir ]; then mkdir "$WORK/odd-$kind/rank-00001-of-00002.bin"; else mkfifo "$WORK/odd-$kind/rank-00001-of-00002.bin"; fi
     run "inspect: a $kind for a rank file exits 1" 1 timeout -s KILL 60 "$FS" inspect "$WORK/odd-$kind"
-    expect "inspect says the $kind is not a regular file" grep -q "rank-00001-of-00002.bin: not a regular file" "$WORK/out"
-    refuse "resume: a $kind for a rank file" 1 "rank-00001-of-00002.bin: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-$kind"
+    expect "inspect says the $kind is not a regular file" grep -Eq "rank-00001-of-00002.bin: is a (directory|FIFO), not a regular file" "$WORK/out"
+    refuse "resume: a $kind for a rank file" 1 "rank-00001-of-00002.bin: is a (directory|FIFO), not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-$kind"
 done
 rm -rf "$WORK/odd-manifest" && cp -r "$WORK/full/step-00000005" "$WORK/odd-manifest"
 rm "$WORK/odd-manifest/manifest.json" && mkfifo "$WORK/odd-manifest/manifest.json"
-refuse "resume: a FIFO for manifest.json" 1 "manifest.json: not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-manifest"
+refuse "resume: a FIFO for manifest.json" 1 "manifest.json: is a FIFO, not a regular file" timeout -s KILL 60 "$FS" train "${common[@]}" --steps 9 --resume "$WORK/odd-manifest"
 refuse "export to an unknown format" 2 "'onnx' is not one of: safetensors" "$FS" export --from "$WORK/full" --to onnx --out "$WORK/x"
 
 summary

@@ -243,6 +243,19 @@ refuse "--save-every without --save (no checkpoint would be written)" 2 "^flatsh
 refuse "--keep without --save" 2 "--save-every and --keep need --save DIR" "$FS" train --data "$WORK/fortunes.bin" --keep 1 --no-save
 refuse "--trace-steps without --trace" 2 "^flatshard train: --trace-steps needs --trace FILE.json" \
     "$FS" train --data "$WORK/fortunes.bin" --trace-steps 3 --no-save
+# given at all, their default values included (compared with the defaults, --keep 3 and the
+# others below passed unnoticed)
+refuse "--keep 3 (the default) without --save" 2 "^flatshard train: --save-every and --keep need --save DIR" \
+    "$FS" train --data "$WORK/fortunes.bin" --keep 3 --no-save
+refuse "--keep=3 without --save" 2 "--save-every and --keep need --save DIR" "$FS" train --data "$WORK/fortunes.bin" --keep=3 --no-save
+refuse "--save-every 0 (the default) without --save" 2 "--save-every and --keep need --save DIR" \
+    "$FS" train --data "$WORK/fortunes.bin" --save-every 0 --no-save
+refuse "--trace-steps 2 (the default) without --trace" 2 "^flatshard train: --trace-steps needs --trace FILE.json" \
+    "$FS" train --data "$WORK/fortunes.bin" --trace-steps 2 --no-save
+refuse "--eval-batches 16 (the default) without --eval-data" 2 "^flatshard train: --eval-every and --eval-batches need --eval-data" \
+    "$FS" train --data "$WORK/fortunes.bin" --eval-batches 16 --no-save
+refuse "--eval-every 0 (the default) without --eval-data" 2 "--eval-every and --eval-batches need --eval-data" \
+    "$FS" train --data "$WORK/fortunes.bin" --eval-every 0 --no-save
 refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten

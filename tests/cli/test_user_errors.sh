@@ -8,8 +8,9 @@
 # is refused (it once wrote to /); a value outside an option's declared range is refused for
 # byte sizes too (--chunk-bytes); a byte-level prompt outside a small model's vocabulary is
 # refused (it once indexed past the embedding); an empty path names its option; a result that
-# cannot be written to standard output is exit 1. Each refusal is one line and the exit code
-# of docs/cli.md's table.
+# cannot be written to standard output is exit 1; an input that is a FIFO is refused at once,
+# never waited on; a FLATSHARD_FAULT that names no fault is refused; a tensor name from a
+# hostile header is printed escaped. Each refusal is one line and the exit code of docs/cli.md's table.
 . "$(dirname "$0")/lib.sh"
 
 D="$WORK/corpus.txt"
@@ -45,6 +46,8 @@ refuse "tokenize --chunk-bytes 1 (below 1K)" 2 "^flatshard tokenize: --chunk-byt
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1 -o "$WORK/c.bin" "$D"
 refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of range" \
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
+refuse "tokenize --threads 0 (the default) without --tokenizer" 2 "^flatshard tokenize: --threads, .* need --tokenizer$" \
+    "$FS" tokenize --threads 0 -o "$WORK/c.bin" "$D"
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
 cp "$TOK" "$WORK/tok-before.json"
 refuse "tokenize -o its tokenizer" 2 "^flatshard tokenize: -o .*tokenizer.json: is the input .*tokenizer.json" \
@@ -171,6 +174,38 @@ refuse "export from a missing source" 1 "nope.safetensors" \
     "$FS" export --from "$WORK/nope.safetensors" --out "$WORK/hf-nope"
 expect "the failed export created no directory" [ ! -e "$WORK/hf-nope" ]
 
+# --- an input that is a FIFO no process writes to (mkfifo): one line at once, naming it (the
+# open of a safetensors file, a config.json, a tokenizer.json, a text, a timeline and the
+# files of an --init-from directory waited for a writer for ever). timeout 20: a hang fails
+# the check instead of the script. A pipe (<(cat ...)) still reads where one is accepted.
+mkfifo "$WORK/in-fifo"
+refuse "eval --weights a FIFO" 1 "^flatshard eval: .*in-fifo: is a FIFO, not a safetensors file$" \
+    timeout 20 "$FS" eval --weights "$WORK/in-fifo" --data "$D"
+refuse "train --init-from a FIFO" 1 "^flatshard train: .*in-fifo: is a FIFO, not a safetensors file$" \
+    timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --init-from "$WORK/in-fifo"
+refuse "train --model a FIFO" 2 "^flatshard train: .*in-fifo: is a FIFO, not a config.json$" \
+    timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --model "$WORK/in-fifo"
+refuse "train --data a FIFO" 1 "^flatshard train: .*in-fifo: is a FIFO, not a token file or a text file$" \
+    timeout 20 "$FS" train --data "$WORK/in-fifo" --seq 16 --batch 1 --threads 1 --steps 1 --no-save
+refuse "tokenize --tokenizer a FIFO" 2 "^flatshard tokenize: .*in-fifo: is a FIFO, not a tokenizer.json$" \
+    timeout 20 "$FS" tokenize --tokenizer "$WORK/in-fifo" -o "$WORK/c.bin" "$D"
+refuse "tokenize of a FIFO" 1 "^flatshard tokenize: .*in-fifo: is a FIFO, not a text file$" \
+    timeout 20 "$FS" tokenize -o "$WORK/c.bin" "$WORK/in-fifo"
+refuse "tokenize --tokenizer TOK of a FIFO" 1 "^flatshard tokenize: .*in-fifo: is a FIFO, not a text file$" \
+    timeout 20 "$FS" tokenize --tokenizer "$TOK" --no-eos -o "$WORK/c.bin" "$WORK/in-fifo"
+refuse "trace-svg of a FIFO" 2 "^flatshard trace-svg: .*in-fifo: is a FIFO, not a timeline file$" \
+    timeout 20 "$FS" trace-svg "$WORK/in-fifo" -o "$WORK/f.svg"
+expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
+for f in config.json model.safetensors model.safetensors.index.json; do
+    rm -rf "$WORK/hf-fifo" && cp -r "$WORK/hf" "$WORK/hf-fifo" && rm -f "$WORK/hf-fifo/$f" && mkfifo "$WORK/hf-fifo/$f"
+    refuse "train --init-from a model directory whose $f is a FIFO" "$([ $f = config.json ] && echo 2 || echo 1)" \
+        "^flatshard train: .*hf-fifo/$f: is a FIFO, not a" \
+        timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --init-from "$WORK/hf-fifo"
+done
+"$FS" tokenize -o "$WORK/text-file.bin" "$D" >/dev/null
+run "tokenize of a text on a pipe" 0 timeout 20 "$FS" tokenize -o "$WORK/text-pipe.bin" <(cat "$D")
+expect "the pipe's text gives the same tokens" cmp -s "$WORK/text-pipe.bin" "$WORK/text-file.bin"
+
 # --- generate: a byte-level prompt must fit the model's vocabulary
 python3 -c '
 import json, sys
@@ -199,6 +234,33 @@ refuse "inspect of an empty PATH" 2 "^flatshard inspect: PATH is empty$" "$FS" i
 refuse "trace-svg of an empty FILE.json" 2 "^flatshard trace-svg: FILE.json is empty$" "$FS" trace-svg "" -o "$WORK/e.svg"
 run "an empty --prompt is still a prompt (not a path)" 0 "$FS" generate --weights "$WORK/w.safetensors" --prompt "" \
     --tokens 2 --threads 1
+
+# --- a tensor name from a corrupt or hostile safetensors header is printed escaped (\xNN,
+# \\) and capped: its newline once split the one-line error in two, and an escape sequence in
+# it went to the terminal raw. The model's file with one more (empty) tensor: a name with
+# control and high bytes, a 5000-byte name, a control byte in a name and its dtype.
+python3 - "$WORK/w.safetensors" "$WORK" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+def write(name, key, dtype):  # key: the JSON text of the name, raw bytes (0xff is not UTF-8)
+    entry = json.dumps({"dtype": dtype, "shape": [0], "data_offsets": [len(data), len(data)]})
+    body = json.dumps(header)[:-1].encode() + b', "' + key + b'": ' + entry.encode() + b"}"
+    open(f"{sys.argv[2]}/{name}.safetensors", "wb").write(struct.pack("<Q", len(body)) + body + data)
+write("ctl", b"evil\\u001b[2J\\nname\xff\\\\", "F32")
+write("long", b"x" * 5000, "F32")
+write("dtype", b"odd\\u0007", "Q\u0001")
+EOF
+refuse "a tensor name with control and high bytes: one line, escaped" 1 \
+    "^flatshard eval: .*ctl.safetensors: tensor 'evil\\\\x1b\[2J\\\\x0aname\\\\xff\\\\\\\\' is not part of this model$" \
+    "$FS" eval --weights "$WORK/ctl.safetensors" --data "$D"
+refuse "a 5000-byte tensor name: its first 120 bytes and its length" 1 \
+    "^flatshard eval: .*long.safetensors: tensor 'x{120}\.\.\.\(5000 bytes\)' is not part of this model$" \
+    "$FS" eval --weights "$WORK/long.safetensors" --data "$D"
+refuse "a control byte in a name and its dtype, escaped" 1 \
+    "^flatshard eval: .*dtype.safetensors: tensor 'odd\\\\x07' has unknown dtype 'Q\\\\x01'$" \
+    "$FS" eval --weights "$WORK/dtype.safetensors" --data "$D"
 
 # --- eval --json stays JSON when the loss is not finite (it printed "loss": nan)
 python3 - "$WORK/w.safetensors" "$WORK/nan.safetensors" <<'EOF'
@@ -237,5 +299,17 @@ full_stdout "--version > /dev/full" "^flatshard: standard output: write failed" 
 # the name of the function that read it
 refuse "FLATSHARD_COMM_TIMEOUT=abc, in-process ranks" 2 "^flatshard train: FLATSHARD_COMM_TIMEOUT=abc: not a number of seconds" \
     env FLATSHARD_COMM_TIMEOUT=abc "$FS" train --model tiny --ranks 2 --steps 1 --no-save --data "$D"
+# a FLATSHARD_FAULT that arms nothing is refused before any command runs, listing what is
+# valid (a mistyped fault was ignored, and the test it served passed without the fault)
+refuse "FLATSHARD_FAULT=bogus:3" 2 "^flatshard: FLATSHARD_FAULT=bogus:3: unknown fault 'bogus'; the faults are die-at, .*alloc-fail, .*crash-in-save-stage" \
+    env FLATSHARD_FAULT=bogus:3 "$FS" train "${small[@]}" --steps 1 --no-save
+refuse "FLATSHARD_FAULT=die-at:x" 2 "^flatshard: FLATSHARD_FAULT=die-at:x: expected die-at:S\[:R\]" \
+    env FLATSHARD_FAULT=die-at:x "$FS" train "${small[@]}" --steps 1 --no-save
+refuse "FLATSHARD_FAULT=alloc-fail:3:1 (alloc-fail takes one number)" 2 "^flatshard: FLATSHARD_FAULT=alloc-fail:3:1: expected alloc-fail:N" \
+    env FLATSHARD_FAULT=alloc-fail:3:1 "$FS" plan --model tiny
+refuse "FLATSHARD_FAULT=crash-in-save-stage:complet" 2 "^flatshard: .*: unknown stage 'complet'; the stages are manifest, complete," \
+    env FLATSHARD_FAULT=crash-in-save-stage:complet "$FS" train "${small[@]}" --steps 1 --no-save
+run "a valid FLATSHARD_FAULT for a later step runs" 0 env FLATSHARD_FAULT=die-at:99:1 "$FS" train "${small[@]}" --steps 1 --no-save
+run "an empty FLATSHARD_FAULT arms nothing" 0 env FLATSHARD_FAULT= "$FS" train "${small[@]}" --steps 1 --no-save
 
 summary
