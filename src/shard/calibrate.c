@@ -722,8 +722,8 @@ static int parse_figure(const char *s, double *out) {
 }
 
 fs_status fs_calibration_read(const char *path, const char *key, fs_calibration *out) {
-    FILE *f = fopen(path, "r");
-    if (!f) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL; /* a FIFO in the cache's place would have blocked plan for ever */
+    FS_TRY(fs_file_fopen(path, "a calibration cache", 0, FS_ERR_FORMAT, &f));
     fs_calibration c;
     memset(&c, 0, sizeof c);
     char line[1024];

@@ -121,6 +121,12 @@ refuse "--recalibrate of a published preset" 2 "only this-machine is measured" \
     "$FS" plan --device a100-80gb --recalibrate
 run "plan with an unwritable cache directory" 0 env XDG_CACHE_HOME=/proc/flatshard-no-cache "$FS" plan "${SMALL[@]}"
 expect "an unwritable cache is not an error, and says so" grep -q '^  device figures: measured now, not cached: ' "$WORK/out"
+# a FIFO in the cache's place blocked plan for ever: now it is named, measured over, replaced
+mkdir -p "$WORK/fifo-cache/flatshard" && mkfifo "$WORK/fifo-cache/flatshard/this-machine.txt"
+run "plan over a FIFO where the cache is" 0 env XDG_CACHE_HOME="$WORK/fifo-cache" timeout 120 "$FS" plan "${SMALL[@]}"
+expect_all "the FIFO is named as not a cache, and a cache takes its place" \
+    'grep -q "the cache there was not used: .*this-machine.txt: is a FIFO, not a calibration cache)$" "$WORK/out"' \
+    '[ -f "$WORK/fifo-cache/flatshard/this-machine.txt" ]'
 run "plan on a published preset" 0 "$FS" plan --model small --device h100-80gb
 expect "a preset says it is one" grep -q '^  device figures: published preset (docs/planner.md)$' "$WORK/out"
 expect "a GPU preset shows NCCL's buffers as a category of their own (2 ranks: one communicator)" \
