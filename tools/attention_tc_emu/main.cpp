@@ -92,12 +92,13 @@ template <int HS> static void run(Shape s, unsigned seed) {
                 }
             }
         }
-    // emulated kernels; out/lse start as NaN so an unwritten element shows
+    // emulated kernels; out/lse and the D workspace start as NaN so an unwritten element shows
     const int G = 64;
-    std::vector<float> eo((size_t)N * C + G, NAN), el((size_t)s.B * s.NH * s.T + G, NAN),
-        eg((size_t)N * ldd + G);
+    const size_t nrows = (size_t)s.B * s.NH * s.T;
+    std::vector<float> eo((size_t)N * C + G, NAN), el(nrows + G, NAN), eg((size_t)N * ldd + G),
+        ed(nrows + G, NAN);
     for (int i = 0; i < G; i++)
-        eo[(size_t)N * C + i] = 7, el[(size_t)s.B * s.NH * s.T + i] = 7;
+        eo[(size_t)N * C + i] = 7, el[nrows + i] = 7, ed[nrows + i] = 7;
     std::copy(g0.begin(), g0.end(), eg.begin());
     for (int i = 0; i < G; i++)
         eg[(size_t)N * ldd + i] = 7;
@@ -110,12 +111,12 @@ template <int HS> static void run(Shape s, unsigned seed) {
     // the backward from the reference's out and lse, rounded to float, as the test feeds it
     std::vector<float> ro(out.begin(), out.end()), rl(lse.begin(), lse.end());
     emu_launch(dim3(s.B * s.NH, qt), [&] {
-        tc_dq_kernel<HS>(eg.data(), ldd, dout.data(), qkv.data(), qkv.data() + kcol,
+        tc_dq_kernel<HS>(eg.data(), ldd, ed.data(), dout.data(), qkv.data(), qkv.data() + kcol,
                          qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
     });
     emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
         tc_dkdv_kernel<HS>(eg.data() + kcol, eg.data() + vcol, ldd, dout.data(), qkv.data(),
-                           qkv.data() + kcol, qkv.data() + vcol, ld, ro.data(), rl.data(), s.T,
+                           qkv.data() + kcol, qkv.data() + vcol, ld, ed.data(), rl.data(), s.T,
                            s.NH, s.NKV, group, sc, sl);
     });
     const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
@@ -169,8 +170,8 @@ template <int HS> static void run(Shape s, unsigned seed) {
     cmp("dv", gv.data(), wv.data(), gv.size(), bv.data(), tv.data(), 5e-5, 2e-5);
     int guard = 0;
     for (int i = 0; i < G; i++)
-        guard += eo[(size_t)N * C + i] != 7 || el[(size_t)s.B * s.NH * s.T + i] != 7 ||
-                 eg[(size_t)N * ldd + i] != 7;
+        guard += eo[(size_t)N * C + i] != 7 || el[nrows + i] != 7 || eg[(size_t)N * ldd + i] != 7 ||
+                 ed[nrows + i] != 7;
     printf("  padding changed %zu, guards changed %d\n", padbad, guard);
     if (padbad || guard)
         failures++;
