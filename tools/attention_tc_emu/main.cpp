@@ -5,10 +5,13 @@
  * per-element bounds of tests/cuda_attention_checks.h (2^-8 of the rounded p and ds, plus 4x
  * the fp32 tolerances). A check of the kernels' index arithmetic, masks, tiles, GQA mapping
  * and fragment plumbing without a GPU; not of the hardware's arithmetic, timing or memory
- * model. Built and run by run.sh; exits 1 if an element is outside its bound, non-finite,
- * or written where it must not be.
+ * model. Also that the D the dq kernel stores for the dk/dv kernel is, bit for bit, what
+ * tc_row_d sums for each real row (what the dk/dv kernel once summed itself). Built and run
+ * by run.sh; exits 1 if an element is outside its bound, non-finite, or written where it
+ * must not be, or if a stored D differs.
  */
 #include "kernels.h"
+#include <atomic>
 #include <cstdio>
 #include <random>
 static int failures;
@@ -119,6 +122,19 @@ template <int HS> static void run(Shape s, unsigned seed) {
                            qkv.data() + kcol, qkv.data() + vcol, ld, ed.data(), rl.data(), s.T,
                            s.NH, s.NKV, group, sc, sl);
     });
+    // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
+    std::atomic<size_t> dbad{0};
+    emu_launch(dim3(s.B * s.NH), [&] {
+        const int b = (int)blockIdx.x / s.NH, h = (int)blockIdx.x % s.NH;
+        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+        const size_t row0 = ((size_t)b * s.NH + h) * s.T;
+        for (int t = warp; t < s.T; t += 4) {
+            const float d = tc_row_d<HS>(dout.data() + (size_t)b * s.T * C + h * HS,
+                                         ro.data() + (size_t)b * s.T * C + h * HS, C, t, s.T, lane);
+            if (lane == 0 && memcmp(&d, &ed[row0 + t], sizeof d) != 0)
+                dbad++;
+        }
+    });
     const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
     auto cmp = [&](const char *w, const float *got, const double *want, size_t n,
                    const double *base, const double *bnd, double atol, double rtol) {
@@ -172,8 +188,9 @@ template <int HS> static void run(Shape s, unsigned seed) {
     for (int i = 0; i < G; i++)
         guard += eo[(size_t)N * C + i] != 7 || el[nrows + i] != 7 || eg[(size_t)N * ldd + i] != 7 ||
                  ed[nrows + i] != 7;
-    printf("  padding changed %zu, guards changed %d\n", padbad, guard);
-    if (padbad || guard)
+    printf("  padding changed %zu, guards changed %d, stored D differing from tc_row_d %zu of %zu\n",
+           padbad, guard, dbad.load(), nrows);
+    if (padbad || guard || dbad)
         failures++;
 }
 int main(int argc, char **argv) {
