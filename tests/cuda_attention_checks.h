@@ -6,7 +6,8 @@
  *   1. forward: out and lse, every element, and nothing written past either;
  *   2. backward: dq, dk and dv accumulate into a gradient that starts random (a kernel that
  *      overwrote instead of adding would be off by that start), in a buffer with its own row
- *      stride whose padding columns must come back bit for bit;
+ *      stride whose padding columns must come back bit for bit (the tensor-core kernels'
+ *      D workspace too: nothing written past it);
  *   3. determinism: two runs give the same bits (no atomics, no dependence on the order in
  *      which blocks run);
  *   4. a long sequence (T = 2048), and the shapes the kernels refuse;
@@ -279,32 +280,49 @@ static int cuda_att_run_forward(const cuda_att_case *c, float *out, float *lse,
 }
 
 /* The CUDA backward of c from the CPU forward's out and lse, into g (N ldd + guard), which is
- * uploaded (the starting gradient and guard) and downloaded back. Returns 0 if an upload
- * failed (recorded by dev_upload). */
+ * uploaded (the starting gradient and guard) and downloaded back. The tensor-core kernels
+ * also get their D workspace (B NH T), followed by a guard they must leave alone. Returns 0
+ * if an upload failed (recorded by dev_upload). */
 static int cuda_att_run_backward(const cuda_att_case *c, float *g, cuda_att_kind kind) {
     const cuda_att_shape s = c->s;
-    const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
+    const int64_t kcol = c->C, vcol = (s.NH + s.NKV) * s.HS, nd = s.B * s.NH * s.T;
     float *d_qkv = dev_upload(c->qkv, c->N * c->ld), *d_out = dev_upload(c->out, c->N * c->C);
-    float *d_lse = dev_upload(c->lse, s.B * s.NH * s.T);
+    float *d_lse = dev_upload(c->lse, nd);
     float *d_dout = dev_upload(c->dout, c->N * c->C);
     float *d_g = dev_upload(g, c->N * c->ldd + CUDA_ATT_GUARD);
-    const int ok = d_qkv && d_out && d_lse && d_dout && d_g;
+    const int tc = kind == CUDA_ATT_TC;
+    float *delta = tc ? cuda_att_guarded(NULL, nd) : NULL;
+    float *d_delta = tc ? dev_upload(delta, nd + CUDA_ATT_GUARD) : NULL;
+    const int ok = d_qkv && d_out && d_lse && d_dout && d_g && (d_delta || !tc);
     if (ok) {
-        fs_status (*backward)(void *, float *, float *, float *, int64_t, const float *,
-                              const float *, const float *, const float *, int64_t,
-                              const float *, const float *, int64_t, int64_t, int64_t, int64_t,
-                              int64_t) =
-            kind == CUDA_ATT_TC ? fs_cuda_attention_tc_backward : fs_cuda_attention_backward;
-        CHECK_OK(backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout, d_qkv, d_qkv + kcol,
-                          d_qkv + vcol, c->ld, d_out, d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
+        if (tc)
+            CHECK_OK(fs_cuda_attention_tc_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd,
+                                                   d_delta, d_dout, d_qkv, d_qkv + kcol,
+                                                   d_qkv + vcol, c->ld, d_out, d_lse, s.B, s.T,
+                                                   s.NH, s.NKV, s.HS));
+        else
+            CHECK_OK(fs_cuda_attention_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_dout,
+                                                d_qkv, d_qkv + kcol, d_qkv + vcol, c->ld, d_out,
+                                                d_lse, s.B, s.T, s.NH, s.NKV, s.HS));
         cuda_att_sync();
         dev_download(g, d_g, c->N * c->ldd + CUDA_ATT_GUARD);
+    }
+    if (ok && tc) {
+        float *after = cuda_att_alloc(nd + CUDA_ATT_GUARD);
+        dev_download(after, d_delta, nd + CUDA_ATT_GUARD);
+        char name[192];
+        cuda_att_name(name, sizeof name, "tc backward", &s);
+        CHECK(memcmp(after + nd, delta + nd, CUDA_ATT_GUARD * sizeof(float)) == 0,
+              "%s: wrote past the end of its D workspace", name);
+        free(after);
     }
     if (d_qkv) dev_free(d_qkv);
     if (d_out) dev_free(d_out);
     if (d_lse) dev_free(d_lse);
     if (d_dout) dev_free(d_dout);
     if (d_g) dev_free(d_g);
+    if (d_delta) dev_free(d_delta);
+    free(delta);
     return ok;
 }
 
@@ -660,12 +678,12 @@ static void test_cuda_attention_tc_shapes(void) {
           "tc: HS = 96 accepted");
     CHECK(strstr(fs_error_message(), "attention_tc") != NULL, "message '%s' names no kernel",
           fs_error_message());
-    CHECK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, 448,
-                                        NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
+    CHECK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, NULL,
+                                        448, NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
           "tc: NH = 3, NKV = 2 accepted");
     CHECK_OK(fs_cuda_attention_tc_forward(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
     CHECK_OK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
-                                           512, NULL, NULL, 0, 5, 1, 1, 128));
+                                           NULL, 512, NULL, NULL, 0, 5, 1, 1, 128));
     cuda_att_sync();
 }
 

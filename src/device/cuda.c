@@ -15,8 +15,10 @@
  *
  * Scratch. The bf16 linear layers cast their fp32 activation operands into a bf16 scratch
  * (cuBLASLt takes one input type for both operands), reserved once by fs_acts_init; the
- * cuBLASLt workspace and the sum-of-squares partials are reserved with it. All of it comes
- * from the device's accounting allocator (category other), so --memory counts it.
+ * cuBLASLt workspace and the sum-of-squares partials are reserved with it. Between GEMMs the
+ * scratch also holds the tensor-core attention's D = dout . out (B, NH, T) fp32 during its
+ * backward (attention_tc_backward below). All of it comes from the device's accounting
+ * allocator (category other), so --memory counts it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,7 +45,7 @@ struct fs_device_impl {
     fs_mem *scratch_mem;     /* the allocator the scratch came from (NULL: none yet) */
     void *workspace;         /* FS_CUDA_GEMM_WORKSPACE_BYTES, cuBLASLt's */
     double *partials;        /* (FS_CUDA_REDUCE_PARTS + 1): sum of squares, then its result */
-    uint16_t *scratch;       /* bf16 operands of the linear layers */
+    uint16_t *scratch;       /* bf16 operands of the linear layers; the attention's D */
     size_t scratch_bytes;
     double peak_bf16, peak_fp32;
     int attention_mode;      /* FLATSHARD_CUDA_ATTENTION: ATT_AUTO, ATT_TC or ATT_FP32 */
@@ -55,8 +57,9 @@ struct fs_device_impl {
 /* Which attention kernels run (docs/gpu.md, "Attention"): by default the tensor-core ones
  * (attention_tc.cu) under the bf16 policy, whose GEMM operands are bf16 already, and the
  * fp32 ones (attention.cu) under fp32, which match the CPU to fp32 rounding;
- * FLATSHARD_CUDA_ATTENTION=tc|fp32 forces one. A head size the tensor-core kernels do not
- * have (not 64 or 128) uses the fp32 kernels either way. */
+ * FLATSHARD_CUDA_ATTENTION=tc|fp32 forces one (tc under fp32: its backward is refused, see
+ * attention_tc_backward). A head size the tensor-core kernels do not have (not 64 or 128)
+ * uses the fp32 kernels either way. */
 enum { ATT_AUTO, ATT_TC, ATT_FP32 };
 
 struct fs_device_event {
@@ -571,14 +574,40 @@ static void cuda_attention_forward(fs_device *d, float *out, float *lse, const f
         LAUNCH(d, fs_cuda_attention_forward(STREAM(d), out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS));
 }
 
+/* The tensor-core backward's D (B, NH, T) fp32 lives in the bf16 operand scratch, idle
+ * between GEMMs: the attention runs on the compute stream after the last GEMM that read the
+ * scratch and before the next cast into it (the collectives' streams never touch it). B NH T
+ * floats are N C / HS floats, and the scratch holds N (C + at least C) bf16
+ * (fs_acts_scratch_bytes), so at HS 64 or 128 D takes at most 1/64 of it. fp32 reserves no
+ * scratch: FLATSHARD_CUDA_ATTENTION=tc there is refused here, at the first backward. */
+static fs_status attention_tc_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
+                                       const float *dout, const float *q, const float *k, const float *v,
+                                       int64_t ld_qkv, const float *out, const float *lse, int64_t B,
+                                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    fs_device_impl *g = d->impl;
+    const size_t delta_bytes = (size_t)(B * NH * T) * sizeof(float);
+    if (!g->scratch)
+        return fs_errorf(FS_ERR_USAGE,
+                         "FLATSHARD_CUDA_ATTENTION=tc needs --precision bf16: the tensor-core attention's "
+                         "backward keeps D (%zu bytes) in the bf16 GEMM operand scratch, which fp32 does "
+                         "not reserve",
+                         delta_bytes);
+    if (delta_bytes > g->scratch_bytes)
+        return fs_errorf(FS_ERR_INTERNAL, "attention_tc backward: D needs %zu bytes, the bf16 GEMM operand "
+                         "scratch holds %zu", delta_bytes, g->scratch_bytes);
+    float *delta = (float *)(void *)g->scratch; /* (B, NH, T); cudaMalloc's alignment */
+    return fs_cuda_attention_tc_backward(STREAM(d), dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out, lse,
+                                         B, T, NH, NKV, HS);
+}
+
 static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                     const float *dout, const float *q, const float *k,
                                     const float *v, int64_t ld_qkv, const float *out,
                                     const float *lse, int64_t B, int64_t T, int64_t NH,
                                     int64_t NKV, int64_t HS, int bf16) {
     if (att_tc(d, HS, bf16))
-        LAUNCH(d, fs_cuda_attention_tc_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv,
-                                                out, lse, B, T, NH, NKV, HS));
+        LAUNCH(d, attention_tc_backward(d, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, B, T, NH,
+                                        NKV, HS));
     else
         LAUNCH(d, fs_cuda_attention_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out,
                                              lse, B, T, NH, NKV, HS));

@@ -249,7 +249,9 @@ size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int 
          * chunks (C -> Vc): a backward casts dout (N x OC) and after it inp (N x C) at a
          * 256-byte boundary (+ 128 elements). On the bf16 route the MLP and o_proj read
          * gu, h, dgu and the attention output in bf16 and cast N x C at most (ln1, ln2,
-         * dres). */
+         * dres). The tensor-core attention's backward keeps D, B NH T fp32, here between
+         * GEMMs (src/device/cuda.c): 4 N C / HS bytes against at least 4 N C (N x 2C bf16),
+         * so it fits at any head size and adds no term. */
         int64_t out = d.QKV;
         if (d.C > out) out = d.C;
         if (d.Vc > out) out = d.Vc;

@@ -9,7 +9,8 @@
 #     slowly; a wrong kernel moves the loss by far more in the first steps);
 #   - the same bf16 run with the fp32 attention kernel (FLATSHARD_CUDA_ATTENTION=fp32) in
 #     place of the tensor-core one, against the same cpu run; a bad FLATSHARD_CUDA_ATTENTION
-#     is one line and a non-zero exit;
+#     is one line and a non-zero exit, and so is =tc under fp32 (whose backward would keep
+#     D in the bf16 scratch that fp32 does not reserve) at the first step;
 #   - bit-exact resume on the GPU: 3 steps, save, 3 more from the checkpoint, equal bit for
 #     bit to 6 uninterrupted steps (the saved weights compared with cmp), in fp32 and in bf16
 #     (the tensor-core attention: tiny's head size is 64);
@@ -114,6 +115,10 @@ FLATSHARD_CUDA_ATTENTION=bogus "$FS" train --device cuda --model tiny --steps 1 
 att_rc=$?
 expect_all "a bad FLATSHARD_CUDA_ATTENTION is one line and a non-zero exit" \
     '[ "$att_rc" -ne 0 ]' '[ "$(wc -l <"$WORK/err")" -eq 1 ]' "grep -q \"FLATSHARD_CUDA_ATTENTION='bogus': expected tc\" '$WORK/err'"
+FLATSHARD_CUDA_ATTENTION=tc "$FS" train --device cuda --precision fp32 --model tiny --steps 1 --no-save --data "$TEXT" >"$WORK/out" 2>"$WORK/err"
+att_rc=$?
+expect_all "FLATSHARD_CUDA_ATTENTION=tc under fp32 is refused with a non-zero exit" \
+    '[ "$att_rc" -ne 0 ]' "grep -q 'FLATSHARD_CUDA_ATTENTION=tc needs --precision bf16' '$WORK/err'"
 
 TINY=(--model tiny --batch 2 --seq 64 --lr 1e-3 --progress lines --data "$TEXT")
 run "6 steps on the GPU, uninterrupted" 0 "$FS" train --device cuda "${TINY[@]}" --steps 6 --out "$WORK/straight.safetensors"

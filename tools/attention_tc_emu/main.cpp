@@ -5,10 +5,13 @@
  * per-element bounds of tests/cuda_attention_checks.h (2^-8 of the rounded p and ds, plus 4x
  * the fp32 tolerances). A check of the kernels' index arithmetic, masks, tiles, GQA mapping
  * and fragment plumbing without a GPU; not of the hardware's arithmetic, timing or memory
- * model. Built and run by run.sh; exits 1 if an element is outside its bound, non-finite,
- * or written where it must not be.
+ * model. Also that the D the dq kernel stores for the dk/dv kernel is, bit for bit, what
+ * tc_row_d sums for each real row (what the dk/dv kernel once summed itself). Built and run
+ * by run.sh; exits 1 if an element is outside its bound, non-finite, or written where it
+ * must not be, or if a stored D differs.
  */
 #include "kernels.h"
+#include <atomic>
 #include <cstdio>
 #include <random>
 static int failures;
@@ -92,12 +95,13 @@ template <int HS> static void run(Shape s, unsigned seed) {
                 }
             }
         }
-    // emulated kernels; out/lse start as NaN so an unwritten element shows
+    // emulated kernels; out/lse and the D workspace start as NaN so an unwritten element shows
     const int G = 64;
-    std::vector<float> eo((size_t)N * C + G, NAN), el((size_t)s.B * s.NH * s.T + G, NAN),
-        eg((size_t)N * ldd + G);
+    const size_t nrows = (size_t)s.B * s.NH * s.T;
+    std::vector<float> eo((size_t)N * C + G, NAN), el(nrows + G, NAN), eg((size_t)N * ldd + G),
+        ed(nrows + G, NAN);
     for (int i = 0; i < G; i++)
-        eo[(size_t)N * C + i] = 7, el[(size_t)s.B * s.NH * s.T + i] = 7;
+        eo[(size_t)N * C + i] = 7, el[nrows + i] = 7, ed[nrows + i] = 7;
     std::copy(g0.begin(), g0.end(), eg.begin());
     for (int i = 0; i < G; i++)
         eg[(size_t)N * ldd + i] = 7;
@@ -110,13 +114,26 @@ template <int HS> static void run(Shape s, unsigned seed) {
     // the backward from the reference's out and lse, rounded to float, as the test feeds it
     std::vector<float> ro(out.begin(), out.end()), rl(lse.begin(), lse.end());
     emu_launch(dim3(s.B * s.NH, qt), [&] {
-        tc_dq_kernel<HS>(eg.data(), ldd, dout.data(), qkv.data(), qkv.data() + kcol,
+        tc_dq_kernel<HS>(eg.data(), ldd, ed.data(), dout.data(), qkv.data(), qkv.data() + kcol,
                          qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
     });
     emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
         tc_dkdv_kernel<HS>(eg.data() + kcol, eg.data() + vcol, ldd, dout.data(), qkv.data(),
-                           qkv.data() + kcol, qkv.data() + vcol, ld, ro.data(), rl.data(), s.T,
+                           qkv.data() + kcol, qkv.data() + vcol, ld, ed.data(), rl.data(), s.T,
                            s.NH, s.NKV, group, sc, sl);
+    });
+    // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
+    std::atomic<size_t> dbad{0};
+    emu_launch(dim3(s.B * s.NH), [&] {
+        const int b = (int)blockIdx.x / s.NH, h = (int)blockIdx.x % s.NH;
+        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+        const size_t row0 = ((size_t)b * s.NH + h) * s.T;
+        for (int t = warp; t < s.T; t += 4) {
+            const float d = tc_row_d<HS>(dout.data() + (size_t)b * s.T * C + h * HS,
+                                         ro.data() + (size_t)b * s.T * C + h * HS, C, t, s.T, lane);
+            if (lane == 0 && memcmp(&d, &ed[row0 + t], sizeof d) != 0)
+                dbad++;
+        }
     });
     const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
     auto cmp = [&](const char *w, const float *got, const double *want, size_t n,
@@ -169,10 +186,11 @@ template <int HS> static void run(Shape s, unsigned seed) {
     cmp("dv", gv.data(), wv.data(), gv.size(), bv.data(), tv.data(), 5e-5, 2e-5);
     int guard = 0;
     for (int i = 0; i < G; i++)
-        guard += eo[(size_t)N * C + i] != 7 || el[(size_t)s.B * s.NH * s.T + i] != 7 ||
-                 eg[(size_t)N * ldd + i] != 7;
-    printf("  padding changed %zu, guards changed %d\n", padbad, guard);
-    if (padbad || guard)
+        guard += eo[(size_t)N * C + i] != 7 || el[nrows + i] != 7 || eg[(size_t)N * ldd + i] != 7 ||
+                 ed[nrows + i] != 7;
+    printf("  padding changed %zu, guards changed %d, stored D differing from tc_row_d %zu of %zu\n",
+           padbad, guard, dbad.load(), nrows);
+    if (padbad || guard || dbad)
         failures++;
 }
 int main(int argc, char **argv) {

@@ -22,15 +22,18 @@
  *            lse = max ln 2 + ln(sum).
  *   dq       one block per (batch, query head, 64-query tile): q and dout stay; per 64-key
  *            tile s = q k^T and dp = dout v^T, p = exp(s scale - lse) (from the forward's
- *            lse), ds = scale p (dp - D), dq += ds k.
- *   dk, dv   one block per (batch, kv head, 64-key tile): k and v stay; the block walks the
- *            query heads of its group in order, and each one's query tiles (64 at HS 64, 32
- *            at HS 128, to keep the accumulators in registers) in position order from the
- *            block's first key: s^T = k q^T, dp^T = v dout^T, dv += p^T dout, dk += ds^T q.
- * D = dout . out is summed in fp32 per row by one warp (lanes over columns, then a butterfly)
- * in both backward kernels, the same bits in each. Every element of dq, dk and dv belongs to
- * one thread of one block and is summed in a fixed order (the mma's own order is fixed by the
- * hardware), then added to memory once: no atomics, the same bits on every run.
+ *            lse), ds = scale p (dp - D), dq += ds k. Stores its rows' D in delta.
+ *   dk, dv   one block per (batch, kv head, 64-key tile), launched after dq on the same
+ *            stream: k and v stay; the block walks the query heads of its group in order, and
+ *            each one's query tiles (64 at HS 64, 32 at HS 128, to keep the accumulators in
+ *            registers) in position order from the block's first key, D read from delta:
+ *            s^T = k q^T, dp^T = v dout^T, dv += p^T dout, dk += ds^T q.
+ * D = dout . out is summed in fp32 per row by one warp (lanes over columns, then a butterfly),
+ * once, by the dq kernel, which keeps it in registers and stores it in delta (B, NH, T); the
+ * dk/dv kernel stages those bits into shared memory with each query tile instead of summing
+ * D again for each of the ~T/64 key blocks that visit the row. Every element of dq, dk and dv
+ * belongs to one thread of one block and is summed in a fixed order (the mma's own order is
+ * fixed by the hardware), then added to memory once: no atomics, the same bits on every run.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + tq. A (16 x 16,
  * row-major): registers (row g, cols 2tq..+1), (g + 8, 2tq..), (g, 2tq + 8..), (g + 8,
@@ -300,7 +303,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 template <int HS>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_dq_kernel(float *__restrict__ dq, int64_t ldd, const float *__restrict__ dout,
+    tc_dq_kernel(float *__restrict__ dq, int64_t ldd, float *__restrict__ delta,
+                 const float *__restrict__ dout,
                  const float *__restrict__ q, const float *__restrict__ k,
                  const float *__restrict__ v, int64_t ld, const float *__restrict__ out,
                  const float *__restrict__ lse, int T, int NH, int group, float scale,
@@ -318,12 +322,17 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_stage<HS>(sdO, P, nullptr, 0, dob, C, q0, TC_BQ, T);
     const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8};
     /* D and lse (in log2 units) of the thread's two rows; past T both 0, where the zero rows
-     * of q and dout make p (dp - D) = 0 */
+     * of q and dout make p (dp - D) = 0. D of every real row is also stored for the dk/dv
+     * kernel, which runs after this one on the same stream and reads it instead of summing
+     * it again for each key tile: the same bits in both. */
+    float *db = delta + ((int64_t)b * NH + h) * T;
     float Dr[2] = {0.0f, 0.0f}, Lr[2];
     for (int i = 0; i < 16; i++) { /* warp-uniform: every lane joins each row's butterfly */
-        const float d = tc_row_d<HS>(dob, ob, C, q0 + r0 + i, T, lane);
+        const int t = q0 + r0 + i;
+        const float d = tc_row_d<HS>(dob, ob, C, t, T, lane);
         if (i == g) Dr[0] = d;
         if (i == g + 8) Dr[1] = d;
+        if (lane == 0 && t < T) db[t] = d;
     }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++)
@@ -377,7 +386,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_dkdv_kernel(float *__restrict__ dk, float *__restrict__ dv, int64_t ldd,
                    const float *__restrict__ dout, const float *__restrict__ q,
                    const float *__restrict__ k, const float *__restrict__ v, int64_t ld,
-                   const float *__restrict__ out, const float *__restrict__ lse, int T, int NH,
+                   const float *__restrict__ delta, const float *__restrict__ lse, int T, int NH,
                    int NKV, int group, float scale, float scale_log2) {
     constexpr int BQ = tc_dkdv_tile<HS>::BQ;
     constexpr int P = HS + TC_PAD, PQ = BQ + TC_PAD, NT = BQ / 8, ND = HS / 8;
@@ -407,18 +416,16 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
         const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
         const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
-        const float *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
+        const float *db = delta + ((int64_t)b * NH + h) * T; /* the dq kernel's D */
         const float *lb = lse + ((int64_t)b * NH + h) * T;
         for (int t0 = k0; t0 < T; t0 += BQ) { /* block-uniform bounds */
             __syncthreads(); /* the last tile is read */
             tc_stage<HS>(sQ, P, sQt, PQ, qb, ld, t0, BQ, T);
             tc_stage<HS>(sdO, P, sdOt, PQ, dob, C, t0, BQ, T);
-            for (int r = warp; r < BQ; r += TC_THREADS / 32) { /* warp-uniform */
-                const float d = tc_row_d<HS>(dob, ob, C, t0 + r, T, lane);
-                if (lane == 0) {
-                    sD[r] = d;
-                    sL[r] = t0 + r < T ? lb[t0 + r] * TC_LOG2E : 0.0f;
-                }
+            for (int r = (int)threadIdx.x; r < BQ; r += TC_THREADS) {
+                const int t = t0 + r;
+                sD[r] = t < T ? db[t] : 0.0f;
+                sL[r] = t < T ? lb[t] * TC_LOG2E : 0.0f;
             }
             __syncthreads(); /* q, dout (both ways), D and lse are in */
             float s[NT][4], dp[NT][4];
@@ -493,19 +500,20 @@ static fs_status tc_forward_launch(cudaStream_t st, float *out, float *lse, cons
 
 template <int HS>
 static fs_status tc_backward_launch(cudaStream_t st, float *dq, float *dk, float *dv,
-                                    int64_t ldd, const float *dout, const float *q,
+                                    int64_t ldd, float *delta, const float *dout, const float *q,
                                     const float *k, const float *v, int64_t ld, const float *out,
                                     const float *lse, int B, int T, int NH, int NKV,
                                     float scale) {
     const size_t smem_q = tc_dq_smem<HS>(), smem_kv = tc_dkdv_smem<HS>();
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
     FS_TRY(att_launch("attention_tc_backward_dq", tc_dq_kernel<HS>, grid_q, TC_THREADS, smem_q,
-                      smem_q, st, dq, ldd, dout, q, k, v, ld, out, lse, T, NH, NH / NKV, scale,
-                      scale * TC_LOG2E));
+                      smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, T, NH, NH / NKV,
+                      scale, scale * TC_LOG2E));
+    /* after the dq kernel on the same stream: every D it stores is written */
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
     return att_launch("attention_tc_backward_dkdv", tc_dkdv_kernel<HS>, grid_kv, TC_THREADS,
-                      smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, out, lse, T, NH, NKV,
-                      NH / NKV, scale, scale * TC_LOG2E);
+                      smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, delta, lse, T, NH,
+                      NKV, NH / NKV, scale, scale * TC_LOG2E);
 }
 
 extern "C" int fs_cuda_attention_tc_supported(int64_t HS) { return HS == 64 || HS == 128; }
@@ -525,7 +533,7 @@ extern "C" fs_status fs_cuda_attention_tc_forward(void *stream, float *out, floa
 }
 
 extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk,
-                                                   float *dv, int64_t ld_dqkv,
+                                                   float *dv, int64_t ld_dqkv, float *delta,
                                                    const float *dout, const float *q,
                                                    const float *k, const float *v,
                                                    int64_t ld_qkv, const float *out,
@@ -537,8 +545,8 @@ extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, floa
     const float scale = (float)(1.0 / sqrt((double)HS));
     const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
     if (HS == 64)
-        return tc_backward_launch<64>(st, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse,
-                                      b, t, nh, nkv, scale);
-    return tc_backward_launch<128>(st, dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out, lse, b,
-                                   t, nh, nkv, scale);
+        return tc_backward_launch<64>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
+                                      lse, b, t, nh, nkv, scale);
+    return tc_backward_launch<128>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
+                                   lse, b, t, nh, nkv, scale);
 }

@@ -115,17 +115,20 @@ fs_status fs_cuda_attention_backward(void *stream, float *dq, float *dk, float *
  * which sums in fp32 (mma.sync bf16 -> fp32); max, sum, lse and D = dout . out stay fp32.
  * Deterministic like the rest (no atomics; fixed summation orders). Head sizes 64 and 128
  * only (fs_cuda_attention_tc_supported); another head size is FS_ERR_USAGE. The device uses
- * them under the bf16 policy (src/device/cuda.c, docs/gpu.md). */
+ * them under the bf16 policy (src/device/cuda.c, docs/gpu.md). The backward takes one more
+ * argument than the fp32 one: delta (B, NH, T) fp32, a workspace it overwrites with
+ * D = dout . out per row (summed once, by the dq kernel, for the dk/dv kernel to read). */
 int fs_cuda_attention_tc_supported(int64_t HS);
 fs_status fs_cuda_attention_tc_forward(void *stream, float *out, float *lse, const float *q,
                                        const float *k, const float *v, int64_t ld_qkv,
                                        int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                        int64_t HS);
 fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk, float *dv,
-                                        int64_t ld_dqkv, const float *dout, const float *q,
-                                        const float *k, const float *v, int64_t ld_qkv,
-                                        const float *out, const float *lse, int64_t B,
-                                        int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+                                        int64_t ld_dqkv, float *delta, const float *dout,
+                                        const float *q, const float *k, const float *v,
+                                        int64_t ld_qkv, const float *out, const float *lse,
+                                        int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                        int64_t HS);
 
 fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int64_t N,
                                  int64_t FF);
