@@ -60,8 +60,10 @@ int fs_cmd_tokenize(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     if (!out) return fs_usage_error("tokenize", "-o OUT.bin is required; see 'flatshard tokenize --help'");
     if (n == 0) return fs_usage_error("tokenize", "no input files; see 'flatshard tokenize --help'");
-    if (!tokenizer && (separator || no_special || no_eos || fs_args_given(opts, argc, argv, "threads")))
-        return fs_usage_error("tokenize", "--threads, --doc-separator, --no-special and --no-eos need --tokenizer");
+    if (!tokenizer && (separator || no_special || no_eos || fs_args_given(opts, argc, argv, "threads") ||
+                       fs_args_given(opts, argc, argv, "chunk-bytes")))
+        return fs_usage_error("tokenize",
+                              "--threads, --chunk-bytes, --doc-separator, --no-special and --no-eos need --tokenizer");
     if (separator && !separator[0]) return fs_usage_error("tokenize", "--doc-separator is empty");
     /* before reading anything: -o is not an input, nor the tokenizer (that was once written
      * over), and its directory exists (created) */

@@ -45,7 +45,13 @@ static const char *kind_name(int fd, mode_t mode) {
 fs_status fs_file_open(const char *path, const char *what, unsigned flags, fs_status wrong_kind, int *fd) {
     *fd = -1;
     int k = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (k < 0) return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (k < 0) {
+        const int e = errno;
+        struct stat sb; /* open() of a UNIX socket fails (ENXIO) before fstat could name it */
+        if (e == ENXIO && stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode))
+            return fs_errorf(wrong_kind, "%s: is a socket, not %s", path, what);
+        return fs_errorf(FS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+    }
     struct stat sb;
     if (fstat(k, &sb) != 0) {
         const int e = errno;

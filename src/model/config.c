@@ -243,7 +243,7 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
 
 fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out) {
     FILE *f = NULL;
-    FS_TRY(fs_file_fopen(path, "a config.json", 0, FS_ERR_USAGE, &f));
+    FS_TRY(fs_file_fopen(path, "a config.json", FS_FILE_PIPE_OK, FS_ERR_USAGE, &f)); /* --model <(...) */
     enum { MAX_CONFIG_BYTES = 1 << 20 };
     char *buf = malloc(MAX_CONFIG_BYTES + 1);
     if (!buf) {

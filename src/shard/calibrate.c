@@ -365,7 +365,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * the Xeon VM that reports 480 MiB of L3, where the factor reads 1.00-1.07 while two one-rank
  * trainings side by side lose 2-4% a step (buffers rotated past the L3 did not resolve that
  * 3% above the VM's noise: BENCHMARKS.md, 2026-12-06). Timed by the calibrating thread's CPU
- * time alone (the fastest of CAL_BLOCK_REPS after a warm-up), then while busy_cores - 1
+ * time alone (the fastest of CAL_BLOCK_REPS, timed_rounds, no warm-up), then while busy_cores - 1
  * loading threads, one per other core, run the same block on buffers of their own (the
  * fastest of CAL_BLOCK_REPS runs that count: every loading thread on its core for
  * CAL_BUSY_SHARE of the run, its thread CPU clock; at most 2 x CAL_BLOCK_REPS tries, else the

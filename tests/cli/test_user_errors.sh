@@ -48,6 +48,8 @@ refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of ran
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
 refuse "tokenize --threads 0 (the default) without --tokenizer" 2 "^flatshard tokenize: --threads, .* need --tokenizer$" \
     "$FS" tokenize --threads 0 -o "$WORK/c.bin" "$D"
+refuse "tokenize --chunk-bytes without --tokenizer" 2 "^flatshard tokenize: --threads, --chunk-bytes, .* need --tokenizer$" \
+    "$FS" tokenize --chunk-bytes 1M -o "$WORK/c.bin" "$D"
 expect "the refusals wrote no token file" [ ! -e "$WORK/c.bin" ]
 cp "$TOK" "$WORK/tok-before.json"
 refuse "tokenize -o its tokenizer" 2 "^flatshard tokenize: -o .*tokenizer.json: is the input .*tokenizer.json" \
@@ -205,6 +207,12 @@ done
 "$FS" tokenize -o "$WORK/text-file.bin" "$D" >/dev/null
 run "tokenize of a text on a pipe" 0 timeout 20 "$FS" tokenize -o "$WORK/text-pipe.bin" <(cat "$D")
 expect "the pipe's text gives the same tokens" cmp -s "$WORK/text-pipe.bin" "$WORK/text-file.bin"
+run "train --model a config.json on a pipe" 0 timeout 60 "$FS" train "${small[@]}" --steps 1 --no-save \
+    --model <(cat "$WORK/hf/config.json")
+# a UNIX socket: open() fails (ENXIO) before fstat could say what the path is
+/usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$WORK/in-socket"
+refuse "train --model a socket" 2 "^flatshard train: .*in-socket: is a socket, not a config.json$" \
+    timeout 20 "$FS" train "${small[@]}" --steps 1 --no-save --model "$WORK/in-socket"
 
 # --- generate: a byte-level prompt must fit the model's vocabulary
 python3 -c '

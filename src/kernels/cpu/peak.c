@@ -28,9 +28,12 @@ enum { PEAK_ITERS = 1 << 18, PEAK_ROUNDS = 5 };
 #define PEAK_SUM(ADD) ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7))), ADD(ADD(a8, a9), ADD(a10, a11))
 
 /* a = a x + y with x = y = 0.5 tends to 1: no overflow and no denormal, whose microcode
- * assists would slow the chain */
+ * assists would slow the chain. x comes from a volatile the compiler cannot see through, so
+ * it cannot fold the chains; *sink is only written (as x it compounded round after round,
+ * 0.5 -> 96 -> inf, and the timed rounds ran on inf and NaN). */
+static volatile float half = 0.5f;
 FS_TARGET_AVX2 static double chains_avx2(volatile float *sink) {
-    const __m256 x = _mm256_set1_ps(*sink * 0.5f), y = _mm256_set1_ps(0.5f);
+    const __m256 x = _mm256_set1_ps(half), y = _mm256_set1_ps(0.5f);
     PEAK_START(__m256, _mm256_set1_ps)
 #define FMA256(a) a = _mm256_fmadd_ps(a, x, y);
     for (int i = 0; i < PEAK_ITERS; i++) {
@@ -42,7 +45,7 @@ FS_TARGET_AVX2 static double chains_avx2(volatile float *sink) {
 }
 
 FS_TARGET_AVX512 static double chains_avx512(volatile float *sink) {
-    const __m512 x = _mm512_set1_ps(*sink * 0.5f), y = _mm512_set1_ps(0.5f);
+    const __m512 x = _mm512_set1_ps(half), y = _mm512_set1_ps(0.5f);
     PEAK_START(__m512, _mm512_set1_ps)
 #define FMA512(a) a = _mm512_fmadd_ps(a, x, y);
     for (int i = 0; i < PEAK_ITERS; i++) {
@@ -55,7 +58,7 @@ FS_TARGET_AVX512 static double chains_avx512(volatile float *sink) {
 /* vdpbf16ps: 16 lanes, each the sum of two bf16 products added to an fp32 accumulator. The
  * pairs hold bf16 2^-10 (0x3a80): each instruction adds 2^-19 to a lane, 0.5 over the loop. */
 FS_TARGET_AVX512BF16 static double chains_avx512bf16(volatile float *sink) {
-    const __m512bh b = (__m512bh)_mm512_set1_epi16((short)(0x3a80 + (*sink > 2.0f)));
+    const __m512bh b = (__m512bh)_mm512_set1_epi16((short)(0x3a80 + (half > 1.0f)));
     PEAK_START(__m512, _mm512_set1_ps)
 #define DPBF16(a) a = _mm512_dpbf16_ps(a, b, b);
     for (int i = 0; i < PEAK_ITERS; i++) {
