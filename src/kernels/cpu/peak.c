@@ -19,52 +19,43 @@ enum { PEAK_ITERS = 1 << 18, PEAK_ROUNDS = 5 };
  * AddressSanitizer an array stays on the stack with redzones around it, and the loop then
  * measured memory (34 GFLOP/s fp32 on the Zen 4 against 118). */
 #define PEAK_CHAINS 12
-#define PEAK_EACH(OP) OP(a0) OP(a1) OP(a2) OP(a3) OP(a4) OP(a5) OP(a6) OP(a7) OP(a8) OP(a9) OP(a10) OP(a11)
+/* one step of every chain: a = F(a, p, q) */
+#define PEAK_STEP(F, p, q)                                                                                 \
+    a0 = F(a0, p, q), a1 = F(a1, p, q), a2 = F(a2, p, q), a3 = F(a3, p, q), a4 = F(a4, p, q),             \
+    a5 = F(a5, p, q), a6 = F(a6, p, q), a7 = F(a7, p, q), a8 = F(a8, p, q), a9 = F(a9, p, q),             \
+    a10 = F(a10, p, q), a11 = F(a11, p, q)
 /* distinct starting values: chains that start equal compute equal values, and the compiler
  * folds them into one (it did: 355 GFLOP/s "fp32" on a 118 GFLOP/s core) */
 #define PEAK_START(T, SET)                                                                                \
     T a0 = SET(0.f), a1 = SET(1.f), a2 = SET(2.f), a3 = SET(3.f), a4 = SET(4.f), a5 = SET(5.f),        \
       a6 = SET(6.f), a7 = SET(7.f), a8 = SET(8.f), a9 = SET(9.f), a10 = SET(10.f), a11 = SET(11.f);
-#define PEAK_SUM(ADD) ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7))), ADD(ADD(a8, a9), ADD(a10, a11))
+#define PEAK_SUM(ADD) ADD(ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7))), ADD(ADD(a8, a9), ADD(a10, a11)))
 
 /* a = a x + y with x = y = 0.5 tends to 1: no overflow and no denormal, whose microcode
  * assists would slow the chain. x comes from a volatile the compiler cannot see through, so
  * it cannot fold the chains; *sink is only written (as x it compounded round after round,
- * 0.5 -> 96 -> inf, and the timed rounds ran on inf and NaN). */
+ * 0.5 -> 96 -> inf, and the timed rounds ran on inf and NaN). One body for both vector
+ * widths: T the vector type of LANES floats, SET/FMA/ADD its intrinsics, FIRST a float of it. */
 static volatile float half = 0.5f;
-FS_TARGET_AVX2 static double chains_avx2(volatile float *sink) {
-    const __m256 x = _mm256_set1_ps(half), y = _mm256_set1_ps(0.5f);
-    PEAK_START(__m256, _mm256_set1_ps)
-#define FMA256(a) a = _mm256_fmadd_ps(a, x, y);
-    for (int i = 0; i < PEAK_ITERS; i++) {
-        PEAK_EACH(FMA256)
+#define FMA_CHAINS(NAME, TARGET, T, LANES, SET, FMA, ADD, FIRST)                                         \
+    TARGET static double NAME(volatile float *sink) {                                                   \
+        const T x = SET(half), y = SET(0.5f);                                                             \
+        PEAK_START(T, SET)                                                                                \
+        for (int i = 0; i < PEAK_ITERS; i++) PEAK_STEP(FMA, x, y);                                        \
+        *sink = FIRST(PEAK_SUM(ADD));                                                                     \
+        return 2.0 * LANES * PEAK_CHAINS * (double)PEAK_ITERS;                                            \
     }
-    const __m256 s = _mm256_add_ps(PEAK_SUM(_mm256_add_ps));
-    *sink = _mm256_cvtss_f32(s);
-    return 2.0 * 8 * PEAK_CHAINS * (double)PEAK_ITERS;
-}
-
-FS_TARGET_AVX512 static double chains_avx512(volatile float *sink) {
-    const __m512 x = _mm512_set1_ps(half), y = _mm512_set1_ps(0.5f);
-    PEAK_START(__m512, _mm512_set1_ps)
-#define FMA512(a) a = _mm512_fmadd_ps(a, x, y);
-    for (int i = 0; i < PEAK_ITERS; i++) {
-        PEAK_EACH(FMA512)
-    }
-    *sink = _mm512_reduce_add_ps(_mm512_add_ps(PEAK_SUM(_mm512_add_ps)));
-    return 2.0 * 16 * PEAK_CHAINS * (double)PEAK_ITERS;
-}
+FMA_CHAINS(chains_avx2, FS_TARGET_AVX2, __m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_cvtss_f32)
+FMA_CHAINS(chains_avx512, FS_TARGET_AVX512, __m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
+           _mm512_reduce_add_ps)
 
 /* vdpbf16ps: 16 lanes, each the sum of two bf16 products added to an fp32 accumulator. The
  * pairs hold bf16 2^-10 (0x3a80): each instruction adds 2^-19 to a lane, 0.5 over the loop. */
 FS_TARGET_AVX512BF16 static double chains_avx512bf16(volatile float *sink) {
     const __m512bh b = (__m512bh)_mm512_set1_epi16((short)(0x3a80 + (half > 1.0f)));
     PEAK_START(__m512, _mm512_set1_ps)
-#define DPBF16(a) a = _mm512_dpbf16_ps(a, b, b);
-    for (int i = 0; i < PEAK_ITERS; i++) {
-        PEAK_EACH(DPBF16)
-    }
-    *sink = _mm512_reduce_add_ps(_mm512_add_ps(PEAK_SUM(_mm512_add_ps)));
+    for (int i = 0; i < PEAK_ITERS; i++) PEAK_STEP(_mm512_dpbf16_ps, b, b);
+    *sink = _mm512_reduce_add_ps(PEAK_SUM(_mm512_add_ps));
     return 4.0 * 16 * PEAK_CHAINS * (double)PEAK_ITERS;
 }
 
