@@ -1067,8 +1067,8 @@ fs_status fs_bpe_load(fs_bpe **out, const char *path) {
     }
     strcpy(t->path, path);
     /* a directory failed as "read failed"; a device such as /dev/zero would be read until
-     * memory ran out. A pipe (<(cat tokenizer.json)) is read as a file is; a FIFO no writer
-     * holds reads as empty, and is refused as not a JSON object. */
+     * memory ran out. A pipe (<(cat tokenizer.json)) is read as a file is; a named FIFO is
+     * refused by name (fs_file_open: its writer may never come). */
     FILE *f = NULL;
     fs_status st = fs_file_fopen(path, "a tokenizer.json", FS_FILE_PIPE_OK, FS_ERR_USAGE, &f);
     if (st != FS_OK) {
