@@ -363,6 +363,7 @@ static void test_cuda_empty_and_bad_sizes(void) {
     CHECK_OK(fs_cuda_embedding_forward_bf16(st, NULL, NULL, NULL, 3, 0, 0, 4));
     CHECK_OK(fs_cuda_embedding_backward(st, NULL, NULL, NULL, 0, 8, 0, 4));
     CHECK_OK(fs_cuda_rmsnorm_forward(st, NULL, NULL, NULL, NULL, 0, 8, 1e-5f));
+    CHECK_OK(fs_cuda_rmsnorm_forward_bf16(st, NULL, NULL, NULL, NULL, 0, 8, 1e-5f));
     CHECK_OK(fs_cuda_rmsnorm_backward(st, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8));
     CHECK_OK(fs_cuda_rope_forward(st, NULL, 8, NULL, NULL, 0, 4, 1, 8));
     CHECK_OK(fs_cuda_rope_backward(st, NULL, 8, NULL, NULL, 2, 0, 1, 8));
@@ -538,6 +539,23 @@ static void test_cuda_rmsnorm(void) {
             tol[i] = (double)(C + 12) * U * fabs((double)out[i]) + 1e-37;
         snprintf(what, sizeof what, "rmsnorm out N=%lld C=%lld", (long long)N, (long long)C);
         CHECK_TOL(what, got, out, tol, N * C);
+        /* the bf16 form (the bf16 route's norms): the GPU's fp32 values rounded, bit for bit
+         * (the same kernel, the same operations), and the same rstd */
+        {
+            uint16_t *d16 = dev_alloc((size_t)(N * C) * sizeof(uint16_t)), *got16 = xmalloc(N * C, sizeof(uint16_t));
+            float *drstd16 = dev_alloc((size_t)N * sizeof(float)), *got_r16 = fnew(N);
+            CHECK_OK(fs_cuda_rmsnorm_forward_bf16(test_stream, d16, drstd16, dinp_, dw, N, C, eps));
+            dev_download_u16(got16, d16, N * C);
+            dev_download(got_r16, drstd16, N);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < N * C; i++) bad += got16[i] != fs_fp32_to_bf16(got[i]);
+            CHECK(bad == 0, "rmsnorm forward bf16 N=%lld C=%lld: %lld of %lld values are not the fp32 form's, "
+                  "rounded", (long long)N, (long long)C, (long long)bad, (long long)(N * C));
+            snprintf(what, sizeof what, "rmsnorm forward bf16 N=%lld C=%lld: rstd", (long long)N, (long long)C);
+            CHECK_BITS(what, got_r16, got_r, N);
+            dev_free(d16), dev_free(drstd16);
+            free(got16), free(got_r16);
+        }
 
         /* backward onto random gradients, from the CPU's rstd */
         float *dy = fnew(N * C), *dx0 = fnew(N * C), *dw0 = fnew(C);

@@ -324,9 +324,9 @@ static void bf16_path_leave(const bf16_path_saved *saved) {
     fs_gemm_set_path(saved->path);
 }
 
-/* The products with dout already in bf16 (fs_swiglu_backward_bf16's dgu), or inp
- * (fs_swiglu_forward_bf16's h), give the bits of the products given the fp32 operand it was
- * rounded from, on every path (flatshard's fast and portable kernels, oneDNN: there a
+/* The products with inp already in bf16 (fs_swiglu_forward_bf16's h, the norms, the kept
+ * attention output), or dout and inp (fs_swiglu_backward_bf16's dgu with the second norm),
+ * give the bits of the products given the fp32 operands they were rounded from, on every path (flatshard's fast and portable kernels, oneDNN: there a
  * transposed bf16 A is staged by a transposing copy, a plain one read in place, and the
  * weight gradient's bf16 inp packed into the blocked layout like an fp32 one), on 1 and 3
  * threads, writing and accumulating, within the staging fs_gemm_stage_bytes reserves.
@@ -360,7 +360,7 @@ static void test_bf16_activation_operands_same_bits(void) {
                     memset(stage.data, 0xff, stage.bytes);
                     fs_matmul_backward_bf16(pool, &stage, di[0], dw[0], dout, inp, w16, N, IC, OC, acc, acc);
                     memset(stage.data, 0xff, stage.bytes);
-                    fs_matmul_backward_bf16_dout(pool, &stage, di[1], dw[1], d16, inp, w16, N, IC, OC, acc, acc);
+                    fs_matmul_backward_bf16_dout_inp(pool, &stage, di[1], dw[1], d16, i16, w16, N, IC, OC, acc, acc);
                     memset(stage.data, 0xff, stage.bytes);
                     fs_matmul_backward_bf16_inp(pool, &stage, di[2], dw[2], dout, i16, w16, N, IC, OC, acc, acc);
                     memset(stage.data, 0xff, stage.bytes);
@@ -375,10 +375,10 @@ static void test_bf16_activation_operands_same_bits(void) {
                           "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: the forward from a bf16 inp differs",
                           path, (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
                     CHECK(memcmp(di[0], di[1], (size_t)(N * IC) * sizeof(float)) == 0,
-                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dinp from a bf16 dout differs", path,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dinp from a bf16 dout and inp differs", path,
                           (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
                     CHECK(memcmp(dw[0], dw[1], (size_t)(OC * IC) * sizeof(float)) == 0,
-                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dweight from a bf16 dout differs", path,
+                          "path %d, N=%lld IC=%lld OC=%lld acc=%d pool %d: dweight from a bf16 dout and inp differs", path,
                           (long long)N, (long long)IC, (long long)OC, acc, p ? 3 : 1);
                     for (int v = 0; v < 3; v++) free(di[v]), free(dw[v]), free(o[v]);
                 }
@@ -389,8 +389,9 @@ static void test_bf16_activation_operands_same_bits(void) {
     fs_test_note("%d paths", paths);
 }
 
-/* The forward with a bf16 output (the bf16 policy's gu) is fs_fp32_to_bf16 of the fp32-output
- * forward, bit for bit, on every path (flatshard's portable and AVX512-BF16 kernels, oneDNN),
+/* The forward from a bf16 inp with a bf16 output (the bf16 policy's gu, from the second norm)
+ * is fs_fp32_to_bf16 of the fp32-output forward from the fp32 inp it was rounded from, bit for
+ * bit, on every path (flatshard's portable and AVX512-BF16 kernels, oneDNN),
  * on 1 and 3 threads, with and without reserved staging, and writes nothing past out. Shapes
  * cross every cut: rows past oneDNN's tiles (256) and flatshard's row blocks (96, and the
  * bf16 output's 576), columns past one column block (1024) and short of a tile (64), k past
@@ -406,7 +407,8 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
         for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
             const int64_t N = sh[k][0], IC = sh[k][1], OC = sh[k][2];
             float *inp = rand_f32(N * IC + 1), *w32 = rand_f32(OC * IC + 1), *o32 = rand_f32(N * OC);
-            uint16_t *w16 = to_bf16(w32, OC * IC + 1), *o16 = malloc((size_t)(N * OC + 8) * sizeof(uint16_t));
+            uint16_t *w16 = to_bf16(w32, OC * IC + 1), *i16 = to_bf16(inp, N * IC + 1);
+            uint16_t *o16 = malloc((size_t)(N * OC + 8) * sizeof(uint16_t));
             fs_gemm_stage stage = {.bytes = fs_gemm_stage_bytes(N, IC, OC)};
             stage.data = aligned_alloc(64, (stage.bytes + 63) / 64 * 64 + 64);
             for (int p = 0; p < 2; p++)
@@ -415,7 +417,7 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
                     const fs_gemm_stage *sp = st ? &stage : NULL;
                     memset(o16, 0xab, (size_t)(N * OC + 8) * sizeof(uint16_t));
                     fs_matmul_forward_bf16(pool, sp, o32, inp, w16, N, IC, OC, 0);
-                    fs_matmul_forward_bf16_out(pool, sp, o16, inp, w16, N, IC, OC);
+                    fs_matmul_forward_bf16_inp_out(pool, sp, o16, i16, w16, N, IC, OC);
                     int64_t bad = 0;
                     for (int64_t i = 0; i < N * OC; i++)
                         if (o16[i] != fs_fp32_to_bf16(o32[i]) && bad++ < 3)
@@ -430,7 +432,7 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
                     CHECK(past == 0, "path %d, N=%lld IC=%lld OC=%lld: %d values written past out", path, (long long)N,
                           (long long)IC, (long long)OC, past);
                 }
-            free(inp), free(w32), free(o32), free(w16), free(o16), free(stage.data);
+            free(inp), free(w32), free(o32), free(w16), free(i16), free(o16), free(stage.data);
         }
         bf16_path_leave(&saved);
     }

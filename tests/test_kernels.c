@@ -441,6 +441,40 @@ static void test_rmsnorm(void) {
     }
 }
 
+/* The bf16 forward (the bf16 route's norms) writes fs_fp32_to_bf16 of the fp32 forward's
+ * values, bit for bit, and the same rstd, on every pool size: widths short of, equal to and
+ * across its 256-column rounding pieces, a row holding a NaN (the rounding's NaN branch) and
+ * a row of zeros; nothing written past the output. */
+static void test_rmsnorm_bf16_output(void) {
+    static const nc_shape shapes[] = {{9, 600}, {4, 256}, {6, 3}, {3, 257}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t N = shapes[s].N, C = shapes[s].C;
+        float *inp = fnew(N * C), *w = fnew(C), *out = fnew(N * C), *rstd = fnew(N), *rstd16 = fnew(N);
+        uint16_t *o16 = xcalloc(N * C + 8, sizeof(uint16_t));
+        fill_normal(inp, N * C, 3.0f);
+        fill_normal(w, C, 1.0f);
+        const uint32_t nan_bits = 0x7fffffffu; /* rounds into -0 without the NaN branch */
+        memcpy(&inp[1 * C + C / 2], &nan_bits, sizeof nan_bits);
+        memset(&inp[2 * C], 0, (size_t)C * sizeof(float)); /* rstd = 1 / sqrt(eps) */
+        for (int p = 0; p < N_POOLS; p++) {
+            memset(o16, 0xab, (size_t)(N * C + 8) * sizeof(uint16_t));
+            fs_rmsnorm_forward(pools[p], out, rstd, inp, w, N, C, 1e-5f);
+            fs_rmsnorm_forward_bf16(pools[p], o16, rstd16, inp, w, N, C, 1e-5f);
+            int64_t bad = 0, past = 0;
+            for (int64_t i = 0; i < N * C; i++)
+                if (o16[i] != fs_fp32_to_bf16(out[i]) && bad++ < 3)
+                    CHECK(0, "N=%lld C=%lld pool %d: out[%lld] = 0x%04x, want 0x%04x (fp32 %.9g)", (long long)N,
+                          (long long)C, p, (long long)i, o16[i], fs_fp32_to_bf16(out[i]), out[i]);
+            for (int i = 0; i < 8; i++) past += o16[N * C + i] != 0xabab;
+            CHECK(bad == 0 && past == 0, "N=%lld C=%lld pool %d: %lld values not the rounded fp32 ones, %lld written "
+                  "past out", (long long)N, (long long)C, p, (long long)bad, (long long)past);
+            CHECK(memcmp(rstd, rstd16, (size_t)N * sizeof(float)) == 0, "N=%lld C=%lld pool %d: rstd differs",
+                  (long long)N, (long long)C, p);
+        }
+        free(inp), free(w), free(out), free(rstd), free(rstd16), free(o16);
+    }
+}
+
 /* ------------------------------------------------------------------ RoPE */
 
 /* Against the exact table: the float angle t * inv_freq carries up to ~3 roundings of
@@ -1779,6 +1813,7 @@ int main(void) {
     RUN_SEEDED(test_matmul_backward_fd);
     RUN_SEEDED(test_embedding);
     RUN_SEEDED(test_rmsnorm);
+    RUN_SEEDED(test_rmsnorm_bf16_output);
     RUN_SEEDED(test_rope_table);
     RUN_SEEDED(test_rope);
     RUN_SEEDED(test_attention);

@@ -447,7 +447,7 @@ static void test_reference_model_loads_in_flatshard(void) {
  * four again in backward; with the same kernels on the same inputs the gradients must be the very
  * same bits (fp32 and bf16 policies). Under bf16 llama.c also takes the CPU's bf16 dgu route
  * (fs_swiglu_backward_bf16 into the gate/up backward GEMMs), which this reference does not:
- * the same bits again. It also keeps gu in bf16 (fs_matmul_forward_bf16_out): this reference
+ * the same bits again. It also keeps gu in bf16 (fs_matmul_forward_bf16_inp_out): this reference
  * rounds its fp32 gu the same way (fs_cast) and runs the fp32 SwiGLU on the widened values;
  * and q/k/v and the attention output, which this reference rounds and widens in place (its
  * o_proj GEMMs read the widened output, llama.c the bf16 one: the same bits). */

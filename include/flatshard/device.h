@@ -151,16 +151,22 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *   sum_squares   returns the double (on the GPU it waits: the end-of-step gradient norm);
  *   copy, zero    memcpy and memset of device memory, on the compute stream.
  * The bf16 route's entries (every table has them; the model uses them under bf16, the fp32
- * entries under fp32: src/model/llama.c):
- *   swiglu_backward_bf16, linear_backward_bf16_dout  the bf16 policy's MLP backward with dgu
- *                 written and read as bf16 (kernels.h: fs_swiglu_backward_bf16; the same bits
- *                 as the fp32 dgu, which the GEMMs would round anyway);
- *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  the same for h
+ * entries under fp32: src/model/llama.c). Each reads or writes in bf16 an array whose every
+ * reader rounds it to bf16 anyway, so the bits are those of the fp32 array (one rounding
+ * apart where noted):
+ *   rmsnorm_forward_bf16  the norms (ln1, ln2, the final norm) written rounded, read by the
+ *                 GEMMs below (kernels.h: fs_rmsnorm_forward_bf16);
+ *   swiglu_backward_bf16, linear_backward_bf16_dout_inp  the MLP backward with dgu written
+ *                 and read as bf16 (fs_swiglu_backward_bf16), the gate/up projection's
+ *                 backward from dgu and the second norm;
+ *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  h in bf16
  *                 (fs_swiglu_forward_bf16), in forward and in backward; the _inp GEMMs also
- *                 take o_proj's input, the attention output the bf16 route keeps in bf16;
- *   linear_forward_bf16_out  the gate/up projection's forward writing gu in bf16
- *                 (fs_matmul_forward_bf16_out: the fp32 result rounded, bit for bit), which
- *                 the two bf16 SwiGLU kernels read. */
+ *                 take o_proj's input (the attention output the bf16 route keeps in bf16),
+ *                 the QKV projection's (the first norm) and the head's (the final norm);
+ *   linear_forward_bf16_inp_out  the gate/up projection's forward from the second norm,
+ *                 writing gu in bf16 (fs_matmul_forward_bf16_inp_out: the fp32 result
+ *                 rounded, bit for bit), which the two bf16 SwiGLU kernels read (this one
+ *                 rounds a value the fp32 route keeps). */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
                            int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
@@ -212,17 +218,19 @@ typedef struct fs_kernel_table {
     void (*zero)(fs_device *d, void *dst, size_t bytes);
     void (*swiglu_backward_bf16)(fs_device *d, uint16_t *dgu, uint16_t *h, const float *dout,
                                  const uint16_t *gu, int64_t N, int64_t FF);
-    void (*linear_backward_bf16_dout)(fs_device *d, float *dinp, float *dweight, const uint16_t *dout,
-                                      const float *inp, const void *weight, int64_t N, int64_t IC,
-                                      int64_t OC, int accumulate_dinp, int accumulate_dweight);
+    void (*linear_backward_bf16_dout_inp)(fs_device *d, float *dinp, float *dweight, const uint16_t *dout,
+                                          const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
+                                          int64_t OC, int accumulate_dinp, int accumulate_dweight);
     void (*swiglu_forward_bf16)(fs_device *d, uint16_t *out, const uint16_t *gu, int64_t N, int64_t FF);
     void (*linear_forward_bf16_inp)(fs_device *d, float *out, const uint16_t *inp, const void *weight,
                                     int64_t N, int64_t IC, int64_t OC, int accumulate);
     void (*linear_backward_bf16_inp)(fs_device *d, float *dinp, float *dweight, const float *dout,
                                      const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
                                      int64_t OC, int accumulate_dinp, int accumulate_dweight);
-    void (*linear_forward_bf16_out)(fs_device *d, uint16_t *out, const float *inp, const void *weight,
-                                    int64_t N, int64_t IC, int64_t OC);
+    void (*linear_forward_bf16_inp_out)(fs_device *d, uint16_t *out, const uint16_t *inp, const void *weight,
+                                        int64_t N, int64_t IC, int64_t OC);
+    void (*rmsnorm_forward_bf16)(fs_device *d, uint16_t *out, float *rstd, const float *inp,
+                                 const float *weight, int64_t N, int64_t C, float eps);
 } fs_kernel_table;
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);

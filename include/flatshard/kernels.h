@@ -87,29 +87,32 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                              const uint16_t *weight, /* (OC, IC) bf16 */
                              int64_t N, int64_t IC, int64_t OC,
                              int accumulate_dinp, int accumulate_dweight);
-/* The same with dout already in bf16 (fs_swiglu_backward_bf16's dgu): the same bits as
- * fs_matmul_backward_bf16 given the fp32 dout it was rounded from, on either GEMM path. The
- * _inp variants take inp in bf16 instead (fs_swiglu_forward_bf16's h), with the same
- * promise. */
-void fs_matmul_backward_bf16_dout(fs_pool *pool, const fs_gemm_stage *stage,
-                                  float *dinp, float *dweight,
-                                  const uint16_t *dout, /* (N, OC) bf16 */
-                                  const float *inp, const uint16_t *weight,
-                                  int64_t N, int64_t IC, int64_t OC,
-                                  int accumulate_dinp, int accumulate_dweight);
+/* The same with operands already in bf16, each the same bits as fs_matmul_backward_bf16 /
+ * fs_matmul_forward_bf16 given the fp32 operands they were rounded from, on either GEMM path:
+ * the _inp variants take inp in bf16 (fs_swiglu_forward_bf16's h, the attention output the
+ * bf16 route keeps, fs_rmsnorm_forward_bf16's norms); _dout_inp takes dout in bf16 too
+ * (fs_swiglu_backward_bf16's dgu, with the second norm as inp: the gate/up projection). */
+void fs_matmul_backward_bf16_dout_inp(fs_pool *pool, const fs_gemm_stage *stage,
+                                      float *dinp, float *dweight,
+                                      const uint16_t *dout, /* (N, OC) bf16 */
+                                      const uint16_t *inp,  /* (N, IC) bf16 */
+                                      const uint16_t *weight,
+                                      int64_t N, int64_t IC, int64_t OC,
+                                      int accumulate_dinp, int accumulate_dweight);
 void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float *out,
                                 const uint16_t *inp, /* (N, IC) bf16 */
                                 const uint16_t *weight, int64_t N, int64_t IC, int64_t OC,
                                 int accumulate);
-/* The forward with out written in bf16 and accumulate 0: out = fs_fp32_to_bf16 of what
- * fs_matmul_forward_bf16 writes, bit for bit, on either GEMM path (each computes an fp32 block
- * or row tile into the thread's scratch and rounds it there). The bf16 policy's gate/up
- * projection (gu, read only by fs_swiglu_forward_bf16 and fs_swiglu_backward_bf16): half the
- * bytes kept for backward and written. */
-void fs_matmul_forward_bf16_out(fs_pool *pool, const fs_gemm_stage *stage,
-                                uint16_t *out, /* (N, OC) bf16 */
-                                const float *inp, const uint16_t *weight, int64_t N, int64_t IC,
-                                int64_t OC);
+/* The forward from a bf16 inp with out written in bf16 and accumulate 0: out =
+ * fs_fp32_to_bf16 of what fs_matmul_forward_bf16_inp writes, bit for bit, on either GEMM path
+ * (each computes an fp32 block or row tile into the thread's scratch and rounds it there).
+ * The bf16 policy's gate/up projection (gu, read only by fs_swiglu_forward_bf16 and
+ * fs_swiglu_backward_bf16, from the second norm in bf16): half the bytes kept for backward
+ * and written. */
+void fs_matmul_forward_bf16_inp_out(fs_pool *pool, const fs_gemm_stage *stage,
+                                    uint16_t *out,       /* (N, OC) bf16 */
+                                    const uint16_t *inp, /* (N, IC) bf16 */
+                                    const uint16_t *weight, int64_t N, int64_t IC, int64_t OC);
 void fs_matmul_backward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage,
                                  float *dinp, float *dweight, const float *dout,
                                  const uint16_t *inp, /* (N, IC) bf16 */
@@ -254,6 +257,17 @@ void fs_rmsnorm_forward(fs_pool *pool,
                         const float *weight, /* (C) */
                         int64_t N, int64_t C, float eps);
 
+/* The same with out written in bf16: out[n, c] = fs_fp32_to_bf16 of what fs_rmsnorm_forward
+ * writes, bit for bit, and the same rstd. The bf16 policy's norms (ln1, ln2 and the final
+ * norm), whose only readers are bf16 GEMMs that would round them anyway: the same bits
+ * there, half the bytes written, no rounding stage in the GEMM. */
+void fs_rmsnorm_forward_bf16(fs_pool *pool,
+                             uint16_t *out,       /* (N, C) bf16 */
+                             float *rstd,         /* (N) saved for backward */
+                             const float *inp,    /* (N, C) */
+                             const float *weight, /* (C) */
+                             int64_t N, int64_t C, float eps);
+
 /* dinp += d/dinp, dweight += sum_n dout[n, c] * inp[n, c] * rstd[n]. dweight is split over
  * columns and summed in row order (bits independent of the pool size). */
 void fs_rmsnorm_backward(fs_pool *pool,
@@ -370,7 +384,7 @@ void fs_swiglu_backward(fs_pool *pool,
                         const float *dout, /* (N, FF) */
                         const float *gu,   /* (N, 2*FF) */
                         int64_t N, int64_t FF);
-/* The bf16 policy's SwiGLU: gu in bf16 (fs_matmul_forward_bf16_out's), out rounded to bf16:
+/* The bf16 policy's SwiGLU: gu in bf16 (fs_matmul_forward_bf16_inp_out's), out rounded to bf16:
  * fs_fp32_to_bf16 of fs_swiglu_forward's values on gu widened to fp32, bit for bit. h, which
  * only the down projection's GEMMs read, rounded to bf16 anyway. */
 void fs_swiglu_forward_bf16(fs_pool *pool,
@@ -380,7 +394,7 @@ void fs_swiglu_forward_bf16(fs_pool *pool,
 /* The same gradients from gu in bf16, written (not added) as bf16: dgu[i] = fs_fp32_to_bf16(0 +
  * g[i]), g what fs_swiglu_backward adds given gu widened to fp32, bit for bit what it leaves in
  * a zeroed dgu, rounded. For the bf16
- * policy, whose gate/up backward GEMMs round dgu to bf16 anyway (fs_matmul_backward_bf16_dout):
+ * policy, whose gate/up backward GEMMs round dgu to bf16 anyway (fs_matmul_backward_bf16_dout_inp):
  * half the bytes written, no zeroing pass, no rounding in the GEMMs' staging. */
 void fs_swiglu_backward_bf16(fs_pool *pool,
                              uint16_t *dgu,     /* (N, 2*FF) */

@@ -213,10 +213,10 @@ typedef struct fs_acts {
     float *lse;          /* (S, B, NH, T) attention log-sum-exp */
     float *rstd2;        /* (S, N) */
     float *gu;           /* (S, N, 2FF) gate | up; uint16_t bf16 where bf16_route (half the bytes) */
-    int bf16_route;      /* the bf16 route's activations: gu, qkv and att in bf16 (under
-                            bf16; llama.c) */
+    int bf16_route;      /* the bf16 route's activations: gu, qkv, att and lnf in bf16
+                            (under bf16; llama.c), and the norms ln1 and ln2 in the scratch */
     /* head stage */
-    float *lnf;          /* (N, C) final norm output */
+    float *lnf;          /* (N, C) final norm output; uint16_t bf16 where bf16_route */
     float *rstdf;        /* (N) */
     float *logits;       /* (N, Vc) logits of one chunk (the last forward chunk after forward;
                             in the scratch: a block's forward or backward overwrites them) */
@@ -231,7 +231,8 @@ typedef struct fs_acts {
      * (scratch_numel, llama.c): they overlap each other and logits */
     float *dln;          /* (N, C) */
     float *dqkv;         /* (N, QKV) */
-    float *datt;         /* (N, C); ln1 where ln1 is used, forward and backward */
+    float *datt;         /* (N, C); ln1 where ln1 is used, forward and backward (bf16 where
+                            bf16_route, as ln2) */
     float *dgu;          /* (N, 2FF); h (its first N·FF) where h is used */
     float *dh;           /* (N, FF); ln2 (its first N·C) where ln2 is used */
     float *xmid;         /* (N, C) residual after attention, where it is used */
@@ -253,10 +254,9 @@ fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t
 void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
 /* The bf16 GEMM operand scratch this micro-batch needs under bf16
  * (fs_device_reserve_scratch), gpu = 1: a GPU's, where the linear layers cast their fp32
- * activation operands to bf16 (src/device/cuda.c: a backward's dout, then its inp, at most
- * N x (C + the widest of QKV, C and the vocabulary chunk); the MLP's and o_proj's operands
- * are bf16 already, the bf16 route); gpu = 0: the CPU's oneDNN staging of its largest layer
- * (kernels.h). */
+ * operands to bf16 (src/device/cuda.c: on the bf16 route only a backward's dout, N x the
+ * widest of QKV, C and the vocabulary chunk; every activation operand is bf16 already);
+ * gpu = 0: the CPU's oneDNN staging of its largest layer (kernels.h). */
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu);
 /* Before the first step: reserves that scratch from mem (fs_device_reserve_scratch) and, on
  * the CPU under bf16, creates the oneDNN primitives of every linear layer

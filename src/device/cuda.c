@@ -401,16 +401,18 @@ static fs_gemm_operand operand(const void *data, int bf16, int trans, int64_t ld
     return (fs_gemm_operand){.data = data, .dtype = bf16 ? FS_GEMM_BF16 : FS_GEMM_F32, .trans = trans, .ld = ld};
 }
 
-/* The activation operands of a bf16 linear layer, cast into the scratch: x at its start, y
- * after it at a 256-byte boundary (cuBLASLt's fast kernels want aligned operands;
- * fs_acts_scratch_bytes leaves room for the gap). */
+/* The fp32 operands of a bf16 linear layer, cast into the scratch: x at its start, y after
+ * it at a 256-byte boundary (cuBLASLt's fast kernels want aligned operands). The model's
+ * bf16 route casts one operand at a time (fs_acts_scratch_bytes counts it); two, the fp32
+ * entries' linear_backward under bf16, are the planner's calibration, which reserves a
+ * scratch of its own for them (src/shard/calibrate.c). */
 static fs_status bf16_operands(fs_device *d, const float *x, int64_t nx, const uint16_t **xb,
                                const float *y, int64_t ny, const uint16_t **yb) {
     fs_device_impl *g = d->impl;
-    const int64_t at = (nx + 127) / 128 * 128;
-    if ((size_t)(at + ny) * sizeof(uint16_t) > g->scratch_bytes)
+    const int64_t at = (nx + 127) / 128 * 128, need = y ? at + ny : nx;
+    if ((size_t)need * sizeof(uint16_t) > g->scratch_bytes)
         return fs_errorf(FS_ERR_INTERNAL, "bf16 GEMM operands: %lld elements, the scratch holds %zu bytes",
-                         (long long)(at + ny), g->scratch_bytes);
+                         (long long)need, g->scratch_bytes);
     FS_TRY(fs_cuda_cast_fp32_to_bf16(STREAM(d), g->scratch, x, nx));
     *xb = g->scratch;
     if (y) {
@@ -458,21 +460,16 @@ static void cuda_linear_backward(fs_device *d, float *dinp, float *dw, const flo
     LAUNCH(d, linear_backward(d, dinp, dw, dout, inp, w, bf16, N, IC, OC, acc_dinp, acc_dw));
 }
 
-/* The bf16 MLP route (device.h, llama.c): the entries of the linear layers whose operand or
- * result is already bf16 — gu written by the gate/up projection, h read by the down
- * projection, dgu by the gate/up projection's backward. The other operand of a product that
- * has one in fp32 is cast into the scratch as linear_forward and linear_backward do. */
-static fs_status linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
-                                         int64_t N, int64_t IC, int64_t OC) {
-    const uint16_t *a = NULL;
-    FS_TRY(bf16_operands(d, inp, N * IC, &a, NULL, 0, NULL));
-    return fs_cuda_gemm_bf16_out(d->impl->blas, STREAM(d), out, OC, operand(a, 1, 0, IC),
-                                 operand(w, 1, 1, IC), N, OC, IC);
-}
-
-static void cuda_linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
-                                         int64_t N, int64_t IC, int64_t OC) {
-    LAUNCH(d, linear_forward_bf16_out(d, out, inp, w, N, IC, OC));
+/* The bf16 route (device.h, llama.c): the entries of the linear layers whose operands or
+ * result are already bf16 — gu written by the gate/up projection from the second norm, h
+ * read by the down projection, dgu by the gate/up projection's backward, the norms and the
+ * attention output by the others. The fp32 operand of a product that has one (a backward's
+ * dout: the residual gradient, dqkv, the head's dlogits) is cast into the scratch as
+ * linear_backward does. */
+static void cuda_linear_forward_bf16_inp_out(fs_device *d, uint16_t *out, const uint16_t *inp, const void *w,
+                                             int64_t N, int64_t IC, int64_t OC) {
+    LAUNCH(d, fs_cuda_gemm_bf16_out(d->impl->blas, STREAM(d), out, OC, operand(inp, 1, 0, IC),
+                                    operand(w, 1, 1, IC), N, OC, IC));
 }
 
 static void cuda_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
@@ -494,18 +491,10 @@ static fs_status linear_backward_bf16_operands(fs_device *d, float *dinp, float 
     return FS_OK;
 }
 
-static fs_status linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
-                                           const float *inp, const void *w, int64_t N, int64_t IC,
-                                           int64_t OC, int acc_dinp, int acc_dw) {
-    const uint16_t *x = NULL;
-    if (dw) FS_TRY(bf16_operands(d, inp, N * IC, &x, NULL, 0, NULL));
-    return linear_backward_bf16_operands(d, dinp, dw, dout, x, w, N, IC, OC, acc_dinp, acc_dw);
-}
-
-static void cuda_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
-                                           const float *inp, const void *w, int64_t N, int64_t IC,
-                                           int64_t OC, int acc_dinp, int acc_dw) {
-    LAUNCH(d, linear_backward_bf16_dout(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw));
+static void cuda_linear_backward_bf16_dout_inp(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                               const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                               int64_t OC, int acc_dinp, int acc_dw) {
+    LAUNCH(d, linear_backward_bf16_operands(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw));
 }
 
 static fs_status linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, const float *dout,
@@ -537,6 +526,11 @@ static void cuda_embedding_backward(fs_device *d, float *dwte, const float *dout
 static void cuda_rmsnorm_forward(fs_device *d, float *out, float *rstd, const float *inp,
                                  const float *weight, int64_t N, int64_t C, float eps) {
     LAUNCH(d, fs_cuda_rmsnorm_forward(STREAM(d), out, rstd, inp, weight, N, C, eps));
+}
+
+static void cuda_rmsnorm_forward_bf16(fs_device *d, uint16_t *out, float *rstd, const float *inp,
+                                      const float *weight, int64_t N, int64_t C, float eps) {
+    LAUNCH(d, fs_cuda_rmsnorm_forward_bf16(STREAM(d), out, rstd, inp, weight, N, C, eps));
 }
 
 static void cuda_rmsnorm_backward(fs_device *d, float *dinp, float *dweight, const float *dout,
@@ -577,8 +571,8 @@ static void cuda_attention_forward(fs_device *d, float *out, float *lse, const f
 /* The tensor-core backward's D (B, NH, T) fp32 lives in the bf16 operand scratch, idle
  * between GEMMs: the attention runs on the compute stream after the last GEMM that read the
  * scratch and before the next cast into it (the collectives' streams never touch it). B NH T
- * floats are N C / HS floats, and the scratch holds N (C + at least C) bf16
- * (fs_acts_scratch_bytes), so at HS 64 or 128 D takes at most 1/64 of it. fp32 reserves no
+ * floats are N C / HS floats, and the scratch holds at least N C bf16
+ * (fs_acts_scratch_bytes), so at HS 64 or 128 D takes at most 1/32 of it. fp32 reserves no
  * scratch: FLATSHARD_CUDA_ATTENTION=tc there is refused here, at the first backward. */
 static fs_status attention_tc_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
                                        const float *dout, const float *q, const float *k, const float *v,
@@ -710,11 +704,12 @@ static const fs_kernel_table fs_cuda_kernel_table = {
     .copy = cuda_copy,
     .zero = cuda_zero,
     .swiglu_backward_bf16 = cuda_swiglu_backward_bf16,
-    .linear_backward_bf16_dout = cuda_linear_backward_bf16_dout,
+    .linear_backward_bf16_dout_inp = cuda_linear_backward_bf16_dout_inp,
     .swiglu_forward_bf16 = cuda_swiglu_forward_bf16,
     .linear_forward_bf16_inp = cuda_linear_forward_bf16_inp,
     .linear_backward_bf16_inp = cuda_linear_backward_bf16_inp,
-    .linear_forward_bf16_out = cuda_linear_forward_bf16_out,
+    .linear_forward_bf16_inp_out = cuda_linear_forward_bf16_inp_out,
+    .rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16,
 };
 
 /* ------------------------------------------------------------------ what device.c loads */

@@ -390,6 +390,11 @@ static void cpu_rmsnorm_forward(fs_device *d, float *out, float *rstd, const flo
     fs_rmsnorm_forward(d->pool, out, rstd, inp, weight, N, C, eps);
 }
 
+static void cpu_rmsnorm_forward_bf16(fs_device *d, uint16_t *out, float *rstd, const float *inp,
+                                     const float *weight, int64_t N, int64_t C, float eps) {
+    fs_rmsnorm_forward_bf16(d->pool, out, rstd, inp, weight, N, C, eps);
+}
+
 static void cpu_rmsnorm_backward(fs_device *d, float *dinp, float *dweight, const float *dout,
                                  const float *inp, const float *weight, const float *rstd,
                                  int64_t N, int64_t C) {
@@ -448,9 +453,9 @@ static void cpu_swiglu_forward_bf16(fs_device *d, uint16_t *out, const uint16_t 
     fs_swiglu_forward_bf16(d->pool, out, gu, N, FF);
 }
 
-static void cpu_linear_forward_bf16_out(fs_device *d, uint16_t *out, const float *inp, const void *w,
-                                        int64_t N, int64_t IC, int64_t OC) {
-    fs_matmul_forward_bf16_out(d->pool, &d->stage, out, inp, w, N, IC, OC);
+static void cpu_linear_forward_bf16_inp_out(fs_device *d, uint16_t *out, const uint16_t *inp, const void *w,
+                                            int64_t N, int64_t IC, int64_t OC) {
+    fs_matmul_forward_bf16_inp_out(d->pool, &d->stage, out, inp, w, N, IC, OC);
 }
 
 static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
@@ -464,10 +469,10 @@ static void cpu_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw, c
     fs_matmul_backward_bf16_inp(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
 }
 
-static void cpu_linear_backward_bf16_dout(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
-                                          const float *inp, const void *w, int64_t N, int64_t IC,
-                                          int64_t OC, int acc_dinp, int acc_dw) {
-    fs_matmul_backward_bf16_dout(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
+static void cpu_linear_backward_bf16_dout_inp(fs_device *d, float *dinp, float *dw, const uint16_t *dout,
+                                              const uint16_t *inp, const void *w, int64_t N, int64_t IC,
+                                              int64_t OC, int acc_dinp, int acc_dw) {
+    fs_matmul_backward_bf16_dout_inp(d->pool, &d->stage, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
 }
 
 static void cpu_xent_chunk_forward(fs_device *d, float *row_max, float *row_sum,
@@ -529,11 +534,12 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
     .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
-    .linear_backward_bf16_dout = cpu_linear_backward_bf16_dout,
+    .linear_backward_bf16_dout_inp = cpu_linear_backward_bf16_dout_inp,
     .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
     .linear_forward_bf16_inp = cpu_linear_forward_bf16_inp,
     .linear_backward_bf16_inp = cpu_linear_backward_bf16_inp,
-    .linear_forward_bf16_out = cpu_linear_forward_bf16_out,
+    .linear_forward_bf16_inp_out = cpu_linear_forward_bf16_inp_out,
+    .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,

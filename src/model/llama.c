@@ -125,8 +125,8 @@ static int64_t scratch_numel(const dims *d, int bf16_route, scratch_offsets *out
 /* The floats n bf16 take. */
 static int64_t halves(int64_t n) { return (n + 1) / 2; }
 
-/* bf16_route: gu, q/k/v and the attention output are kept in bf16 (in_bf16_route), half the
- * floats. */
+/* bf16_route: gu, q/k/v, the attention output and the final norm's output are kept in bf16
+ * (in_bf16_route), half the floats. */
 static void act_numels(const dims *d, int64_t ckpt_layers, int bf16_route, int64_t numel[N_ACT_ARRAYS]) {
     const int64_t S = n_slots(d->L, ckpt_layers);
     int64_t i = 0;
@@ -139,7 +139,7 @@ static void act_numels(const dims *d, int64_t ckpt_layers, int bf16_route, int64
     numel[i++] = S * d->B * d->NH * d->T;      /* lse */
     numel[i++] = S * d->N;                     /* rstd2 */
     numel[i++] = S * d->N * (bf16_route ? 1 : 2) * d->FF; /* gu: 2FF floats or 2FF bf16 per token */
-    numel[i++] = d->N * d->C;                  /* lnf */
+    numel[i++] = bf16_route ? halves(d->N * d->C) : d->N * d->C; /* lnf */
     numel[i++] = d->N;                         /* rstdf */
     numel[i++] = d->N;                         /* row_max */
     numel[i++] = d->N;                         /* row_sum */
@@ -245,17 +245,17 @@ fs_status fs_acts_init(fs_acts *a, const fs_layout *layout, int64_t B, int64_t T
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu) {
     dims d = get_dims(layout, B, T);
     if (gpu) {
-        /* the casts of the linear layers with fp32 operands, qkv (C -> QKV) and the head
-         * chunks (C -> Vc): a backward casts dout (N x OC) and after it inp (N x C) at a
-         * 256-byte boundary (+ 128 elements). On the bf16 route the MLP and o_proj read
-         * gu, h, dgu and the attention output in bf16 and cast N x C at most (ln1, ln2,
-         * dres). The tensor-core attention's backward keeps D, B NH T fp32, here between
-         * GEMMs (src/device/cuda.c): 4 N C / HS bytes against at least 4 N C (N x 2C bf16),
-         * so it fits at any head size and adds no term. */
+        /* the casts of the linear layers' fp32 operands (src/device/cuda.c): on the bf16
+         * route every activation a GEMM reads is bf16 already (the norms, the attention
+         * output, h, dgu), and a backward casts its dout alone: dqkv (N x QKV), the residual
+         * gradient (N x C) or the head's dlogits (N x Vc). The tensor-core attention's
+         * backward keeps D, B NH T fp32, here between GEMMs (src/device/cuda.c): 4 N C / HS
+         * bytes against at least 2 N C, so it fits at any head size of 2 or more and adds no
+         * term. */
         int64_t out = d.QKV;
         if (d.C > out) out = d.C;
         if (d.Vc > out) out = d.Vc;
-        return (size_t)(d.N * (d.C + out) + 128) * sizeof(uint16_t);
+        return (size_t)(d.N * out) * sizeof(uint16_t);
     }
     /* (IC + OC) of the model's linear layers: qkv (C, QKV), o (C, C), gate/up (C, 2FF),
      * down (FF, C), head chunks (C, Vc) */
@@ -381,7 +381,7 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * as FLT_MIN instead of 0. The fp32 attention kernels, a fallback under bf16, now see the
  * rounded q/k/v.)
  * gu: the gate/up projection's forward writes its fp32 result
- * rounded (fs_matmul_forward_bf16_out; PyTorch's autocast keeps a linear's output in bf16 the
+ * rounded (fs_matmul_forward_bf16_inp_out; PyTorch's autocast keeps a linear's output in bf16 the
  * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;
  * this one rounds a value the fp32 route keeps (SwiGLU sees gu to 2^-9 relative). h (into the
  * first half of its scratch), read so by the down projection's GEMMs, and in backward dgu
@@ -425,8 +425,14 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     float *ln1 = a->datt, *xmid = a->xmid, *ln2 = a->dh, *h = a->dgu;
     a->logits_op = -1; /* the scratch held the head's logits */
 
-    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
+    if (mlp16) { /* ln1 in bf16, read so by the QKV projection */
+        uint16_t *ln1_16 = (uint16_t *)(void *)ln1;
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln1_16, rstd1, x, ln1_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, qkv, ln1_16, bw.qkv, N, C, QKV, 0));
+    } else {
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
+    }
     PROF(m, FS_PROF_ROPE, {
         K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
@@ -443,9 +449,14 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
     else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
-    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_out(dev, gu16, ln2, bw.gu, N, C, 2 * FF));
-    else PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    if (mlp16) { /* ln2 in bf16, read so by the gate/up projection */
+        uint16_t *ln2_16 = (uint16_t *)(void *)ln2;
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln2_16, rstd2, xmid, ln2_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp_out(dev, gu16, ln2_16, bw.gu, N, C, 2 * FF));
+    } else {
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+    }
     if (!write_output) return; /* h only feeds the down projection; backward makes it again */
     if (mlp16) {
         uint16_t *h16 = (uint16_t *)(void *)h;
@@ -459,6 +470,17 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
 }
 
+/* The head's logits chunk (N, Vc) from the final norm's output, kept in bf16 on the bf16
+ * route (what the head's GEMMs read: in_bf16_route), in fp32 otherwise. */
+static void head_logits(const fs_model *m, fs_acts *a, const dims *d, const void *w, int64_t Vc) {
+    if (in_bf16_route(m, a))
+        PROF(m, FS_PROF_GEMM,
+             m->dev->kernels->linear_forward_bf16_inp(m->dev, a->logits, (const uint16_t *)(const void *)a->lnf,
+                                                      w, d->N, d->C, Vc, 0));
+    else
+        PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, d->N, d->C, Vc, 0));
+}
+
 static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
                          const float *norm_w) {
     const fs_kernel_table *K = m->dev->kernels;
@@ -466,12 +488,15 @@ static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, c
     const fs_unit_info *u = &m->layout->units[o->unit];
     const int64_t N = d->N, C = d->C;
     if (o->first_of_kind) {
-        const float *final_w = norm_w + 2 * d->L * C;
-        PROF(m, FS_PROF_NORM,
-             K->rmsnorm_forward(m->dev, a->lnf, a->rstdf, a->x + d->L * N * C, final_w, N, C,
-                                (float)m->layout->cfg.rms_norm_eps));
+        const float *final_w = norm_w + 2 * d->L * C, *x_out = a->x + d->L * N * C;
+        const float eps = (float)m->layout->cfg.rms_norm_eps;
+        if (in_bf16_route(m, a))
+            PROF(m, FS_PROF_NORM,
+                 K->rmsnorm_forward_bf16(m->dev, (uint16_t *)(void *)a->lnf, a->rstdf, x_out, final_w, N, C, eps));
+        else
+            PROF(m, FS_PROF_NORM, K->rmsnorm_forward(m->dev, a->lnf, a->rstdf, x_out, final_w, N, C, eps));
     }
-    PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, u->rows, 0));
+    head_logits(m, a, d, w, u->rows);
     a->logits_op = op;
     PROF(m, FS_PROF_XENT,
          K->xent_chunk_forward(m->dev, a->row_max, a->row_sum, a->target_logit, a->logits,
@@ -557,13 +582,16 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
     if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
     else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
-    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-    if (mlp16)
+    if (mlp16) {
+        uint16_t *ln2_16 = (uint16_t *)(void *)ln2;
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln2_16, rstd2, xmid, ln2_w, N, C, eps));
         PROF(m, FS_PROF_GEMM,
-             K->linear_backward_bf16_dout(dev, a->dln, bg.gu, dgu_bf16, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
-    else
+             K->linear_backward_bf16_dout_inp(dev, a->dln, bg.gu, dgu_bf16, ln2_16, bw.gu, N, C, 2 * FF, 0, accumulate));
+    } else {
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
         PROF(m, FS_PROF_GEMM,
              linear_backward(m, a->dln, bg.gu, a->dgu, ln2, bw.gu, N, C, 2 * FF, 0, accumulate));
+    }
     PROF(m, FS_PROF_NORM,
          K->rmsnorm_backward(dev, a->dres, dln2_w, a->dln, xmid, ln2_w, rstd2, N, C));
     /* dres = dL/dxmid; attention branch */
@@ -586,9 +614,16 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
     });
-    PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
+    if (mlp16) {
+        uint16_t *ln1_16 = (uint16_t *)(void *)ln1;
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln1_16, rstd1, x, ln1_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(dev, a->dln, bg.qkv, a->dqkv, ln1_16, bw.qkv, N, C, QKV, 0, accumulate));
+    } else {
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));
+    }
     PROF(m, FS_PROF_NORM,
          K->rmsnorm_backward(dev, a->dres, dln1_w, a->dln, x, ln1_w, rstd1, N, C));
     /* dres = dL/dx[l] */
@@ -602,16 +637,20 @@ static void head_backward(const fs_model *m, fs_acts *a, const dims *d, int op, 
     const int64_t N = d->N, C = d->C, Vc = u->rows;
     /* The logits of the last forward chunk are still in the buffer; earlier chunks are
      * recomputed (one extra GEMM per chunk instead of holding B x T x V logits). */
-    if (a->logits_op != op)
-        PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, N, C, Vc, 0));
+    if (a->logits_op != op) head_logits(m, a, d, w, Vc);
     PROF(m, FS_PROF_XENT,
          K->xent_chunk_backward(m->dev, a->logits, a->logits, a->row_max, a->targets, N, Vc,
                                 u->row0, 1.0f / (float)N));
     a->logits_op = -1; /* the buffer now holds dlogits */
     /* backward visits the last forward chunk first: it writes dlnf, the others add */
-    PROF(m, FS_PROF_GEMM,
-         linear_backward(m, a->dlnf, dw, a->logits, a->lnf, w, N, C, Vc, !o->last_of_kind,
-                         accumulate));
+    if (in_bf16_route(m, a))
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_inp(m->dev, a->dlnf, dw, a->logits, (const uint16_t *)(const void *)a->lnf, w,
+                                         N, C, Vc, !o->last_of_kind, accumulate));
+    else
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->dlnf, dw, a->logits, a->lnf, w, N, C, Vc, !o->last_of_kind,
+                             accumulate));
     if (o->first_of_kind) { /* all chunks done: back through the final norm */
         const float *final_w = norm_w + 2 * d->L * C;
         PROF(m, FS_PROF_OTHER, K->zero(m->dev, a->dres, (size_t)(N * C) * sizeof(float)));

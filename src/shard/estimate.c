@@ -124,8 +124,9 @@ typedef struct op_cost {
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
  *   (under bf16 where hw->bf16_route, the CPU: SwiGLU reads gu and writes h in bf16, so its
- *   forward moves 3FF x 2 bytes; q/k/v are rounded into their bf16 slot and widened back,
- *   12 QKV bytes, and the attention's output rounded, 6C)
+ *   forward moves 3FF x 2 bytes; each rmsnorm writes its output in bf16, C x 2 bytes; q/k/v
+ *   are rounded into their bf16 slot and widened back, 12 QKV bytes, and the attention's
+ *   output rounded, 6C)
  *   block backward   SwiGLU forward again for h (3FF) + zero dgu (2FF) + SwiGLU (read FF +
  *                    2FF, dgu read and written 4FF) + the residual copy again for xmid (2C)
  *                    + 2 rmsnorm forwards again for ln2, ln1 (2C each) + 2 rmsnorm (read
@@ -133,9 +134,10 @@ typedef struct op_cost {
  *                    gradient: 6C each) + zero dqkv (QKV) + rope in place (2 QK)
  *                                                                   = 18C + 12FF + QKV + 2 QK
  *                    (under the bf16 route also q/k/v and the output widened: 6 QKV + 6C
- *                    bytes)
+ *                    bytes; the two rmsnorm forwards write in bf16)
  *   recomputation    the forward without its SwiGLU and last copy   = 6C + 2 QK
- *   head chunk       forward: the final rmsnorm (2C, first chunk) + cross-entropy reads the
+ *   head chunk       forward: the final rmsnorm (2C, first chunk; its output in bf16 under
+ *                    the bf16 route) + cross-entropy reads the
  *                    logits (Vc); backward: dlogits in place (2 Vc) + zero dres and the final
  *                    rmsnorm's backward (7C, first chunk)
  *   embedding        forward: row read, x written (2C); backward: dres read, row read and
@@ -152,6 +154,7 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
     const double HS = C / (double)c->num_attention_heads, FF = (double)c->intermediate_size;
     const double QK = ((double)c->num_attention_heads + (double)c->num_key_value_heads) * HS;
     const double QKV = QK + (double)c->num_key_value_heads * HS, act = hw->activation_bytes;
+    const int route = p->cfg.precision == FS_PRECISION_BF16 && hw->bf16_route;
     op_cost k;
     memset(&k, 0, sizeof k);
     if (o->kind == FS_UNIT_BLOCK) {
@@ -161,17 +164,18 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.attention = 2.0 * k.fwd.attention;
         k.bwd.bytes = N * (18.0 * C + 12.0 * FF + QKV + 2.0 * QK) * act;
-        const int route = p->cfg.precision == FS_PRECISION_BF16 && hw->bf16_route;
         /* the bf16 route's casts of q/k/v and the attention output (llama.c), in bytes:
          * forward q/k/v rounded and widened back (4 + 2 + 2 + 4 per element) and the output
          * rounded (4 + 2); backward both widened (2 + 4) */
         const double casts_fwd = 12.0 * QKV + 6.0 * C, casts_bwd = 6.0 * QKV + 6.0 * C;
+        /* and its two rmsnorms' outputs written in bf16: 2C elements at 2 bytes, not act */
+        const double norms_bf16 = 2.0 * C * (2.0 - act);
         if (route) {
             /* SwiGLU: forward reads gu in bf16 (2FF x 2 bytes), writes h in bf16 (FF x 2);
              * backward one pass reads gu in bf16 (2FF x 2) and dh (FF), writes dgu and h in
              * bf16 (3FF x 2) */
-            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * 6.0 + casts_fwd);
-            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (act + 10.0) + casts_bwd);
+            k.fwd.bytes = N * ((8.0 * C + 2.0 * QK) * act + FF * 6.0 + casts_fwd + norms_bf16);
+            k.bwd.bytes = N * ((18.0 * C + QKV + 2.0 * QK) * act + FF * (act + 10.0) + casts_bwd + norms_bf16);
         }
         /* every block's backward runs the o_proj forward again for xmid (llama.c): not
          * model FLOPs */
@@ -179,12 +183,13 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         if (u->index < p->cfg.ckpt_layers) {
             k.recompute.gemm += k.fwd.gemm;
             k.recompute.attention = k.fwd.attention;
-            k.recompute.bytes = N * ((6.0 * C + 2.0 * QK) * act + (route ? casts_fwd : 0.0));
+            k.recompute.bytes = N * ((6.0 * C + 2.0 * QK) * act + (route ? casts_fwd + norms_bf16 : 0.0));
         }
     } else if (o->kind == FS_UNIT_HEAD) {
         const double rows = (double)u->rows;
         k.fwd.gemm = 2.0 * N * C * rows;
         k.fwd.bytes = N * (rows + (o->first_of_kind ? 2.0 * C : 0.0)) * act;
+        if (route && o->first_of_kind) k.fwd.bytes += N * C * (2.0 - act); /* the final norm's output in bf16 */
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.bytes = N * (2.0 * rows + (o->first_of_kind ? 7.0 * C : 0.0)) * act;
         if (!o->last_of_kind) k.recompute.gemm = k.fwd.gemm; /* the logits of earlier chunks are redone */

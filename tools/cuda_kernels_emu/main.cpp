@@ -258,6 +258,17 @@ static void test_rmsnorm() {
             tol[(size_t)i] = (double)(C + 12) * U * fabs((double)out[(size_t)i]) + 1e-37;
         check_tol("rmsnorm out " + sh, got.p(), out.data(), tol.data(), N * C);
         guards("rmsnorm forward " + sh, got, got_r);
+        /* the bf16 form (the bf16 route's norms): the fp32 form's values rounded, bit for
+         * bit, and the same rstd */
+        Out<uint16_t> got16(N * C);
+        Out<float> got_r16(N);
+        status_ok(fs_cuda_rmsnorm_forward_bf16(NULL, got16.p(), got_r16.p(), inp.data(), w.data(), N, C, eps),
+                  "rmsnorm forward bf16 " + sh);
+        std::vector<uint16_t> rounded((size_t)(N * C));
+        for (int64_t i = 0; i < N * C; i++) rounded[(size_t)i] = fs_fp32_to_bf16(got.p()[i]);
+        check_bits16("rmsnorm forward bf16: the fp32 form rounded " + sh, got16.p(), rounded.data(), N * C);
+        check_bits("rmsnorm forward bf16: rstd " + sh, got_r16.p(), got_r.p(), N);
+        guards("rmsnorm forward bf16 " + sh, got16, got_r16);
 
         std::vector<float> dy = normal(N * C, 1.0f), dx0 = normal(N * C, 1.0f),
                            dw0 = normal(C, 1.0f);
@@ -710,6 +721,7 @@ static void test_sizes() {
     ok &= fs_cuda_embedding_forward_bf16(NULL, NULL, NULL, NULL, 3, 0, 0, 4) == FS_OK;
     ok &= fs_cuda_embedding_backward(NULL, NULL, NULL, NULL, 0, 8, 0, 4) == FS_OK;
     ok &= fs_cuda_rmsnorm_forward(NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f) == FS_OK;
+    ok &= fs_cuda_rmsnorm_forward_bf16(NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f) == FS_OK;
     ok &= fs_cuda_rmsnorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8) == FS_OK;
     ok &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 0, 4, 1, 8) == FS_OK;
     ok &= fs_cuda_rope_backward(NULL, NULL, 8, NULL, NULL, 2, 0, 1, 8) == FS_OK;
@@ -729,6 +741,7 @@ static void test_sizes() {
     usage &= fs_cuda_add(NULL, NULL, NULL, -1) == FS_ERR_USAGE;
     usage &= fs_cuda_rmsnorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 3, -2) ==
              FS_ERR_USAGE;
+    usage &= fs_cuda_rmsnorm_forward_bf16(NULL, NULL, NULL, NULL, NULL, -1, 8, 1e-5f) == FS_ERR_USAGE;
     usage &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 1, 1, 1, 7) == FS_ERR_USAGE;
     hp.step = 0;
     usage &= fs_cuda_adamw_update(NULL, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) ==

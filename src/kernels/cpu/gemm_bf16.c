@@ -489,9 +489,9 @@ void fs_matmul_forward_bf16_inp(fs_pool *pool, const fs_gemm_stage *stage, float
     fs_gemm_bf16(pool, stage, out, g.ldc, accumulate, g.A, g.B, g.M, g.N, g.K);
 }
 
-void fs_matmul_forward_bf16_out(fs_pool *pool, const fs_gemm_stage *stage, uint16_t *out, const float *inp,
-                                const uint16_t *weight, int64_t N, int64_t IC, int64_t OC) {
-    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 0, weight, NULL, 0, N, IC, OC);
+void fs_matmul_forward_bf16_inp_out(fs_pool *pool, const fs_gemm_stage *stage, uint16_t *out, const uint16_t *inp,
+                                    const uint16_t *weight, int64_t N, int64_t IC, int64_t OC) {
+    fs_cpu_linear_gemm g = fs_cpu_linear_product(FS_CPU_LINEAR_FWD, inp, 1, weight, NULL, 0, N, IC, OC);
     gemm_bf16_out(pool, stage, out, g.ldc, g.A, g.B, g.M, g.N, g.K);
 }
 
@@ -516,11 +516,11 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *d
                   accumulate_dweight);
 }
 
-void fs_matmul_backward_bf16_dout(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
-                                  const uint16_t *dout, const float *inp, const uint16_t *weight,
-                                  int64_t N, int64_t IC, int64_t OC, int accumulate_dinp,
-                                  int accumulate_dweight) {
-    backward_bf16(pool, stage, dinp, dweight, dout, 1, inp, 0, weight, N, IC, OC, accumulate_dinp,
+void fs_matmul_backward_bf16_dout_inp(fs_pool *pool, const fs_gemm_stage *stage, float *dinp, float *dweight,
+                                      const uint16_t *dout, const uint16_t *inp, const uint16_t *weight,
+                                      int64_t N, int64_t IC, int64_t OC, int accumulate_dinp,
+                                      int accumulate_dweight) {
+    backward_bf16(pool, stage, dinp, dweight, dout, 1, inp, 1, weight, N, IC, OC, accumulate_dinp,
                   accumulate_dweight);
 }
 

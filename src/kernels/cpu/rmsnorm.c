@@ -17,6 +17,9 @@
  * AMX Xeon, BENCHMARKS.md): an AVX-512 copy (four rows' sums at once, the scaling 16 wide,
  * the same bits) measured no faster, so there is none.
  *
+ * Under bf16 the forward writes its output rounded (fs_rmsnorm_forward_bf16): the norms'
+ * only readers are bf16 GEMMs, which rounded the fp32 output the same way.
+ *
  * What it does not do: a bias, a mean subtraction (that is LayerNorm), or a fused residual.
  */
 #include <math.h>
@@ -27,6 +30,7 @@
 
 typedef struct rms_job {
     float *out;          /* forward: out (N, C); backward: dinp (N, C) */
+    uint16_t *out16;     /* forward in bf16 (fs_rmsnorm_forward_bf16): out (N, C) */
     float *rstd;         /* forward only: (N) */
     float *dweight;      /* backward only: (C) */
     const float *dout;   /* backward only: (N, C) */
@@ -38,15 +42,27 @@ typedef struct rms_job {
     int fuse_dweight;     /* backward only: the rows pass also accumulates dweight */
 } rms_job;
 
+/* The bf16 forward rounds its fp32 values in pieces of this many columns, on the stack. */
+#define RMS_BF16_PIECE 256
+
 static void rms_forward_rows(void *arg, int64_t begin, int64_t end, int thread) {
     const rms_job *j = arg;
     const int64_t C = j->C;
     for (int64_t n = begin; n < end; n++) {
         const float *restrict x = j->inp + n * C;
-        float *restrict o = j->out + n * C;
         float variance = fs_cpu_dot(x, x, C) / (float)C;
         float r = 1.0f / sqrtf(variance + j->eps);
-        for (int64_t c = 0; c < C; c++) o[c] = j->weight[c] * (x[c] * r);
+        if (j->out16) { /* the same values, rounded as fs_cpu_narrow rounds (fs_fp32_to_bf16) */
+            float piece[RMS_BF16_PIECE];
+            for (int64_t c0 = 0; c0 < C; c0 += RMS_BF16_PIECE) {
+                const int64_t w = C - c0 < RMS_BF16_PIECE ? C - c0 : RMS_BF16_PIECE;
+                for (int64_t c = 0; c < w; c++) piece[c] = j->weight[c0 + c] * (x[c0 + c] * r);
+                fs_cpu_narrow(j->out16 + n * C + c0, piece, w);
+            }
+        } else {
+            float *restrict o = j->out + n * C;
+            for (int64_t c = 0; c < C; c++) o[c] = j->weight[c] * (x[c] * r);
+        }
         j->rstd[n] = r;
     }
 }
@@ -54,6 +70,13 @@ static void rms_forward_rows(void *arg, int64_t begin, int64_t end, int thread) 
 void fs_rmsnorm_forward(fs_pool *pool, float *out, float *rstd, const float *inp,
                         const float *weight, int64_t N, int64_t C, float eps) {
     rms_job j = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C,
+                 .eps = eps};
+    fs_pool_parallel_for(pool, N, fs_cpu_row_grain(C), rms_forward_rows, &j);
+}
+
+void fs_rmsnorm_forward_bf16(fs_pool *pool, uint16_t *out, float *rstd, const float *inp,
+                             const float *weight, int64_t N, int64_t C, float eps) {
+    rms_job j = {.out16 = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C,
                  .eps = eps};
     fs_pool_parallel_for(pool, N, fs_cpu_row_grain(C), rms_forward_rows, &j);
 }

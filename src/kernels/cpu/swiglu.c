@@ -8,7 +8,7 @@
  * the right limit, so no clamping is needed.
  *
  * The bf16 policy's kernels (fs_swiglu_forward_bf16, fs_swiglu_backward_bf16) read gu in
- * bf16, as the gate/up projection writes it under that policy (fs_matmul_forward_bf16_out),
+ * bf16, as the gate/up projection writes it under that policy (fs_matmul_forward_bf16_inp_out),
  * and are fs_swiglu_forward / fs_swiglu_backward on the widened gu, bit for bit, rounded.
  * The backward writes dgu already rounded to bf16:
  * its only readers are the gate/up projection's two backward GEMMs, which round an fp32 dgu

@@ -51,7 +51,7 @@ fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int
                        fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
 /* The same product of bf16 A and B written to a bf16 C (leading dimension ldc): the fp32
  * sums rounded to nearest even as cuBLASLt's epilogue writes them, never added to C (beta 0).
- * The bf16 policy's gate/up projection (fs_matmul_forward_bf16_out): the GPU's bits are not
+ * The bf16 policy's gate/up projection (fs_matmul_forward_bf16_inp_out): the GPU's bits are not
  * the rounding of fs_cuda_gemm's fp32 result (another algorithm may be chosen for the other C
  * type), only within that rounding of the exact sums plus fs_cuda_gemm's tolerance. fp32
  * operands are FS_ERR_USAGE. */
@@ -85,6 +85,9 @@ fs_status fs_cuda_embedding_backward(void *stream, float *dwte, const float *dou
 
 fs_status fs_cuda_rmsnorm_forward(void *stream, float *out, float *rstd, const float *inp,
                                   const float *weight, int64_t N, int64_t C, float eps);
+/* The same with out in bf16: the fp32 form's values rounded (fs_fp32_to_bf16), bit for bit. */
+fs_status fs_cuda_rmsnorm_forward_bf16(void *stream, uint16_t *out, float *rstd, const float *inp,
+                                       const float *weight, int64_t N, int64_t C, float eps);
 fs_status fs_cuda_rmsnorm_backward(void *stream, float *dinp, float *dweight, const float *dout,
                                    const float *inp, const float *weight, const float *rstd,
                                    int64_t N, int64_t C);

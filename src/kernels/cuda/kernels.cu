@@ -361,32 +361,49 @@ fs_status fs_cuda_embedding_backward(void *stream, float *dwte, const float *dou
 /* ------------------------------------------------------------------ RMSNorm
  * Forward, one block per row: variance = (sum of squares in float) / C, rstd = 1 / sqrtf(
  * variance + eps), out = weight * (x * rstd), each step rounded where rmsnorm.c rounds (the
- * sum's order differs: threads, then the block tree). */
+ * sum's order differs: threads, then the block tree). The bf16 form (the bf16 route's norms,
+ * read only by bf16 GEMMs) writes each value rounded by bf16_of: the fp32 form's values,
+ * rounded, bit for bit. */
 
-static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+static __device__ __forceinline__ void store_out(float *o, int64_t c, float v) { o[c] = v; }
+static __device__ __forceinline__ void store_out(uint16_t *o, int64_t c, float v) { o[c] = bf16_of(v); }
+
+template <typename Out>
+static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float *inp,
                                               const float *weight, int64_t N, int64_t C,
                                               float eps) {
     __shared__ float scratch[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const float *x = inp + n * C;
-        float *o = out + n * C;
+        Out *o = out + n * C;
         float acc = 0.0f;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc += x[c] * x[c];
         const float ss = block_reduce(acc, 0.0f, sum_op(), scratch);
         const float variance = ss / (float)C;
         const float r = 1.0f / sqrtf(variance + eps);
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = weight[c] * (x[c] * r);
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_out(o, c, weight[c] * (x[c] * r));
         if (threadIdx.x == 0) rstd[n] = r;
     }
 }
 
+template <typename Out>
+static fs_status rmsnorm_forward(const char *name, void *stream, Out *out, float *rstd, const float *inp,
+                                 const float *weight, int64_t N, int64_t C, float eps) {
+    if (N < 0 || C < 0) return negative(name, N < 0 ? "N" : "C", N < 0 ? N : C);
+    if (N == 0) return FS_OK;
+    rmsnorm_forward_kernel<Out><<<blocks_for(N, 1), THREADS, 0, as_stream(stream)>>>(out, rstd, inp,
+                                                                                     weight, N, C, eps);
+    return launched(name);
+}
+
 fs_status fs_cuda_rmsnorm_forward(void *stream, float *out, float *rstd, const float *inp,
                                   const float *weight, int64_t N, int64_t C, float eps) {
-    if (N < 0 || C < 0) return negative("rmsnorm_forward", N < 0 ? "N" : "C", N < 0 ? N : C);
-    if (N == 0) return FS_OK;
-    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, as_stream(stream)>>>(out, rstd, inp,
-                                                                                weight, N, C, eps);
-    return launched("rmsnorm_forward");
+    return rmsnorm_forward("rmsnorm_forward", stream, out, rstd, inp, weight, N, C, eps);
+}
+
+fs_status fs_cuda_rmsnorm_forward_bf16(void *stream, uint16_t *out, float *rstd, const float *inp,
+                                       const float *weight, int64_t N, int64_t C, float eps) {
+    return rmsnorm_forward("rmsnorm_forward_bf16", stream, out, rstd, inp, weight, N, C, eps);
 }
 
 /*
