@@ -1060,7 +1060,7 @@ static void run_gemm_case(fs_cuda_blas *h, const gemm_case *gc) {
             for (int64_t m = 0; m < M; m++)
                 for (int64_t n = 0; n < N; n++) start[m * ldc + n] = NAN;
         dev_put(dc, start, (size_t)(M * ldc) * sizeof(float));
-        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, acc, A, B, M, N, K));
+        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, acc ? dc : NULL, A, B, M, N, K));
         dev_download(got, dc, M * ldc);
         if (gc->bf16) { /* the CPU on the same bf16 operands */
             memcpy(cpu, start, (size_t)(M * ldc) * sizeof(float));
@@ -1089,10 +1089,31 @@ static void run_gemm_case(fs_cuda_blas *h, const gemm_case *gc) {
         CHECK(pad_kept, "%s: the padding columns of C changed", what);
         if (!acc) { /* again: the cached plan, the same bits */
             dev_put(dc, start, (size_t)(M * ldc) * sizeof(float));
-            CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, acc, A, B, M, N, K));
+            CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, NULL, A, B, M, N, K));
             dev_download(again, dc, M * ldc);
             CHECK(memcmp(again, got, (size_t)(M * ldc) * sizeof(float)) == 0,
                   "%s: a second call gave other bits", what);
+        } else { /* C apart from D (the residual additions): D the in-place result's bits,
+                  * D's padding and C itself untouched; C and D at the same offset, so the same
+                  * alignments and plan */
+            float *dr_base = dev_alloc((size_t)(M * ldc + off) * sizeof(float)), *dr = dr_base + off;
+            dev_put(dr, start, (size_t)(M * ldc) * sizeof(float));
+            float *poison = fnew(M * ldc), *res_after = fnew(M * ldc);
+            for (int64_t i = 0; i < M * ldc; i++) poison[i] = -(float)(i + 1);
+            dev_put(dc, poison, (size_t)(M * ldc) * sizeof(float));
+            CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, dr, A, B, M, N, K));
+            dev_download(again, dc, M * ldc);
+            dev_download(res_after, dr, M * ldc);
+            int same = 1, pad = 1;
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < ldc; n++)
+                    if (n < N) same &= memcmp(&again[m * ldc + n], &got[m * ldc + n], sizeof(float)) == 0;
+                    else pad &= memcmp(&again[m * ldc + n], &poison[m * ldc + n], sizeof(float)) == 0;
+            CHECK(same && pad && memcmp(res_after, start, (size_t)(M * ldc) * sizeof(float)) == 0,
+                  "%s, C apart from D: %s", what,
+                  !same ? "D is not the in-place result, bit for bit" : !pad ? "D's padding changed" : "C changed");
+            dev_free(dr_base);
+            free(poison), free(res_after);
         }
     }
     dev_free(da), dev_free(db), dev_free(dc_base);
@@ -1206,10 +1227,22 @@ static void test_cuda_gemm(void) {
         float *dc = dev_upload(c, M * ldc);
         float dummy[1] = {0.0f};
         const fs_gemm_operand A = {dummy, FS_GEMM_F32, 0, 1}, B = {dummy, FS_GEMM_F32, 0, N};
-        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, 1, A, B, M, N, 0));
+        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, dc, A, B, M, N, 0));
         dev_download(got, dc, M * ldc);
         CHECK_BITS("gemm K=0 accumulate: C unchanged", got, c, M * ldc);
-        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, 0, A, B, M, N, 0));
+        { /* C apart from D: D = C in its N columns, D's padding kept */
+            float *d2 = fnew(M * ldc), *want2 = fnew(M * ldc);
+            for (int64_t i = 0; i < M * ldc; i++) d2[i] = want2[i] = -1.0f;
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) want2[m * ldc + n] = c[m * ldc + n];
+            float *dd2 = dev_upload(d2, M * ldc);
+            CHECK_OK(fs_cuda_gemm(h, test_stream, dd2, ldc, dc, A, B, M, N, 0));
+            dev_download(d2, dd2, M * ldc);
+            CHECK_BITS("gemm K=0 with C apart from D: C copied, D's padding kept", d2, want2, M * ldc);
+            dev_free(dd2);
+            free(d2), free(want2);
+        }
+        CHECK_OK(fs_cuda_gemm(h, test_stream, dc, ldc, NULL, A, B, M, N, 0));
         dev_download(got, dc, M * ldc);
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) c[m * ldc + n] = 0.0f;
@@ -1234,7 +1267,7 @@ static void test_cuda_gemm(void) {
     {
         float dummy[1] = {0.0f};
         const fs_gemm_operand A = {dummy, FS_GEMM_F32, 0, 4}, B = {dummy, FS_GEMM_BF16, 0, 4};
-        CHECK(fs_cuda_gemm(h, test_stream, NULL, 4, 0, A, B, 4, 4, 4) == FS_ERR_USAGE,
+        CHECK(fs_cuda_gemm(h, test_stream, NULL, 4, NULL, A, B, 4, 4, 4) == FS_ERR_USAGE,
               "gemm with fp32 A and bf16 B must be a usage error");
         const fs_gemm_operand A32 = {dummy, FS_GEMM_F32, 0, 4}, B32 = {dummy, FS_GEMM_F32, 0, 4};
         CHECK(fs_cuda_gemm_bf16_out(h, test_stream, NULL, 4, A32, B32, 4, 4, 4) == FS_ERR_USAGE,

@@ -202,10 +202,10 @@ static void need_operands(int64_t nx, int64_t ny) {
     const int64_t n = ny ? (nx + 127) / 128 * 128 + ny : nx;
     if (n > operand_need) operand_need = n;
 }
-static void audit_linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
-                                 int64_t N, int64_t IC, int64_t OC, int acc) {
+static void audit_linear_forward(fs_device *d, float *out, const float *residual, const float *inp,
+                                 const void *w, int bf16, int64_t N, int64_t IC, int64_t OC) {
     if (bf16) need_operands(N * IC, 0), fp32_entry_casts++;
-    fs_cpu_kernel_table.linear_forward(d, out, inp, w, bf16, N, IC, OC, acc);
+    fs_cpu_kernel_table.linear_forward(d, out, residual, inp, w, bf16, N, IC, OC);
 }
 static void audit_linear_backward(fs_device *d, float *dinp, float *dw, const float *dout, const float *inp,
                                   const void *w, int bf16, int64_t N, int64_t IC, int64_t OC, int acc_dinp,

@@ -479,7 +479,7 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
     float *q = k->qkv, *kk = q + NH * HS, *v = kk + NKV * HS;
     float *dq = k->dqkv, *dk = dq + NH * HS, *dv = dk + NKV * HS;
     K->rmsnorm_forward(dev, k->ln1, k->rstd1, x, ln1_w, N, C, eps);
-    K->linear_forward(dev, k->qkv, k->ln1, wq, bf16, N, C, QKV, 0);
+    K->linear_forward(dev, k->qkv, NULL, k->ln1, wq, bf16, N, C, QKV);
     K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, B, T, NH, HS);
     K->rope_forward(dev, kk, QKV, a->rope_cos, a->rope_sin, B, T, NKV, HS);
     if (a->bf16_route) { /* q, k, v rounded to bf16, as the bf16 route keeps them */
@@ -491,17 +491,15 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
         K->cast_fp32_to_bf16(dev, k->act16, k->att, N * C);
         K->cast_bf16_to_fp32(dev, k->att, k->act16, N * C);
     }
-    K->copy(dev, k->xmid, x, (size_t)(N * C) * sizeof(float));
-    K->linear_forward(dev, k->xmid, k->att, wo, bf16, N, C, C, 1);
+    K->linear_forward(dev, k->xmid, x, k->att, wo, bf16, N, C, C);
     K->rmsnorm_forward(dev, k->ln2, k->rstd2, k->xmid, ln2_w, N, C, eps);
-    K->linear_forward(dev, k->gu, k->ln2, wgu, bf16, N, C, 2 * FF, 0);
+    K->linear_forward(dev, k->gu, NULL, k->ln2, wgu, bf16, N, C, 2 * FF);
     if (a->bf16_route) { /* gu rounded to bf16, as the bf16 route keeps it, then read widened */
         K->cast_fp32_to_bf16(dev, k->gu16, k->gu, N * 2 * FF);
         K->cast_bf16_to_fp32(dev, k->gu, k->gu16, N * 2 * FF);
     }
     K->swiglu_forward(dev, k->h, k->gu, N, FF);
-    K->copy(dev, k->xnext, k->xmid, (size_t)(N * C) * sizeof(float));
-    K->linear_forward(dev, k->xnext, k->h, wd, bf16, N, FF, C, 1);
+    K->linear_forward(dev, k->xnext, k->xmid, k->h, wd, bf16, N, FF, C);
     memcpy(k->dres, dres_in, (size_t)(N * C) * sizeof(float));
     memset(dnorm, 0, (size_t)(2 * C) * sizeof(float));
     K->linear_backward(dev, k->dh, gd, k->dres, k->h, wd, bf16, N, FF, C, 0, 0);

@@ -141,7 +141,11 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
 
 /* ------------------------------------------------------------------ the kernel table
  * Each entry has the contract of the kernels.h kernel of the same name (the CPU's, with the
- * device in place of the pool). The linear layers and the embedding take the weights'
+ * device in place of the pool). The linear layers' forwards write out = inp @ weight^T, plus
+ * residual where it is not NULL (residual (N, OC) fp32: out itself accumulates, another array
+ * is the residual stream the block adds to, which must not overlap out; the GPU's cuBLASLt
+ * reads it as its C while it writes out as D, where the CPU copies it into out first). The
+ * linear layers and the embedding take the weights'
  * precision as an argument (bf16: the bf16 GEMM with activations rounded to bf16; on the
  * GPU the activation operands are cast into the device's scratch and cuBLASLt runs bf16 x
  * bf16 with fp32 accumulation, writing gradients straight into the fp32 buffers with beta
@@ -168,8 +172,8 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 rounded, bit for bit), which the two bf16 SwiGLU kernels read (this one
  *                 rounds a value the fp32 route keeps). */
 typedef struct fs_kernel_table {
-    void (*linear_forward)(fs_device *d, float *out, const float *inp, const void *weight,
-                           int bf16, int64_t N, int64_t IC, int64_t OC, int accumulate);
+    void (*linear_forward)(fs_device *d, float *out, const float *residual, const float *inp,
+                           const void *weight, int bf16, int64_t N, int64_t IC, int64_t OC);
     void (*linear_backward)(fs_device *d, float *dinp, float *dweight, const float *dout,
                             const float *inp, const void *weight, int bf16, int64_t N,
                             int64_t IC, int64_t OC, int accumulate_dinp, int accumulate_dweight);
@@ -222,8 +226,8 @@ typedef struct fs_kernel_table {
                                           const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
                                           int64_t OC, int accumulate_dinp, int accumulate_dweight);
     void (*swiglu_forward_bf16)(fs_device *d, uint16_t *out, const uint16_t *gu, int64_t N, int64_t FF);
-    void (*linear_forward_bf16_inp)(fs_device *d, float *out, const uint16_t *inp, const void *weight,
-                                    int64_t N, int64_t IC, int64_t OC, int accumulate);
+    void (*linear_forward_bf16_inp)(fs_device *d, float *out, const float *residual, const uint16_t *inp,
+                                    const void *weight, int64_t N, int64_t IC, int64_t OC);
     void (*linear_backward_bf16_inp)(fs_device *d, float *dinp, float *dweight, const float *dout,
                                      const uint16_t *inp, const void *weight, int64_t N, int64_t IC,
                                      int64_t OC, int accumulate_dinp, int accumulate_dweight);

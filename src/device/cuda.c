@@ -422,18 +422,18 @@ static fs_status bf16_operands(fs_device *d, const float *x, int64_t nx, const u
     return FS_OK;
 }
 
-static fs_status linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
-                                int64_t N, int64_t IC, int64_t OC, int accumulate) {
+static fs_status linear_forward(fs_device *d, float *out, const float *residual, const float *inp,
+                                const void *w, int bf16, int64_t N, int64_t IC, int64_t OC) {
     const void *a = inp;
     if (bf16) FS_TRY(bf16_operands(d, inp, N * IC, (const uint16_t **)&a, NULL, 0, NULL));
-    /* out (N, OC) = inp (N, IC) @ weight^T, weight stored (OC, IC) */
-    return fs_cuda_gemm(d->impl->blas, STREAM(d), out, OC, accumulate, operand(a, bf16, 0, IC),
+    /* out (N, OC) = [residual +] inp (N, IC) @ weight^T, weight stored (OC, IC) */
+    return fs_cuda_gemm(d->impl->blas, STREAM(d), out, OC, residual, operand(a, bf16, 0, IC),
                         operand(w, bf16, 1, IC), N, OC, IC);
 }
 
-static void cuda_linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
-                                int64_t N, int64_t IC, int64_t OC, int accumulate) {
-    LAUNCH(d, linear_forward(d, out, inp, w, bf16, N, IC, OC, accumulate));
+static void cuda_linear_forward(fs_device *d, float *out, const float *residual, const float *inp,
+                                const void *w, int bf16, int64_t N, int64_t IC, int64_t OC) {
+    LAUNCH(d, linear_forward(d, out, residual, inp, w, bf16, N, IC, OC));
 }
 
 static fs_status linear_backward(fs_device *d, float *dinp, float *dw, const float *dout,
@@ -445,11 +445,11 @@ static fs_status linear_backward(fs_device *d, float *dinp, float *dw, const flo
                              (const uint16_t **)&x));
     /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
     if (dinp)
-        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dinp, IC, acc_dinp, operand(g_out, bf16, 0, OC),
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dinp, IC, acc_dinp ? dinp : NULL, operand(g_out, bf16, 0, OC),
                             operand(w, bf16, 0, IC), N, IC, OC));
     /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC), straight into the fp32 gradient */
     if (dw)
-        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dw, IC, acc_dw, operand(g_out, bf16, 1, OC),
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dw, IC, acc_dw ? dw : NULL, operand(g_out, bf16, 1, OC),
                             operand(x, bf16, 0, IC), OC, IC, N));
     return FS_OK;
 }
@@ -472,9 +472,9 @@ static void cuda_linear_forward_bf16_inp_out(fs_device *d, uint16_t *out, const 
                                     operand(w, 1, 1, IC), N, OC, IC));
 }
 
-static void cuda_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
-                                         int64_t N, int64_t IC, int64_t OC, int accumulate) {
-    LAUNCH(d, fs_cuda_gemm(d->impl->blas, STREAM(d), out, OC, accumulate, operand(inp, 1, 0, IC),
+static void cuda_linear_forward_bf16_inp(fs_device *d, float *out, const float *residual, const uint16_t *inp,
+                                         const void *w, int64_t N, int64_t IC, int64_t OC) {
+    LAUNCH(d, fs_cuda_gemm(d->impl->blas, STREAM(d), out, OC, residual, operand(inp, 1, 0, IC),
                            operand(w, 1, 1, IC), N, OC, IC));
 }
 
@@ -483,10 +483,10 @@ static fs_status linear_backward_bf16_operands(fs_device *d, float *dinp, float 
                                                const uint16_t *inp, const void *w, int64_t N, int64_t IC,
                                                int64_t OC, int acc_dinp, int acc_dw) {
     if (dinp)
-        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dinp, IC, acc_dinp, operand(dout, 1, 0, OC),
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dinp, IC, acc_dinp ? dinp : NULL, operand(dout, 1, 0, OC),
                             operand(w, 1, 0, IC), N, IC, OC));
     if (dw)
-        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dw, IC, acc_dw, operand(dout, 1, 1, OC),
+        FS_TRY(fs_cuda_gemm(d->impl->blas, STREAM(d), dw, IC, acc_dw ? dw : NULL, operand(dout, 1, 1, OC),
                             operand(inp, 1, 0, IC), OC, IC, N));
     return FS_OK;
 }

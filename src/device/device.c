@@ -360,8 +360,16 @@ fs_status fs_device_add_on(fs_device *dev, fs_stream stream, float *dst, const f
 
 /* ------------------------------------------------------------------ the CPU's kernel table */
 
-static void cpu_linear_forward(fs_device *d, float *out, const float *inp, const void *w, int bf16,
-                               int64_t N, int64_t IC, int64_t OC, int accumulate) {
+/* A forward's residual (device.h): copied into out, which the GEMM then adds to (BLAS has
+ * no separate addend). Returns the GEMM's accumulate flag. */
+static int residual_into(float *out, const float *residual, int64_t N, int64_t OC) {
+    if (residual && residual != out) memcpy(out, residual, (size_t)(N * OC) * sizeof *out);
+    return residual != NULL;
+}
+
+static void cpu_linear_forward(fs_device *d, float *out, const float *residual, const float *inp,
+                               const void *w, int bf16, int64_t N, int64_t IC, int64_t OC) {
+    const int accumulate = residual_into(out, residual, N, OC);
     if (bf16) fs_matmul_forward_bf16(d->pool, &d->stage, out, inp, w, N, IC, OC, accumulate);
     else fs_matmul_forward(d->pool, out, inp, w, N, IC, OC, accumulate);
 }
@@ -458,8 +466,9 @@ static void cpu_linear_forward_bf16_inp_out(fs_device *d, uint16_t *out, const u
     fs_matmul_forward_bf16_inp_out(d->pool, &d->stage, out, inp, w, N, IC, OC);
 }
 
-static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const uint16_t *inp, const void *w,
-                                        int64_t N, int64_t IC, int64_t OC, int accumulate) {
+static void cpu_linear_forward_bf16_inp(fs_device *d, float *out, const float *residual, const uint16_t *inp,
+                                        const void *w, int64_t N, int64_t IC, int64_t OC) {
+    const int accumulate = residual_into(out, residual, N, OC);
     fs_matmul_forward_bf16_inp(d->pool, &d->stage, out, inp, w, N, IC, OC, accumulate);
 }
 

@@ -9,8 +9,9 @@
  *   ln1 = rmsnorm(x) ; qkv = ln1 Wqkv^T ; rope(q), rope(k) ; att = attention(q, k, v)
  *   xmid = x + att Wo^T ; ln2 = rmsnorm(xmid) ; gu = ln2 Wgu^T ; h = silu(gate) * up
  *   x[l+1] = xmid + h Wd^T
- * The residual additions are GEMMs with beta = 1 onto a copy of the residual, so no separate
- * add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
+ * The residual additions are GEMMs with beta = 1 that read the residual as their addend
+ * (C) and write the sum elsewhere (D; the CPU copies the residual into D first), so no
+ * separate add pass exists. Backward keeps one residual-gradient buffer (dres) that flows through
  * every block in place, picking up the two RMSNorm input gradients on the way.
  *
  * ln1, ln2, h and xmid are not kept. ln1, ln2 and h are each only a GEMM's weight-gradient
@@ -20,8 +21,8 @@
  * scratch (scratch_numel) and gets the very bits forward had (tests/test_model.c checks the
  * gradients bitwise against a backward that reads kept copies). Forward writes them into
  * that scratch too: it is free until backward. This saves 3·N·C + N·FF floats per block
- * (~40% of a block's activations for Llama shapes) for one GEMM, two RMSNorms, one SwiGLU
- * and one copy more per block backward (BENCHMARKS.md has the cost).
+ * (~40% of a block's activations for Llama shapes) for one GEMM, two RMSNorms and one
+ * SwiGLU more per block backward (BENCHMARKS.md has the cost).
  *
  * Every kernel is called through the device's kernel table (device.h), so the same code runs
  * on the CPU and on a GPU; every pointer here is the device's memory.
@@ -344,10 +345,11 @@ static block_grads split_block_grads(const dims *d, float *dw) {
 }
 
 /* The linear layers, in the precision of the weights: fp32, or bf16 operands with fp32
- * accumulation, gradients written straight into the fp32 buffers. */
-static void linear_forward(const fs_model *m, float *out, const float *inp, const void *w, int64_t N,
-                           int64_t IC, int64_t OC, int accumulate) {
-    m->dev->kernels->linear_forward(m->dev, out, inp, w, m->bf16_weights, N, IC, OC, accumulate);
+ * accumulation, gradients written straight into the fp32 buffers. A forward adds the
+ * residual stream `residual` where it is given (device.h). */
+static void linear_forward(const fs_model *m, float *out, const float *residual, const float *inp,
+                           const void *w, int64_t N, int64_t IC, int64_t OC) {
+    m->dev->kernels->linear_forward(m->dev, out, residual, inp, w, m->bf16_weights, N, IC, OC);
 }
 
 static void linear_backward(const fs_model *m, float *dinp, float *dw, const float *dout,
@@ -428,10 +430,10 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     if (mlp16) { /* ln1 in bf16, read so by the QKV projection */
         uint16_t *ln1_16 = (uint16_t *)(void *)ln1;
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln1_16, rstd1, x, ln1_w, N, C, eps));
-        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, qkv, ln1_16, bw.qkv, N, C, QKV, 0));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, qkv, NULL, ln1_16, bw.qkv, N, C, QKV));
     } else {
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
-        PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, ln1, bw.qkv, N, C, QKV, 0));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, NULL, ln1, bw.qkv, N, C, QKV));
     }
     PROF(m, FS_PROF_ROPE, {
         K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
@@ -446,28 +448,25 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
          K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS,
                               m->bf16_weights));
     if (mlp16) PROF(m, FS_PROF_OTHER, K->cast_fp32_to_bf16(dev, att16, att, N * C));
-    PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
-    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
-    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
+    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, x, att16, bw.o, N, C, C));
+    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, x, att, bw.o, N, C, C));
     if (mlp16) { /* ln2 in bf16, read so by the gate/up projection */
         uint16_t *ln2_16 = (uint16_t *)(void *)ln2;
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln2_16, rstd2, xmid, ln2_w, N, C, eps));
         PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp_out(dev, gu16, ln2_16, bw.gu, N, C, 2 * FF));
     } else {
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln2, rstd2, xmid, ln2_w, N, C, eps));
-        PROF(m, FS_PROF_GEMM, linear_forward(m, gu, ln2, bw.gu, N, C, 2 * FF, 0));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, gu, NULL, ln2, bw.gu, N, C, 2 * FF));
     }
     if (!write_output) return; /* h only feeds the down projection; backward makes it again */
     if (mlp16) {
         uint16_t *h16 = (uint16_t *)(void *)h;
         PROF(m, FS_PROF_SWIGLU, K->swiglu_forward_bf16(dev, h16, gu16, N, FF));
-        PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
-        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, x_next, h16, bw.down, N, FF, C, 1));
+        PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, x_next, xmid, h16, bw.down, N, FF, C));
         return;
     }
     PROF(m, FS_PROF_SWIGLU, K->swiglu_forward(dev, h, gu, N, FF));
-    PROF(m, FS_PROF_OTHER, K->copy(dev, x_next, xmid, (size_t)(N * C) * sizeof *x));
-    PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, h, bw.down, N, FF, C, 1));
+    PROF(m, FS_PROF_GEMM, linear_forward(m, x_next, xmid, h, bw.down, N, FF, C));
 }
 
 /* The head's logits chunk (N, Vc) from the final norm's output, kept in bf16 on the bf16
@@ -475,10 +474,10 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
 static void head_logits(const fs_model *m, fs_acts *a, const dims *d, const void *w, int64_t Vc) {
     if (in_bf16_route(m, a))
         PROF(m, FS_PROF_GEMM,
-             m->dev->kernels->linear_forward_bf16_inp(m->dev, a->logits, (const uint16_t *)(const void *)a->lnf,
-                                                      w, d->N, d->C, Vc, 0));
+             m->dev->kernels->linear_forward_bf16_inp(m->dev, a->logits, NULL, (const uint16_t *)(const void *)a->lnf,
+                                                      w, d->N, d->C, Vc));
     else
-        PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, a->lnf, w, d->N, d->C, Vc, 0));
+        PROF(m, FS_PROF_GEMM, linear_forward(m, a->logits, NULL, a->lnf, w, d->N, d->C, Vc));
 }
 
 static void head_forward(const fs_model *m, fs_acts *a, const dims *d, int op, const void *w,
@@ -579,9 +578,8 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
         PROF(m, FS_PROF_OTHER, K->zero(dev, a->dgu, (size_t)(N * 2 * FF) * sizeof(float)));
         PROF(m, FS_PROF_SWIGLU, K->swiglu_backward(dev, a->dgu, a->dh, gu, N, FF));
     }
-    PROF(m, FS_PROF_OTHER, K->copy(dev, xmid, x, (size_t)(N * C) * sizeof *x));
-    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, att16, bw.o, N, C, C, 1));
-    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, att, bw.o, N, C, C, 1));
+    if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, x, att16, bw.o, N, C, C));
+    else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, x, att, bw.o, N, C, C));
     if (mlp16) {
         uint16_t *ln2_16 = (uint16_t *)(void *)ln2;
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln2_16, rstd2, xmid, ln2_w, N, C, eps));

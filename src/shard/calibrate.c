@@ -192,7 +192,7 @@ static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, floa
         double tf[CAL_REPS], tb[CAL_REPS];
         for (int r = -1; r < rounds; r++) {
             double t0 = thread_seconds();
-            K->linear_forward(dev, o, inp, w, bf16, CAL_N, IC, OC, 0);
+            K->linear_forward(dev, o, NULL, inp, w, bf16, CAL_N, IC, OC);
             double t1 = thread_seconds();
             K->linear_backward(dev, dinp, dw, o, inp, w, bf16, CAL_N, IC, OC, 0, 0);
             if (r >= 0) {
@@ -487,13 +487,13 @@ static void block_run(fs_device *dev, block_bufs *b, int bf16) {
     const float *q = b->qkv, *k = b->qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
     float *dq = b->dqkv, *dk = b->dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
     K->rmsnorm_forward(dev, b->xn, b->rstd, b->x, b->nw, N, BK_C, 1e-5f);
-    K->linear_forward(dev, b->qkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0);
+    K->linear_forward(dev, b->qkv, NULL, b->xn, w[0], bf16, N, BK_C, BK_QKV);
     K->attention_forward(dev, b->att, b->lse, q, k, v, BK_QKV, B, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
-    K->linear_forward(dev, b->h, b->att, w[1], bf16, N, BK_C, BK_C, 0);
+    K->linear_forward(dev, b->h, NULL, b->att, w[1], bf16, N, BK_C, BK_C);
     K->rmsnorm_forward(dev, b->hn, b->rstd2, b->h, b->nw, N, BK_C, 1e-5f);
-    K->linear_forward(dev, b->gu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0);
+    K->linear_forward(dev, b->gu, NULL, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF);
     K->swiglu_forward(dev, b->sw, b->gu, N, BK_FF);
-    K->linear_forward(dev, b->out, b->sw, w[3], bf16, N, BK_FF, BK_C, 0);
+    K->linear_forward(dev, b->out, NULL, b->sw, w[3], bf16, N, BK_FF, BK_C);
     K->linear_backward(dev, b->dsw, b->dw[3], b->dout, b->sw, w[3], bf16, N, BK_FF, BK_C, 0, 0);
     K->swiglu_backward(dev, b->dgu, b->dsw, b->gu, N, BK_FF);
     K->linear_backward(dev, b->dhn, b->dw[2], b->dgu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0, 0);

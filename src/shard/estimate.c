@@ -120,7 +120,9 @@ typedef struct op_cost {
 } op_cost;
 
 /* The memory-bound traffic per token, in activation elements, follows src/model/llama.c's
- * kernels (docs/planner.md lists them): with QK = (NH + NKV) HS the roped q and k,
+ * kernels on the CPU (docs/planner.md lists them; a GPU makes no residual copies, its GEMM
+ * reads the residual, but the presets count them: docs/planner.md): with QK = (NH + NKV) HS
+ * the roped q and k,
  *   block forward    2 rmsnorm (read C, write C) + rope in place (2 QK) + 2 residual copies
  *                    (2C each) + SwiGLU (read 2FF, write FF)        = 8C + 2 QK + 3FF
  *   (under bf16 where hw->bf16_route, the CPU: SwiGLU reads gu and writes h in bf16, so its

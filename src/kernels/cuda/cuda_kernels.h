@@ -42,12 +42,14 @@ typedef struct fs_cuda_blas fs_cuda_blas;
 fs_status fs_cuda_blas_init(fs_cuda_blas **out, void *workspace, size_t workspace_bytes);
 void fs_cuda_blas_free(fs_cuda_blas *h); /* NULL is a no-op */
 
-/* fs_gemm_bf16's product on the GPU: C (M, N) (=|+=) op(A) (M, K) @ op(B) (K, N), row-major,
- * C fp32 with leading dimension ldc, accumulate 0 writes (beta 0) and 1 adds (beta 1).
- * A and B are both FS_GEMM_F32 (fp32 compute, no TF32: CUBLAS_COMPUTE_32F) or both
- * FS_GEMM_BF16 (bf16 inputs, fp32 accumulation); a mixed pair is FS_ERR_USAGE. The matmul
- * layouts are cached per shape (heuristic queried once). */
-fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
+/* fs_gemm_bf16's product on the GPU: D (M, N) = [C +] op(A) (M, K) @ op(B) (K, N), row-major,
+ * D fp32 with leading dimension ldc. C NULL writes (beta 0); otherwise C (M, N), fp32 with
+ * the same ldc, is added (beta 1): C == D accumulates in place, another C is the addend read
+ * as D is written (cuBLASLt takes them apart: a residual addition without a copy first; C
+ * must not overlap D otherwise). A and B are both FS_GEMM_F32 (fp32 compute, no TF32:
+ * CUBLAS_COMPUTE_32F) or both FS_GEMM_BF16 (bf16 inputs, fp32 accumulation); a mixed pair is
+ * FS_ERR_USAGE. The matmul layouts are cached per shape (heuristic queried once). */
+fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *D, int64_t ldc, const float *C,
                        fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
 /* The same product of bf16 A and B written to a bf16 C (leading dimension ldc): the fp32
  * sums rounded to nearest even as cuBLASLt's epilogue writes them, never added to C (beta 0).

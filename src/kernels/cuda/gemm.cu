@@ -53,7 +53,7 @@ namespace { /* types private to this file (one definition per name across the pr
 typedef struct gemm_key {
     int64_t M, N, K, lda, ldb, ldc;
     int trans_a, trans_b, bf16, c_bf16, accumulate;
-    uint32_t align_a, align_b, align_c;
+    uint32_t align_a, align_b, align_c, align_d;
 } gemm_key;
 
 typedef struct gemm_plan {
@@ -133,8 +133,8 @@ static int same_key(const gemm_key *a, const gemm_key *b) {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldc == b->ldc && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
            a->bf16 == b->bf16 && a->c_bf16 == b->c_bf16 && a->accumulate == b->accumulate &&
-           a->align_a == b->align_a &&
-           a->align_b == b->align_b && a->align_c == b->align_c;
+           a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c &&
+           a->align_d == b->align_d;
 }
 
 /* Builds the plan for key k in slot p: descriptors, layouts, and the heuristic's first
@@ -168,8 +168,9 @@ static fs_status build_plan(fs_cuda_blas *h, gemm_plan *p, const gemm_key *k) {
                                     (uint64_t)M, k->ldc),
            M, N, K);
 
-    /* cuBLASLt's A is our B and its B our A, so the alignments swap too; D is C */
-    const uint32_t al_a = k->align_b, al_b = k->align_a, al_c = k->align_c;
+    /* cuBLASLt's A is our B and its B our A, so the alignments swap too; C (the addend) and D
+     * (the output) are ours */
+    const uint32_t al_a = k->align_b, al_b = k->align_a, al_c = k->align_c, al_d = k->align_d;
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(
                &h->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
            M, N, K);
@@ -180,7 +181,7 @@ static fs_status build_plan(fs_cuda_blas *h, gemm_plan *p, const gemm_key *k) {
                &h->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
            M, N, K);
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(
-               &h->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+               &h->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d),
            M, N, K);
     /* split-K: a bf16 C must not hold the partial sums (the in-place and output-type schemes
      * keep them in the output's type, rounding each to bf16): only the fp32 workspace scheme,
@@ -230,10 +231,11 @@ static fs_status find_plan(fs_cuda_blas *h, const gemm_key *k, gemm_plan **out) 
 
 static const char *dtype_name(fs_gemm_dtype d) { return d == FS_GEMM_BF16 ? "bf16" : "fp32"; }
 
-/* Both entries below: C (fp32, or bf16 where c_bf16) of the product; `name` is the entry's
- * name in the messages. */
-static fs_status gemm(const char *name, fs_cuda_blas *h, void *stream, void *C, int c_bf16,
-                      int64_t ldc, int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
+/* Both entries below: D (fp32, or bf16 where c_bf16) of the product, C the fp32 addend or
+ * NULL (fs_cuda_gemm's contract; always NULL for a bf16 D); `name` is the entry's name in the
+ * messages. */
+static fs_status gemm(const char *name, fs_cuda_blas *h, void *stream, void *D, int c_bf16,
+                      int64_t ldc, const float *C, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                       int64_t N, int64_t K) {
     if (!h) return fs_errorf(FS_ERR_USAGE, "%s: no cuBLASLt handle", name);
     if (M < 0 || N < 0 || K < 0)
@@ -258,12 +260,13 @@ static fs_status gemm(const char *name, fs_cuda_blas *h, void *stream, void *C, 
                          (long long)N, (long long)K);
     cudaStream_t s = (cudaStream_t)stream;
     const size_t c_size = c_bf16 ? sizeof(uint16_t) : sizeof(float);
-    if (K == 0) { /* an empty sum: C = 0 when writing, unchanged when accumulating */
-        if (accumulate) return FS_OK;
-        cudaError_t err = cudaMemset2DAsync(C, (size_t)ldc * c_size, 0, (size_t)N * c_size,
-                                            (size_t)M, s);
+    const size_t pitch = (size_t)ldc * c_size, width = (size_t)N * c_size;
+    if (K == 0) { /* an empty sum: D = 0 when writing, unchanged when accumulating, C added */
+        if ((const void *)C == D) return FS_OK;
+        cudaError_t err = C ? cudaMemcpy2DAsync(D, pitch, C, pitch, width, (size_t)M, cudaMemcpyDeviceToDevice, s)
+                            : cudaMemset2DAsync(D, pitch, 0, width, (size_t)M, s);
         if (err != cudaSuccess)
-            return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s (K=0 zero fill): %s", name,
+            return fs_errorf(FS_ERR_INTERNAL, "cuda kernel %s (K=0 %s): %s", name, C ? "copy of C" : "zero fill",
                              cudaGetErrorString(err));
         return FS_OK;
     }
@@ -278,28 +281,30 @@ static fs_status gemm(const char *name, fs_cuda_blas *h, void *stream, void *C, 
     key.trans_b = B.trans != 0;
     key.bf16 = A.dtype == FS_GEMM_BF16;
     key.c_bf16 = c_bf16 != 0;
-    key.accumulate = accumulate != 0;
+    key.accumulate = C != NULL;
     key.align_a = alignment_of(A.data);
     key.align_b = alignment_of(B.data);
-    key.align_c = alignment_of(C);
+    key.align_d = alignment_of(D);
+    key.align_c = C ? alignment_of(C) : key.align_d; /* beta 0: C is not read; D stands in */
     gemm_plan *p;
     FS_TRY(find_plan(h, &key, &p));
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    /* cuBLASLt's A is our B, its B our A; C and D are both our C (in place) */
+    const float alpha = 1.0f, beta = C ? 1.0f : 0.0f;
+    /* cuBLASLt's A is our B, its B our A; its C our addend (D itself where there is none: beta
+     * 0 never reads it), its D ours, both with C's layout */
     LT_TRY(cublasLtMatmul(h->lt, &p->desc, &alpha, B.data, &p->layout_a, A.data, &p->layout_b,
-                          &beta, C, &p->layout_c, C, &p->layout_c, &p->algo, h->workspace,
-                          h->workspace_bytes, s),
+                          &beta, C ? (const void *)C : D, &p->layout_c, D, &p->layout_c, &p->algo,
+                          h->workspace, h->workspace_bytes, s),
            M, N, K);
     return FS_OK;
 }
 
-fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *C, int64_t ldc, int accumulate,
+fs_status fs_cuda_gemm(fs_cuda_blas *h, void *stream, float *D, int64_t ldc, const float *C,
                        fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
-    return gemm("fs_cuda_gemm", h, stream, C, 0, ldc, accumulate, A, B, M, N, K);
+    return gemm("fs_cuda_gemm", h, stream, D, 0, ldc, C, A, B, M, N, K);
 }
 
 fs_status fs_cuda_gemm_bf16_out(fs_cuda_blas *h, void *stream, uint16_t *C, int64_t ldc,
                                 fs_gemm_operand A, fs_gemm_operand B, int64_t M, int64_t N,
                                 int64_t K) {
-    return gemm("fs_cuda_gemm_bf16_out", h, stream, C, 1, ldc, 0, A, B, M, N, K);
+    return gemm("fs_cuda_gemm_bf16_out", h, stream, C, 1, ldc, NULL, A, B, M, N, K);
 }
