@@ -594,7 +594,7 @@ static void test_kernel_table_complete(void) {
 
 /* The plan of a GPU run keeps the bf16 route's activations (gate and up, q/k/v, the
  * attention output, the final norm's output) in bf16 under bf16, as the CPU's does: the CUDA table has the route's
- * kernels (fs_cuda_api_v4), and the plan (made before any GPU is open, so it runs here) must
+ * kernels (since fs_cuda_api_v4), and the plan (made before any GPU is open, so it runs here) must
  * size the activations the model will use, or the model's assertion stops the first step on
  * the GPU. fp32 keeps them in fp32 on both; the difference is exactly those arrays at 2
  * bytes instead of 4 per block. */

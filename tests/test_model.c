@@ -450,7 +450,9 @@ static void test_reference_model_loads_in_flatshard(void) {
  * the same bits again. It also keeps gu in bf16 (fs_matmul_forward_bf16_inp_out): this reference
  * rounds its fp32 gu the same way (fs_cast) and runs the fp32 SwiGLU on the widened values;
  * and q/k/v and the attention output, which this reference rounds and widens in place (its
- * o_proj GEMMs read the widened output, llama.c the bf16 one: the same bits). */
+ * o_proj GEMMs read the widened output, llama.c the bf16 one: the same bits); and ln1, ln2,
+ * which llama.c writes in bf16 (fs_rmsnorm_forward_bf16) where this reference keeps them in
+ * fp32 for GEMMs that round them: the same bits. */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     uint16_t *gu16; /* (N, 2FF): the bf16 route keeps gu in bf16 */

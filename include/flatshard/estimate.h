@@ -74,9 +74,10 @@ typedef struct fs_hardware {
                                 (this-machine: the CPU's): the MLP keeps gu in bf16 and its
                                 SwiGLU reads it and writes the GEMMs' operands h and dgu in
                                 bf16, backward makes h again in SwiGLU's backward pass with
-                                no zeroing of dgu, and q/k/v and the attention output are
-                                kept in bf16, rounded and widened by cast passes (estimate.c
-                                counts those bytes). The presets keep every activation at
+                                no zeroing of dgu, q/k/v and the attention output are kept
+                                in bf16, rounded and widened by cast passes, and the RMSNorms
+                                write their outputs in bf16 (estimate.c counts those bytes).
+                                The presets keep every activation at
                                 activation_bytes instead (0 here) */
     /* Contention (this-machine): with busy_cores cores computing at once, each on its own
      * step-sized work (one block forward and backward, calibrate.c), a core takes

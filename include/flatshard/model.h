@@ -234,7 +234,8 @@ typedef struct fs_acts {
     float *datt;         /* (N, C); ln1 where ln1 is used, forward and backward (bf16 where
                             bf16_route, as ln2) */
     float *dgu;          /* (N, 2FF); h (its first N·FF) where h is used */
-    float *dh;           /* (N, FF); ln2 (its first N·C) where ln2 is used */
+    float *dh;           /* (N, FF); ln2 (its first N·C floats, or N·C bf16 where bf16_route)
+                            where ln2 is used */
     float *xmid;         /* (N, C) residual after attention, where it is used */
     float *dlnf;         /* (N, C) */
     float *qkv_wide;     /* (N, QKV) the bf16 route's q, k, v in fp32, within a block's op */
@@ -245,9 +246,9 @@ typedef struct fs_acts {
  * other). */
 void fs_acts_bytes(const fs_layout *layout, int64_t B, int64_t T, int64_t ckpt_layers, int bf16_route,
                    size_t *activation_bytes, size_t *other_bytes);
-/* dev NULL: the CPU. On a GPU this also uploads the rope tables. bf16_route: gu, q/k/v and
- * the attention output are kept in bf16, for a model under bf16 (every device's table has
- * the route's kernels); the model asserts that the two agree. */
+/* dev NULL: the CPU. On a GPU this also uploads the rope tables. bf16_route: gu, q/k/v, the
+ * attention output and the norms' outputs are kept in bf16, for a model under bf16 (every
+ * device's table has the route's kernels); the model asserts that the two agree. */
 struct fs_device;
 fs_status fs_acts_init(fs_acts *out, const fs_layout *layout, int64_t B, int64_t T,
                        int64_t ckpt_layers, int bf16_route, struct fs_device *dev, fs_mem *mem);

@@ -102,8 +102,9 @@ typedef struct fs_plan_config {
     int always_ring;          /* 1: a rank alone still gathers through the ring (a GPU: the
                                  streams-and-events protocol of the multi-GPU engine) */
     size_t device_bytes;      /* a GPU's scratch (fs_device_scratch_bytes), in other */
-    int bf16_route;           /* 1: the activations keep gu, q/k/v and the attention output in
-                                 bf16 (the bf16 route, under bf16); fs_acts_bytes */
+    int bf16_route;           /* 1: the activations keep gu, q/k/v, the attention output and
+                                 the final norm's output in bf16 (the bf16 route, under
+                                 bf16); fs_acts_bytes */
     int fp32_grad_wire;       /* 1: gradients travel as fp32 even under bf16: on a GPU (NCCL
                                  sums in the data type, so a bf16 wire would accumulate in
                                  bf16), or asked for (--fp32-grad-wire: twice the bytes, to

@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v5; only CUDA builds compile this file.
+ * table, fs_cuda_api_v6; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -13,8 +13,9 @@
  * once a failure is recorded the entries launch nothing, so the first error is the one
  * reported, and the engine returns it at its next check.
  *
- * Scratch. The bf16 linear layers cast their fp32 activation operands into a bf16 scratch
- * (cuBLASLt takes one input type for both operands), reserved once by fs_acts_init; the
+ * Scratch. The bf16 linear layers cast their fp32 operands into a bf16 scratch (cuBLASLt
+ * takes one input type for both operands; on the model's bf16 route only a backward's output
+ * gradient is fp32, every activation operand is bf16 already), reserved once by fs_acts_init; the
  * cuBLASLt workspace and the sum-of-squares partials are reserved with it. Between GEMMs the
  * scratch also holds the tensor-core attention's D = dout . out (B, NH, T) fp32 during its
  * backward (attention_tc_backward below). All of it comes from the device's accounting
@@ -403,9 +404,10 @@ static fs_gemm_operand operand(const void *data, int bf16, int trans, int64_t ld
 
 /* The fp32 operands of a bf16 linear layer, cast into the scratch: x at its start, y after
  * it at a 256-byte boundary (cuBLASLt's fast kernels want aligned operands). The model's
- * bf16 route casts one operand at a time (fs_acts_scratch_bytes counts it); two, the fp32
- * entries' linear_backward under bf16, are the planner's calibration, which reserves a
- * scratch of its own for them (src/shard/calibrate.c). */
+ * bf16 route casts one operand at a time (fs_acts_scratch_bytes counts it); two are cast
+ * only by the fp32 entries' linear_backward given bf16 weights, which the model never calls
+ * (tests/test_device.c checks that), so the scratch may be too small for them: the check
+ * below says so instead of writing past it. */
 static fs_status bf16_operands(fs_device *d, const float *x, int64_t nx, const uint16_t **xb,
                                const float *y, int64_t ny, const uint16_t **yb) {
     fs_device_impl *g = d->impl;
@@ -714,8 +716,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v5;
-const fs_cuda_api fs_cuda_api_v5 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v6;
+const fs_cuda_api fs_cuda_api_v6 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

@@ -24,9 +24,10 @@
  * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the bf16-MLP
  * entries appended; v4: the CUDA table fills those entries (every table has them since: the
  * plan sizes the bf16 route's activations before the library is loaded); v5: the kernel-time
- * profile's three functions. Rename whenever fs_cuda_api, fs_kernel_table or what the table
+ * profile's three functions; v6: the linear forwards take a residual (no accumulate flag),
+ * the gate/up entries take a bf16 inp, rmsnorm_forward_bf16 appended. Rename whenever fs_cuda_api, fs_kernel_table or what the table
  * fills changes. */
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v5"
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v6"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */

@@ -389,7 +389,13 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * first half of its scratch), read so by the down projection's GEMMs, and in backward dgu
  * (into the first half of its array, with h again after it), read so by the gate/up
  * projection's backward GEMMs: those GEMMs would round the fp32 arrays to bf16 anyway, the
- * same bits, half the bytes written, no rounding stages, no zeroing of dgu. One bf16 route
+ * same bits, half the bytes written, no rounding stages, no zeroing of dgu.
+ * The RMSNorm outputs ln1 and ln2 (in the first halves of their scratch slots) and the final
+ * norm's (its array, half-sized): read only by the QKV, gate/up and head GEMMs, which round
+ * them to bf16 anyway, so the norms write them rounded (fs_rmsnorm_forward_bf16) and the GEMMs
+ * read them through the _inp entries: the same bits, half the bytes written, and on a GPU no
+ * activation operand left to cast. (As for q/k/v above, an element just below FLT_MIN, which
+ * the CPU's GEMM packing took as zero, is now FLT_MIN.) One bf16 route
  * (every device's table has its kernels), one fp32; the activations are sized for it
  * (fs_acts_init's bf16_route). */
 static int in_bf16_route(const fs_model *m, const fs_acts *a) {

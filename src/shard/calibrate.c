@@ -853,7 +853,8 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
     out->devices_per_node = devices_per_node > 0 ? devices_per_node : 1;
     out->latency_s = 50e-6;      /* one collective through the worker, 35-60 us (BENCHMARKS.md) */
     out->activation_bytes = 4;   /* flatshard's CPU kernels keep activations in fp32 */
-    out->bf16_route = 1;         /* but gu, h, dgu, q/k/v and att in bf16 under bf16 (llama.c) */
+    out->bf16_route = 1;         /* but gu, h, dgu, q/k/v, att and the norms' outputs in bf16
+                                    under bf16 (llama.c) */
     if (cal->busy_cores > 1) { /* the estimate's contention rule: estimate.c */
         out->busy_cores = cal->busy_cores;
         out->contention_fp32 = cal->contention_fp32;
