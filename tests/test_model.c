@@ -519,9 +519,54 @@ static void kept_block_backward(const fs_model *m, const fs_acts *a, int l, cons
     K->rmsnorm_backward(dev, k->dres, dnorm, k->dln, x, ln1_w, k->rstd1, N, C);
 }
 
+/* The head as llama.c ran it while it kept the final norm's output in fp32 (the bf16 route
+ * now keeps it in bf16 for GEMMs that round it anyway): the final RMSNorm, each vocabulary
+ * chunk's logits and cross-entropy state, the loss, then in backward each chunk's logits
+ * again (last chunk first), its dlogits, the chunk's weight gradient and dlnf, and the final
+ * norm's backward into a zeroed dres. Returns the loss; dw_head is the head's units in order,
+ * each l->units[u].numel. */
+static double kept_head(const fs_model *m, const fs_acts *a, const void *const *unit_w, const float *norm_w,
+                        float *dw_head, float *dnorm_f /* (C) */, float *dres /* (N, C) */) {
+    fs_device *dev = m->dev;
+    const fs_kernel_table *K = fs_device_kernels(dev);
+    const fs_layout *l = m->layout;
+    const int64_t N = a->N, C = l->cfg.hidden_size, L = l->cfg.num_hidden_layers;
+    const float *x = a->x + L * N * C, *final_w = norm_w + 2 * L * C;
+    float *lnf = calloc((size_t)(N * C), sizeof(float)), *rstd = calloc((size_t)N, sizeof(float));
+    float *rm = calloc((size_t)N, sizeof(float)), *rs = calloc((size_t)N, sizeof(float));
+    float *tl = calloc((size_t)N, sizeof(float)), *dlnf = calloc((size_t)(N * C), sizeof(float));
+    float *logits = calloc((size_t)(N * l->cfg.vocab_size), sizeof(float));
+    double loss = 0.0;
+    K->rmsnorm_forward(dev, lnf, rstd, x, final_w, N, C, (float)l->cfg.rms_norm_eps);
+    for (int op = 0; op < l->n_ops; op++) {
+        const fs_op *o = &l->ops[op];
+        if (o->kind != FS_UNIT_HEAD) continue;
+        const fs_unit_info *u = &l->units[o->unit];
+        K->linear_forward(dev, logits, NULL, lnf, unit_w[o->unit], m->bf16_weights, N, C, u->rows);
+        K->xent_chunk_forward(dev, rm, rs, tl, logits, a->targets, N, u->rows, u->row0, o->first_of_kind);
+        if (o->last_of_kind) K->xent_finish(dev, rm, rm, rs, tl, N, &loss);
+    }
+    for (int op = l->n_ops - 1; op >= 0; op--) {
+        const fs_op *o = &l->ops[op];
+        if (o->kind != FS_UNIT_HEAD) continue;
+        const fs_unit_info *u = &l->units[o->unit];
+        K->linear_forward(dev, logits, NULL, lnf, unit_w[o->unit], m->bf16_weights, N, C, u->rows);
+        K->xent_chunk_backward(dev, logits, logits, rm, a->targets, N, u->rows, u->row0, 1.0f / (float)N);
+        float *dwu = dw_head;
+        for (int v = 0; v < op; v++) /* the unit's place among the head's units, in op order */
+            if (l->ops[v].kind == FS_UNIT_HEAD) dwu += l->units[l->ops[v].unit].numel;
+        K->linear_backward(dev, dlnf, dwu, logits, lnf, unit_w[o->unit], m->bf16_weights, N, C, u->rows,
+                           !o->last_of_kind, 0);
+    }
+    memset(dres, 0, (size_t)(N * C) * sizeof(float));
+    K->rmsnorm_backward(dev, dres, dnorm_f, dlnf, x, final_w, rstd, N, C);
+    free(lnf), free(rstd), free(rm), free(rs), free(tl), free(dlnf), free(logits);
+    return loss;
+}
+
 static void test_recomputed_activations_give_the_kept_gradients(void) {
     /* GQA, FF not a multiple of 16, odd T; 3 blocks so that a checkpointed one shares its
-     * slot */
+     * slot; the vocabulary in chunks of 16 (four head units) */
     model_case mc = {"recompute", make_cfg(48, 72, 3, 3, 1, 61, 0), 2, 7, 0};
     const fs_llama_config *c = &mc.cfg;
     const int64_t N = mc.B * mc.T, C = c->hidden_size, FF = c->intermediate_size;
@@ -536,7 +581,7 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             fs_device *dev = NULL;
             fs_weights w, g;
             fs_acts a;
-            CHECK_OK(fs_layout_init(&l, c, 0));
+            CHECK_OK(fs_layout_init(&l, c, 16));
             CHECK_OK(fs_mem_init(&mem, 0));
             CHECK_OK(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
             CHECK_OK(fs_weights_init(&w, &l, mem, FS_MEM_OTHER, "weights"));
@@ -574,12 +619,40 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
             #define UNIT_W(u) (bf16 ? (const void *)(w16 + w.unit_offset[u]) : (const void *)fs_weights_unit(&w, u))
             for (int op = 0; op < l.n_ops; op++)
                 fs_model_forward(&m, &a, op, UNIT_W(l.ops[op].unit), norm_w);
+            /* the head as it ran with its norm's output in fp32: the loss and, after the head's
+             * backward, its gradients, bit for bit */
+            const void **unit_w = calloc((size_t)l.n_units, sizeof *unit_w);
+            int64_t head_numel = 0;
+            for (int u = 0; u < l.n_units; u++) unit_w[u] = UNIT_W(u);
+            for (int op = 0; op < l.n_ops; op++)
+                if (l.ops[op].kind == FS_UNIT_HEAD) head_numel += l.units[l.ops[op].unit].numel;
+            float *hdw = calloc((size_t)head_numel, sizeof(float)), *hdnorm = calloc((size_t)C, sizeof(float));
+            float *hdres = calloc((size_t)(N * C), sizeof(float));
+            const double kept_loss = kept_head(&m, &a, unit_w, norm_w, hdw, hdnorm, hdres);
+            CHECK(memcmp(&kept_loss, a.loss_sum, sizeof kept_loss) == 0,
+                  "bf16 %d, %lld checkpointed: the loss %.17g, with the final norm's output in fp32 %.17g", bf16,
+                  (long long)ckpt, *a.loss_sum, kept_loss);
+            int heads = 0;
             int blocks_equal = 0;
             for (int op = l.n_ops - 1; op >= 0; op--) {
                 const int u = l.ops[op].unit;
                 const int is_block = l.ops[op].kind == FS_UNIT_BLOCK, bl = l.units[u].index;
                 if (is_block) memcpy(dres_in, a.dres, (size_t)(N * C) * sizeof(float));
                 fs_model_backward(&m, &a, op, UNIT_W(u), fs_weights_unit(&g, u), 0, norm_w, norm_dw);
+                if (l.ops[op].kind == FS_UNIT_HEAD && l.ops[op].first_of_kind) { /* the head's backward done */
+                    int same = memcmp(hdnorm, norm_dw + 2 * c->num_hidden_layers * C, (size_t)C * sizeof(float)) == 0 &&
+                               memcmp(hdres, a.dres, (size_t)(N * C) * sizeof(float)) == 0;
+                    const float *hw = hdw;
+                    for (int v = 0; v < l.n_ops; v++)
+                        if (l.ops[v].kind == FS_UNIT_HEAD) {
+                            const int hu = l.ops[v].unit;
+                            heads++;
+                            same &= memcmp(hw, fs_weights_unit(&g, hu), (size_t)l.units[hu].numel * sizeof(float)) == 0;
+                            hw += l.units[hu].numel;
+                        }
+                    CHECK(same, "bf16 %d, %lld checkpointed: the head's weight, final norm and residual gradients "
+                          "equal those with the final norm's output in fp32, bit for bit", bf16, (long long)ckpt);
+                }
                 if (!is_block) continue;
                 kept_block_backward(&m, &a, bl, UNIT_W(u), norm_w, dres_in, &k, kdw, kdnorm);
                 /* the forward's output too (under bf16 llama.c made h in bf16) */
@@ -595,7 +668,9 @@ static void test_recomputed_activations_give_the_kept_gradients(void) {
                 blocks_equal += same;
             }
             #undef UNIT_W
-            CHECK(blocks_equal == c->num_hidden_layers, "every block compared (%d)", blocks_equal);
+            CHECK(blocks_equal == c->num_hidden_layers && heads == 4, "every block (%d) and head chunk (%d) compared",
+                  blocks_equal, heads);
+            free(unit_w), free(hdw), free(hdnorm), free(hdres);
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) free(*bufs[i]);
             free(k.gu16);
             free(k.act16);
