@@ -13,7 +13,8 @@
  *   4. a long sequence (T = 2048), and the shapes the kernels refuse;
  *   5. the same for the tensor-core kernels (attention_tc.cu, the bf16 policy's), on bf16
  *      inputs and within per-element bounds of their own bf16 rounding ("tensor cores",
- *      near the end, says how they are derived).
+ *      near the end, says how they are derived); their bf16 form (q, k, v and out in bf16)
+ *      gives their fp32 form's bits, out rounded.
  *
  * Shapes are awkward on purpose: T = 1, 7, 13, 70 (two 64-key tiles), 97, 300 (partial last
  * tiles of 32 and 64); HS = 6, 8, 64, 128, 200 and 256 (the kernels' three instances, with
@@ -22,7 +23,8 @@
  *
  * Included by tests/test_cuda.c, which defines before it the harness (harness.h), a check that
  * a GPU exists before any test runs, and the helpers used here: dev_upload (cudaMalloc + copy;
- * NULL after a recorded failure), dev_download (synchronous), dev_free and fill_uniform.
+ * NULL after a recorded failure), dev_download (synchronous), their u16 forms, dev_put,
+ * dev_free and fill_uniform.
  * Everything here is static and named cuda_att_*, apart from the test functions.
  *
  * Tolerances (of the fp32 kernels). u = 2^-24 ~ 6e-8. Both sides compute the same fp32 formulas with their sums in
@@ -666,6 +668,89 @@ static void test_cuda_attention_tc_deterministic(void) {
     cuda_att_each(shapes, CUDA_ATT_COUNT(shapes), 0, cuda_att_tc_twice);
 }
 
+/* The kernels' bf16 form (q, k, v and out in bf16: the bf16 route's entries) against their
+ * fp32 form on the same values widened: out is the fp32 form's rounded (fs_fp32_to_bf16), lse,
+ * dq, dk, dv and the D workspace are its bits. The inputs are bf16 numbers (cuda_att_each's
+ * bf16 = 1) and the backward reads the CPU forward's out rounded to bf16, in both forms. */
+static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
+    const cuda_att_shape s = c->s;
+    const int64_t nqkv = c->N * c->ld, nout = c->N * c->C, nd = s.B * s.NH * s.T;
+    const int64_t ng = c->N * c->ldd, kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
+    uint16_t *qkv16 = malloc((size_t)(nqkv > 0 ? nqkv : 1) * sizeof(uint16_t));
+    uint16_t *o16 = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(uint16_t));
+    uint16_t *got16 = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(uint16_t));
+    float *ow = cuda_att_alloc(nout), *out32 = cuda_att_alloc(nout);
+    float *lse[2] = {cuda_att_alloc(nd), cuda_att_alloc(nd)}, *g[2] = {cuda_att_alloc(ng), cuda_att_alloc(ng)};
+    float *delta[2] = {cuda_att_alloc(nd), cuda_att_alloc(nd)};
+    if (!qkv16 || !o16 || !got16) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    for (int64_t i = 0; i < nqkv; i++) qkv16[i] = fs_fp32_to_bf16(c->qkv[i]);
+    for (int64_t i = 0; i < nout; i++) o16[i] = fs_fp32_to_bf16(c->out[i]), ow[i] = fs_bf16_to_fp32(o16[i]);
+    float *d_qkv = dev_upload(c->qkv, nqkv), *d_ow = dev_upload(ow, nout);
+    uint16_t *d_qkv16 = dev_upload_u16(qkv16, nqkv), *d_o16 = dev_upload_u16(o16, nout);
+    float *d_dout = dev_upload(c->dout, nout), *d_lse = dev_upload(c->lse, nd);
+    float *d_out32 = dev_upload(ow, nout), *d_lseo = dev_upload(c->lse, nd); /* NaN-filled below */
+    uint16_t *d_out16 = dev_upload_u16(o16, nout);
+    float *d_g = dev_upload(c->g0, ng), *d_delta = dev_upload(c->lse, nd); /* NaN-filled below */
+    if (d_qkv && d_ow && d_qkv16 && d_o16 && d_dout && d_lse && d_out32 && d_lseo && d_out16 && d_g &&
+        d_delta) {
+        for (int form = 0; form < 2; form++) { /* 0: fp32, 1: bf16 */
+            /* what each form must write starts as NaN (out16: 0xffff), so that an element
+             * left over from the other form, or never written, shows */
+            dev_fill(d_lseo, nd, NAN);
+            dev_fill(d_delta, nd, NAN);
+            if (form == 0) dev_fill(d_out32, nout, NAN); /* read after both forms */
+            CHECK(cudaMemset(d_out16, 0xff, (size_t)nout * sizeof(uint16_t)) == cudaSuccess,
+                  "cudaMemset of the bf16 output");
+            if (form == 0)
+                CHECK_OK(fs_cuda_attention_tc_forward(NULL, d_out32, d_lseo, d_qkv, d_qkv + kcol, d_qkv + vcol,
+                                                      c->ld, s.B, s.T, s.NH, s.NKV, s.HS));
+            else
+                CHECK_OK(fs_cuda_attention_tc_forward_bf16(NULL, d_out16, d_lseo, d_qkv16, d_qkv16 + kcol,
+                                                           d_qkv16 + vcol, c->ld, s.B, s.T, s.NH, s.NKV,
+                                                           s.HS));
+            dev_download(lse[form], d_lseo, nd);
+            dev_put(d_g, c->g0, (size_t)ng * sizeof(float));
+            if (form == 0)
+                CHECK_OK(fs_cuda_attention_tc_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_delta, d_dout,
+                                                       d_qkv, d_qkv + kcol, d_qkv + vcol, c->ld, d_ow, d_lse,
+                                                       s.B, s.T, s.NH, s.NKV, s.HS));
+            else
+                CHECK_OK(fs_cuda_attention_tc_backward_bf16(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_delta,
+                                                            d_dout, d_qkv16, d_qkv16 + kcol, d_qkv16 + vcol,
+                                                            c->ld, d_o16, d_lse, s.B, s.T, s.NH, s.NKV,
+                                                            s.HS));
+            dev_download(g[form], d_g, ng);
+            dev_download(delta[form], d_delta, nd);
+        }
+        dev_download(out32, d_out32, nout);
+        dev_download_u16(got16, d_out16, nout);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < nout; i++) bad += got16[i] != fs_fp32_to_bf16(out32[i]);
+        char name[192];
+        cuda_att_name(name, sizeof name, "tc bf16 form", &s);
+        CHECK(bad == 0, "%s: %lld of %lld out elements are not the fp32 form's rounded", name,
+              (long long)bad, (long long)nout);
+        CHECK(memcmp(lse[0], lse[1], (size_t)nd * sizeof(float)) == 0, "%s: lse differs from the fp32 form's",
+              name);
+        CHECK(memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0, "%s: dq, dk, dv differ from the fp32 form's",
+              name);
+        CHECK(memcmp(delta[0], delta[1], (size_t)nd * sizeof(float)) == 0,
+              "%s: the stored D differs from the fp32 form's", name);
+    }
+    void *dev[] = {d_qkv, d_ow, d_qkv16, d_o16, d_dout, d_lse, d_out32, d_lseo, d_out16, d_g, d_delta};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i]) dev_free(dev[i]);
+    free(qkv16), free(o16), free(got16), free(ow), free(out32);
+    free(lse[0]), free(lse[1]), free(g[0]), free(g[1]), free(delta[0]), free(delta[1]);
+}
+
+static void test_cuda_attention_tc_bf16_form(void) {
+    cuda_att_each(cuda_att_tc_shapes, CUDA_ATT_COUNT(cuda_att_tc_shapes), 1, cuda_att_tc_bf16_form);
+}
+
 /* The tensor-core kernels take head sizes 64 and 128 only, and refuse the rest before
  * launching anything; an empty batch launches nothing. */
 static void test_cuda_attention_tc_shapes(void) {
@@ -681,6 +766,17 @@ static void test_cuda_attention_tc_shapes(void) {
     CHECK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, NULL,
                                         448, NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
           "tc: NH = 3, NKV = 2 accepted");
+    CHECK(fs_cuda_attention_tc_forward_bf16(NULL, NULL, NULL, NULL, NULL, NULL, 288, 1, 4, 1, 1, 96) ==
+              FS_ERR_USAGE,
+          "tc bf16: HS = 96 accepted");
+    CHECK(strstr(fs_error_message(), "attention_tc_forward_bf16") != NULL, "message '%s' names no kernel",
+          fs_error_message());
+    CHECK(fs_cuda_attention_tc_backward_bf16(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, NULL,
+                                             448, NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
+          "tc bf16: NH = 3, NKV = 2 accepted");
+    CHECK_OK(fs_cuda_attention_tc_forward_bf16(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
+    CHECK_OK(fs_cuda_attention_tc_backward_bf16(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
+                                                NULL, 512, NULL, NULL, 0, 5, 1, 1, 128));
     CHECK_OK(fs_cuda_attention_tc_forward(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
     CHECK_OK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
                                            NULL, 512, NULL, NULL, 0, 5, 1, 1, 128));

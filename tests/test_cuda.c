@@ -367,6 +367,7 @@ static void test_cuda_empty_and_bad_sizes(void) {
     CHECK_OK(fs_cuda_rmsnorm_backward(st, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8));
     CHECK_OK(fs_cuda_rope_forward(st, NULL, 8, NULL, NULL, 0, 4, 1, 8));
     CHECK_OK(fs_cuda_rope_backward(st, NULL, 8, NULL, NULL, 2, 0, 1, 8));
+    CHECK_OK(fs_cuda_rope_forward_bf16_out(st, NULL, NULL, NULL, NULL, 2, 0, 1, 1, 8));
     CHECK_OK(fs_cuda_swiglu_forward(st, NULL, NULL, 0, 8));
     CHECK_OK(fs_cuda_swiglu_backward(st, NULL, NULL, NULL, 4, 0));
     CHECK_OK(fs_cuda_swiglu_forward_bf16(st, NULL, NULL, 0, 8));
@@ -379,6 +380,11 @@ static void test_cuda_empty_and_bad_sizes(void) {
     CHECK_OK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp));
     CHECK(fs_cuda_rope_forward(st, NULL, 8, NULL, NULL, 1, 1, 1, 7) == FS_ERR_USAGE,
           "an odd head size must be a usage error");
+    CHECK(fs_cuda_rope_forward_bf16_out(st, NULL, NULL, NULL, NULL, 1, 1, 1, 1, 7) == FS_ERR_USAGE,
+          "rope_forward_bf16_out: an odd head size must be a usage error");
+    CHECK(fs_cuda_rope_forward_bf16_out(st, NULL, NULL, NULL, NULL, 1, 1, (int64_t)1 << 30, 0, 4) ==
+              FS_ERR_USAGE,
+          "rope_forward_bf16_out: 2^31 items a row must be a usage error");
     hp.step = 0;
     CHECK(fs_cuda_adamw_update(st, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) == FS_ERR_USAGE,
           "adamw step 0 must be a usage error");
@@ -646,6 +652,44 @@ static void test_cuda_rope(void) {
         }
         dev_free(dcs), dev_free(dsn);
         free(cs), free(sn);
+    }
+}
+
+/* The bf16 route's forward RoPE: q and k of the QKV projection's rows rotated, every value
+ * rounded (fs_cuda_rope_forward_bf16_out) is the CPU's rope_forward on q and on k then its
+ * cast, bit for bit, and leaves its input alone. 70000 rows go round the row loop; the last
+ * case has 1856 + 512 items a row, more than one block. */
+static void test_cuda_rope_forward_bf16_out(void) {
+    static const int64_t cases[][5] = {{1, 1, 1, 1, 6}, {2, 7, 3, 1, 8}, {3, 13, 4, 2, 64},
+                                       {1, 70, 2, 2, 64}, {70000, 1, 1, 1, 8}, {1, 3, 25, 4, 128}};
+    for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
+        const int64_t B = cases[s][0], T = cases[s][1], NH = cases[s][2], NKV = cases[s][3];
+        const int64_t HS = cases[s][4], QKV = (NH + 2 * NKV) * HS, n = B * T * QKV, half = HS / 2;
+        float *cs = fnew(T * half), *sn = fnew(T * half), *x = fnew(n), *x0 = fnew(n), *back = fnew(n);
+        uint16_t *want = malloc((size_t)n * sizeof *want), *got = malloc((size_t)n * sizeof *got);
+        if (!want || !got) {
+            fprintf(stderr, "test_cuda: out of memory\n");
+            exit(2);
+        }
+        fs_rope_table(cs, sn, T, HS, 10000.0f);
+        fill_normal(x, n, 1.0f);
+        memcpy(x0, x, (size_t)n * sizeof *x);
+        float *dcs = dev_upload(cs, T * half), *dsn = dev_upload(sn, T * half), *dx = dev_upload(x, n);
+        memset(got, 0xff, (size_t)n * sizeof *got);
+        uint16_t *dout = dev_upload_u16(got, n); /* NaNs, each to be overwritten */
+        fs_rope_forward(NULL, x, QKV, cs, sn, B, T, NH, HS);
+        fs_rope_forward(NULL, x + NH * HS, QKV, cs, sn, B, T, NKV, HS);
+        fs_cast_fp32_to_bf16(NULL, want, x, n);
+        CHECK_OK(fs_cuda_rope_forward_bf16_out(test_stream, dout, dx, dcs, dsn, B, T, NH, NKV, HS));
+        dev_download_u16(got, dout, n);
+        dev_download(back, dx, n);
+        char what[128];
+        snprintf(what, sizeof what, "rope forward bf16_out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld", (long long)B,
+                 (long long)T, (long long)NH, (long long)NKV, (long long)HS);
+        CHECK_BITS16(what, got, want, n);
+        CHECK_BITS("its input, unchanged", back, x0, n);
+        dev_free(dcs), dev_free(dsn), dev_free(dx), dev_free(dout);
+        free(cs), free(sn), free(x), free(x0), free(back), free(want), free(got);
     }
 }
 
@@ -1308,6 +1352,7 @@ int main(void) {
     RUN_SEEDED(test_cuda_embedding);
     RUN_SEEDED(test_cuda_rmsnorm);
     RUN_SEEDED(test_cuda_rope);
+    RUN_SEEDED(test_cuda_rope_forward_bf16_out);
     RUN_SEEDED(test_cuda_swiglu);
     RUN_SEEDED(test_cuda_swiglu_bf16);
     RUN_SEEDED(test_cuda_xent);
@@ -1321,6 +1366,7 @@ int main(void) {
     RUN_SEEDED(test_cuda_attention_tc);
     RUN_SEEDED(test_cuda_attention_tc_long);
     RUN_SEEDED(test_cuda_attention_tc_deterministic);
+    RUN_SEEDED(test_cuda_attention_tc_bf16_form);
     RUN_SEEDED(test_cuda_attention_tc_shapes);
     cudaStreamDestroy(test_stream);
     return fs_test_summary();

@@ -195,9 +195,15 @@ static void test_emulated_memory_is_the_plan(void) {
  * blocks, tied and untied. The largest must fit, and fill the rule (a looser rule wastes GPU
  * memory: the first norm's C beside dqkv, which the route no longer casts, would show). On
  * the bf16 route every activation operand is bf16 already: the fp32 entries, which cast
- * their inputs under bf16, are never called with bf16 weights. */
+ * their inputs under bf16, are never called with bf16 weights; nor the fp32 attention
+ * entries, whose fp32 q/k/v and output the model would have to widen (the route's entries
+ * take them in bf16, which the GPU's tensor-core attention reads as they are), nor the fp32
+ * forward RoPE, whose output the model would have to round (rope_forward_bf16_out writes
+ * the rounded q/k/v). */
 static int64_t operand_need;  /* the largest, in elements */
 static int fp32_entry_casts;  /* calls of linear_forward or linear_backward with bf16 = 1 */
+static int fp32_attention_calls; /* calls of attention_forward or attention_backward */
+static int fp32_rope_forward_calls;
 static void need_operands(int64_t nx, int64_t ny) {
     const int64_t n = ny ? (nx + 127) / 128 * 128 + ny : nx;
     if (n > operand_need) operand_need = n;
@@ -220,8 +226,32 @@ static void audit_linear_backward_bf16_inp(fs_device *d, float *dinp, float *dw,
     fs_cpu_kernel_table.linear_backward_bf16_inp(d, dinp, dw, dout, inp, w, N, IC, OC, acc_dinp, acc_dw);
 }
 
+static void audit_attention_forward(fs_device *d, float *out, float *lse, const float *q, const float *k,
+                                    const float *v, int64_t ld, int64_t B, int64_t T_, int64_t NH, int64_t NKV,
+                                    int64_t HS, int bf16) {
+    fp32_attention_calls++;
+    fs_cpu_kernel_table.attention_forward(d, out, lse, q, k, v, ld, B, T_, NH, NKV, HS, bf16);
+}
+static void audit_attention_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ldd, const float *dout,
+                                     const float *q, const float *k, const float *v, int64_t ld, const float *out,
+                                     const float *lse, int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS,
+                                     int bf16) {
+    fp32_attention_calls++;
+    fs_cpu_kernel_table.attention_backward(d, dq, dk, dv, ldd, dout, q, k, v, ld, out, lse, B, T_, NH, NKV, HS,
+                                           bf16);
+}
+
+static void audit_rope_forward(fs_device *d, float *x, int64_t ld, const float *cs, const float *sn, int64_t B,
+                               int64_t T_, int64_t heads, int64_t HS) {
+    fp32_rope_forward_calls++;
+    fs_cpu_kernel_table.rope_forward(d, x, ld, cs, sn, B, T_, heads, HS);
+}
+
 static void test_gpu_operand_scratch_holds_every_cast(void) {
     fs_kernel_table audit = fs_cpu_kernel_table;
+    audit.rope_forward = audit_rope_forward;
+    audit.attention_forward = audit_attention_forward;
+    audit.attention_backward = audit_attention_backward;
     audit.linear_forward = audit_linear_forward;
     audit.linear_backward = audit_linear_backward;
     audit.linear_backward_bf16_inp = audit_linear_backward_bf16_inp;
@@ -238,7 +268,13 @@ static void test_gpu_operand_scratch_holds_every_cast(void) {
         if (c == 3) spec.tc.ckpt_layers = 2;
         operand_need = 0;
         fp32_entry_casts = 0;
+        fp32_attention_calls = 0;
+        fp32_rope_forward_calls = 0;
         CHECK_OK(run(1, &spec));
+        CHECK(fp32_rope_forward_calls == 0, "case %d: %d calls of the fp32 forward RoPE under bf16 (the route's "
+              "rope_forward_bf16_out rotates and rounds q/k/v in one entry)", c, fp32_rope_forward_calls);
+        CHECK(fp32_attention_calls == 0, "case %d: %d calls of the fp32 attention entries under bf16 (their q/k/v "
+              "and output are the bf16 route's kept arrays widened)", c, fp32_attention_calls);
         CHECK(fp32_entry_casts == 0, "case %d: %d calls of the fp32 linear entries under bf16 (each casts an "
               "activation the bf16 route keeps in bf16)", c, fp32_entry_casts);
         fs_layout l;

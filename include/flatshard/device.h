@@ -170,7 +170,27 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *   linear_forward_bf16_inp_out  the gate/up projection's forward from the second norm,
  *                 writing gu in bf16 (fs_matmul_forward_bf16_inp_out: the fp32 result
  *                 rounded, bit for bit), which the two bf16 SwiGLU kernels read (this one
- *                 rounds a value the fp32 route keeps). */
+ *                 rounds a value the fp32 route keeps);
+ *   attention_forward_bf16_qkv_out, attention_backward_bf16_qkv_out  no kernels.h kernel of
+ *                 the name: the attention of the bf16 policy (the attention entries with
+ *                 bf16 = 1, kernels.h's fs_attention_forward_bf16 on the CPU) on the q, k, v
+ *                 and output the route keeps in bf16. qkv is the (N, (NH + 2 NKV) HS) rows
+ *                 the QKV projection writes (q, k after RoPE), rounded; out (N, NH HS) is
+ *                 written rounded; dqkv (N, the same width, fp32) is added into as by
+ *                 attention_backward; dout and lse are fp32. The bits are those of the fp32
+ *                 entries on qkv and out widened, out rounded. wide_qkv (N x the qkv width)
+ *                 and wide_out (N x NH HS) are fp32 scratch for kernels that read fp32 (the
+ *                 CPU's; the GPU's fp32 fallback), which widen there first and write out
+ *                 there before rounding it; the GPU's tensor-core kernels read and write bf16
+ *                 and leave them. So a profile (train --profile) counts those casts in the
+ *                 attention's span, where the model counted them as other before;
+ *   rope_forward_bf16_out  no kernels.h kernel of the name: the forward RoPE of q and k in
+ *                 the QKV projection's fp32 rows qkv ((N, (NH + 2 NKV) HS)), and every value
+ *                 of the rows rounded into out (bf16, the same layout): the bits of
+ *                 rope_forward on q and on k, then cast_fp32_to_bf16. qkv may be rotated in
+ *                 place (the CPU's does exactly that; the GPU's reads it once and writes only
+ *                 out). A profile counts the rounding in RoPE's span (the model's cast was
+ *                 other). */
 typedef struct fs_kernel_table {
     void (*linear_forward)(fs_device *d, float *out, const float *residual, const float *inp,
                            const void *weight, int bf16, int64_t N, int64_t IC, int64_t OC);
@@ -235,6 +255,18 @@ typedef struct fs_kernel_table {
                                         int64_t N, int64_t IC, int64_t OC);
     void (*rmsnorm_forward_bf16)(fs_device *d, uint16_t *out, float *rstd, const float *inp,
                                  const float *weight, int64_t N, int64_t C, float eps);
+    void (*attention_forward_bf16_qkv_out)(fs_device *d, uint16_t *out, float *lse,
+                                           const uint16_t *qkv, float *wide_qkv, float *wide_out,
+                                           int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                           int64_t HS);
+    void (*attention_backward_bf16_qkv_out)(fs_device *d, float *dqkv, const float *dout,
+                                            const uint16_t *qkv, const uint16_t *out,
+                                            const float *lse, float *wide_qkv, float *wide_out,
+                                            int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                            int64_t HS);
+    void (*rope_forward_bf16_out)(fs_device *d, uint16_t *out, float *qkv, const float *cos_table,
+                                  const float *sin_table, int64_t B, int64_t T, int64_t NH,
+                                  int64_t NKV, int64_t HS);
 } fs_kernel_table;
 
 const fs_kernel_table *fs_device_kernels(const fs_device *dev);

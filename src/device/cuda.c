@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v6; only CUDA builds compile this file.
+ * table, fs_cuda_api_v7; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -553,8 +553,9 @@ static void cuda_rope_backward(fs_device *d, float *dx, int64_t ld, const float 
     LAUNCH(d, fs_cuda_rope_backward(STREAM(d), dx, ld, cos_table, sin_table, B, T, n_heads, HS));
 }
 
-/* The tensor-core attention for this call (see ATT_AUTO): bf16 is the model's policy, which
- * the kernel table passes with every attention call. */
+/* The tensor-core attention for this call (see ATT_AUTO): bf16 is the policy, which the
+ * attention entries take as a flag (the model passes 0, under fp32) and the bf16 route's
+ * entries pass as 1. */
 static int att_tc(const fs_device *d, int64_t HS, int bf16) {
     const fs_device_impl *g = d->impl;
     const int want = g->attention_mode == ATT_TC || (g->attention_mode == ATT_AUTO && bf16);
@@ -576,10 +577,7 @@ static void cuda_attention_forward(fs_device *d, float *out, float *lse, const f
  * floats are N C / HS floats, and the scratch holds at least N C bf16
  * (fs_acts_scratch_bytes), so at HS 64 or 128 D takes at most 1/32 of it. fp32 reserves no
  * scratch: FLATSHARD_CUDA_ATTENTION=tc there is refused here, at the first backward. */
-static fs_status attention_tc_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
-                                       const float *dout, const float *q, const float *k, const float *v,
-                                       int64_t ld_qkv, const float *out, const float *lse, int64_t B,
-                                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+static fs_status attention_tc_delta(fs_device *d, float **delta, int64_t B, int64_t T, int64_t NH) {
     fs_device_impl *g = d->impl;
     const size_t delta_bytes = (size_t)(B * NH * T) * sizeof(float);
     if (!g->scratch)
@@ -591,7 +589,16 @@ static fs_status attention_tc_backward(fs_device *d, float *dq, float *dk, float
     if (delta_bytes > g->scratch_bytes)
         return fs_errorf(FS_ERR_INTERNAL, "attention_tc backward: D needs %zu bytes, the bf16 GEMM operand "
                          "scratch holds %zu", delta_bytes, g->scratch_bytes);
-    float *delta = (float *)(void *)g->scratch; /* (B, NH, T); cudaMalloc's alignment */
+    *delta = (float *)(void *)g->scratch; /* (B, NH, T); cudaMalloc's alignment */
+    return FS_OK;
+}
+
+static fs_status attention_tc_backward(fs_device *d, float *dq, float *dk, float *dv, int64_t ld_dqkv,
+                                       const float *dout, const float *q, const float *k, const float *v,
+                                       int64_t ld_qkv, const float *out, const float *lse, int64_t B,
+                                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    float *delta = NULL;
+    FS_TRY(attention_tc_delta(d, &delta, B, T, NH));
     return fs_cuda_attention_tc_backward(STREAM(d), dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out, lse,
                                          B, T, NH, NKV, HS);
 }
@@ -607,6 +614,66 @@ static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *d
     else
         LAUNCH(d, fs_cuda_attention_backward(STREAM(d), dq, dk, dv, ld_dqkv, dout, q, k, v, ld_qkv, out,
                                              lse, B, T, NH, NKV, HS));
+}
+
+/* The bf16 route's attention (device.h): the tensor-core kernels read q, k, v and out in
+ * bf16 and write out so; where they do not run (att_tc: another head size, or
+ * FLATSHARD_CUDA_ATTENTION=fp32), the fp32 kernels on the arrays widened into the scratch
+ * the model gives, the output rounded back. k_at and v_at: where k and v start in a qkv row. */
+static fs_status attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, float *lse,
+                                                const uint16_t *qkv, float *wide_qkv,
+                                                float *wide_out, int64_t B, int64_t T, int64_t NH,
+                                                int64_t NKV, int64_t HS) {
+    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS, k_at = NH * HS, v_at = (NH + NKV) * HS;
+    if (att_tc(d, HS, 1))
+        return fs_cuda_attention_tc_forward_bf16(STREAM(d), out, lse, qkv, qkv + k_at, qkv + v_at, QKV,
+                                                 B, T, NH, NKV, HS);
+    FS_TRY(fs_cuda_cast_bf16_to_fp32(STREAM(d), wide_qkv, qkv, N * QKV));
+    FS_TRY(fs_cuda_attention_forward(STREAM(d), wide_out, lse, wide_qkv, wide_qkv + k_at,
+                                     wide_qkv + v_at, QKV, B, T, NH, NKV, HS));
+    return fs_cuda_cast_fp32_to_bf16(STREAM(d), out, wide_out, N * NH * HS);
+}
+
+static void cuda_attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, float *lse,
+                                                const uint16_t *qkv, float *wide_qkv,
+                                                float *wide_out, int64_t B, int64_t T, int64_t NH,
+                                                int64_t NKV, int64_t HS) {
+    LAUNCH(d, attention_forward_bf16_qkv_out(d, out, lse, qkv, wide_qkv, wide_out, B, T, NH, NKV, HS));
+}
+
+static fs_status attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
+                                                 const uint16_t *qkv, const uint16_t *out,
+                                                 const float *lse, float *wide_qkv,
+                                                 float *wide_out, int64_t B, int64_t T,
+                                                 int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS, k_at = NH * HS, v_at = (NH + NKV) * HS;
+    if (att_tc(d, HS, 1)) {
+        float *delta = NULL;
+        FS_TRY(attention_tc_delta(d, &delta, B, T, NH));
+        return fs_cuda_attention_tc_backward_bf16(STREAM(d), dqkv, dqkv + k_at, dqkv + v_at, QKV, delta,
+                                                  dout, qkv, qkv + k_at, qkv + v_at, QKV, out, lse, B,
+                                                  T, NH, NKV, HS);
+    }
+    FS_TRY(fs_cuda_cast_bf16_to_fp32(STREAM(d), wide_qkv, qkv, N * QKV));
+    FS_TRY(fs_cuda_cast_bf16_to_fp32(STREAM(d), wide_out, out, N * NH * HS));
+    return fs_cuda_attention_backward(STREAM(d), dqkv, dqkv + k_at, dqkv + v_at, QKV, dout, wide_qkv,
+                                      wide_qkv + k_at, wide_qkv + v_at, QKV, wide_out, lse, B, T, NH,
+                                      NKV, HS);
+}
+
+static void cuda_attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
+                                                 const uint16_t *qkv, const uint16_t *out,
+                                                 const float *lse, float *wide_qkv,
+                                                 float *wide_out, int64_t B, int64_t T,
+                                                 int64_t NH, int64_t NKV, int64_t HS) {
+    LAUNCH(d, attention_backward_bf16_qkv_out(d, dqkv, dout, qkv, out, lse, wide_qkv, wide_out, B, T, NH,
+                                              NKV, HS));
+}
+
+static void cuda_rope_forward_bf16_out(fs_device *d, uint16_t *out, float *qkv, const float *cos_table,
+                                       const float *sin_table, int64_t B, int64_t T, int64_t NH,
+                                       int64_t NKV, int64_t HS) {
+    LAUNCH(d, fs_cuda_rope_forward_bf16_out(STREAM(d), out, qkv, cos_table, sin_table, B, T, NH, NKV, HS));
 }
 
 static void cuda_swiglu_forward(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF) {
@@ -701,6 +768,9 @@ static const fs_kernel_table fs_cuda_kernel_table = {
     .xent_chunk_backward = cuda_xent_chunk_backward,
     .adamw_update = cuda_adamw_update,
     .sum_squares = cuda_sum_squares,
+    .attention_forward_bf16_qkv_out = cuda_attention_forward_bf16_qkv_out,
+    .attention_backward_bf16_qkv_out = cuda_attention_backward_bf16_qkv_out,
+    .rope_forward_bf16_out = cuda_rope_forward_bf16_out,
     .cast_fp32_to_bf16 = cuda_cast_fp32_to_bf16,
     .cast_bf16_to_fp32 = cuda_cast_bf16_to_fp32,
     .copy = cuda_copy,
@@ -716,8 +786,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v6;
-const fs_cuda_api fs_cuda_api_v6 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v7;
+const fs_cuda_api fs_cuda_api_v7 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

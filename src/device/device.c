@@ -443,6 +443,43 @@ static void cpu_attention_backward(fs_device *d, float *dq, float *dk, float *dv
                               NH, NKV, HS);
 }
 
+/* The bf16 route's attention (device.h): the CPU's kernels read fp32 (they round q, k and v
+ * to bf16 tile by tile: kernels.h), so q, k, v and out are widened into the caller's scratch
+ * first and the output rounded back, the casts the model once made around the call. */
+static void cpu_attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, float *lse,
+                                               const uint16_t *qkv, float *wide_qkv,
+                                               float *wide_out, int64_t B, int64_t T, int64_t NH,
+                                               int64_t NKV, int64_t HS) {
+    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS;
+    fs_cast_bf16_to_fp32(d->pool, wide_qkv, qkv, N * QKV);
+    fs_attention_forward_bf16(d->pool, wide_out, lse, wide_qkv, wide_qkv + NH * HS,
+                              wide_qkv + (NH + NKV) * HS, QKV, B, T, NH, NKV, HS);
+    fs_cast_fp32_to_bf16(d->pool, out, wide_out, N * NH * HS);
+}
+
+static void cpu_attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
+                                                const uint16_t *qkv, const uint16_t *out,
+                                                const float *lse, float *wide_qkv,
+                                                float *wide_out, int64_t B, int64_t T,
+                                                int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS;
+    fs_cast_bf16_to_fp32(d->pool, wide_qkv, qkv, N * QKV);
+    fs_cast_bf16_to_fp32(d->pool, wide_out, out, N * NH * HS);
+    fs_attention_backward_bf16(d->pool, dqkv, dqkv + NH * HS, dqkv + (NH + NKV) * HS, QKV, dout,
+                               wide_qkv, wide_qkv + NH * HS, wide_qkv + (NH + NKV) * HS, QKV,
+                               wide_out, lse, B, T, NH, NKV, HS);
+}
+
+/* The bf16 route's forward RoPE (device.h): in place, then rounded, as two steps. */
+static void cpu_rope_forward_bf16_out(fs_device *d, uint16_t *out, float *qkv, const float *cos_table,
+                                      const float *sin_table, int64_t B, int64_t T, int64_t NH,
+                                      int64_t NKV, int64_t HS) {
+    const int64_t QKV = (NH + 2 * NKV) * HS;
+    fs_rope_forward(d->pool, qkv, QKV, cos_table, sin_table, B, T, NH, HS);
+    fs_rope_forward(d->pool, qkv + NH * HS, QKV, cos_table, sin_table, B, T, NKV, HS);
+    fs_cast_fp32_to_bf16(d->pool, out, qkv, B * T * QKV);
+}
+
 static void cpu_swiglu_forward(fs_device *d, float *out, const float *gu, int64_t N, int64_t FF) {
     fs_swiglu_forward(d->pool, out, gu, N, FF);
 }
@@ -549,6 +586,9 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .linear_backward_bf16_inp = cpu_linear_backward_bf16_inp,
     .linear_forward_bf16_inp_out = cpu_linear_forward_bf16_inp_out,
     .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,
+    .attention_forward_bf16_qkv_out = cpu_attention_forward_bf16_qkv_out,
+    .attention_backward_bf16_qkv_out = cpu_attention_backward_bf16_qkv_out,
+    .rope_forward_bf16_out = cpu_rope_forward_bf16_out,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,
     .xent_chunk_backward = cpu_xent_chunk_backward,

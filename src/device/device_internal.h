@@ -21,13 +21,14 @@
 #define FS_CUDA_LIBRARY "libflatshard-cuda.so"
 /* The version is in the name: a library built against another table layout is refused by
  * dlsym, never called with the wrong arguments. v2: the attention entries take the policy
- * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the bf16-MLP
- * entries appended; v4: the CUDA table fills those entries (every table has them since: the
- * plan sizes the bf16 route's activations before the library is loaded); v5: the kernel-time
+ * (bf16); v3: adamw_update takes grad_scale (the scale entry gone), the bf16-MLP entries
+ * appended; v4: the CUDA table fills those entries (every table has them since: the plan
+ * sizes the bf16 route's activations before the library is loaded); v5: the kernel-time
  * profile's three functions; v6: the linear forwards take a residual (no accumulate flag),
- * the gate/up entries take a bf16 inp, rmsnorm_forward_bf16 appended. Rename whenever fs_cuda_api, fs_kernel_table or what the table
- * fills changes. */
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v6"
+ * the gate/up entries take a bf16 inp, rmsnorm_forward_bf16 appended; v7: the bf16 route's
+ * attention entries and rope_forward_bf16_out appended (q, k, v and out in bf16). Rename
+ * whenever fs_cuda_api, fs_kernel_table or what the table fills changes. */
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v7"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */

@@ -100,8 +100,9 @@ typedef struct scratch_offsets {
  *   head              dlnf [0, c) and logits [c, c+Vc·N)
  * and on the bf16 route (q, k, v and the attention output kept in bf16), their fp32 forms
  * within one op: qkv_wide [2c+q, 2c+2q) (forward: beside ln1, from the QKV projection to the
- * attention; backward: widened for the attention's backward, beside datt and dqkv) and
- * att_wide [0, c) (the attention's output until it is rounded; widened in backward).
+ * rounding; in the attention, forward and backward, beside datt and dqkv, where a device's
+ * attention widens them: the CPU's, the GPU's fp32 fallback) and att_wide [0, c) (the
+ * attention's output, likewise).
  * dln sits above both xmid and dqkv: at max(g + 2c, 2c + q). The region is the largest end:
  * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
  * 7B); on the bf16 route 2·N·C + 2·N·QKV where that is more (no preset model); against
@@ -370,14 +371,17 @@ static int64_t slot_of(const fs_acts *a, int l) {
 /* The bf16 route. Under bf16, where the device has the kernels (the CPU's and the GPU's
  * tables do), a block keeps what it saves for backward in bf16 wherever its readers round it
  * to bf16 anyway, and the MLP's GEMM operands live in bf16.
- * q, k, v and the attention output: the QKV projection and RoPE run in fp32 (into qkv_wide),
- * q, k and v are rounded into the kept slot and widened back before the attention reads them,
- * so forward and backward's attention see the same values (the bf16 attention kernels round
- * them the same way in any case: the same bits there); the output is rounded into the kept
- * slot, which the o_proj GEMMs read as their bf16 operand (the bits they read before), and
- * backward widens both for the attention's backward, whose D = rowsum(dout * out) now sums
- * the rounded output (2^-9 relative per element, as PyTorch's bf16 attention does). Half the
- * bytes of the largest per-block arrays after gu: N·(QKV + C) x 2 bytes per block. (The CPU's
+ * q, k, v and the attention output: the QKV projection runs in fp32 (into qkv_wide), RoPE
+ * rotates q and k and rounds q, k and v into the kept slot (rope_forward_bf16_out: in place
+ * then a cast on the CPU, one pass on the GPU), and the attention entries of the route read
+ * them there, forward and backward, so both see the same values (the bf16 attention kernels
+ * round them the same way in any case: the same bits there); the output is written rounded
+ * into its kept slot, which the o_proj GEMMs read as their bf16 operand (the bits they read
+ * before), and the backward's D = rowsum(dout * out) sums the rounded output (up to 2^-8
+ * relative per element, as PyTorch's bf16 attention does). The GPU's tensor-core kernels read
+ * and write bf16; the CPU's kernels (and the GPU's fp32 fallback) read fp32, so those entries
+ * widen into qkv_wide and att_wide (device.h: attention_forward_bf16_qkv_out). Half the bytes of the largest
+ * per-block arrays after gu: N·(QKV + C) x 2 bytes per block. (The CPU's
  * bf16 kernels convert with vcvtne2ps2bf16, which takes an fp32 denormal as zero where
  * fs_fp32_to_bf16 rounds it: a q/k/v or output element just below FLT_MIN now reaches them
  * as FLT_MIN instead of 0. The fp32 attention kernels, a fallback under bf16, now see the
@@ -385,7 +389,7 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * gu: the gate/up projection's forward writes its fp32 result
  * rounded (fs_matmul_forward_bf16_inp_out; PyTorch's autocast keeps a linear's output in bf16 the
  * same way) and both SwiGLU kernels read it, so each block keeps half the bytes for backward;
- * this one rounds a value the fp32 route keeps (SwiGLU sees gu to 2^-9 relative). h (into the
+ * this one rounds a value the fp32 route keeps (SwiGLU sees gu to 2^-8 relative). h (into the
  * first half of its scratch), read so by the down projection's GEMMs, and in backward dgu
  * (into the first half of its array, with h again after it), read so by the gate/up
  * projection's backward GEMMs: those GEMMs would round the fp32 arrays to bf16 anyway, the
@@ -420,12 +424,13 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
     const int mlp16 = in_bf16_route(m, a);
     float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
     uint16_t *gu16 = mlp16 ? (uint16_t *)(void *)a->gu + sl * N * 2 * FF : NULL;
-    /* the bf16 route keeps q/k/v and the attention output in bf16 (qkv16, att16) and computes
-     * them in fp32 in the scratch; the fp32 route computes them where it keeps them */
+    /* the bf16 route keeps q/k/v and the attention output in bf16 (qkv16, att16), q/k/v made
+     * in fp32 in the scratch (qkv_wide) and rounded, the output written rounded by the
+     * attention; the fp32 route computes them where it keeps them */
     uint16_t *qkv16 = mlp16 ? (uint16_t *)(void *)a->qkv + sl * N * QKV : NULL;
     uint16_t *att16 = mlp16 ? (uint16_t *)(void *)a->att + sl * N * C : NULL;
     float *qkv = mlp16 ? a->qkv_wide : a->qkv + sl * N * QKV;
-    float *att = mlp16 ? a->att_wide : a->att + sl * N * C;
+    float *att = mlp16 ? NULL : a->att + sl * N * C;
     float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
     /* ln1, xmid, ln2 and h are not kept (backward makes them again): they go to the scratch
      * where backward puts them (scratch_numel), free in forward and between blocks (when a
@@ -441,19 +446,21 @@ static void block_forward(const fs_model *m, fs_acts *a, const dims *d, int l, c
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
         PROF(m, FS_PROF_GEMM, linear_forward(m, qkv, NULL, ln1, bw.qkv, N, C, QKV));
     }
-    PROF(m, FS_PROF_ROPE, {
-        K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
-        K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
-    });
-    if (mlp16) /* kept rounded; the attention reads the rounded values, as backward will */
-        PROF(m, FS_PROF_OTHER, {
-            K->cast_fp32_to_bf16(dev, qkv16, qkv, N * QKV);
-            K->cast_bf16_to_fp32(dev, qkv, qkv16, N * QKV);
+    if (mlp16) { /* kept rounded; the attention reads the rounded values, as backward will */
+        PROF(m, FS_PROF_ROPE,
+             K->rope_forward_bf16_out(dev, qkv16, qkv, a->rope_cos, a->rope_sin, d->B, d->T, d->NH,
+                                      d->NKV, d->HS));
+        PROF(m, FS_PROF_ATTENTION,
+             K->attention_forward_bf16_qkv_out(dev, att16, lse, qkv16, qkv, a->att_wide, d->B, d->T,
+                                               d->NH, d->NKV, d->HS));
+    } else {
+        PROF(m, FS_PROF_ROPE, {
+            K->rope_forward(dev, q, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+            K->rope_forward(dev, k, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
         });
-    PROF(m, FS_PROF_ATTENTION,
-         K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS,
-                              m->bf16_weights));
-    if (mlp16) PROF(m, FS_PROF_OTHER, K->cast_fp32_to_bf16(dev, att16, att, N * C));
+        PROF(m, FS_PROF_ATTENTION,
+             K->attention_forward(dev, att, lse, q, k, v, QKV, d->B, d->T, d->NH, d->NKV, d->HS, 0));
+    }
     if (mlp16) PROF(m, FS_PROF_GEMM, K->linear_forward_bf16_inp(dev, xmid, x, att16, bw.o, N, C, C));
     else PROF(m, FS_PROF_GEMM, linear_forward(m, xmid, x, att, bw.o, N, C, C));
     if (mlp16) { /* ln2 in bf16, read so by the gate/up projection */
@@ -551,13 +558,12 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     const int mlp16 = in_bf16_route(m, a);
     const float *gu = mlp16 ? NULL : a->gu + sl * N * 2 * FF;
     const uint16_t *gu16 = mlp16 ? (const uint16_t *)(const void *)a->gu + sl * N * 2 * FF : NULL;
-    /* the bf16 route: q/k/v and the attention output kept in bf16, widened into the scratch
-     * for the attention's backward (block_forward) */
+    /* the bf16 route: q/k/v and the attention output kept in bf16, read so by the attention's
+     * backward (block_forward) */
     const uint16_t *qkv16 = mlp16 ? (const uint16_t *)(const void *)a->qkv + sl * N * QKV : NULL;
     const uint16_t *att16 = mlp16 ? (const uint16_t *)(const void *)a->att + sl * N * C : NULL;
-    float *qkv = mlp16 ? a->qkv_wide : a->qkv + sl * N * QKV;
-    float *att = mlp16 ? a->att_wide : a->att + sl * N * C;
-    const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+    const float *qkv = mlp16 ? NULL : a->qkv + sl * N * QKV;
+    const float *att = mlp16 ? NULL : a->att + sl * N * C;
     float *dq = a->dqkv, *dk = a->dqkv + d->NH * d->HS, *dv = dk + d->NKV * d->HS;
     /* h, xmid, ln2 and ln1 again, as forward made them (same kernels, same inputs: the same
      * bits; the rstd slots are rewritten with the values they hold), each into scratch that
@@ -602,18 +608,21 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     if (mlp16) {
         PROF(m, FS_PROF_GEMM,
              K->linear_backward_bf16_inp(dev, a->datt, bg.o, a->dres, att16, bw.o, N, C, C, 0, accumulate));
-        PROF(m, FS_PROF_OTHER, {
-            K->cast_bf16_to_fp32(dev, qkv, qkv16, N * QKV);
-            K->cast_bf16_to_fp32(dev, att, att16, N * C);
-        });
     } else {
         PROF(m, FS_PROF_GEMM,
              linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
     }
     PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
-    PROF(m, FS_PROF_ATTENTION,
-         K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
-                               d->T, d->NH, d->NKV, d->HS, m->bf16_weights));
+    if (mlp16) {
+        PROF(m, FS_PROF_ATTENTION,
+             K->attention_backward_bf16_qkv_out(dev, a->dqkv, a->datt, qkv16, att16, lse, a->qkv_wide,
+                                                a->att_wide, d->B, d->T, d->NH, d->NKV, d->HS));
+    } else {
+        const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+        PROF(m, FS_PROF_ATTENTION,
+             K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
+                                   d->T, d->NH, d->NKV, d->HS, 0));
+    }
     PROF(m, FS_PROF_ROPE, {
         K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
         K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);

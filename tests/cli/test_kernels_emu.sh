@@ -26,7 +26,7 @@ else
         tools/cuda_kernels_emu/run.sh
     expect "every check passed (bits or test_cuda.c's tolerances)" grep -q '^ok: every check passed' "$WORK/out"
     expect "every launcher was checked (rmsnorm fp32 and bf16, swiglu, swiglu_bf16, embedding, rope, casts, add, sum_squares, xent, adamw)" \
-        bash -c "for k in 'rmsnorm dweight' 'rmsnorm dinp' 'rmsnorm forward bf16: the fp32 form rounded' 'swiglu dgu' 'swiglu_bf16 dgu' 'embedding backward' 'rope backward' 'fp32 -> bf16' 'bf16 -> fp32' '^ok   add' 'sum_squares n=300007' 'dlogits' 'lse' 'adamw n=' ; do grep -q \"\$k\" '$WORK/out' || exit 1; done"
+        bash -c "for k in 'rmsnorm dweight' 'rmsnorm dinp' 'rmsnorm forward bf16: the fp32 form rounded' 'swiglu dgu' 'swiglu_bf16 dgu' 'embedding backward' 'rope backward' 'rope forward bf16_out' 'fp32 -> bf16' 'bf16 -> fp32' '^ok   add' 'sum_squares n=300007' 'dlogits' 'lse' 'adamw n=' ; do grep -q \"\$k\" '$WORK/out' || exit 1; done"
     expect "every __global__ function of kernels.cu ran in some check" grep -q '^ok   every __global__ function of the .cu file ran' "$WORK/out"
     expect "no element outside the outputs was written" bash -c "grep -q 'nothing written outside the outputs' '$WORK/out' && ! grep -q 'guards changed [1-9]' '$WORK/out'"
     # the emulator itself: with EMU_FAULT=drop_last_block the shim skips the last block of

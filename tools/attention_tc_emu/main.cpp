@@ -3,12 +3,14 @@
  * on the host (shim.h: one OS thread per GPU thread, mma.sync by the PTX ISA's fragment
  * layouts) and checks it against a double-precision reference on bf16 inputs, with the
  * per-element bounds of tests/cuda_attention_checks.h (2^-8 of the rounded p and ds, plus 4x
- * the fp32 tolerances). A check of the kernels' index arithmetic, masks, tiles, GQA mapping
- * and fragment plumbing without a GPU; not of the hardware's arithmetic, timing or memory
- * model. Also that the D the dq kernel stores for the dk/dv kernel is, bit for bit, what
- * tc_row_d sums for each real row (what the dk/dv kernel once summed itself). Built and run
- * by run.sh; exits 1 if an element is outside its bound, non-finite, or written where it
- * must not be, or if a stored D differs.
+ * the fp32 tolerances; out, written in bf16, half an ulp more). A check of the kernels' index
+ * arithmetic, masks, tiles, GQA mapping and fragment plumbing without a GPU; not of the
+ * hardware's arithmetic, timing or memory model. The kernels' bf16 form (q, k, v and out in
+ * bf16: the bf16 route's) runs on every shape; the fp32 form on four, where it must give the
+ * same bits (out rounded). Also that the D the dq kernel stores for the dk/dv kernel is, bit
+ * for bit, what tc_row_d sums for each real row (what the dk/dv kernel once summed itself).
+ * Built and run by run.sh; exits 1 if an element is outside its bound, non-finite, or written
+ * where it must not be, if a stored D differs, or if the two forms differ.
  */
 #include "kernels.h"
 #include <atomic>
@@ -16,9 +18,82 @@
 #include <random>
 static int failures;
 struct Shape {
-    int B, T, NH, NKV, HS, pad, dpad;
+    int B, T, NH, NKV, HS, pad, dpad, fp32_form; // fp32_form: run that form too
 };
 static float rb(float x) { return emu_b2f(emu_f2b(x)); }
+template <typename X> static X to_x(float f);
+template <> float to_x<float>(float f) { return f; }
+template <> __nv_bfloat16 to_x<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+static bool is7(float x) { return x == 7; }
+static bool is7(__nv_bfloat16 x) { return emu_b2f(x.x) == 7; }
+// What one form of the kernels gives: out (N C, then G guards), lse, the gradient rows
+// (N ldd: g0 plus dq, dk, dv), the D workspace; guards changed; stored D differing from
+// tc_row_d's own sum.
+template <typename X> struct Emu {
+    std::vector<X> out;
+    std::vector<float> lse, g, d;
+    int guard;
+    size_t dbad;
+};
+// The forward, then the backward from the reference's out and lse (ro, rl), as the kernels
+// are launched (attention_tc.cu's launches), q, k, v and out in X. out, lse and the D
+// workspace start as NaN so that an unwritten element shows.
+template <int HS, typename X>
+static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std::vector<float> &dout,
+                      const std::vector<float> &g0, const std::vector<float> &rof,
+                      const std::vector<float> &rl) {
+    const int N = s.B * s.T, C = s.NH * HS, ld = (s.NH + 2 * s.NKV) * HS + s.pad,
+              ldd = (s.NH + 2 * s.NKV) * HS + s.dpad;
+    const int kcol = C, vcol = (s.NH + s.NKV) * HS, group = s.NH / s.NKV, G = 64;
+    const size_t nrows = (size_t)s.B * s.NH * s.T;
+    std::vector<X> qkv(qkvf.size()), ro(rof.size());
+    for (size_t i = 0; i < qkv.size(); i++)
+        qkv[i] = to_x<X>(qkvf[i]);
+    for (size_t i = 0; i < ro.size(); i++)
+        ro[i] = to_x<X>(rof[i]);
+    Emu<X> e;
+    e.out.assign((size_t)N * C + G, to_x<X>(NAN));
+    e.lse.assign(nrows + G, NAN);
+    e.d.assign(nrows + G, NAN);
+    e.g.assign((size_t)N * ldd + G, 7);
+    std::copy(g0.begin(), g0.end(), e.g.begin());
+    for (int i = 0; i < G; i++)
+        e.out[(size_t)N * C + i] = to_x<X>(7), e.lse[nrows + i] = 7, e.d[nrows + i] = 7;
+    const float sc = (float)(1.0 / sqrt((double)HS)), sl = sc * TC_LOG2E;
+    const int qt = (s.T + TC_BQ - 1) / TC_BQ;
+    emu_launch(dim3(s.B * s.NH, qt), [&] {
+        tc_forward_kernel<HS, X>(e.out.data(), e.lse.data(), qkv.data(), qkv.data() + kcol,
+                                 qkv.data() + vcol, ld, s.T, s.NH, group, sl);
+    });
+    emu_launch(dim3(s.B * s.NH, qt), [&] {
+        tc_dq_kernel<HS, X>(e.g.data(), ldd, e.d.data(), dout.data(), qkv.data(), qkv.data() + kcol,
+                            qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
+    });
+    emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
+        tc_dkdv_kernel<HS, X>(e.g.data() + kcol, e.g.data() + vcol, ldd, dout.data(), qkv.data(),
+                              qkv.data() + kcol, qkv.data() + vcol, ld, e.d.data(), rl.data(), s.T,
+                              s.NH, s.NKV, group, sc, sl);
+    });
+    // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
+    std::atomic<size_t> dbad{0};
+    emu_launch(dim3(s.B * s.NH), [&] {
+        const int b = (int)blockIdx.x / s.NH, h = (int)blockIdx.x % s.NH;
+        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+        const size_t row0 = ((size_t)b * s.NH + h) * s.T;
+        for (int t = warp; t < s.T; t += 4) {
+            const float d = tc_row_d<HS, X>(dout.data() + (size_t)b * s.T * C + h * HS,
+                                            ro.data() + (size_t)b * s.T * C + h * HS, C, t, s.T, lane);
+            if (lane == 0 && memcmp(&d, &e.d[row0 + t], sizeof d) != 0)
+                dbad++;
+        }
+    });
+    e.dbad = dbad.load();
+    e.guard = 0;
+    for (int i = 0; i < G; i++)
+        e.guard += !is7(e.out[(size_t)N * C + i]) || e.lse[nrows + i] != 7 ||
+                   e.g[(size_t)N * ldd + i] != 7 || e.d[nrows + i] != 7;
+    return e;
+}
 template <int HS> static void run(Shape s, unsigned seed) {
     const int N = s.B * s.T, C = s.NH * HS, ld = (s.NH + 2 * s.NKV) * HS + s.pad,
               ldd = (s.NH + 2 * s.NKV) * HS + s.dpad;
@@ -72,7 +147,7 @@ template <int HS> static void run(Shape s, unsigned seed) {
                 double D = 0;
                 for (int c = 0; c < HS; c++) {
                     out[(size_t)(b * s.T + t) * C + h * HS + c] = o[c];
-                    D += dO[c] * (double)(float)o[c];
+                    D += dO[c] * (double)rb((float)o[c]);
                 }
                 for (int u = 0; u <= t; u++) {
                     const float *k = &qkv[(size_t)(b * s.T + u) * ld + kcol + kv * HS],
@@ -95,46 +170,29 @@ template <int HS> static void run(Shape s, unsigned seed) {
                 }
             }
         }
-    // emulated kernels; out/lse and the D workspace start as NaN so an unwritten element shows
-    const int G = 64;
+    // the backward reads the reference's out rounded to bf16 (as the bf16 route keeps it) and
+    // lse rounded to float; the reference's D above summed that out
+    std::vector<float> ro(out.size()), rl(lse.begin(), lse.end());
+    for (size_t i = 0; i < out.size(); i++)
+        ro[i] = rb((float)out[i]);
+    // the bf16 form, which the bf16 route runs, on every shape; the fp32 form where asked,
+    // which must give the same bits on these bf16 values
+    const Emu<tc_bf16> e = emulate<HS, tc_bf16>(s, qkv, dout, g0, ro, rl);
+    std::vector<float> eo(e.out.size());
+    for (size_t i = 0; i < eo.size(); i++)
+        eo[i] = __bfloat162float(e.out[i]);
+    const std::vector<float> &el = e.lse, &eg = e.g;
+    size_t fbad = 0;
+    if (s.fp32_form) {
+        const Emu<float> f = emulate<HS, float>(s, qkv, dout, g0, ro, rl);
+        for (size_t i = 0; i < f.out.size(); i++)
+            fbad += emu_f2b(f.out[i]) != e.out[i].x;
+        fbad += memcmp(f.lse.data(), e.lse.data(), e.lse.size() * sizeof(float)) != 0;
+        fbad += memcmp(f.g.data(), e.g.data(), e.g.size() * sizeof(float)) != 0;
+        fbad += memcmp(f.d.data(), e.d.data(), e.d.size() * sizeof(float)) != 0;
+        fbad += f.guard + f.dbad;
+    }
     const size_t nrows = (size_t)s.B * s.NH * s.T;
-    std::vector<float> eo((size_t)N * C + G, NAN), el(nrows + G, NAN), eg((size_t)N * ldd + G),
-        ed(nrows + G, NAN);
-    for (int i = 0; i < G; i++)
-        eo[(size_t)N * C + i] = 7, el[nrows + i] = 7, ed[nrows + i] = 7;
-    std::copy(g0.begin(), g0.end(), eg.begin());
-    for (int i = 0; i < G; i++)
-        eg[(size_t)N * ldd + i] = 7;
-    const float sc = (float)(1.0 / sqrt((double)HS)), sl = sc * TC_LOG2E;
-    const int qt = (s.T + TC_BQ - 1) / TC_BQ;
-    emu_launch(dim3(s.B * s.NH, qt), [&] {
-        tc_forward_kernel<HS>(eo.data(), el.data(), qkv.data(), qkv.data() + kcol,
-                              qkv.data() + vcol, ld, s.T, s.NH, group, sl);
-    });
-    // the backward from the reference's out and lse, rounded to float, as the test feeds it
-    std::vector<float> ro(out.begin(), out.end()), rl(lse.begin(), lse.end());
-    emu_launch(dim3(s.B * s.NH, qt), [&] {
-        tc_dq_kernel<HS>(eg.data(), ldd, ed.data(), dout.data(), qkv.data(), qkv.data() + kcol,
-                         qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
-    });
-    emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
-        tc_dkdv_kernel<HS>(eg.data() + kcol, eg.data() + vcol, ldd, dout.data(), qkv.data(),
-                           qkv.data() + kcol, qkv.data() + vcol, ld, ed.data(), rl.data(), s.T,
-                           s.NH, s.NKV, group, sc, sl);
-    });
-    // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
-    std::atomic<size_t> dbad{0};
-    emu_launch(dim3(s.B * s.NH), [&] {
-        const int b = (int)blockIdx.x / s.NH, h = (int)blockIdx.x % s.NH;
-        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-        const size_t row0 = ((size_t)b * s.NH + h) * s.T;
-        for (int t = warp; t < s.T; t += 4) {
-            const float d = tc_row_d<HS>(dout.data() + (size_t)b * s.T * C + h * HS,
-                                         ro.data() + (size_t)b * s.T * C + h * HS, C, t, s.T, lane);
-            if (lane == 0 && memcmp(&d, &ed[row0 + t], sizeof d) != 0)
-                dbad++;
-        }
-    });
     const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
     auto cmp = [&](const char *w, const float *got, const double *want, size_t n,
                    const double *base, const double *bnd, double atol, double rtol) {
@@ -162,6 +220,10 @@ template <int HS> static void run(Shape s, unsigned seed) {
     };
     printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d\n", s.B, s.T, s.NH, s.NKV, HS, s.pad,
            s.dpad);
+    // out is written rounded to bf16: half an ulp more, at most 2^-8 of the fp32 value, whose
+    // magnitude is within the bound so far of the reference's
+    for (size_t i = 0; i < bo.size(); i++)
+        bo[i] += (fabs(out[i]) + bo[i] + 4 * lf * (2e-5 + 1e-5 * fabs(out[i]))) / 256;
     cmp("out", eo.data(), out.data(), (size_t)N * C, nullptr, bo.data(), 2e-5, 1e-5);
     cmp("lse", el.data(), lse.data(), lse.size(), nullptr, nullptr, 2e-5, 1e-6);
     std::vector<double> g0d(g0.begin(), g0.end());
@@ -184,20 +246,20 @@ template <int HS> static void run(Shape s, unsigned seed) {
     cmp("dq", gq.data(), wq.data(), gq.size(), bq.data(), tq.data(), 5e-5, 2e-5);
     cmp("dk", gk.data(), wk.data(), gk.size(), bk.data(), tk.data(), 5e-5, 2e-5);
     cmp("dv", gv.data(), wv.data(), gv.size(), bv.data(), tv.data(), 5e-5, 2e-5);
-    int guard = 0;
-    for (int i = 0; i < G; i++)
-        guard += eo[(size_t)N * C + i] != 7 || el[nrows + i] != 7 || eg[(size_t)N * ldd + i] != 7 ||
-                 ed[nrows + i] != 7;
     printf("  padding changed %zu, guards changed %d, stored D differing from tc_row_d %zu of %zu\n",
-           padbad, guard, dbad.load(), nrows);
-    if (padbad || guard || dbad)
+           padbad, e.guard, e.dbad, nrows);
+    if (s.fp32_form)
+        printf("  the fp32 form against the bf16 form: %zu arrays or elements differ\n", fbad);
+    if (padbad || e.guard || e.dbad || fbad)
         failures++;
 }
 int main(int argc, char **argv) {
     int which = argc > 1 ? atoi(argv[1]) : -1;
-    Shape sh[] = {{1, 1, 1, 1, 64, 0, 0},    {2, 7, 3, 1, 64, 0, 2},   {1, 70, 4, 1, 128, 3, 1},
-                  {2, 130, 6, 2, 64, 7, 3},  {1, 97, 3, 3, 128, 0, 5}, {1, 64, 2, 1, 128, 0, 0},
-                  {1, 200, 4, 1, 128, 0, 0}, {2, 300, 6, 2, 64, 3, 1}};
+    // the fp32 form (FLATSHARD_CUDA_ATTENTION=tc under fp32) on the four cheapest shapes
+    Shape sh[] = {{1, 1, 1, 1, 64, 0, 0, 1},    {2, 7, 3, 1, 64, 0, 2, 1},
+                  {1, 70, 4, 1, 128, 3, 1, 1},  {2, 130, 6, 2, 64, 7, 3, 0},
+                  {1, 97, 3, 3, 128, 0, 5, 0},  {1, 64, 2, 1, 128, 0, 0, 1},
+                  {1, 200, 4, 1, 128, 0, 0, 0}, {2, 300, 6, 2, 64, 3, 1, 0}};
     for (int i = 0; i < 8; i++) {
         if (which >= 0 && i != which)
             continue;

@@ -52,6 +52,7 @@ static inline float emu_b2f(uint16_t h) {
     return f;
 }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {emu_f2b(f)}; }
+static inline float __bfloat162float(__nv_bfloat16 h) { return emu_b2f(h.x); }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
     return {{emu_f2b(a)}, {emu_f2b(b)}};
 }

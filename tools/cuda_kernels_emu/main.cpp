@@ -472,6 +472,40 @@ static void test_rope() {
             guards(sh, got);
         }
     }
+    /* the bf16 route's forward (q and k rotated, every value rounded, qkv left as it was):
+     * the CPU's rope_forward on q and on k, then its cast, bit for bit; NH + NKV heads of
+     * pairs and NKV HS v values a row, 1856 + 512 items in the last case (past 7 blocks) */
+    struct Q {
+        int64_t B, T, NH, NKV, HS;
+    };
+    static const Q qcases[] = {{1, 1, 1, 1, 6}, {2, 7, 3, 1, 8}, {3, 13, 4, 2, 64},
+                               {1, 70, 2, 2, 64}, {1, 3, 25, 4, 128}};
+    for (const Q &r : qcases) {
+        const int64_t QKV = (r.NH + 2 * r.NKV) * r.HS, n = r.B * r.T * QKV, half = r.HS / 2;
+        const std::string sh = fmt("rope forward bf16_out B=%lld T=%lld NH=%lld NKV=%lld HS=%lld",
+                                   (long long)r.B, (long long)r.T, (long long)r.NH,
+                                   (long long)r.NKV, (long long)r.HS);
+        std::vector<float> cs((size_t)(r.T * half)), sn((size_t)(r.T * half));
+        fs_rope_table(cs.data(), sn.data(), r.T, r.HS, 10000.0f);
+        const std::vector<float> x0 = normal(n, 1.0f);
+        std::vector<float> x = x0;
+        fs_rope_forward(NULL, x.data(), QKV, cs.data(), sn.data(), r.B, r.T, r.NH, r.HS);
+        fs_rope_forward(NULL, x.data() + r.NH * r.HS, QKV, cs.data(), sn.data(), r.B, r.T, r.NKV,
+                        r.HS);
+        std::vector<uint16_t> want((size_t)n);
+        fs_cast_fp32_to_bf16(NULL, want.data(), x.data(), n);
+        Out<float> in(n);
+        in.set(x0.data());
+        Out<uint16_t> got(n);
+        got.fill_bytes(0xff); /* NaNs: an element never written shows */
+        status_ok(fs_cuda_rope_forward_bf16_out(NULL, got.p(), in.p(), cs.data(), sn.data(), r.B, r.T,
+                                                r.NH, r.NKV, r.HS),
+                  sh);
+        check_bits16(sh, got.p(), want.data(), n);
+        check_bits(sh + ": qkv unchanged", in.p(), x0.data(), n);
+        guards(sh, got);
+        guards(sh + ": qkv", in);
+    }
 }
 
 /* ------------------------------------------------------------------ casts, add (bits) */
@@ -709,7 +743,7 @@ static void test_adamw() {
 
 /* ------------------------------------------------------------------ empty and bad sizes */
 /* test_cuda.c's: empty inputs launch nothing (NULL pointers never touched) and succeed;
- * negative sizes, an odd head size and AdamW step 0 are usage errors */
+ * negative sizes, an odd head size, 2^31 RoPE items a row and AdamW step 0 are usage errors */
 static void test_sizes() {
     fs_adamw_params hp{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
     const unsigned long long before = emu_launches;
@@ -725,6 +759,7 @@ static void test_sizes() {
     ok &= fs_cuda_rmsnorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8) == FS_OK;
     ok &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 0, 4, 1, 8) == FS_OK;
     ok &= fs_cuda_rope_backward(NULL, NULL, 8, NULL, NULL, 2, 0, 1, 8) == FS_OK;
+    ok &= fs_cuda_rope_forward_bf16_out(NULL, NULL, NULL, NULL, NULL, 2, 0, 1, 1, 8) == FS_OK;
     ok &= fs_cuda_swiglu_forward(NULL, NULL, NULL, 0, 8) == FS_OK;
     ok &= fs_cuda_swiglu_backward(NULL, NULL, NULL, NULL, 4, 0) == FS_OK;
     ok &= fs_cuda_swiglu_forward_bf16(NULL, NULL, NULL, 0, 8) == FS_OK;
@@ -743,11 +778,15 @@ static void test_sizes() {
              FS_ERR_USAGE;
     usage &= fs_cuda_rmsnorm_forward_bf16(NULL, NULL, NULL, NULL, NULL, -1, 8, 1e-5f) == FS_ERR_USAGE;
     usage &= fs_cuda_rope_forward(NULL, NULL, 8, NULL, NULL, 1, 1, 1, 7) == FS_ERR_USAGE;
+    usage &= fs_cuda_rope_forward_bf16_out(NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 1, 7) == FS_ERR_USAGE;
+    usage &= fs_cuda_rope_forward_bf16_out(NULL, NULL, NULL, NULL, NULL, 1, 1, 1, -1, 8) == FS_ERR_USAGE;
+    usage &= fs_cuda_rope_forward_bf16_out(NULL, NULL, NULL, NULL, NULL, 1, 1, (int64_t)1 << 30, 0, 4) ==
+             FS_ERR_USAGE; /* 2^31 items a row */
     hp.step = 0;
     usage &= fs_cuda_adamw_update(NULL, NULL, NULL, NULL, NULL, NULL, 1.0f, 0, hp) ==
              FS_ERR_USAGE;
     result(usage && emu_launches == before,
-           "negative sizes, an odd head size, AdamW step 0: FS_ERR_USAGE, nothing launched",
+           "negative sizes, an odd head size, 2^31 RoPE items a row, AdamW step 0: FS_ERR_USAGE, nothing launched",
            usage ? "a launch happened" : "a status not FS_ERR_USAGE");
 }
 

@@ -3,15 +3,20 @@
  * FlashAttention-2 style: the attention of the bf16 precision policy.
  *
  * The contract is fs_cuda_attention_forward's and fs_cuda_attention_backward's (attention.cu,
- * cuda_kernels.h): the same fp32 inputs (q, k, v inside the saved qkv rows, q and k after
- * RoPE), the same fp32 outputs (out (N, C), lse (B, NH, T) in natural log), the same
- * accumulate-into-dq/dk/dv rule. What differs is the arithmetic: every tile of q, k, v and
- * dout is rounded to bf16 (round to nearest even) when it is staged into shared memory, and
- * the softmax weights p and the score gradients ds are rounded to bf16 before they multiply
+ * cuda_kernels.h): the same inputs (q, k, v inside the saved qkv rows, q and k after RoPE),
+ * the same outputs (out (N, C), lse (B, NH, T) in natural log), the same
+ * accumulate-into-dq/dk/dv rule. Each kernel is built twice, for q, k, v and out in fp32 and
+ * in bf16 (the X of the templates): the bf16 route of the model keeps q, k, v and out in bf16
+ * (src/model/llama.c), and the bf16 form reads and writes them so, half the bytes and no cast
+ * kernels around the attention. On inputs that are bf16 values widened, both forms give the
+ * same bits (staging rounds a bf16 value to itself; out is rounded as the cast kernel rounds,
+ * NaN payloads apart). What differs from attention.cu is the arithmetic: every tile of q, k,
+ * v and dout is rounded to bf16 (round to nearest even) when it is staged into shared memory,
+ * and the softmax weights p and the score gradients ds are rounded to bf16 before they multiply
  * v, dout, q or k, all products are summed in fp32 by the tensor cores (mma.sync m16n8k16).
  * The bf16 policy already rounds every GEMM operand to bf16 (cuda.c's linear layers), so
  * this is the same precision contract applied to attention. Row statistics (max, sum, lse,
- * D = dout . out) stay fp32, from the fp32 inputs.
+ * D = dout . out) stay fp32 (D from out as given: widened in the bf16 form).
  *
  * Kernels, 128 threads (4 warps) per block, each warp owning 16 rows of the block's tile:
  *   forward  one block per (batch, query head, 64-query tile), longest tiles first; 64-key
@@ -99,6 +104,16 @@ __device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* The kernels' q, k, v and out elements (X = float or tc_bf16): rounded to bf16 for a tile,
+ * widened for D, and stored from fp32 (rounded to nearest even in the bf16 form, as
+ * fs_cuda_cast_fp32_to_bf16 rounds every value but a NaN). */
+__device__ __forceinline__ tc_bf16 tc_round(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ tc_bf16 tc_round(tc_bf16 x) { return x; }
+__device__ __forceinline__ float tc_widen(float x) { return x; }
+__device__ __forceinline__ float tc_widen(tc_bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void tc_put(float *p, float x) { *p = x; }
+__device__ __forceinline__ void tc_put(tc_bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
+
 /* d += a b, a 16 x 16 bf16, b 16 x 8 bf16, d 16 x 8 fp32. */
 __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -145,38 +160,44 @@ __device__ __forceinline__ void tc_gemm_rs(float (&acc)[NT][4], const float (&a)
     }
 }
 
-/* Rows [row0, row0 + rows) of one head's fp32 (T, HS) slice x (row stride ld), rounded to
- * bf16, into sN (row-major, pitch pN) and/or sT (transposed: sT[c pT + r], pitch pT); NULL
- * skips one. Rows at or past T are zeros. A thread takes a pair of rows at one column, so the
- * transposed store is one 32-bit word; consecutive threads read consecutive columns. */
-template <int HS>
+/* Rows [row0, row0 + rows) of one head's (T, HS) slice x (row stride ld), rounded to bf16
+ * (a bf16 x as it is), into sN (row-major, pitch pN) and/or sT (transposed: sT[c pT + r],
+ * pitch pT); NULL skips one. Rows at or past T are zeros. A thread takes a pair of rows at
+ * one column, so the transposed store is one 32-bit word; consecutive threads read
+ * consecutive columns. */
+template <int HS, typename X>
 __device__ __forceinline__ void tc_stage(tc_bf16 *sN, int pN, tc_bf16 *sT, int pT,
-                                         const float *__restrict__ x, int64_t ld, int row0,
+                                         const X *__restrict__ x, int64_t ld, int row0,
                                          int rows, int T) {
     const int n = (rows / 2) * HS;
     for (int i = (int)threadIdx.x; i < n; i += TC_THREADS) {
         const int r = 2 * (i / HS), c = i % HS, t = row0 + r;
-        const float v0 = t < T ? x[(int64_t)t * ld + c] : 0.0f;
-        const float v1 = t + 1 < T ? x[(int64_t)(t + 1) * ld + c] : 0.0f;
+        const tc_bf16 v0 = t < T ? tc_round(x[(int64_t)t * ld + c]) : tc_round(0.0f);
+        const tc_bf16 v1 = t + 1 < T ? tc_round(x[(int64_t)(t + 1) * ld + c]) : tc_round(0.0f);
         if (sN) {
-            sN[r * pN + c] = __float2bfloat16_rn(v0);
-            sN[(r + 1) * pN + c] = __float2bfloat16_rn(v1);
+            sN[r * pN + c] = v0;
+            sN[(r + 1) * pN + c] = v1;
         }
-        if (sT) *reinterpret_cast<__nv_bfloat162 *>(sT + c * pT + r) = __floats2bfloat162_rn(v0, v1);
+        if (sT) {
+            __nv_bfloat162 pair;
+            pair.x = v0, pair.y = v1;
+            *reinterpret_cast<__nv_bfloat162 *>(sT + c * pT + r) = pair;
+        }
     }
 }
 
 /* D = dout . out of row t (0 past T), fp32, summed by one warp: lane-strided columns, then
  * a butterfly that leaves the same bits in every lane. Every lane of the warp must call it. */
-template <int HS>
+template <int HS, typename X>
 __device__ __forceinline__ float tc_row_d(const float *__restrict__ do_rows,
-                                          const float *__restrict__ o_rows, int64_t C, int t,
+                                          const X *__restrict__ o_rows, int64_t C, int t,
                                           int T, int lane) {
     float part = 0.0f;
     if (t < T) {
-        const float *dr = do_rows + (int64_t)t * C, *orow = o_rows + (int64_t)t * C;
+        const float *dr = do_rows + (int64_t)t * C;
+        const X *orow = o_rows + (int64_t)t * C;
 #pragma unroll
-        for (int c = lane; c < HS; c += 32) part = fmaf(dr[c], orow[c], part);
+        for (int c = lane; c < HS; c += 32) part = fmaf(dr[c], tc_widen(orow[c]), part);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
@@ -188,17 +209,16 @@ __device__ __forceinline__ float tc_row_d(const float *__restrict__ do_rows,
  * start first; lane, its mma fragment row g and column pair tq, and r0, the warp's first of
  * the tile's rows; the tile's queries [q0, qend); C = NH HS; the q, k, v slices of the
  * block's heads in batch row b. */
-struct tc_qblock {
+template <typename X> struct tc_qblock {
     int lane, g, tq, r0, b, h, q0, qend;
     int64_t C;
-    const float *qb, *kb, *vb;
+    const X *qb, *kb, *vb;
 };
 
-template <int HS>
-__device__ __forceinline__ tc_qblock tc_qblock_of(const float *q, const float *k,
-                                                  const float *v, int64_t ld, int T, int NH,
-                                                  int group) {
-    tc_qblock x;
+template <int HS, typename X>
+__device__ __forceinline__ tc_qblock<X> tc_qblock_of(const X *q, const X *k, const X *v,
+                                                     int64_t ld, int T, int NH, int group) {
+    tc_qblock<X> x;
     const int warp = (int)threadIdx.x / 32;
     x.lane = (int)threadIdx.x % 32;
     x.g = x.lane / 4, x.tq = x.lane % 4, x.r0 = 16 * warp;
@@ -215,18 +235,17 @@ __device__ __forceinline__ tc_qblock tc_qblock_of(const float *q, const float *k
 
 /* ------------------------------------------------------------------ forward */
 
-template <int HS>
+template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_forward_kernel(float *__restrict__ out, float *__restrict__ lse,
-                      const float *__restrict__ q, const float *__restrict__ k,
-                      const float *__restrict__ v, int64_t ld, int T, int NH, int group,
-                      float scale_log2) {
+    tc_forward_kernel(X *__restrict__ out, float *__restrict__ lse, const X *__restrict__ q,
+                      const X *__restrict__ k, const X *__restrict__ v, int64_t ld, int T,
+                      int NH, int group, float scale_log2) {
     constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sK = sQ + TC_BQ * P,
             *sVt = sK + TC_BK * P;
     const auto [lane, g, tq, r0, b, h, q0, qend, C, qb, kb, vb] =
-        tc_qblock_of<HS>(q, k, v, ld, T, NH, group);
+        tc_qblock_of<HS, X>(q, k, v, ld, T, NH, group);
 
     tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
     const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8}; /* the positions of the thread's rows */
@@ -288,11 +307,11 @@ __global__ void __launch_bounds__(TC_THREADS)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int t = tr[hf];
         if (t < T) {
-            float *orow = out + ((int64_t)b * T + t) * C + (int64_t)h * HS;
+            X *orow = out + ((int64_t)b * T + t) * C + (int64_t)h * HS;
 #pragma unroll
             for (int d = 0; d < ND; d++) {
-                orow[8 * d + 2 * tq] = o[d][2 * hf] / sum;
-                orow[8 * d + 2 * tq + 1] = o[d][2 * hf + 1] / sum;
+                tc_put(orow + 8 * d + 2 * tq, o[d][2 * hf] / sum);
+                tc_put(orow + 8 * d + 2 * tq + 1, o[d][2 * hf + 1] / sum);
             }
             if (tq == 0) lse[((int64_t)b * NH + h) * T + t] = m[hf] * TC_LN2 + logf(sum);
         }
@@ -301,22 +320,21 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* ------------------------------------------------------------------ backward: dq */
 
-template <int HS>
+template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
     tc_dq_kernel(float *__restrict__ dq, int64_t ldd, float *__restrict__ delta,
-                 const float *__restrict__ dout,
-                 const float *__restrict__ q, const float *__restrict__ k,
-                 const float *__restrict__ v, int64_t ld, const float *__restrict__ out,
-                 const float *__restrict__ lse, int T, int NH, int group, float scale,
-                 float scale_log2) {
+                 const float *__restrict__ dout, const X *__restrict__ q,
+                 const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
+                 const X *__restrict__ out, const float *__restrict__ lse, int T, int NH,
+                 int group, float scale, float scale_log2) {
     constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sdO = sQ + TC_BQ * P,
             *sK = sdO + TC_BQ * P, *sV = sK + TC_BK * P, *sKt = sV + TC_BK * P;
     const auto [lane, g, tq, r0, b, h, q0, qend, C, qb, kb, vb] =
-        tc_qblock_of<HS>(q, k, v, ld, T, NH, group);
+        tc_qblock_of<HS, X>(q, k, v, ld, T, NH, group);
     const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
-    const float *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
+    const X *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
 
     tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
     tc_stage<HS>(sdO, P, nullptr, 0, dob, C, q0, TC_BQ, T);
@@ -329,7 +347,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     float Dr[2] = {0.0f, 0.0f}, Lr[2];
     for (int i = 0; i < 16; i++) { /* warp-uniform: every lane joins each row's butterfly */
         const int t = q0 + r0 + i;
-        const float d = tc_row_d<HS>(dob, ob, C, t, T, lane);
+        const float d = tc_row_d<HS, X>(dob, ob, C, t, T, lane);
         if (i == g) Dr[0] = d;
         if (i == g + 8) Dr[1] = d;
         if (lane == 0 && t < T) db[t] = d;
@@ -381,11 +399,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* ------------------------------------------------------------------ backward: dk, dv */
 
-template <int HS>
+template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
     tc_dkdv_kernel(float *__restrict__ dk, float *__restrict__ dv, int64_t ldd,
-                   const float *__restrict__ dout, const float *__restrict__ q,
-                   const float *__restrict__ k, const float *__restrict__ v, int64_t ld,
+                   const float *__restrict__ dout, const X *__restrict__ q,
+                   const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
                    const float *__restrict__ delta, const float *__restrict__ lse, int T, int NH,
                    int NKV, int group, float scale, float scale_log2) {
     constexpr int BQ = tc_dkdv_tile<HS>::BQ;
@@ -399,8 +417,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int b = (int)blockIdx.x / NKV, kvh = (int)blockIdx.x % NKV;
     const int k0 = (int)blockIdx.y * TC_BK;
     const int64_t C = (int64_t)NH * HS;
-    const float *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
-    const float *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const X *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
+    const X *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
 
     tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T);
     tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T);
@@ -414,7 +432,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     /* the group's query heads in order, each one's tiles in position order from the first
      * query that sees these keys (k0 is a multiple of BQ): a fixed order, so fixed bits */
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-        const float *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
+        const X *qb = q + (int64_t)b * T * ld + (int64_t)h * HS;
         const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
         const float *db = delta + ((int64_t)b * NH + h) * T; /* the dq kernel's D */
         const float *lb = lse + ((int64_t)b * NH + h) * T;
@@ -482,38 +500,84 @@ template <int HS> static size_t tc_dkdv_smem() {
            sizeof(float) * 2 * BQ;
 }
 
+/* The kernels' names in errors, by form. */
+template <typename X> struct tc_names;
+template <> struct tc_names<float> {
+    static constexpr const char *forward = "attention_tc_forward", *backward = "attention_tc_backward",
+                                *dq = "attention_tc_backward_dq", *dkdv = "attention_tc_backward_dkdv";
+};
+template <> struct tc_names<tc_bf16> {
+    static constexpr const char *forward = "attention_tc_forward_bf16",
+                                *backward = "attention_tc_backward_bf16",
+                                *dq = "attention_tc_backward_bf16_dq",
+                                *dkdv = "attention_tc_backward_bf16_dkdv";
+};
+
 static fs_status tc_check_shape(const char *name, int64_t B, int64_t T, int64_t NH,
                                 int64_t NKV, int64_t HS) {
     return att_check_shape_of(name, B, T, NH, NKV, HS, fs_cuda_attention_tc_supported(HS),
                               "64 or 128", (int64_t)65535 * TC_BQ);
 }
 
-template <int HS>
-static fs_status tc_forward_launch(cudaStream_t st, float *out, float *lse, const float *q,
-                                   const float *k, const float *v, int64_t ld, int B, int T,
-                                   int NH, int NKV, float scale) {
+template <int HS, typename X>
+static fs_status tc_forward_launch(cudaStream_t st, X *out, float *lse, const X *q, const X *k,
+                                   const X *v, int64_t ld, int B, int T, int NH, int NKV,
+                                   float scale) {
     const size_t smem = tc_forward_smem<HS>();
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
-    return att_launch("attention_tc_forward", tc_forward_kernel<HS>, grid, TC_THREADS, smem, smem,
-                      st, out, lse, q, k, v, ld, T, NH, NH / NKV, scale * TC_LOG2E);
+    return att_launch(tc_names<X>::forward, tc_forward_kernel<HS, X>, grid, TC_THREADS, smem,
+                      smem, st, out, lse, q, k, v, ld, T, NH, NH / NKV, scale * TC_LOG2E);
 }
 
-template <int HS>
+template <int HS, typename X>
 static fs_status tc_backward_launch(cudaStream_t st, float *dq, float *dk, float *dv,
-                                    int64_t ldd, float *delta, const float *dout, const float *q,
-                                    const float *k, const float *v, int64_t ld, const float *out,
+                                    int64_t ldd, float *delta, const float *dout, const X *q,
+                                    const X *k, const X *v, int64_t ld, const X *out,
                                     const float *lse, int B, int T, int NH, int NKV,
                                     float scale) {
     const size_t smem_q = tc_dq_smem<HS>(), smem_kv = tc_dkdv_smem<HS>();
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
-    FS_TRY(att_launch("attention_tc_backward_dq", tc_dq_kernel<HS>, grid_q, TC_THREADS, smem_q,
-                      smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, T, NH, NH / NKV,
-                      scale, scale * TC_LOG2E));
+    FS_TRY(att_launch(tc_names<X>::dq, tc_dq_kernel<HS, X>, grid_q, TC_THREADS,
+                      smem_q, smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, T, NH,
+                      NH / NKV, scale, scale * TC_LOG2E));
     /* after the dq kernel on the same stream: every D it stores is written */
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
-    return att_launch("attention_tc_backward_dkdv", tc_dkdv_kernel<HS>, grid_kv, TC_THREADS,
+    return att_launch(tc_names<X>::dkdv, tc_dkdv_kernel<HS, X>, grid_kv, TC_THREADS,
                       smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, delta, lse, T, NH,
                       NKV, NH / NKV, scale, scale * TC_LOG2E);
+}
+
+/* Both forms' entries (X = float, tc_bf16): the shape checked, an empty grid skipped, HS
+ * picked. */
+template <typename X>
+static fs_status tc_forward(void *stream, X *out, float *lse, const X *q,
+                            const X *k, const X *v, int64_t ld_qkv, int64_t B, int64_t T,
+                            int64_t NH, int64_t NKV, int64_t HS) {
+    FS_TRY(tc_check_shape(tc_names<X>::forward, B, T, NH, NKV, HS));
+    if (B == 0 || T == 0 || NH == 0) return FS_OK; /* an empty grid is an error */
+    const cudaStream_t st = (cudaStream_t)stream;
+    const float scale = (float)(1.0 / sqrt((double)HS));
+    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
+    if (HS == 64) return tc_forward_launch<64, X>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
+    return tc_forward_launch<128, X>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
+}
+
+template <typename X>
+static fs_status tc_backward(void *stream, float *dq, float *dk, float *dv,
+                             int64_t ld_dqkv, float *delta, const float *dout, const X *q,
+                             const X *k, const X *v, int64_t ld_qkv, const X *out,
+                             const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t HS) {
+    FS_TRY(tc_check_shape(tc_names<X>::backward, B, T, NH, NKV, HS));
+    if (B == 0 || T == 0 || NH == 0) return FS_OK;
+    const cudaStream_t st = (cudaStream_t)stream;
+    const float scale = (float)(1.0 / sqrt((double)HS));
+    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
+    if (HS == 64)
+        return tc_backward_launch<64, X>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv,
+                                         out, lse, b, t, nh, nkv, scale);
+    return tc_backward_launch<128, X>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
+                                      lse, b, t, nh, nkv, scale);
 }
 
 extern "C" int fs_cuda_attention_tc_supported(int64_t HS) { return HS == 64 || HS == 128; }
@@ -523,13 +587,7 @@ extern "C" fs_status fs_cuda_attention_tc_forward(void *stream, float *out, floa
                                                   const float *v, int64_t ld_qkv, int64_t B,
                                                   int64_t T, int64_t NH, int64_t NKV,
                                                   int64_t HS) {
-    FS_TRY(tc_check_shape("attention_tc_forward", B, T, NH, NKV, HS));
-    if (B == 0 || T == 0 || NH == 0) return FS_OK; /* an empty grid is an error */
-    const cudaStream_t st = (cudaStream_t)stream;
-    const float scale = (float)(1.0 / sqrt((double)HS));
-    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
-    if (HS == 64) return tc_forward_launch<64>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
-    return tc_forward_launch<128>(st, out, lse, q, k, v, ld_qkv, b, t, nh, nkv, scale);
+    return tc_forward(stream, out, lse, q, k, v, ld_qkv, B, T, NH, NKV, HS);
 }
 
 extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk,
@@ -539,14 +597,31 @@ extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, floa
                                                    int64_t ld_qkv, const float *out,
                                                    const float *lse, int64_t B, int64_t T,
                                                    int64_t NH, int64_t NKV, int64_t HS) {
-    FS_TRY(tc_check_shape("attention_tc_backward", B, T, NH, NKV, HS));
-    if (B == 0 || T == 0 || NH == 0) return FS_OK;
-    const cudaStream_t st = (cudaStream_t)stream;
-    const float scale = (float)(1.0 / sqrt((double)HS));
-    const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
-    if (HS == 64)
-        return tc_backward_launch<64>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
-                                      lse, b, t, nh, nkv, scale);
-    return tc_backward_launch<128>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
-                                   lse, b, t, nh, nkv, scale);
+    return tc_backward(stream, dq, dk, dv, ld_dqkv, delta, dout, q, k, v,
+                       ld_qkv, out, lse, B, T, NH, NKV, HS);
+}
+
+/* uint16_t (the C side's bf16) and __nv_bfloat16 are the same 16 bits */
+static const tc_bf16 *tc_bf16_in(const uint16_t *p) { return reinterpret_cast<const tc_bf16 *>(p); }
+
+extern "C" fs_status fs_cuda_attention_tc_forward_bf16(void *stream, uint16_t *out, float *lse,
+                                                       const uint16_t *q, const uint16_t *k,
+                                                       const uint16_t *v, int64_t ld_qkv,
+                                                       int64_t B, int64_t T, int64_t NH,
+                                                       int64_t NKV, int64_t HS) {
+    return tc_forward(stream, reinterpret_cast<tc_bf16 *>(out), lse,
+                      tc_bf16_in(q), tc_bf16_in(k), tc_bf16_in(v), ld_qkv, B, T, NH, NKV, HS);
+}
+
+extern "C" fs_status fs_cuda_attention_tc_backward_bf16(void *stream, float *dq, float *dk,
+                                                        float *dv, int64_t ld_dqkv,
+                                                        float *delta, const float *dout,
+                                                        const uint16_t *q, const uint16_t *k,
+                                                        const uint16_t *v, int64_t ld_qkv,
+                                                        const uint16_t *out, const float *lse,
+                                                        int64_t B, int64_t T, int64_t NH,
+                                                        int64_t NKV, int64_t HS) {
+    return tc_backward(stream, dq, dk, dv, ld_dqkv, delta, dout,
+                       tc_bf16_in(q), tc_bf16_in(k), tc_bf16_in(v), ld_qkv, tc_bf16_in(out), lse, B,
+                       T, NH, NKV, HS);
 }

@@ -101,6 +101,15 @@ fs_status fs_cuda_rope_forward(void *stream, float *x, int64_t ld, const float *
 fs_status fs_cuda_rope_backward(void *stream, float *dx, int64_t ld, const float *cos_table,
                                 const float *sin_table, int64_t B, int64_t T, int64_t n_heads,
                                 int64_t HS);
+/* The bf16 route's forward RoPE and rounding in one pass: qkv (N = B T rows of
+ * (NH + 2 NKV) HS fp32: q, k, v as the QKV projection writes them) read, q and k rotated as
+ * fs_cuda_rope_forward rotates them, every value rounded into out (bf16, the same layout);
+ * the bits of rope_forward on q and k then cast_fp32_to_bf16 on the rows. qkv is not
+ * written. */
+fs_status fs_cuda_rope_forward_bf16_out(void *stream, uint16_t *out, const float *qkv,
+                                        const float *cos_table, const float *sin_table,
+                                        int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                        int64_t HS);
 
 /* Causal GQA attention, flash style: tiles of queries and keys in shared memory, online
  * softmax, no T x T matrix in memory. fp32 in and out. Backward recomputes p from lse; dq
@@ -134,6 +143,20 @@ fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk, floa
                                         int64_t ld_qkv, const float *out, const float *lse,
                                         int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                         int64_t HS);
+/* The same with q, k, v and out in bf16 (the bf16 route's kept arrays; dout, dq, dk, dv,
+ * lse and delta stay fp32): read and written as they are, the bits the fp32 form gives on
+ * those values widened, its out rounded by fs_cuda_cast_fp32_to_bf16 (a NaN apart, whose
+ * sign and payload may differ). */
+fs_status fs_cuda_attention_tc_forward_bf16(void *stream, uint16_t *out, float *lse,
+                                            const uint16_t *q, const uint16_t *k,
+                                            const uint16_t *v, int64_t ld_qkv, int64_t B,
+                                            int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+fs_status fs_cuda_attention_tc_backward_bf16(void *stream, float *dq, float *dk, float *dv,
+                                             int64_t ld_dqkv, float *delta, const float *dout,
+                                             const uint16_t *q, const uint16_t *k,
+                                             const uint16_t *v, int64_t ld_qkv,
+                                             const uint16_t *out, const float *lse, int64_t B,
+                                             int64_t T, int64_t NH, int64_t NKV, int64_t HS);
 
 fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int64_t N,
                                  int64_t FF);

@@ -539,6 +539,64 @@ fs_status fs_cuda_rope_backward(void *stream, float *dx, int64_t ld, const float
                       -1.0f);
 }
 
+/* The bf16 route's forward RoPE: the QKV projection's fp32 rows (q, k, v side by side, NH +
+ * NKV heads of q and k, then v) read once, q and k rotated by rope_kernel's formulas (sign
+ * 1), every value of the row rounded by bf16_of into out (the same width, contiguous): the
+ * bits of rope_forward on q and on k, then cast_fp32_to_bf16, in one pass with no fp32
+ * written. One thread per rotated pair or v element of one row (a rows_grid). */
+static __global__ void rope_forward_bf16_out_kernel(uint16_t *out, const float *qkv,
+                                                    const float *cos_table,
+                                                    const float *sin_table, int64_t N,
+                                                    int64_t T, int64_t qk_heads, int64_t HS,
+                                                    int64_t v_width) {
+    const int64_t half = HS / 2, pairs = qk_heads * half, items = pairs + v_width;
+    const int64_t QKV = qk_heads * HS + v_width;
+    for (int64_t n = row_first(); n < N; n += row_stride()) {
+        const int64_t t = n % T;
+        const float *row = qkv + n * QKV;
+        uint16_t *orow = out + n * QKV;
+        for (int64_t j = global_index(); j < items; j += grid_stride()) {
+            if (j >= pairs) { /* v: rounded only */
+                const int64_t c = qk_heads * HS + (j - pairs);
+                orow[c] = bf16_of(row[c]);
+                continue;
+            }
+            /* items < 2^31 (fs_cuda_rope_forward_bf16_out): 32-bit division */
+            const int64_t h = (int32_t)j / (int32_t)half, i = (int32_t)j % (int32_t)half;
+            const int64_t c1 = h * HS + i, c2 = c1 + half;
+            const float cs = cos_table[t * half + i];
+            const float sn = sin_table[t * half + i]; /* rope_kernel: sign * sin, sign 1 */
+            const float a = row[c1], b = row[c2];
+            orow[c1] = bf16_of(a * cs - b * sn);
+            orow[c2] = bf16_of(b * cs + a * sn);
+        }
+    }
+}
+
+fs_status fs_cuda_rope_forward_bf16_out(void *stream, uint16_t *out, const float *qkv,
+                                        const float *cos_table, const float *sin_table,
+                                        int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                        int64_t HS) {
+    const char *name = "rope_forward_bf16_out";
+    if (B < 0 || T < 0 || NH < 0 || NKV < 0 || HS < 0)
+        return fs_errorf(FS_ERR_USAGE,
+                         "cuda kernel %s: negative size (B=%lld T=%lld NH=%lld NKV=%lld HS=%lld)",
+                         name, (long long)B, (long long)T, (long long)NH, (long long)NKV,
+                         (long long)HS);
+    if (HS % 2 != 0)
+        return fs_errorf(FS_ERR_USAGE, "cuda kernel %s: head size %lld is odd", name,
+                         (long long)HS);
+    const int64_t N = B * T, qk_heads = NH + NKV, items = qk_heads * (HS / 2) + NKV * HS;
+    if (N == 0 || items == 0) return FS_OK;
+    if (items > INT32_MAX)
+        return fs_errorf(FS_ERR_USAGE, "cuda kernel %s: %lld heads of size %lld: over 2^31 items",
+                         name, (long long)(qk_heads + NKV), (long long)HS);
+    rope_forward_bf16_out_kernel<<<rows_grid(N, items), row_threads(items), 0,
+                                   as_stream(stream)>>>(out, qkv, cos_table, sin_table, N, T,
+                                                        qk_heads, HS, NKV * HS);
+    return launched(name);
+}
+
 /* ------------------------------------------------------------------ SwiGLU
  * Element-wise over (N, FF) on a rows_grid, swiglu.c's formulas in its order: silu(x) =
  * x / (1 + expf(-x)), silu'(x) = sig * (1 + x * (1 - sig)). Only expf differs from the
