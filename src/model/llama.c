@@ -380,8 +380,8 @@ static int64_t slot_of(const fs_acts *a, int l) {
  * before), and the backward's D = rowsum(dout * out) sums the rounded output (up to 2^-8
  * relative per element, as PyTorch's bf16 attention does). The GPU's tensor-core kernels read
  * and write bf16; the CPU's kernels (and the GPU's fp32 fallback) read fp32, so those entries
- * widen into qkv_wide and att_wide (device.h: attention_forward_bf16_qkv_out). Half the bytes of the largest
- * per-block arrays after gu: N·(QKV + C) x 2 bytes per block. (The CPU's
+ * widen into qkv_wide and att_wide (device.h: attention_forward_bf16_qkv_out). Half the
+ * bytes of the largest per-block arrays after gu: N·(QKV + C) x 2 bytes per block. (The CPU's
  * bf16 kernels convert with vcvtne2ps2bf16, which takes an fp32 denormal as zero where
  * fs_fp32_to_bf16 rounds it: a q/k/v or output element just below FLT_MIN now reaches them
  * as FLT_MIN instead of 0. The fp32 attention kernels, a fallback under bf16, now see the

@@ -166,10 +166,11 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
         k.bwd.gemm = 2.0 * k.fwd.gemm;
         k.bwd.attention = 2.0 * k.fwd.attention;
         k.bwd.bytes = N * (18.0 * C + 12.0 * FF + QKV + 2.0 * QK) * act;
-        /* the bf16 route's casts of q/k/v and the attention output (llama.c rounds q/k/v, the
-         * CPU's bf16 attention entries widen and round: device.c), in bytes: forward q/k/v
-         * rounded and widened back (4 + 2 + 2 + 4 per element) and the output rounded
-         * (4 + 2); backward both widened (2 + 4) */
+        /* the bf16 route's casts of q/k/v and the attention output on the CPU (its
+         * rope_forward_bf16_out rounds q/k/v after RoPE in place, its bf16 attention entries
+         * widen and round: device.c), in bytes: forward q/k/v rounded and widened back
+         * (4 + 2 + 2 + 4 per element) and the output rounded (4 + 2); backward both widened
+         * (2 + 4) */
         const double casts_fwd = 12.0 * QKV + 6.0 * C, casts_bwd = 6.0 * QKV + 6.0 * C;
         /* and its two rmsnorms' outputs written in bf16: 2C elements at 2 bytes, not act */
         const double norms_bf16 = 2.0 * C * (2.0 - act);
