@@ -669,23 +669,30 @@ static void test_cuda_attention_tc_deterministic(void) {
 }
 
 /* The kernels' bf16 form (q, k, v and out in bf16: the bf16 route's entries) against their
- * fp32 form on the same values widened: out is the fp32 form's rounded (fs_fp32_to_bf16), lse,
- * dq, dk, dv and the D workspace are its bits. The inputs are bf16 numbers (cuda_att_each's
- * bf16 = 1) and the backward reads the CPU forward's out rounded to bf16, in both forms. */
+ * fp32 form on the same values widened: out is the fp32 form's rounded (fs_fp32_to_bf16), lse
+ * and the D workspace are its bits, and dq, dk, dv (written in bf16, rotated back by RoPE) are
+ * the fp32 form's added into zeros, then fs_rope_backward on dq and dk (the CPU's, the bits of
+ * fs_cuda_rope_backward), then rounded; the gradient rows' padding is left as it was. The
+ * inputs are bf16 numbers (cuda_att_each's bf16 = 1) and the backward reads the CPU forward's
+ * out rounded to bf16, in both forms. */
 static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
     const cuda_att_shape s = c->s;
     const int64_t nqkv = c->N * c->ld, nout = c->N * c->C, nd = s.B * s.NH * s.T;
     const int64_t ng = c->N * c->ldd, kcol = c->C, vcol = (s.NH + s.NKV) * s.HS;
+    const int64_t ntab = s.T * (s.HS / 2), width = (s.NH + 2 * s.NKV) * s.HS;
     uint16_t *qkv16 = malloc((size_t)(nqkv > 0 ? nqkv : 1) * sizeof(uint16_t));
     uint16_t *o16 = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(uint16_t));
     uint16_t *got16 = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(uint16_t));
+    uint16_t *g16 = malloc((size_t)(ng > 0 ? ng : 1) * sizeof(uint16_t));
     float *ow = cuda_att_alloc(nout), *out32 = cuda_att_alloc(nout);
-    float *lse[2] = {cuda_att_alloc(nd), cuda_att_alloc(nd)}, *g[2] = {cuda_att_alloc(ng), cuda_att_alloc(ng)};
+    float *lse[2] = {cuda_att_alloc(nd), cuda_att_alloc(nd)}, *g = cuda_att_alloc(ng);
     float *delta[2] = {cuda_att_alloc(nd), cuda_att_alloc(nd)};
-    if (!qkv16 || !o16 || !got16) {
+    float *cs = cuda_att_alloc(ntab), *sn = cuda_att_alloc(ntab);
+    if (!qkv16 || !o16 || !got16 || !g16) {
         fprintf(stderr, "test_cuda: out of memory\n");
         exit(2);
     }
+    fs_rope_table(cs, sn, s.T, s.HS, 10000.0f);
     for (int64_t i = 0; i < nqkv; i++) qkv16[i] = fs_fp32_to_bf16(c->qkv[i]);
     for (int64_t i = 0; i < nout; i++) o16[i] = fs_fp32_to_bf16(c->out[i]), ow[i] = fs_bf16_to_fp32(o16[i]);
     float *d_qkv = dev_upload(c->qkv, nqkv), *d_ow = dev_upload(ow, nout);
@@ -694,11 +701,13 @@ static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
     float *d_out32 = dev_upload(ow, nout), *d_lseo = dev_upload(c->lse, nd); /* NaN-filled below */
     uint16_t *d_out16 = dev_upload_u16(o16, nout);
     float *d_g = dev_upload(c->g0, ng), *d_delta = dev_upload(c->lse, nd); /* NaN-filled below */
+    uint16_t *d_g16 = dev_upload_u16(g16, ng);                            /* 0xffff-filled below */
+    float *d_cs = dev_upload(cs, ntab), *d_sn = dev_upload(sn, ntab);
     if (d_qkv && d_ow && d_qkv16 && d_o16 && d_dout && d_lse && d_out32 && d_lseo && d_out16 && d_g &&
-        d_delta) {
+        d_delta && d_g16 && d_cs && d_sn) {
         for (int form = 0; form < 2; form++) { /* 0: fp32, 1: bf16 */
-            /* what each form must write starts as NaN (out16: 0xffff), so that an element
-             * left over from the other form, or never written, shows */
+            /* what each form must write starts as NaN (bf16: 0xffff), so that an element left
+             * over from the other form, or never written, shows */
             dev_fill(d_lseo, nd, NAN);
             dev_fill(d_delta, nd, NAN);
             if (form == 0) dev_fill(d_out32, nout, NAN); /* read after both forms */
@@ -712,17 +721,20 @@ static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
                                                            d_qkv16 + vcol, c->ld, s.B, s.T, s.NH, s.NKV,
                                                            s.HS));
             dev_download(lse[form], d_lseo, nd);
-            dev_put(d_g, c->g0, (size_t)ng * sizeof(float));
-            if (form == 0)
+            if (form == 0) {
+                CHECK(cudaMemset(d_g, 0, (size_t)ng * sizeof(float)) == cudaSuccess, "cudaMemset of dqkv");
                 CHECK_OK(fs_cuda_attention_tc_backward(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_delta, d_dout,
                                                        d_qkv, d_qkv + kcol, d_qkv + vcol, c->ld, d_ow, d_lse,
                                                        s.B, s.T, s.NH, s.NKV, s.HS));
-            else
-                CHECK_OK(fs_cuda_attention_tc_backward_bf16(NULL, d_g, d_g + kcol, d_g + vcol, c->ldd, d_delta,
-                                                            d_dout, d_qkv16, d_qkv16 + kcol, d_qkv16 + vcol,
-                                                            c->ld, d_o16, d_lse, s.B, s.T, s.NH, s.NKV,
-                                                            s.HS));
-            dev_download(g[form], d_g, ng);
+                dev_download(g, d_g, ng);
+            } else {
+                CHECK(cudaMemset(d_g16, 0xff, (size_t)ng * sizeof(uint16_t)) == cudaSuccess,
+                      "cudaMemset of the bf16 dqkv");
+                CHECK_OK(fs_cuda_attention_tc_rope_backward_bf16(
+                    NULL, d_g16, d_g16 + kcol, d_g16 + vcol, c->ldd, d_delta, d_dout, d_qkv16, d_qkv16 + kcol,
+                    d_qkv16 + vcol, c->ld, d_o16, d_lse, d_cs, d_sn, s.B, s.T, s.NH, s.NKV, s.HS));
+                dev_download_u16(g16, d_g16, ng);
+            }
             dev_download(delta[form], d_delta, nd);
         }
         dev_download(out32, d_out32, nout);
@@ -735,16 +747,26 @@ static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
               (long long)bad, (long long)nout);
         CHECK(memcmp(lse[0], lse[1], (size_t)nd * sizeof(float)) == 0, "%s: lse differs from the fp32 form's",
               name);
-        CHECK(memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0, "%s: dq, dk, dv differ from the fp32 form's",
-              name);
+        /* the fp32 form's gradients rotated back and rounded; padding untouched */
+        fs_rope_backward(NULL, g, c->ldd, cs, sn, s.B, s.T, s.NH, s.HS);
+        fs_rope_backward(NULL, g + kcol, c->ldd, cs, sn, s.B, s.T, s.NKV, s.HS);
+        int64_t gbad = 0, padbad = 0;
+        for (int64_t i = 0; i < ng; i++) {
+            if (i % c->ldd < width) gbad += g16[i] != fs_fp32_to_bf16(g[i]);
+            else padbad += g16[i] != 0xffff;
+        }
+        CHECK(gbad == 0, "%s: %lld of %lld dq, dk, dv elements are not the fp32 form's rotated back and rounded",
+              name, (long long)gbad, (long long)(c->N * width));
+        CHECK(padbad == 0, "%s: %lld padding elements of the bf16 dqkv rows written", name, (long long)padbad);
         CHECK(memcmp(delta[0], delta[1], (size_t)nd * sizeof(float)) == 0,
               "%s: the stored D differs from the fp32 form's", name);
     }
-    void *dev[] = {d_qkv, d_ow, d_qkv16, d_o16, d_dout, d_lse, d_out32, d_lseo, d_out16, d_g, d_delta};
+    void *dev[] = {d_qkv, d_ow, d_qkv16, d_o16, d_dout, d_lse, d_out32, d_lseo,
+                   d_out16, d_g, d_delta, d_g16, d_cs, d_sn};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) dev_free(dev[i]);
-    free(qkv16), free(o16), free(got16), free(ow), free(out32);
-    free(lse[0]), free(lse[1]), free(g[0]), free(g[1]), free(delta[0]), free(delta[1]);
+    free(qkv16), free(o16), free(got16), free(g16), free(ow), free(out32), free(cs), free(sn);
+    free(lse[0]), free(lse[1]), free(g), free(delta[0]), free(delta[1]);
 }
 
 static void test_cuda_attention_tc_bf16_form(void) {
@@ -771,12 +793,15 @@ static void test_cuda_attention_tc_shapes(void) {
           "tc bf16: HS = 96 accepted");
     CHECK(strstr(fs_error_message(), "attention_tc_forward_bf16") != NULL, "message '%s' names no kernel",
           fs_error_message());
-    CHECK(fs_cuda_attention_tc_backward_bf16(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL, NULL,
-                                             448, NULL, NULL, 1, 4, 3, 2, 64) == FS_ERR_USAGE,
+    CHECK(fs_cuda_attention_tc_rope_backward_bf16(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL,
+                                                  NULL, 448, NULL, NULL, NULL, NULL, 1, 4, 3, 2, 64) ==
+              FS_ERR_USAGE,
           "tc bf16: NH = 3, NKV = 2 accepted");
+    CHECK(strstr(fs_error_message(), "attention_tc_rope_backward_bf16") != NULL, "message '%s' names no kernel",
+          fs_error_message());
     CHECK_OK(fs_cuda_attention_tc_forward_bf16(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
-    CHECK_OK(fs_cuda_attention_tc_backward_bf16(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
-                                                NULL, 512, NULL, NULL, 0, 5, 1, 1, 128));
+    CHECK_OK(fs_cuda_attention_tc_rope_backward_bf16(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
+                                                     NULL, 512, NULL, NULL, NULL, NULL, 0, 5, 1, 1, 128));
     CHECK_OK(fs_cuda_attention_tc_forward(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
     CHECK_OK(fs_cuda_attention_tc_backward(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,
                                            NULL, 512, NULL, NULL, 0, 5, 1, 1, 128));

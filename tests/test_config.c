@@ -433,12 +433,13 @@ static void test_step_time_by_hand(void) {
      * (8C + 2QK) x 4 + FF x (2 x 2 + 2) = 3584 bytes per token, its backward (18C + QKV + 2QK)
      * x 4 + FF x (4 + 2 x 2 + 3 x 2) = 7680, where fp32 gu, h and dgu took 1088 x 4 and 3008 x 4;
      * and q/k/v and the attention output kept in bf16: forward 12 QKV + 6C = 1920 bytes more
-     * (the checkpointed block's recomputation too), backward 6 QKV + 6C = 1152; and the
+     * (the checkpointed block's recomputation too), backward 12 QKV + 6C = 1920 (both widened,
+     * 6 QKV + 6C, and dq/dk/dv rounded for the QKV GEMM, 6 QKV); and the
      * RMSNorms' outputs written in bf16: 2C x (4 - 2) = 256 bytes fewer in each block's
      * forward, backward and recomputation, C x 2 = 128 in the head's first chunk */
     CHECK(cpu.bf16_route, "the CPU takes the bf16 route");
     const double cpu_bytes = OP_BYTES(4.0) - tok * 4 * 2 * (1088 + 3008) + tok * 2 * (3584 + 7680) +
-                             tok * (2 * (1920 + 1152) + 1920) - tok * (2 * (256 + 256) + 256 + 128);
+                             tok * (2 * (1920 + 1920) + 1920) - tok * (2 * (256 + 256) + 256 + 128);
     CHECK_REL(e.memory_bytes, 2 * cpu_bytes, "cpu memory-bound bytes (the bf16 route's)");
     const double cpu_compute = (flops - 14 * Fa) / 50e9 + 14 * Fa / 5e9 + (2 * cpu_bytes + opt) / 20e9;
 #undef OP_BYTES

@@ -191,19 +191,19 @@ static void test_emulated_memory_is_the_plan(void) {
  * count what src/device/cuda.c's bf16_operands would take for the same call (one operand:
  * its elements; two: x rounded up to 128 elements, then y; a forward casts inp, a backward
  * dout then inp, the bf16 route's entries the one fp32 operand they have), over whole steps
- * of bf16 training: with the head's chunk, q/k/v or C the widest output, with checkpointed
- * blocks, tied and untied. The largest must fit, and fill the rule (a looser rule wastes GPU
- * memory: the first norm's C beside dqkv, which the route no longer casts, would show). On
+ * of bf16 training: with the head's chunk or C the widest cast (q/k/v the widest output, whose
+ * dqkv the route no longer casts), with checkpointed blocks, tied and untied. The largest must
+ * fit, and fill the rule (a looser rule wastes GPU memory: room for the dqkv would show). On
  * the bf16 route every activation operand is bf16 already: the fp32 entries, which cast
  * their inputs under bf16, are never called with bf16 weights; nor the fp32 attention
  * entries, whose fp32 q/k/v and output the model would have to widen (the route's entries
  * take them in bf16, which the GPU's tensor-core attention reads as they are), nor the fp32
- * forward RoPE, whose output the model would have to round (rope_forward_bf16_out writes
- * the rounded q/k/v). */
+ * RoPE entries, whose output the model would have to round (rope_forward_bf16_out writes
+ * the rounded q/k/v, attention_rope_backward_bf16 the rotated, rounded dq/dk/dv). */
 static int64_t operand_need;  /* the largest, in elements */
 static int fp32_entry_casts;  /* calls of linear_forward or linear_backward with bf16 = 1 */
 static int fp32_attention_calls; /* calls of attention_forward or attention_backward */
-static int fp32_rope_forward_calls;
+static int fp32_rope_calls;      /* calls of rope_forward or rope_backward */
 static void need_operands(int64_t nx, int64_t ny) {
     const int64_t n = ny ? (nx + 127) / 128 * 128 + ny : nx;
     if (n > operand_need) operand_need = n;
@@ -243,21 +243,27 @@ static void audit_attention_backward(fs_device *d, float *dq, float *dk, float *
 
 static void audit_rope_forward(fs_device *d, float *x, int64_t ld, const float *cs, const float *sn, int64_t B,
                                int64_t T_, int64_t heads, int64_t HS) {
-    fp32_rope_forward_calls++;
+    fp32_rope_calls++;
     fs_cpu_kernel_table.rope_forward(d, x, ld, cs, sn, B, T_, heads, HS);
+}
+static void audit_rope_backward(fs_device *d, float *x, int64_t ld, const float *cs, const float *sn, int64_t B,
+                                int64_t T_, int64_t heads, int64_t HS) {
+    fp32_rope_calls++;
+    fs_cpu_kernel_table.rope_backward(d, x, ld, cs, sn, B, T_, heads, HS);
 }
 
 static void test_gpu_operand_scratch_holds_every_cast(void) {
     fs_kernel_table audit = fs_cpu_kernel_table;
     audit.rope_forward = audit_rope_forward;
+    audit.rope_backward = audit_rope_backward;
     audit.attention_forward = audit_attention_forward;
     audit.attention_backward = audit_attention_backward;
     audit.linear_forward = audit_linear_forward;
     audit.linear_backward = audit_linear_backward;
     audit.linear_backward_bf16_inp = audit_linear_backward_bf16_inp;
     for (int c = 0; c < 4; c++) {
-        /* 0, 1: q/k/v the widest output (QKV 64 > C 32 > chunks of 13); 2: the head's one
-         * chunk of 200 rows; 3: checkpointed blocks */
+        /* 0, 1: q/k/v the widest output (QKV 64 > C 32 > chunks of 13), C the widest cast;
+         * 2: the head's one chunk of 200 rows; 3: checkpointed blocks */
         fs_llama_config cfg = ec_model(c == 1);
         if (c == 2) cfg.vocab_size = 200;
         int32_t in[ROWS * T], tg[ROWS * T];
@@ -269,10 +275,11 @@ static void test_gpu_operand_scratch_holds_every_cast(void) {
         operand_need = 0;
         fp32_entry_casts = 0;
         fp32_attention_calls = 0;
-        fp32_rope_forward_calls = 0;
+        fp32_rope_calls = 0;
         CHECK_OK(run(1, &spec));
-        CHECK(fp32_rope_forward_calls == 0, "case %d: %d calls of the fp32 forward RoPE under bf16 (the route's "
-              "rope_forward_bf16_out rotates and rounds q/k/v in one entry)", c, fp32_rope_forward_calls);
+        CHECK(fp32_rope_calls == 0, "case %d: %d calls of the fp32 RoPE entries under bf16 (the route's "
+              "rope_forward_bf16_out and attention_rope_backward_bf16 rotate and round q/k/v and dq/dk/dv)", c,
+              fp32_rope_calls);
         CHECK(fp32_attention_calls == 0, "case %d: %d calls of the fp32 attention entries under bf16 (their q/k/v "
               "and output are the bf16 route's kept arrays widened)", c, fp32_attention_calls);
         CHECK(fp32_entry_casts == 0, "case %d: %d calls of the fp32 linear entries under bf16 (each casts an "

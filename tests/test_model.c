@@ -452,7 +452,9 @@ static void test_reference_model_loads_in_flatshard(void) {
  * and q/k/v and the attention output, which this reference rounds and widens in place (its
  * o_proj GEMMs read the widened output, llama.c the bf16 one: the same bits); and ln1, ln2,
  * which llama.c writes in bf16 (fs_rmsnorm_forward_bf16) where this reference keeps them in
- * fp32 for GEMMs that round them: the same bits. */
+ * fp32 for GEMMs that round them: the same bits; and dq/dk/dv, which llama.c takes rotated
+ * back and rounded from the device's attention_rope_backward_bf16, where this reference
+ * zeroes, sums, rotates them in fp32 for a GEMM that rounds them: the same bits. */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     uint16_t *gu16; /* (N, 2FF): the bf16 route keeps gu in bf16 */

@@ -162,7 +162,8 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 GEMMs below (kernels.h: fs_rmsnorm_forward_bf16);
  *   swiglu_backward_bf16, linear_backward_bf16_dout_inp  the MLP backward with dgu written
  *                 and read as bf16 (fs_swiglu_backward_bf16), the gate/up projection's
- *                 backward from dgu and the second norm;
+ *                 backward from dgu and the second norm (and the QKV projection's from the
+ *                 bf16 dqkv below and the first norm);
  *   swiglu_forward_bf16, linear_forward_bf16_inp, linear_backward_bf16_inp  h in bf16
  *                 (fs_swiglu_forward_bf16), in forward and in backward; the _inp GEMMs also
  *                 take o_proj's input (the attention output the bf16 route keeps in bf16),
@@ -171,19 +172,25 @@ fs_status fs_device_prof_collect(fs_device *dev, double *seconds, int64_t *calls
  *                 writing gu in bf16 (fs_matmul_forward_bf16_inp_out: the fp32 result
  *                 rounded, bit for bit), which the two bf16 SwiGLU kernels read (this one
  *                 rounds a value the fp32 route keeps);
- *   attention_forward_bf16_qkv_out, attention_backward_bf16_qkv_out  no kernels.h kernel of
+ *   attention_forward_bf16_qkv_out, attention_rope_backward_bf16  no kernels.h kernel of
  *                 the name: the attention of the bf16 policy (the attention entries with
  *                 bf16 = 1, kernels.h's fs_attention_forward_bf16 on the CPU) on the q, k, v
  *                 and output the route keeps in bf16. qkv is the (N, (NH + 2 NKV) HS) rows
  *                 the QKV projection writes (q, k after RoPE), rounded; out (N, NH HS) is
- *                 written rounded; dqkv (N, the same width, fp32) is added into as by
- *                 attention_backward; dout and lse are fp32. The bits are those of the fp32
- *                 entries on qkv and out widened, out rounded. wide_qkv (N x the qkv width)
- *                 and wide_out (N x NH HS) are fp32 scratch for kernels that read fp32 (the
- *                 CPU's; the GPU's fp32 fallback), which widen there first and write out
- *                 there before rounding it; the GPU's tensor-core kernels read and write bf16
- *                 and leave them. So a profile (train --profile) counts those casts in the
- *                 attention's span, where the model counted them as other before;
+ *                 written rounded; dout and lse are fp32. The backward also undoes RoPE:
+ *                 dqkv (bf16, qkv's layout) is overwritten with dq and dk rotated back
+ *                 (cos_table, sin_table: fs_rope_table's) and dv, rounded, the QKV
+ *                 projection's dout. The bits are those of the fp32 entries on qkv and out
+ *                 widened: out rounded; dqkv those of wide_dqkv zeroed, attention_backward
+ *                 adding into it, rope_backward on its dq and dk, then cast_fp32_to_bf16.
+ *                 wide_qkv (N x the qkv width), wide_out (N x NH HS) and wide_dqkv (N x the
+ *                 qkv width) are fp32 scratch for kernels that read and write fp32 (the
+ *                 CPU's; the GPU's fp32 fallback), which widen there first, write out and
+ *                 the gradients there and round them from there; the GPU's tensor-core
+ *                 kernels read and write bf16 and leave them. dqkv may lie in wide_qkv (it is
+ *                 written after wide_qkv's last read), in none of the others. So a profile
+ *                 (train --profile) counts those casts, the zero fill and RoPE's backward in
+ *                 the attention's span, where the model counted them as other and RoPE;
  *   rope_forward_bf16_out  no kernels.h kernel of the name: the forward RoPE of q and k in
  *                 the QKV projection's fp32 rows qkv ((N, (NH + 2 NKV) HS)), and every value
  *                 of the rows rounded into out (bf16, the same layout): the bits of
@@ -259,11 +266,12 @@ typedef struct fs_kernel_table {
                                            const uint16_t *qkv, float *wide_qkv, float *wide_out,
                                            int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                            int64_t HS);
-    void (*attention_backward_bf16_qkv_out)(fs_device *d, float *dqkv, const float *dout,
-                                            const uint16_t *qkv, const uint16_t *out,
-                                            const float *lse, float *wide_qkv, float *wide_out,
-                                            int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                            int64_t HS);
+    void (*attention_rope_backward_bf16)(fs_device *d, uint16_t *dqkv, const float *dout,
+                                         const uint16_t *qkv, const uint16_t *out,
+                                         const float *lse, const float *cos_table,
+                                         const float *sin_table, float *wide_qkv,
+                                         float *wide_out, float *wide_dqkv, int64_t B,
+                                         int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     void (*rope_forward_bf16_out)(fs_device *d, uint16_t *out, float *qkv, const float *cos_table,
                                   const float *sin_table, int64_t B, int64_t T, int64_t NH,
                                   int64_t NKV, int64_t HS);

@@ -91,7 +91,9 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
  * fs_matmul_forward_bf16 given the fp32 operands they were rounded from, on either GEMM path:
  * the _inp variants take inp in bf16 (fs_swiglu_forward_bf16's h, the attention output the
  * bf16 route keeps, fs_rmsnorm_forward_bf16's norms); _dout_inp takes dout in bf16 too
- * (fs_swiglu_backward_bf16's dgu, with the second norm as inp: the gate/up projection). */
+ * (fs_swiglu_backward_bf16's dgu, with the second norm as inp: the gate/up projection; the
+ * bf16 route's dq/dk/dv, rotated back and rounded by the device's attention_rope_backward_bf16
+ * (device.h), with the first norm: the QKV projection). */
 void fs_matmul_backward_bf16_dout_inp(fs_pool *pool, const fs_gemm_stage *stage,
                                       float *dinp, float *dweight,
                                       const uint16_t *dout, /* (N, OC) bf16 */

@@ -2,7 +2,7 @@
  * cuda.c — the CUDA device (contract in device.h): one GPU, three streams, cuBLASLt, and the
  * CUDA kernel table, whose entries launch the kernels of src/kernels/cuda/ on the compute
  * stream. Built into libflatshard-cuda.so (device_internal.h says why), which exports one
- * table, fs_cuda_api_v7; only CUDA builds compile this file.
+ * table, fs_cuda_api_v8; only CUDA builds compile this file.
  *
  * Streams. compute runs every kernel of the table, the copies the model makes and the
  * uploads and downloads; gather and reduce run the engine's collectives (on one GPU, device
@@ -616,10 +616,17 @@ static void cuda_attention_backward(fs_device *d, float *dq, float *dk, float *d
                                              lse, B, T, NH, NKV, HS));
 }
 
+static fs_status zero_on_compute(fs_device *d, void *dst, size_t bytes) {
+    if (bytes) CUDA_TRY("cudaMemsetAsync", cudaMemsetAsync(dst, 0, bytes, d->impl->streams[FS_STREAM_COMPUTE]));
+    return FS_OK;
+}
+
 /* The bf16 route's attention (device.h): the tensor-core kernels read q, k, v and out in
- * bf16 and write out so; where they do not run (att_tc: another head size, or
- * FLATSHARD_CUDA_ATTENTION=fp32), the fp32 kernels on the arrays widened into the scratch
- * the model gives, the output rounded back. k_at and v_at: where k and v start in a qkv row. */
+ * bf16 and write out so, and their backward writes dq, dk, dv rotated back by RoPE, in bf16;
+ * where they do not run (att_tc: another head size, or FLATSHARD_CUDA_ATTENTION=fp32), the
+ * fp32 kernels on the arrays widened into the scratch the model gives, the backward's
+ * gradients zeroed and summed there and rotated back by rope_backward, each output rounded
+ * back. k_at and v_at: where k and v start in a qkv row. */
 static fs_status attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, float *lse,
                                                 const uint16_t *qkv, float *wide_qkv,
                                                 float *wide_out, int64_t B, int64_t T, int64_t NH,
@@ -641,33 +648,40 @@ static void cuda_attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, flo
     LAUNCH(d, attention_forward_bf16_qkv_out(d, out, lse, qkv, wide_qkv, wide_out, B, T, NH, NKV, HS));
 }
 
-static fs_status attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
-                                                 const uint16_t *qkv, const uint16_t *out,
-                                                 const float *lse, float *wide_qkv,
-                                                 float *wide_out, int64_t B, int64_t T,
-                                                 int64_t NH, int64_t NKV, int64_t HS) {
+static fs_status attention_rope_backward_bf16(fs_device *d, uint16_t *dqkv, const float *dout,
+                                              const uint16_t *qkv, const uint16_t *out,
+                                              const float *lse, const float *cos_table,
+                                              const float *sin_table, float *wide_qkv,
+                                              float *wide_out, float *wide_dqkv, int64_t B,
+                                              int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS, k_at = NH * HS, v_at = (NH + NKV) * HS;
     if (att_tc(d, HS, 1)) {
         float *delta = NULL;
         FS_TRY(attention_tc_delta(d, &delta, B, T, NH));
-        return fs_cuda_attention_tc_backward_bf16(STREAM(d), dqkv, dqkv + k_at, dqkv + v_at, QKV, delta,
-                                                  dout, qkv, qkv + k_at, qkv + v_at, QKV, out, lse, B,
-                                                  T, NH, NKV, HS);
+        return fs_cuda_attention_tc_rope_backward_bf16(STREAM(d), dqkv, dqkv + k_at, dqkv + v_at, QKV,
+                                                       delta, dout, qkv, qkv + k_at, qkv + v_at, QKV,
+                                                       out, lse, cos_table, sin_table, B, T, NH, NKV,
+                                                       HS);
     }
     FS_TRY(fs_cuda_cast_bf16_to_fp32(STREAM(d), wide_qkv, qkv, N * QKV));
     FS_TRY(fs_cuda_cast_bf16_to_fp32(STREAM(d), wide_out, out, N * NH * HS));
-    return fs_cuda_attention_backward(STREAM(d), dqkv, dqkv + k_at, dqkv + v_at, QKV, dout, wide_qkv,
-                                      wide_qkv + k_at, wide_qkv + v_at, QKV, wide_out, lse, B, T, NH,
-                                      NKV, HS);
+    FS_TRY(zero_on_compute(d, wide_dqkv, (size_t)(N * QKV) * sizeof(float)));
+    FS_TRY(fs_cuda_attention_backward(STREAM(d), wide_dqkv, wide_dqkv + k_at, wide_dqkv + v_at, QKV,
+                                      dout, wide_qkv, wide_qkv + k_at, wide_qkv + v_at, QKV, wide_out,
+                                      lse, B, T, NH, NKV, HS));
+    FS_TRY(fs_cuda_rope_backward(STREAM(d), wide_dqkv, QKV, cos_table, sin_table, B, T, NH, HS));
+    FS_TRY(fs_cuda_rope_backward(STREAM(d), wide_dqkv + k_at, QKV, cos_table, sin_table, B, T, NKV, HS));
+    return fs_cuda_cast_fp32_to_bf16(STREAM(d), dqkv, wide_dqkv, N * QKV); /* after wide_qkv's reads */
 }
 
-static void cuda_attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
-                                                 const uint16_t *qkv, const uint16_t *out,
-                                                 const float *lse, float *wide_qkv,
-                                                 float *wide_out, int64_t B, int64_t T,
-                                                 int64_t NH, int64_t NKV, int64_t HS) {
-    LAUNCH(d, attention_backward_bf16_qkv_out(d, dqkv, dout, qkv, out, lse, wide_qkv, wide_out, B, T, NH,
-                                              NKV, HS));
+static void cuda_attention_rope_backward_bf16(fs_device *d, uint16_t *dqkv, const float *dout,
+                                              const uint16_t *qkv, const uint16_t *out,
+                                              const float *lse, const float *cos_table,
+                                              const float *sin_table, float *wide_qkv,
+                                              float *wide_out, float *wide_dqkv, int64_t B,
+                                              int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    LAUNCH(d, attention_rope_backward_bf16(d, dqkv, dout, qkv, out, lse, cos_table, sin_table, wide_qkv,
+                                           wide_out, wide_dqkv, B, T, NH, NKV, HS));
 }
 
 static void cuda_rope_forward_bf16_out(fs_device *d, uint16_t *out, float *qkv, const float *cos_table,
@@ -743,11 +757,6 @@ static void cuda_copy(fs_device *d, void *dst, const void *src, size_t bytes) {
     LAUNCH(d, fs_cuda_copy_on(d, FS_STREAM_COMPUTE, dst, src, bytes));
 }
 
-static fs_status zero_on_compute(fs_device *d, void *dst, size_t bytes) {
-    if (bytes) CUDA_TRY("cudaMemsetAsync", cudaMemsetAsync(dst, 0, bytes, d->impl->streams[FS_STREAM_COMPUTE]));
-    return FS_OK;
-}
-
 static void cuda_zero(fs_device *d, void *dst, size_t bytes) { LAUNCH(d, zero_on_compute(d, dst, bytes)); }
 
 static const fs_kernel_table fs_cuda_kernel_table = {
@@ -769,7 +778,7 @@ static const fs_kernel_table fs_cuda_kernel_table = {
     .adamw_update = cuda_adamw_update,
     .sum_squares = cuda_sum_squares,
     .attention_forward_bf16_qkv_out = cuda_attention_forward_bf16_qkv_out,
-    .attention_backward_bf16_qkv_out = cuda_attention_backward_bf16_qkv_out,
+    .attention_rope_backward_bf16 = cuda_attention_rope_backward_bf16,
     .rope_forward_bf16_out = cuda_rope_forward_bf16_out,
     .cast_fp32_to_bf16 = cuda_cast_fp32_to_bf16,
     .cast_bf16_to_fp32 = cuda_cast_bf16_to_fp32,
@@ -786,8 +795,8 @@ static const fs_kernel_table fs_cuda_kernel_table = {
 
 /* ------------------------------------------------------------------ what device.c loads */
 
-__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v7;
-const fs_cuda_api fs_cuda_api_v7 = {
+__attribute__((visibility("default"))) extern const fs_cuda_api fs_cuda_api_v8;
+const fs_cuda_api fs_cuda_api_v8 = {
     .open = fs_cuda_device_open,
     .close = fs_cuda_device_close,
     .count = fs_cuda_device_count,

@@ -457,17 +457,22 @@ static void cpu_attention_forward_bf16_qkv_out(fs_device *d, uint16_t *out, floa
     fs_cast_fp32_to_bf16(d->pool, out, wide_out, N * NH * HS);
 }
 
-static void cpu_attention_backward_bf16_qkv_out(fs_device *d, float *dqkv, const float *dout,
-                                                const uint16_t *qkv, const uint16_t *out,
-                                                const float *lse, float *wide_qkv,
-                                                float *wide_out, int64_t B, int64_t T,
-                                                int64_t NH, int64_t NKV, int64_t HS) {
-    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS;
+static void cpu_attention_rope_backward_bf16(fs_device *d, uint16_t *dqkv, const float *dout,
+                                             const uint16_t *qkv, const uint16_t *out,
+                                             const float *lse, const float *cos_table,
+                                             const float *sin_table, float *wide_qkv,
+                                             float *wide_out, float *wide_dqkv, int64_t B,
+                                             int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t N = B * T, QKV = (NH + 2 * NKV) * HS, k_at = NH * HS, v_at = (NH + NKV) * HS;
     fs_cast_bf16_to_fp32(d->pool, wide_qkv, qkv, N * QKV);
     fs_cast_bf16_to_fp32(d->pool, wide_out, out, N * NH * HS);
-    fs_attention_backward_bf16(d->pool, dqkv, dqkv + NH * HS, dqkv + (NH + NKV) * HS, QKV, dout,
-                               wide_qkv, wide_qkv + NH * HS, wide_qkv + (NH + NKV) * HS, QKV,
-                               wide_out, lse, B, T, NH, NKV, HS);
+    memset(wide_dqkv, 0, (size_t)(N * QKV) * sizeof(float));
+    fs_attention_backward_bf16(d->pool, wide_dqkv, wide_dqkv + k_at, wide_dqkv + v_at, QKV, dout,
+                               wide_qkv, wide_qkv + k_at, wide_qkv + v_at, QKV, wide_out, lse, B, T,
+                               NH, NKV, HS);
+    fs_rope_backward(d->pool, wide_dqkv, QKV, cos_table, sin_table, B, T, NH, HS);
+    fs_rope_backward(d->pool, wide_dqkv + k_at, QKV, cos_table, sin_table, B, T, NKV, HS);
+    fs_cast_fp32_to_bf16(d->pool, dqkv, wide_dqkv, N * QKV); /* wide_qkv is read: dqkv may be there */
 }
 
 /* The bf16 route's forward RoPE (device.h): in place, then rounded, as two steps. */
@@ -587,7 +592,7 @@ const fs_kernel_table fs_cpu_kernel_table = {
     .linear_forward_bf16_inp_out = cpu_linear_forward_bf16_inp_out,
     .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,
     .attention_forward_bf16_qkv_out = cpu_attention_forward_bf16_qkv_out,
-    .attention_backward_bf16_qkv_out = cpu_attention_backward_bf16_qkv_out,
+    .attention_rope_backward_bf16 = cpu_attention_rope_backward_bf16,
     .rope_forward_bf16_out = cpu_rope_forward_bf16_out,
     .xent_chunk_forward = cpu_xent_chunk_forward,
     .xent_finish = cpu_xent_finish,

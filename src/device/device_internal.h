@@ -28,7 +28,7 @@
  * the gate/up entries take a bf16 inp, rmsnorm_forward_bf16 appended; v7: the bf16 route's
  * attention entries and rope_forward_bf16_out appended (q, k, v and out in bf16). Rename
  * whenever fs_cuda_api, fs_kernel_table or what the table fills changes. */
-#define FS_CUDA_API_SYMBOL "fs_cuda_api_v7"
+#define FS_CUDA_API_SYMBOL "fs_cuda_api_v8"
 
 typedef struct fs_cuda_api {
     fs_status (*open)(fs_device *dev, int ordinal); /* fills dev->impl, name, kernels */

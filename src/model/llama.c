@@ -102,8 +102,12 @@ typedef struct scratch_offsets {
  * within one op: qkv_wide [2c+q, 2c+2q) (forward: beside ln1, from the QKV projection to the
  * rounding; in the attention, forward and backward, beside datt and dqkv, where a device's
  * attention widens them: the CPU's, the GPU's fp32 fallback) and att_wide [0, c) (the
- * attention's output, likewise).
- * dln sits above both xmid and dqkv: at max(g + 2c, 2c + q). The region is the largest end:
+ * attention's output, likewise); the route's dqkv is bf16, written by the attention's backward
+ * into qkv_wide's first q/2 after its last read there (device.h: attention_rope_backward_bf16;
+ * the fp32 dqkv is the scratch of the devices that sum it in fp32) and read by the QKV
+ * projection's backward beside ln1 and dln.
+ * dln sits above xmid, dqkv and the bf16 dqkv: at max(g + 2c, 2c + q, on the bf16 route
+ * 2c + q + q/2). The region is the largest end:
  * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
  * 7B); on the bf16 route 2·N·C + 2·N·QKV where that is more (no preset model); against
  * 4·N·C + N·QKV + 3·N·FF + N·Vc (and xmid's N·C per block) in arrays of their own. The logits of the last forward chunk stay
@@ -116,6 +120,7 @@ static int64_t scratch_numel(const dims *d, int bf16_route, scratch_offsets *out
     scratch_offsets o = {.dgu = 0, .dh = g, .datt = c, .dqkv = 2 * c, .xmid = g + c,
                          .dlnf = 0, .logits = c, .qkv_wide = 2 * c + q, .att_wide = 0};
     o.dln = g + 2 * c > 2 * c + q ? g + 2 * c : 2 * c + q;
+    if (bf16_route && o.qkv_wide + round16(q / 2) > o.dln) o.dln = o.qkv_wide + round16(q / 2);
     int64_t end = g + f;
     if (o.dln + c > end) end = o.dln + c;
     if (bf16_route && o.qkv_wide + q > end) end = o.qkv_wide + q;
@@ -249,13 +254,11 @@ size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int 
     if (gpu) {
         /* the casts of the linear layers' fp32 operands (src/device/cuda.c): on the bf16
          * route every activation a GEMM reads is bf16 already (the norms, the attention
-         * output, h, dgu), and a backward casts its dout alone: dqkv (N x QKV), the residual
-         * gradient (N x C) or the head's dlogits (N x Vc). The tensor-core attention's
-         * backward keeps D, B NH T fp32, here between GEMMs (src/device/cuda.c): 4 N C / HS
-         * bytes against at least 2 N C, so it fits at any head size of 2 or more and adds no
-         * term. */
-        int64_t out = d.QKV;
-        if (d.C > out) out = d.C;
+         * output, h, dgu, dqkv), and a backward casts its dout alone: the residual gradient
+         * (N x C) or the head's dlogits (N x Vc). The tensor-core attention's backward keeps
+         * D, B NH T fp32, here between GEMMs (src/device/cuda.c): 4 N C / HS bytes against at
+         * least 2 N C, so it fits at any head size of 2 or more and adds no term. */
+        int64_t out = d.C;
         if (d.Vc > out) out = d.Vc;
         return (size_t)(d.N * out) * sizeof(uint16_t);
     }
@@ -608,31 +611,29 @@ static void block_backward(const fs_model *m, fs_acts *a, const dims *d, int l, 
     if (mlp16) {
         PROF(m, FS_PROF_GEMM,
              K->linear_backward_bf16_inp(dev, a->datt, bg.o, a->dres, att16, bw.o, N, C, C, 0, accumulate));
-    } else {
-        PROF(m, FS_PROF_GEMM,
-             linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
-    }
-    PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
-    if (mlp16) {
+        /* the bf16 dqkv, rotated back, in qkv_wide's place (scratch_numel), which the QKV
+         * projection's backward reads as it is */
+        uint16_t *dqkv16 = (uint16_t *)(void *)a->qkv_wide, *ln1_16 = (uint16_t *)(void *)ln1;
         PROF(m, FS_PROF_ATTENTION,
-             K->attention_backward_bf16_qkv_out(dev, a->dqkv, a->datt, qkv16, att16, lse, a->qkv_wide,
-                                                a->att_wide, d->B, d->T, d->NH, d->NKV, d->HS));
+             K->attention_rope_backward_bf16(dev, dqkv16, a->datt, qkv16, att16, lse, a->rope_cos,
+                                             a->rope_sin, a->qkv_wide, a->att_wide, a->dqkv, d->B,
+                                             d->T, d->NH, d->NKV, d->HS));
+        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln1_16, rstd1, x, ln1_w, N, C, eps));
+        PROF(m, FS_PROF_GEMM,
+             K->linear_backward_bf16_dout_inp(dev, a->dln, bg.qkv, dqkv16, ln1_16, bw.qkv, N, C, QKV, 0,
+                                              accumulate));
     } else {
         const float *q = qkv, *k = qkv + d->NH * d->HS, *v = k + d->NKV * d->HS;
+        PROF(m, FS_PROF_GEMM,
+             linear_backward(m, a->datt, bg.o, a->dres, att, bw.o, N, C, C, 0, accumulate));
+        PROF(m, FS_PROF_OTHER, K->zero(dev, a->dqkv, (size_t)(N * QKV) * sizeof(float)));
         PROF(m, FS_PROF_ATTENTION,
              K->attention_backward(dev, dq, dk, dv, QKV, a->datt, q, k, v, QKV, att, lse, d->B,
                                    d->T, d->NH, d->NKV, d->HS, 0));
-    }
-    PROF(m, FS_PROF_ROPE, {
-        K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
-        K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
-    });
-    if (mlp16) {
-        uint16_t *ln1_16 = (uint16_t *)(void *)ln1;
-        PROF(m, FS_PROF_NORM, K->rmsnorm_forward_bf16(dev, ln1_16, rstd1, x, ln1_w, N, C, eps));
-        PROF(m, FS_PROF_GEMM,
-             K->linear_backward_bf16_inp(dev, a->dln, bg.qkv, a->dqkv, ln1_16, bw.qkv, N, C, QKV, 0, accumulate));
-    } else {
+        PROF(m, FS_PROF_ROPE, {
+            K->rope_backward(dev, dq, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NH, d->HS);
+            K->rope_backward(dev, dk, QKV, a->rope_cos, a->rope_sin, d->B, d->T, d->NKV, d->HS);
+        });
         PROF(m, FS_PROF_NORM, K->rmsnorm_forward(dev, ln1, rstd1, x, ln1_w, N, C, eps));
         PROF(m, FS_PROF_GEMM,
              linear_backward(m, a->dln, bg.qkv, a->dqkv, ln1, bw.qkv, N, C, QKV, 0, accumulate));

@@ -135,8 +135,9 @@ typedef struct op_cost {
  *                    dln, x; dres read and written; then dln and x again for the weight's
  *                    gradient: 6C each) + zero dqkv (QKV) + rope in place (2 QK)
  *                                                                   = 18C + 12FF + QKV + 2 QK
- *                    (under the bf16 route also q/k/v and the output widened: 6 QKV + 6C
- *                    bytes; the two rmsnorm forwards write in bf16)
+ *                    (under the bf16 route also q/k/v and the output widened and the
+ *                    rotated dq/dk/dv rounded for the QKV GEMM: 12 QKV + 6C bytes; the two
+ *                    rmsnorm forwards write in bf16)
  *   recomputation    the forward without its SwiGLU and last copy   = 6C + 2 QK
  *   head chunk       forward: the final rmsnorm (2C, first chunk; its output in bf16 under
  *                    the bf16 route) + cross-entropy reads the
@@ -170,8 +171,9 @@ static op_cost op_costs(const fs_plan *p, const fs_hardware *hw, int op) {
          * rope_forward_bf16_out rounds q/k/v after RoPE in place, its bf16 attention entries
          * widen and round: device.c), in bytes: forward q/k/v rounded and widened back
          * (4 + 2 + 2 + 4 per element) and the output rounded (4 + 2); backward both widened
-         * (2 + 4) */
-        const double casts_fwd = 12.0 * QKV + 6.0 * C, casts_bwd = 6.0 * QKV + 6.0 * C;
+         * (2 + 4) and dq/dk/dv rounded after RoPE's backward (4 + 2; the GEMM then reads
+         * them in bf16, where it rounded them inside the GEMM before) */
+        const double casts_fwd = 12.0 * QKV + 6.0 * C, casts_bwd = 12.0 * QKV + 6.0 * C;
         /* and its two rmsnorms' outputs written in bf16: 2C elements at 2 bytes, not act */
         const double norms_bf16 = 2.0 * C * (2.0 - act);
         if (route) {

@@ -3,12 +3,18 @@
  * on the host (shim.h: one OS thread per GPU thread, mma.sync by the PTX ISA's fragment
  * layouts) and checks it against a double-precision reference on bf16 inputs, with the
  * per-element bounds of tests/cuda_attention_checks.h (2^-8 of the rounded p and ds, plus 4x
- * the fp32 tolerances; out, written in bf16, half an ulp more). A check of the kernels' index
- * arithmetic, masks, tiles, GQA mapping and fragment plumbing without a GPU; not of the
+ * the fp32 tolerances; what is written in bf16, half an ulp more). A check of the kernels'
+ * index arithmetic, masks, tiles, GQA mapping and fragment plumbing without a GPU; not of the
  * hardware's arithmetic, timing or memory model. The kernels' bf16 form (q, k, v and out in
- * bf16: the bf16 route's) runs on every shape; the fp32 form on four, where it must give the
- * same bits (out rounded). Also that the D the dq kernel stores for the dk/dv kernel is, bit
- * for bit, what tc_row_d sums for each real row (what the dk/dv kernel once summed itself).
+ * bf16: the bf16 route's) runs on every shape: out, lse, and dq, dk, dv written in bf16 and
+ * rotated back by RoPE (dq, dk), against the reference's gradients rotated back with the same
+ * tables (in double) and bounds that combine each element's and its RoPE partner's. The fp32
+ * form runs on four shapes, twice: added into random rows, its dq, dk, dv against the
+ * reference (unrotated); added into zeros, where the bf16 form must give the same bits (out
+ * rounded; dq, dk, dv after RoPE backward on the host and rounding). Also that the D the dq
+ * kernel stores for the dk/dv kernel is, bit for bit, what tc_row_d sums for each real row
+ * (what the dk/dv kernel once summed itself), and that the padding columns of the gradient
+ * rows and the guards past every array are untouched.
  * Built and run by run.sh; exits 1 if an element is outside its bound, non-finite, or written
  * where it must not be, if a stored D differs, or if the two forms differ.
  */
@@ -16,6 +22,7 @@
 #include <atomic>
 #include <cstdio>
 #include <random>
+#include <type_traits>
 static int failures;
 struct Shape {
     int B, T, NH, NKV, HS, pad, dpad, fp32_form; // fp32_form: run that form too
@@ -26,22 +33,28 @@ template <> float to_x<float>(float f) { return f; }
 template <> __nv_bfloat16 to_x<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
 static bool is7(float x) { return x == 7; }
 static bool is7(__nv_bfloat16 x) { return emu_b2f(x.x) == 7; }
+static float widen(float x) { return x; }
+static float widen(__nv_bfloat16 x) { return emu_b2f(x.x); }
 // What one form of the kernels gives: out (N C, then G guards), lse, the gradient rows
-// (N ldd: g0 plus dq, dk, dv), the D workspace; guards changed; stored D differing from
-// tc_row_d's own sum.
+// (N ldd, then G guards: the fp32 form's g0 plus dq, dk, dv; the bf16 form's 7s with dq, dk,
+// dv written over them), the D workspace; guards changed; stored D differing from tc_row_d's
+// own sum.
 template <typename X> struct Emu {
-    std::vector<X> out;
-    std::vector<float> lse, g, d;
+    std::vector<X> out, g;
+    std::vector<float> lse, d;
     int guard;
     size_t dbad;
 };
 // The forward, then the backward from the reference's out and lse (ro, rl), as the kernels
-// are launched (attention_tc.cu's launches), q, k, v and out in X. out, lse and the D
-// workspace start as NaN so that an unwritten element shows.
+// are launched (attention_tc.cu's launches), q, k, v and out in X: the fp32 form adds into
+// g0 and gets no RoPE tables; the bf16 form gets the tables (rc, rs: (T, HS/2)) and writes
+// over gradient rows of 7s, so that an unwritten column shows. out, lse and the D workspace
+// start as NaN so that an unwritten element shows.
 template <int HS, typename X>
 static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std::vector<float> &dout,
                       const std::vector<float> &g0, const std::vector<float> &rof,
-                      const std::vector<float> &rl) {
+                      const std::vector<float> &rl, const float *rc, const float *rs) {
+    constexpr bool fp32 = std::is_same_v<X, float>;
     const int N = s.B * s.T, C = s.NH * HS, ld = (s.NH + 2 * s.NKV) * HS + s.pad,
               ldd = (s.NH + 2 * s.NKV) * HS + s.dpad;
     const int kcol = C, vcol = (s.NH + s.NKV) * HS, group = s.NH / s.NKV, G = 64;
@@ -55,8 +68,11 @@ static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std:
     e.out.assign((size_t)N * C + G, to_x<X>(NAN));
     e.lse.assign(nrows + G, NAN);
     e.d.assign(nrows + G, NAN);
-    e.g.assign((size_t)N * ldd + G, 7);
-    std::copy(g0.begin(), g0.end(), e.g.begin());
+    e.g.assign((size_t)N * ldd + G, to_x<X>(7));
+    if (fp32)
+        for (size_t i = 0; i < g0.size(); i++)
+            e.g[i] = to_x<X>(g0[i]);
+    const float *cs = fp32 ? nullptr : rc, *sn = fp32 ? nullptr : rs;
     for (int i = 0; i < G; i++)
         e.out[(size_t)N * C + i] = to_x<X>(7), e.lse[nrows + i] = 7, e.d[nrows + i] = 7;
     const float sc = (float)(1.0 / sqrt((double)HS)), sl = sc * TC_LOG2E;
@@ -67,12 +83,13 @@ static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std:
     });
     emu_launch(dim3(s.B * s.NH, qt), [&] {
         tc_dq_kernel<HS, X>(e.g.data(), ldd, e.d.data(), dout.data(), qkv.data(), qkv.data() + kcol,
-                            qkv.data() + vcol, ld, ro.data(), rl.data(), s.T, s.NH, group, sc, sl);
+                            qkv.data() + vcol, ld, ro.data(), rl.data(), cs, sn, s.T, s.NH, group,
+                            sc, sl);
     });
     emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
         tc_dkdv_kernel<HS, X>(e.g.data() + kcol, e.g.data() + vcol, ldd, dout.data(), qkv.data(),
-                              qkv.data() + kcol, qkv.data() + vcol, ld, e.d.data(), rl.data(), s.T,
-                              s.NH, s.NKV, group, sc, sl);
+                              qkv.data() + kcol, qkv.data() + vcol, ld, e.d.data(), rl.data(), cs,
+                              sn, s.T, s.NH, s.NKV, group, sc, sl);
     });
     // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
     std::atomic<size_t> dbad{0};
@@ -91,7 +108,7 @@ static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std:
     e.guard = 0;
     for (int i = 0; i < G; i++)
         e.guard += !is7(e.out[(size_t)N * C + i]) || e.lse[nrows + i] != 7 ||
-                   e.g[(size_t)N * ldd + i] != 7 || e.d[nrows + i] != 7;
+                   !is7(e.g[(size_t)N * ldd + i]) || e.d[nrows + i] != 7;
     return e;
 }
 template <int HS> static void run(Shape s, unsigned seed) {
@@ -175,22 +192,73 @@ template <int HS> static void run(Shape s, unsigned seed) {
     std::vector<float> ro(out.size()), rl(lse.begin(), lse.end());
     for (size_t i = 0; i < out.size(); i++)
         ro[i] = rb((float)out[i]);
-    // the bf16 form, which the bf16 route runs, on every shape; the fp32 form where asked,
-    // which must give the same bits on these bf16 values
-    const Emu<tc_bf16> e = emulate<HS, tc_bf16>(s, qkv, dout, g0, ro, rl);
-    std::vector<float> eo(e.out.size());
+    // the RoPE tables, (T, HS/2), as fs_rope_table builds them (theta 10000)
+    const int half = HS / 2, nrot = s.NH + s.NKV; // dq's and dk's heads, side by side
+    std::vector<float> rc((size_t)s.T * half), rs((size_t)s.T * half);
+    for (int i = 0; i < half; i++) {
+        const float inv = 1.0f / (float)pow(10000.0, (double)((float)(2 * i) / (float)HS));
+        for (int t = 0; t < s.T; t++) {
+            const float a = (float)t * inv;
+            rc[(size_t)t * half + i] = (float)cos((double)a);
+            rs[(size_t)t * half + i] = (float)sin((double)a);
+        }
+    }
+    printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d\n", s.B, s.T, s.NH, s.NKV, HS, s.pad,
+           s.dpad);
+    // the bf16 form, which the bf16 route runs, on every shape; the fp32 form where asked:
+    // added into g0 (checked against the reference below), and added into zeros, which after
+    // RoPE backward and rounding must give the bf16 form's bits on these bf16 values
+    const Emu<tc_bf16> e = emulate<HS, tc_bf16>(s, qkv, dout, g0, ro, rl, rc.data(), rs.data());
+    std::vector<float> eo(e.out.size()), eg(e.g.size());
     for (size_t i = 0; i < eo.size(); i++)
-        eo[i] = __bfloat162float(e.out[i]);
-    const std::vector<float> &el = e.lse, &eg = e.g;
-    size_t fbad = 0;
+        eo[i] = widen(e.out[i]);
+    for (size_t i = 0; i < eg.size(); i++)
+        eg[i] = widen(e.g[i]);
+    const std::vector<float> &el = e.lse;
+    std::vector<float> fg;
+    size_t fbad = 0, padbad = 0;
     if (s.fp32_form) {
-        const Emu<float> f = emulate<HS, float>(s, qkv, dout, g0, ro, rl);
-        for (size_t i = 0; i < f.out.size(); i++)
-            fbad += emu_f2b(f.out[i]) != e.out[i].x;
-        fbad += memcmp(f.lse.data(), e.lse.data(), e.lse.size() * sizeof(float)) != 0;
-        fbad += memcmp(f.g.data(), e.g.data(), e.g.size() * sizeof(float)) != 0;
-        fbad += memcmp(f.d.data(), e.d.data(), e.d.size() * sizeof(float)) != 0;
-        fbad += f.guard + f.dbad;
+        const Emu<float> f = emulate<HS, float>(s, qkv, dout, g0, ro, rl, rc.data(), rs.data());
+        const Emu<float> z = emulate<HS, float>(s, qkv, dout, std::vector<float>(g0.size(), 0.0f),
+                                                ro, rl, rc.data(), rs.data());
+        fg = f.g;
+        for (size_t i = 0; i < z.out.size(); i++)
+            fbad += emu_f2b(z.out[i]) != e.out[i].x;
+        fbad += memcmp(z.lse.data(), e.lse.data(), e.lse.size() * sizeof(float)) != 0;
+        fbad += memcmp(z.d.data(), e.d.data(), e.d.size() * sizeof(float)) != 0;
+        fbad += f.guard + f.dbad + z.guard + z.dbad;
+        // RoPE backward on dq's and dk's heads as rope_kernel does it (sin negated, each
+        // product rounded), then the cast's rounding: the bits the bf16 form writes
+        std::vector<float> zg = z.g;
+        for (int n = 0; n < N; n++) {
+            const int t = n % s.T;
+            for (int hh = 0; hh < nrot; hh++)
+                for (int i = 0; i < half; i++) {
+                    float *x = &zg[(size_t)n * ldd + hh * HS + i];
+                    const size_t r = (size_t)t * half + i;
+                    const float cs = rc[r], sn = -1.0f * rs[r];
+                    const float a = x[0], b = x[half];
+                    x[0] = a * cs - b * sn;
+                    x[half] = b * cs + a * sn;
+                }
+        }
+        size_t shown = 0;
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < ldd; c++) {
+                const size_t i = (size_t)n * ldd + c;
+                if (c >= vcol + s.NKV * HS) {
+                    padbad += f.g[i] != g0[i] || z.g[i] != 0;
+                    continue;
+                }
+                const uint16_t want = emu_f2b(zg[i]);
+                if (want == e.g[i].x)
+                    continue;
+                fbad++;
+                if (shown++ < 8)
+                    printf("  row %d col %d: the bf16 form 0x%04x (%.9g), the fp32 form's rotated "
+                           "0x%04x (%.9g, %.9g before the rounding, %.9g before RoPE)\n",
+                           n, c, e.g[i].x, emu_b2f(e.g[i].x), want, emu_b2f(want), zg[i], z.g[i]);
+            }
     }
     const size_t nrows = (size_t)s.B * s.NH * s.T;
     const double lf = s.T > 64 ? sqrt(s.T / 64.0) : 1.0;
@@ -218,34 +286,68 @@ template <int HS> static void run(Shape s, unsigned seed) {
         if (bad || !(mr <= 1.0))
             failures++;
     };
-    printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d\n", s.B, s.T, s.NH, s.NKV, HS, s.pad,
-           s.dpad);
     // out is written rounded to bf16: half an ulp more, at most 2^-8 of the fp32 value, whose
     // magnitude is within the bound so far of the reference's
     for (size_t i = 0; i < bo.size(); i++)
         bo[i] += (fabs(out[i]) + bo[i] + 4 * lf * (2e-5 + 1e-5 * fabs(out[i]))) / 256;
     cmp("out", eo.data(), out.data(), (size_t)N * C, nullptr, bo.data(), 2e-5, 1e-5);
     cmp("lse", el.data(), lse.data(), lse.size(), nullptr, nullptr, 2e-5, 1e-6);
-    std::vector<double> g0d(g0.begin(), g0.end());
-    // split the gradient into dq, dk, dv and padding
-    std::vector<float> gq, gk, gv;
-    std::vector<double> wq, wk, wv, bq, bk, bv, tq, tk, tv;
-    size_t padbad = 0;
+    // the bf16 form's gradients: the reference's (base 0: written, not added) rotated back by
+    // RoPE on dq's and dk's heads, in double with the same tables. After the rotation an
+    // element's error is at most |cs| err_a + |sn| err_b (a: its own, b: its partner's, before
+    // the rotation), so its whole bound (the reference's bound plus the tolerance) is the
+    // partners' whole bounds combined that way, which also covers the fp32 rotation's own
+    // rounding; then half an ulp of the bf16 store, as for out. The tolerance is in the bound:
+    // cmp gets 0 for it.
+    std::vector<double> wr(gr), br(gr.size());
+    for (size_t i = 0; i < gr.size(); i++)
+        br[i] = bgr[i] + 4 * lf * (5e-5 + 2e-5 * fabs(gr[i]));
+    for (int n = 0; n < N; n++) {
+        const int t = n % s.T;
+        for (int hh = 0; hh < nrot; hh++)
+            for (int i = 0; i < half; i++) {
+                const size_t ja = (size_t)n * ldd + hh * HS + i, jb = ja + half;
+                const double cs = rc[(size_t)t * half + i], sn = -(double)rs[(size_t)t * half + i];
+                const double a = gr[ja], b = gr[jb], ba = br[ja], bb = br[jb];
+                wr[ja] = a * cs - b * sn;
+                wr[jb] = b * cs + a * sn;
+                br[ja] = ba * fabs(cs) + bb * fabs(sn);
+                br[jb] = bb * fabs(cs) + ba * fabs(sn);
+            }
+    }
+    for (size_t i = 0; i < br.size(); i++)
+        br[i] += (fabs(wr[i]) + br[i]) / 256;
+    // split the gradients into dq, dk, dv and padding: the bf16 form's (rotated back, padding
+    // still 7) and the fp32 form's (g0 base, unrotated)
+    std::vector<float> gq, gk, gv, fq, fk, fv;
+    std::vector<double> wq, wk, wv, bq, bk, bv, wq2, wk2, wv2, oq, ok, ov, tq, tk, tv;
     for (int n = 0; n < N; n++)
         for (int c = 0; c < ldd; c++) {
             size_t i = (size_t)n * ldd + c;
-            if (c < kcol)
-                gq.push_back(eg[i]), wq.push_back(gr[i]), bq.push_back(g0[i]), tq.push_back(bgr[i]);
-            else if (c < vcol)
-                gk.push_back(eg[i]), wk.push_back(gr[i]), bk.push_back(g0[i]), tk.push_back(bgr[i]);
-            else if (c < vcol + s.NKV * HS)
-                gv.push_back(eg[i]), wv.push_back(gr[i]), bv.push_back(g0[i]), tv.push_back(bgr[i]);
-            else if (eg[i] != g0[i])
-                padbad++;
+            if (c >= vcol + s.NKV * HS) {
+                padbad += !is7(e.g[i]);
+                continue;
+            }
+            std::vector<float> &gx = c < kcol ? gq : c < vcol ? gk : gv;
+            std::vector<double> &wx = c < kcol ? wq : c < vcol ? wk : wv;
+            std::vector<double> &bx = c < kcol ? bq : c < vcol ? bk : bv;
+            gx.push_back(eg[i]), wx.push_back(wr[i]), bx.push_back(br[i]);
+            if (s.fp32_form) {
+                std::vector<float> &fx = c < kcol ? fq : c < vcol ? fk : fv;
+                std::vector<double> &w2 = c < kcol ? wq2 : c < vcol ? wk2 : wv2;
+                std::vector<double> &ox = c < kcol ? oq : c < vcol ? ok : ov;
+                std::vector<double> &tx = c < kcol ? tq : c < vcol ? tk : tv;
+                fx.push_back(fg[i]), w2.push_back(gr[i]), ox.push_back(g0[i]), tx.push_back(bgr[i]);
+            }
         }
-    cmp("dq", gq.data(), wq.data(), gq.size(), bq.data(), tq.data(), 5e-5, 2e-5);
-    cmp("dk", gk.data(), wk.data(), gk.size(), bk.data(), tk.data(), 5e-5, 2e-5);
-    cmp("dv", gv.data(), wv.data(), gv.size(), bv.data(), tv.data(), 5e-5, 2e-5);
+    cmp("dq", gq.data(), wq.data(), gq.size(), nullptr, bq.data(), 0, 0);
+    cmp("dk", gk.data(), wk.data(), gk.size(), nullptr, bk.data(), 0, 0);
+    cmp("dv", gv.data(), wv.data(), gv.size(), nullptr, bv.data(), 0, 0);
+    if (s.fp32_form) {
+        cmp("dq32", fq.data(), wq2.data(), fq.size(), oq.data(), tq.data(), 5e-5, 2e-5);
+        cmp("dk32", fk.data(), wk2.data(), fk.size(), ok.data(), tk.data(), 5e-5, 2e-5);
+        cmp("dv32", fv.data(), wv2.data(), fv.size(), ov.data(), tv.data(), 5e-5, 2e-5);
+    }
     printf("  padding changed %zu, guards changed %d, stored D differing from tc_row_d %zu of %zu\n",
            padbad, e.guard, e.dbad, nrows);
     if (s.fp32_form)

@@ -8,11 +8,15 @@
  * accumulate-into-dq/dk/dv rule. Each kernel is built twice, for q, k, v and out in fp32 and
  * in bf16 (the X of the templates): the bf16 route of the model keeps q, k, v and out in bf16
  * (src/model/llama.c), and the bf16 form reads and writes them so, half the bytes and no cast
- * kernels around the attention. On inputs that are bf16 values widened, both forms give the
- * same bits (staging rounds a bf16 value to itself; out is rounded as the cast kernel rounds,
- * NaN payloads apart). What differs from attention.cu is the arithmetic: every tile of q, k,
- * v and dout is rounded to bf16 (round to nearest even) when it is staged into shared memory,
- * and the softmax weights p and the score gradients ds are rounded to bf16 before they multiply
+ * kernels around the attention. The bf16 form's backward also writes dq, dk and dv in bf16,
+ * rotated back by RoPE (what the QKV projection's backward reads), instead of adding them
+ * into fp32 rows: no zero fill, RoPE backward or cast kernel after it (tc_store_grad). On
+ * inputs that are bf16 values widened, both forms give the same bits (staging rounds a bf16
+ * value to itself; out is rounded as the cast kernel rounds, NaN payloads apart; dq, dk, dv
+ * as the fp32 form's added into zeros, rope_backward and the cast give them). What differs
+ * from attention.cu is the arithmetic: every tile of q, k, v and dout is rounded to bf16
+ * (round to nearest even) when it is staged into shared memory, and the softmax weights p
+ * and the score gradients ds are rounded to bf16 before they multiply
  * v, dout, q or k, all products are summed in fp32 by the tensor cores (mma.sync m16n8k16).
  * The bf16 policy already rounds every GEMM operand to bf16 (cuda.c's linear layers), so
  * this is the same precision contract applied to attention. Row statistics (max, sum, lse,
@@ -71,6 +75,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "attention_launch.cuh"
 #include "cuda_kernels.h"
@@ -113,6 +118,43 @@ __device__ __forceinline__ float tc_widen(float x) { return x; }
 __device__ __forceinline__ float tc_widen(tc_bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ void tc_put(float *p, float x) { *p = x; }
 __device__ __forceinline__ void tc_put(tc_bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
+
+/* The backward's epilogue: the thread's half hf (row g or g + 8 of its warp's 16) of a
+ * 16 x HS gradient tile acc (ND = HS / 8 tiles of 8 columns, columns 8 d + 2 tq + e) into its
+ * row. The fp32 form adds it into fp32 rows (attention.cu's accumulate rule). The bf16 form
+ * (the bf16 route's) writes it rotated back by RoPE and rounded: the bits of adding into
+ * zeros (0 + x, so -0 becomes +0), fs_cuda_rope_backward (rope_kernel's products and sums,
+ * sin negated) and fs_cuda_cast_fp32_to_bf16. Column c < HS/2 and its RoPE partner c + HS/2
+ * are tiles d and d + ND/2 of the same thread, so no value leaves the thread. cs and sn: the
+ * row position's (HS/2) table rows, or null for v (rounded only). */
+template <int ND>
+__device__ __forceinline__ void tc_store_grad(float *row, const float (&acc)[ND][4], int hf,
+                                              int tq, const float *, const float *) {
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) row[8 * d + 2 * tq + e] += acc[d][2 * hf + e];
+}
+template <int ND>
+__device__ __forceinline__ void tc_store_grad(tc_bf16 *row, const float (&acc)[ND][4], int hf,
+                                              int tq, const float *cs, const float *sn) {
+    constexpr int half = 4 * ND; /* HS / 2 */
+#pragma unroll
+    for (int d = 0; d < ND / 2; d++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = 8 * d + 2 * tq + e;
+            const float a = acc[d][2 * hf + e] + 0.0f, b = acc[d + ND / 2][2 * hf + e] + 0.0f;
+            if (cs) {
+                const float cv = cs[c], sv = -1.0f * sn[c];
+                row[c] = tc_round(a * cv - b * sv);
+                row[c + half] = tc_round(b * cv + a * sv);
+            } else {
+                row[c] = tc_round(a);
+                row[c + half] = tc_round(b);
+            }
+        }
+}
 
 /* d += a b, a 16 x 16 bf16, b 16 x 8 bf16, d 16 x 8 fp32. */
 __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -322,11 +364,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_dq_kernel(float *__restrict__ dq, int64_t ldd, float *__restrict__ delta,
+    tc_dq_kernel(X *__restrict__ dq, int64_t ldd, float *__restrict__ delta,
                  const float *__restrict__ dout, const X *__restrict__ q,
                  const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
-                 const X *__restrict__ out, const float *__restrict__ lse, int T, int NH,
-                 int group, float scale, float scale_log2) {
+                 const X *__restrict__ out, const float *__restrict__ lse,
+                 const float *__restrict__ rope_cos, const float *__restrict__ rope_sin, int T,
+                 int NH, int group, float scale, float scale_log2) {
     constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sdO = sQ + TC_BQ * P,
@@ -387,12 +430,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int hf = 0; hf < 2; hf++) {
         const int t = tr[hf];
         if (t < T) {
-            float *row = dq + ((int64_t)b * T + t) * ldd + (int64_t)h * HS;
-#pragma unroll
-            for (int d = 0; d < ND; d++) {
-                row[8 * d + 2 * tq] += acc[d][2 * hf];
-                row[8 * d + 2 * tq + 1] += acc[d][2 * hf + 1];
-            }
+            const int64_t tab = (int64_t)t * (HS / 2); /* the RoPE tables' row (bf16 form) */
+            tc_store_grad<ND>(dq + ((int64_t)b * T + t) * ldd + (int64_t)h * HS, acc, hf, tq,
+                              rope_cos ? rope_cos + tab : nullptr,
+                              rope_sin ? rope_sin + tab : nullptr);
         }
     }
 }
@@ -401,11 +442,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_dkdv_kernel(float *__restrict__ dk, float *__restrict__ dv, int64_t ldd,
+    tc_dkdv_kernel(X *__restrict__ dk, X *__restrict__ dv, int64_t ldd,
                    const float *__restrict__ dout, const X *__restrict__ q,
                    const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
-                   const float *__restrict__ delta, const float *__restrict__ lse, int T, int NH,
-                   int NKV, int group, float scale, float scale_log2) {
+                   const float *__restrict__ delta, const float *__restrict__ lse,
+                   const float *__restrict__ rope_cos, const float *__restrict__ rope_sin, int T,
+                   int NH, int NKV, int group, float scale, float scale_log2) {
     constexpr int BQ = tc_dkdv_tile<HS>::BQ;
     constexpr int P = HS + TC_PAD, PQ = BQ + TC_PAD, NT = BQ / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
@@ -471,15 +513,11 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int hf = 0; hf < 2; hf++) {
         const int u = ur[hf];
         if (u < T) {
-            float *dkr = dk + ((int64_t)b * T + u) * ldd + (int64_t)kvh * HS;
-            float *dvr = dv + ((int64_t)b * T + u) * ldd + (int64_t)kvh * HS;
-#pragma unroll
-            for (int d = 0; d < ND; d++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    dkr[8 * d + 2 * tq + e] += ak[d][2 * hf + e];
-                    dvr[8 * d + 2 * tq + e] += av[d][2 * hf + e];
-                }
+            const int64_t row = ((int64_t)b * T + u) * ldd + (int64_t)kvh * HS;
+            const int64_t tab = (int64_t)u * (HS / 2); /* the RoPE tables' row (bf16 form) */
+            tc_store_grad<ND>(dk + row, ak, hf, tq, rope_cos ? rope_cos + tab : nullptr,
+                              rope_sin ? rope_sin + tab : nullptr);
+            tc_store_grad<ND>(dv + row, av, hf, tq, nullptr, nullptr);
         }
     }
 }
@@ -508,9 +546,9 @@ template <> struct tc_names<float> {
 };
 template <> struct tc_names<tc_bf16> {
     static constexpr const char *forward = "attention_tc_forward_bf16",
-                                *backward = "attention_tc_backward_bf16",
-                                *dq = "attention_tc_backward_bf16_dq",
-                                *dkdv = "attention_tc_backward_bf16_dkdv";
+                                *backward = "attention_tc_rope_backward_bf16",
+                                *dq = "attention_tc_rope_backward_bf16_dq",
+                                *dkdv = "attention_tc_rope_backward_bf16_dkdv";
 };
 
 static fs_status tc_check_shape(const char *name, int64_t B, int64_t T, int64_t NH,
@@ -530,21 +568,21 @@ static fs_status tc_forward_launch(cudaStream_t st, X *out, float *lse, const X 
 }
 
 template <int HS, typename X>
-static fs_status tc_backward_launch(cudaStream_t st, float *dq, float *dk, float *dv,
-                                    int64_t ldd, float *delta, const float *dout, const X *q,
-                                    const X *k, const X *v, int64_t ld, const X *out,
-                                    const float *lse, int B, int T, int NH, int NKV,
-                                    float scale) {
+static fs_status tc_backward_launch(cudaStream_t st, X *dq, X *dk, X *dv, int64_t ldd,
+                                    float *delta, const float *dout, const X *q, const X *k,
+                                    const X *v, int64_t ld, const X *out, const float *lse,
+                                    const float *rope_cos, const float *rope_sin, int B, int T,
+                                    int NH, int NKV, float scale) {
     const size_t smem_q = tc_dq_smem<HS>(), smem_kv = tc_dkdv_smem<HS>();
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
     FS_TRY(att_launch(tc_names<X>::dq, tc_dq_kernel<HS, X>, grid_q, TC_THREADS,
-                      smem_q, smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, T, NH,
-                      NH / NKV, scale, scale * TC_LOG2E));
+                      smem_q, smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, rope_cos,
+                      rope_sin, T, NH, NH / NKV, scale, scale * TC_LOG2E));
     /* after the dq kernel on the same stream: every D it stores is written */
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
     return att_launch(tc_names<X>::dkdv, tc_dkdv_kernel<HS, X>, grid_kv, TC_THREADS,
-                      smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, delta, lse, T, NH,
-                      NKV, NH / NKV, scale, scale * TC_LOG2E);
+                      smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, delta, lse, rope_cos,
+                      rope_sin, T, NH, NKV, NH / NKV, scale, scale * TC_LOG2E);
 }
 
 /* Both forms' entries (X = float, tc_bf16): the shape checked, an empty grid skipped, HS
@@ -563,21 +601,23 @@ static fs_status tc_forward(void *stream, X *out, float *lse, const X *q,
 }
 
 template <typename X>
-static fs_status tc_backward(void *stream, float *dq, float *dk, float *dv,
-                             int64_t ld_dqkv, float *delta, const float *dout, const X *q,
-                             const X *k, const X *v, int64_t ld_qkv, const X *out,
-                             const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                             int64_t HS) {
+static fs_status tc_backward(void *stream, X *dq, X *dk, X *dv, int64_t ld_dqkv, float *delta,
+                             const float *dout, const X *q, const X *k, const X *v,
+                             int64_t ld_qkv, const X *out, const float *lse,
+                             const float *rope_cos, const float *rope_sin, int64_t B, int64_t T,
+                             int64_t NH, int64_t NKV, int64_t HS) {
     FS_TRY(tc_check_shape(tc_names<X>::backward, B, T, NH, NKV, HS));
     if (B == 0 || T == 0 || NH == 0) return FS_OK;
+    if (std::is_same<X, tc_bf16>::value && (!rope_cos || !rope_sin)) /* the form that rotates */
+        return fs_errorf(FS_ERR_USAGE, "cuda kernel %s: no RoPE tables", tc_names<X>::backward);
     const cudaStream_t st = (cudaStream_t)stream;
     const float scale = (float)(1.0 / sqrt((double)HS));
     const int b = (int)B, t = (int)T, nh = (int)NH, nkv = (int)NKV;
     if (HS == 64)
         return tc_backward_launch<64, X>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv,
-                                         out, lse, b, t, nh, nkv, scale);
+                                         out, lse, rope_cos, rope_sin, b, t, nh, nkv, scale);
     return tc_backward_launch<128, X>(st, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out,
-                                      lse, b, t, nh, nkv, scale);
+                                      lse, rope_cos, rope_sin, b, t, nh, nkv, scale);
 }
 
 extern "C" int fs_cuda_attention_tc_supported(int64_t HS) { return HS == 64 || HS == 128; }
@@ -597,8 +637,8 @@ extern "C" fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, floa
                                                    int64_t ld_qkv, const float *out,
                                                    const float *lse, int64_t B, int64_t T,
                                                    int64_t NH, int64_t NKV, int64_t HS) {
-    return tc_backward(stream, dq, dk, dv, ld_dqkv, delta, dout, q, k, v,
-                       ld_qkv, out, lse, B, T, NH, NKV, HS);
+    return tc_backward(stream, dq, dk, dv, ld_dqkv, delta, dout, q, k, v, ld_qkv, out, lse,
+                       nullptr, nullptr, B, T, NH, NKV, HS);
 }
 
 /* uint16_t (the C side's bf16) and __nv_bfloat16 are the same 16 bits */
@@ -613,15 +653,13 @@ extern "C" fs_status fs_cuda_attention_tc_forward_bf16(void *stream, uint16_t *o
                       tc_bf16_in(q), tc_bf16_in(k), tc_bf16_in(v), ld_qkv, B, T, NH, NKV, HS);
 }
 
-extern "C" fs_status fs_cuda_attention_tc_backward_bf16(void *stream, float *dq, float *dk,
-                                                        float *dv, int64_t ld_dqkv,
-                                                        float *delta, const float *dout,
-                                                        const uint16_t *q, const uint16_t *k,
-                                                        const uint16_t *v, int64_t ld_qkv,
-                                                        const uint16_t *out, const float *lse,
-                                                        int64_t B, int64_t T, int64_t NH,
-                                                        int64_t NKV, int64_t HS) {
-    return tc_backward(stream, dq, dk, dv, ld_dqkv, delta, dout,
-                       tc_bf16_in(q), tc_bf16_in(k), tc_bf16_in(v), ld_qkv, tc_bf16_in(out), lse, B,
-                       T, NH, NKV, HS);
+extern "C" fs_status fs_cuda_attention_tc_rope_backward_bf16(
+    void *stream, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t ld_dqkv, float *delta,
+    const float *dout, const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t ld_qkv,
+    const uint16_t *out, const float *lse, const float *rope_cos, const float *rope_sin,
+    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    return tc_backward(stream, reinterpret_cast<tc_bf16 *>(dq), reinterpret_cast<tc_bf16 *>(dk),
+                       reinterpret_cast<tc_bf16 *>(dv), ld_dqkv, delta, dout, tc_bf16_in(q),
+                       tc_bf16_in(k), tc_bf16_in(v), ld_qkv, tc_bf16_in(out), lse, rope_cos,
+                       rope_sin, B, T, NH, NKV, HS);
 }

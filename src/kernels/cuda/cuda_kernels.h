@@ -143,20 +143,22 @@ fs_status fs_cuda_attention_tc_backward(void *stream, float *dq, float *dk, floa
                                         int64_t ld_qkv, const float *out, const float *lse,
                                         int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                         int64_t HS);
-/* The same with q, k, v and out in bf16 (the bf16 route's kept arrays; dout, dq, dk, dv,
- * lse and delta stay fp32): read and written as they are, the bits the fp32 form gives on
- * those values widened, its out rounded by fs_cuda_cast_fp32_to_bf16 (a NaN apart, whose
- * sign and payload may differ). */
+/* The same with q, k, v and out in bf16 (the bf16 route's kept arrays; dout, lse and delta
+ * stay fp32): read and written as they are, the bits the fp32 form gives on those values
+ * widened, its out rounded by fs_cuda_cast_fp32_to_bf16 (a NaN apart, whose sign and payload
+ * may differ). The backward writes dq, dk and dv in bf16, rotated back by RoPE (rope_cos,
+ * rope_sin: fs_rope_table's (T, HS/2) tables; dv is not rotated), overwriting them: the
+ * bits of the fp32 form added into zeros, then fs_cuda_rope_backward on dq and dk, then
+ * fs_cuda_cast_fp32_to_bf16 (NaNs apart). Null tables are FS_ERR_USAGE. */
 fs_status fs_cuda_attention_tc_forward_bf16(void *stream, uint16_t *out, float *lse,
                                             const uint16_t *q, const uint16_t *k,
                                             const uint16_t *v, int64_t ld_qkv, int64_t B,
                                             int64_t T, int64_t NH, int64_t NKV, int64_t HS);
-fs_status fs_cuda_attention_tc_backward_bf16(void *stream, float *dq, float *dk, float *dv,
-                                             int64_t ld_dqkv, float *delta, const float *dout,
-                                             const uint16_t *q, const uint16_t *k,
-                                             const uint16_t *v, int64_t ld_qkv,
-                                             const uint16_t *out, const float *lse, int64_t B,
-                                             int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+fs_status fs_cuda_attention_tc_rope_backward_bf16(
+    void *stream, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t ld_dqkv, float *delta,
+    const float *dout, const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t ld_qkv,
+    const uint16_t *out, const float *lse, const float *rope_cos, const float *rope_sin,
+    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
 
 fs_status fs_cuda_swiglu_forward(void *stream, float *out, const float *gu, int64_t N,
                                  int64_t FF);
