@@ -24,6 +24,9 @@ else
     expect_all "the fp32 form (q, k, v, out in fp32; dq, dk, dv rotated back and rounded) gives the bf16 form's bits on four shapes" \
         "[ \"\$(grep -c 'the fp32 form against the bf16 form: 0 arrays' '$WORK/out')\" = 4 ]" \
         "! grep -q 'the fp32 form against the bf16 form: [1-9]' '$WORK/out'"
+    expect_all "both staging paths ran, 8 columns at a time and element by element, for q/k/v and for dout" \
+        "grep -q 'staging q, k, v 8 wide' '$WORK/out'" "grep -q 'staging q, k, v by element' '$WORK/out'" \
+        "grep -q 'dout 8 wide' '$WORK/out'" "grep -q 'dout by element' '$WORK/out'"
     expect_all "the D the dq kernel stores for dk/dv is tc_row_d's sum, bit for bit" \
         "grep -q 'stored D differing from tc_row_d 0 of' '$WORK/out'" \
         "! grep -q 'stored D differing from tc_row_d [1-9]' '$WORK/out'"

@@ -14,7 +14,9 @@
  * rounded; dq, dk, dv after RoPE backward on the host and rounding). Also that the D the dq
  * kernel stores for the dk/dv kernel is, bit for bit, what tc_row_d sums for each real row
  * (what the dk/dv kernel once summed itself), and that the padding columns of the gradient
- * rows and the guards past every array are untouched.
+ * rows and the guards past every array are untouched. Tiles are staged 8 columns at a time
+ * where the rows allow it and element by element elsewhere (stage_vec): each shape's line
+ * says which, and both run for q/k/v and for dout.
  * Built and run by run.sh; exits 1 if an element is outside its bound, non-finite, or written
  * where it must not be, if a stored D differs, or if the two forms differ.
  */
@@ -35,6 +37,14 @@ static bool is7(float x) { return x == 7; }
 static bool is7(__nv_bfloat16 x) { return emu_b2f(x.x) == 7; }
 static float widen(float x) { return x; }
 static float widen(__nv_bfloat16 x) { return emu_b2f(x.x); }
+// The kernels' vec flags: the staging's 8-wide path where the launches would take it (rows
+// of a multiple of 8 elements, 16-byte aligned: q, k and v on the shapes whose pad keeps
+// that), except that dout (always aligned) takes the element path on the shapes with an odd
+// dpad, so that both paths of both arrays run.
+static int stage_vec(const Shape &s, int ld, const void *qkv, const void *dout) {
+    const bool al = ((uintptr_t)qkv & 15) == 0 && ((uintptr_t)dout & 15) == 0;
+    return (ld % 8 == 0 && al ? TC_VEC_QKV : 0) | (s.dpad % 2 == 0 && al ? TC_VEC_DOUT : 0);
+}
 // What one form of the kernels gives: out (N C, then G guards), lse, the gradient rows
 // (N ldd, then G guards: the fp32 form's g0 plus dq, dk, dv; the bf16 form's 7s with dq, dk,
 // dv written over them), the D workspace; guards changed; stored D differing from tc_row_d's
@@ -77,19 +87,20 @@ static Emu<X> emulate(const Shape &s, const std::vector<float> &qkvf, const std:
         e.out[(size_t)N * C + i] = to_x<X>(7), e.lse[nrows + i] = 7, e.d[nrows + i] = 7;
     const float sc = (float)(1.0 / sqrt((double)HS)), sl = sc * TC_LOG2E;
     const int qt = (s.T + TC_BQ - 1) / TC_BQ;
+    const int vec = stage_vec(s, ld, qkv.data(), dout.data());
     emu_launch(dim3(s.B * s.NH, qt), [&] {
         tc_forward_kernel<HS, X>(e.out.data(), e.lse.data(), qkv.data(), qkv.data() + kcol,
-                                 qkv.data() + vcol, ld, s.T, s.NH, group, sl);
+                                 qkv.data() + vcol, ld, s.T, s.NH, group, sl, vec);
     });
     emu_launch(dim3(s.B * s.NH, qt), [&] {
         tc_dq_kernel<HS, X>(e.g.data(), ldd, e.d.data(), dout.data(), qkv.data(), qkv.data() + kcol,
                             qkv.data() + vcol, ld, ro.data(), rl.data(), cs, sn, s.T, s.NH, group,
-                            sc, sl);
+                            sc, sl, vec);
     });
     emu_launch(dim3(s.B * s.NKV, (s.T + TC_BK - 1) / TC_BK), [&] {
         tc_dkdv_kernel<HS, X>(e.g.data() + kcol, e.g.data() + vcol, ldd, dout.data(), qkv.data(),
                               qkv.data() + kcol, qkv.data() + vcol, ld, e.d.data(), rl.data(), cs,
-                              sn, s.T, s.NH, s.NKV, group, sc, sl);
+                              sn, s.T, s.NH, s.NKV, group, sc, sl, vec);
     });
     // the stored D against tc_row_d's own sum, one warp per row as the kernels run it
     std::atomic<size_t> dbad{0};
@@ -203,8 +214,10 @@ template <int HS> static void run(Shape s, unsigned seed) {
             rs[(size_t)t * half + i] = (float)sin((double)a);
         }
     }
-    printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d\n", s.B, s.T, s.NH, s.NKV, HS, s.pad,
-           s.dpad);
+    const int vec = stage_vec(s, ld, qkv.data(), dout.data()); // the bf16 form's (same alignment)
+    printf("B=%d T=%d NH=%d NKV=%d HS=%d pad=%d dpad=%d (staging q, k, v %s, dout %s)\n", s.B, s.T,
+           s.NH, s.NKV, HS, s.pad, s.dpad, vec & TC_VEC_QKV ? "8 wide" : "by element",
+           vec & TC_VEC_DOUT ? "8 wide" : "by element");
     // the bf16 form, which the bf16 route runs, on every shape; the fp32 form where asked:
     // added into g0 (checked against the reference below), and added into zeros, which after
     // RoPE backward and rounding must give the bf16 form's bits on these bf16 values

@@ -37,6 +37,13 @@ struct __nv_bfloat16 {
 struct __nv_bfloat162 {
     __nv_bfloat16 x, y;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 static inline uint16_t emu_f2b(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -202,15 +202,64 @@ __device__ __forceinline__ void tc_gemm_rs(float (&acc)[NT][4], const float (&a)
     }
 }
 
+/* Eight consecutive elements from x (16-byte aligned) rounded to bf16, as the 16 bytes of
+ * their row-major copy: a bf16 x as it is; an fp32 x by tc_pack, the same rounding as
+ * tc_round. */
+__device__ __forceinline__ uint4 tc_load8(const tc_bf16 *x) {
+    return *reinterpret_cast<const uint4 *>(x);
+}
+__device__ __forceinline__ uint4 tc_load8(const float *x) {
+    const float4 a = reinterpret_cast<const float4 *>(x)[0], b = reinterpret_cast<const float4 *>(x)[1];
+    uint4 u;
+    u.x = tc_pack(a.x, a.y), u.y = tc_pack(a.z, a.w), u.z = tc_pack(b.x, b.y), u.w = tc_pack(b.z, b.w);
+    return u;
+}
+
+/* The kernels' vec argument: which of the arrays they stage may be read 8 elements at a time
+ * (tc_load8: every row 16-byte aligned, so a row stride of a multiple of 8 elements and
+ * 16-byte aligned pointers; tc_vec_flags decides on the host). */
+#define TC_VEC_QKV 1  /* q, k, v (stride ld) */
+#define TC_VEC_DOUT 2 /* dout (stride C) */
+
 /* Rows [row0, row0 + rows) of one head's (T, HS) slice x (row stride ld), rounded to bf16
  * (a bf16 x as it is), into sN (row-major, pitch pN) and/or sT (transposed: sT[c pT + r],
- * pitch pT); NULL skips one. Rows at or past T are zeros. A thread takes a pair of rows at
- * one column, so the transposed store is one 32-bit word; consecutive threads read
- * consecutive columns. */
+ * pitch pT); NULL skips one. Rows at or past T are zeros. A thread takes a pair of rows, so
+ * a transposed store is one 32-bit word. vec: 8 columns at a time (tc_load8), one 16-byte
+ * load and store per row where the element path makes 8, the same bits. Its threads take a
+ * row pair's 8-column groups side by side: all of them for sN alone (a warp loads whole
+ * rows), 4 where sT is written (a warp's transposed stores then fall in 8 banks, 4-way, as
+ * the element path's do, where whole rows would put 8 or 16 in one bank). The element path
+ * (rows not 16-byte aligned): consecutive threads take consecutive columns. */
 template <int HS, typename X>
 __device__ __forceinline__ void tc_stage(tc_bf16 *sN, int pN, tc_bf16 *sT, int pT,
                                          const X *__restrict__ x, int64_t ld, int row0,
-                                         int rows, int T) {
+                                         int rows, int T, bool vec) {
+    if (vec) {
+        constexpr int G = HS / 8; /* 8-column groups in a row */
+        const int L = sT ? 4 : G, pairs = rows / 2, n8 = pairs * G;
+        for (int i = (int)threadIdx.x; i < n8; i += TC_THREADS) {
+            /* i = (bands of L groups, each over every pair) x L: group, pair */
+            const int band = i / L;
+            const int c = 8 * ((band / pairs) * L + i % L), r = 2 * (band % pairs), t = row0 + r;
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u); /* bf16 +0 */
+            const uint4 a = t < T ? tc_load8(x + (int64_t)t * ld + c) : zero;
+            const uint4 b = t + 1 < T ? tc_load8(x + (int64_t)(t + 1) * ld + c) : zero;
+            if (sN) {
+                *reinterpret_cast<uint4 *>(sN + r * pN + c) = a;
+                *reinterpret_cast<uint4 *>(sN + (r + 1) * pN + c) = b;
+            }
+            if (sT) {
+                const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) { /* column c + e: rows r and r + 1 as one word */
+                    const uint32_t lo = aw[e / 2], hi = bw[e / 2];
+                    *reinterpret_cast<uint32_t *>(sT + (c + e) * pT + r) =
+                        e % 2 ? (lo >> 16) | (hi & 0xffff0000u) : (lo & 0xffffu) | (hi << 16);
+                }
+            }
+        }
+        return;
+    }
     const int n = (rows / 2) * HS;
     for (int i = (int)threadIdx.x; i < n; i += TC_THREADS) {
         const int r = 2 * (i / HS), c = i % HS, t = row0 + r;
@@ -281,7 +330,7 @@ template <int HS, typename X>
 __global__ void __launch_bounds__(TC_THREADS)
     tc_forward_kernel(X *__restrict__ out, float *__restrict__ lse, const X *__restrict__ q,
                       const X *__restrict__ k, const X *__restrict__ v, int64_t ld, int T,
-                      int NH, int group, float scale_log2) {
+                      int NH, int group, float scale_log2, int vec) {
     constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sK = sQ + TC_BQ * P,
@@ -289,7 +338,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const auto [lane, g, tq, r0, b, h, q0, qend, C, qb, kb, vb] =
         tc_qblock_of<HS, X>(q, k, v, ld, T, NH, group);
 
-    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
+    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T, vec & TC_VEC_QKV);
     const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8}; /* the positions of the thread's rows */
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[ND][4];
 #pragma unroll
@@ -297,8 +346,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 
     for (int k0 = 0; k0 < qend; k0 += TC_BK) { /* block-uniform bounds: same barriers */
         __syncthreads(); /* the last tile is read (first pass: nothing yet) */
-        tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T);
-        tc_stage<HS>(nullptr, 0, sVt, PT, vb, ld, k0, TC_BK, T);
+        tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
+        tc_stage<HS>(nullptr, 0, sVt, PT, vb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
         __syncthreads(); /* q, k, v^T are in */
         float s[NT][4];
 #pragma unroll
@@ -369,7 +418,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                  const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
                  const X *__restrict__ out, const float *__restrict__ lse,
                  const float *__restrict__ rope_cos, const float *__restrict__ rope_sin, int T,
-                 int NH, int group, float scale, float scale_log2) {
+                 int NH, int group, float scale, float scale_log2, int vec) {
     constexpr int P = HS + TC_PAD, PT = TC_BK + TC_PAD, NT = TC_BK / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
     tc_bf16 *sQ = reinterpret_cast<tc_bf16 *>(tc_smem), *sdO = sQ + TC_BQ * P,
@@ -379,8 +428,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float *dob = dout + (int64_t)b * T * C + (int64_t)h * HS;
     const X *ob = out + (int64_t)b * T * C + (int64_t)h * HS;
 
-    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T);
-    tc_stage<HS>(sdO, P, nullptr, 0, dob, C, q0, TC_BQ, T);
+    tc_stage<HS>(sQ, P, nullptr, 0, qb, ld, q0, TC_BQ, T, vec & TC_VEC_QKV);
+    tc_stage<HS>(sdO, P, nullptr, 0, dob, C, q0, TC_BQ, T, vec & TC_VEC_DOUT);
     const int tr[2] = {q0 + r0 + g, q0 + r0 + g + 8};
     /* D and lse (in log2 units) of the thread's two rows; past T both 0, where the zero rows
      * of q and dout make p (dp - D) = 0. D of every real row is also stored for the dk/dv
@@ -404,8 +453,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 
     for (int k0 = 0; k0 < qend; k0 += TC_BK) {
         __syncthreads(); /* the last tile is read (first pass: q, dout being staged) */
-        tc_stage<HS>(sK, P, sKt, PT, kb, ld, k0, TC_BK, T);
-        tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T);
+        tc_stage<HS>(sK, P, sKt, PT, kb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
+        tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
         __syncthreads();
         float s[NT][4], dp[NT][4];
 #pragma unroll
@@ -447,7 +496,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                    const X *__restrict__ k, const X *__restrict__ v, int64_t ld,
                    const float *__restrict__ delta, const float *__restrict__ lse,
                    const float *__restrict__ rope_cos, const float *__restrict__ rope_sin, int T,
-                   int NH, int NKV, int group, float scale, float scale_log2) {
+                   int NH, int NKV, int group, float scale, float scale_log2, int vec) {
     constexpr int BQ = tc_dkdv_tile<HS>::BQ;
     constexpr int P = HS + TC_PAD, PQ = BQ + TC_PAD, NT = BQ / 8, ND = HS / 8;
     extern __shared__ __align__(16) unsigned char tc_smem[];
@@ -462,8 +511,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const X *kb = k + (int64_t)b * T * ld + (int64_t)kvh * HS;
     const X *vb = v + (int64_t)b * T * ld + (int64_t)kvh * HS;
 
-    tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T);
-    tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T);
+    tc_stage<HS>(sK, P, nullptr, 0, kb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
+    tc_stage<HS>(sV, P, nullptr, 0, vb, ld, k0, TC_BK, T, vec & TC_VEC_QKV);
     const int ur[2] = {k0 + r0 + g, k0 + r0 + g + 8}; /* the positions of the thread's keys */
     float ak[ND][4], av[ND][4];
 #pragma unroll
@@ -480,8 +529,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         const float *lb = lse + ((int64_t)b * NH + h) * T;
         for (int t0 = k0; t0 < T; t0 += BQ) { /* block-uniform bounds */
             __syncthreads(); /* the last tile is read */
-            tc_stage<HS>(sQ, P, sQt, PQ, qb, ld, t0, BQ, T);
-            tc_stage<HS>(sdO, P, sdOt, PQ, dob, C, t0, BQ, T);
+            tc_stage<HS>(sQ, P, sQt, PQ, qb, ld, t0, BQ, T, vec & TC_VEC_QKV);
+            tc_stage<HS>(sdO, P, sdOt, PQ, dob, C, t0, BQ, T, vec & TC_VEC_DOUT);
             for (int r = (int)threadIdx.x; r < BQ; r += TC_THREADS) {
                 const int t = t0 + r;
                 sD[r] = t < T ? db[t] : 0.0f;
@@ -557,6 +606,15 @@ static fs_status tc_check_shape(const char *name, int64_t B, int64_t T, int64_t 
                               "64 or 128", (int64_t)65535 * TC_BQ);
 }
 
+/* The kernels' vec flags (TC_VEC_QKV, TC_VEC_DOUT) for these arrays: q, k and v in rows of
+ * ld elements, dout in rows of C (a multiple of 64: HS is 64 or 128). */
+static bool tc_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+template <typename X>
+static int tc_vec_flags(const X *q, const X *k, const X *v, int64_t ld, const float *dout) {
+    const bool qkv = ld % 8 == 0 && tc_aligned16(q) && tc_aligned16(k) && tc_aligned16(v);
+    return (qkv ? TC_VEC_QKV : 0) | (dout && tc_aligned16(dout) ? TC_VEC_DOUT : 0);
+}
+
 template <int HS, typename X>
 static fs_status tc_forward_launch(cudaStream_t st, X *out, float *lse, const X *q, const X *k,
                                    const X *v, int64_t ld, int B, int T, int NH, int NKV,
@@ -564,7 +622,8 @@ static fs_status tc_forward_launch(cudaStream_t st, X *out, float *lse, const X 
     const size_t smem = tc_forward_smem<HS>();
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
     return att_launch(tc_names<X>::forward, tc_forward_kernel<HS, X>, grid, TC_THREADS, smem,
-                      smem, st, out, lse, q, k, v, ld, T, NH, NH / NKV, scale * TC_LOG2E);
+                      smem, st, out, lse, q, k, v, ld, T, NH, NH / NKV, scale * TC_LOG2E,
+                      tc_vec_flags(q, k, v, ld, nullptr));
 }
 
 template <int HS, typename X>
@@ -574,15 +633,16 @@ static fs_status tc_backward_launch(cudaStream_t st, X *dq, X *dk, X *dv, int64_
                                     const float *rope_cos, const float *rope_sin, int B, int T,
                                     int NH, int NKV, float scale) {
     const size_t smem_q = tc_dq_smem<HS>(), smem_kv = tc_dkdv_smem<HS>();
+    const int vec = tc_vec_flags(q, k, v, ld, dout);
     const dim3 grid_q((unsigned)(B * NH), (unsigned)((T + TC_BQ - 1) / TC_BQ));
     FS_TRY(att_launch(tc_names<X>::dq, tc_dq_kernel<HS, X>, grid_q, TC_THREADS,
                       smem_q, smem_q, st, dq, ldd, delta, dout, q, k, v, ld, out, lse, rope_cos,
-                      rope_sin, T, NH, NH / NKV, scale, scale * TC_LOG2E));
+                      rope_sin, T, NH, NH / NKV, scale, scale * TC_LOG2E, vec));
     /* after the dq kernel on the same stream: every D it stores is written */
     const dim3 grid_kv((unsigned)(B * NKV), (unsigned)((T + TC_BK - 1) / TC_BK));
     return att_launch(tc_names<X>::dkdv, tc_dkdv_kernel<HS, X>, grid_kv, TC_THREADS,
                       smem_kv, smem_kv, st, dk, dv, ldd, dout, q, k, v, ld, delta, lse, rope_cos,
-                      rope_sin, T, NH, NKV, NH / NKV, scale, scale * TC_LOG2E);
+                      rope_sin, T, NH, NKV, NH / NKV, scale, scale * TC_LOG2E, vec);
 }
 
 /* Both forms' entries (X = float, tc_bf16): the shape checked, an empty grid skipped, HS
