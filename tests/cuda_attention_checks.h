@@ -14,7 +14,8 @@
  *   5. the same for the tensor-core kernels (attention_tc.cu, the bf16 policy's), on bf16
  *      inputs and within per-element bounds of their own bf16 rounding ("tensor cores",
  *      near the end, says how they are derived); their bf16 form (q, k, v and out in bf16)
- *      gives their fp32 form's bits, out rounded.
+ *      gives their fp32 form's bits, out rounded, dq, dk, dv rotated back by RoPE and
+ *      rounded.
  *
  * Shapes are awkward on purpose: T = 1, 7, 13, 70 (two 64-key tiles), 97, 300 (partial last
  * tiles of 32 and 64); HS = 6, 8, 64, 128, 200 and 256 (the kernels' three instances, with
@@ -693,6 +694,7 @@ static void cuda_att_tc_bf16_form(const cuda_att_case *c) {
         exit(2);
     }
     fs_rope_table(cs, sn, s.T, s.HS, 10000.0f);
+    memset(g16, 0xff, (size_t)(ng > 0 ? ng : 1) * sizeof(uint16_t)); /* overwritten on the GPU too */
     for (int64_t i = 0; i < nqkv; i++) qkv16[i] = fs_fp32_to_bf16(c->qkv[i]);
     for (int64_t i = 0; i < nout; i++) o16[i] = fs_fp32_to_bf16(c->out[i]), ow[i] = fs_bf16_to_fp32(o16[i]);
     float *d_qkv = dev_upload(c->qkv, nqkv), *d_ow = dev_upload(ow, nout);
@@ -798,6 +800,13 @@ static void test_cuda_attention_tc_shapes(void) {
               FS_ERR_USAGE,
           "tc bf16: NH = 3, NKV = 2 accepted");
     CHECK(strstr(fs_error_message(), "attention_tc_rope_backward_bf16") != NULL, "message '%s' names no kernel",
+          fs_error_message());
+    /* the form that rotates needs the RoPE tables: refused before anything is launched */
+    CHECK(fs_cuda_attention_tc_rope_backward_bf16(NULL, NULL, NULL, NULL, 448, NULL, NULL, NULL, NULL,
+                                                  NULL, 448, NULL, NULL, NULL, NULL, 1, 4, 2, 1, 64) ==
+              FS_ERR_USAGE,
+          "tc bf16: no RoPE tables accepted");
+    CHECK(strstr(fs_error_message(), "no RoPE tables") != NULL, "message '%s' does not say what is missing",
           fs_error_message());
     CHECK_OK(fs_cuda_attention_tc_forward_bf16(NULL, NULL, NULL, NULL, NULL, NULL, 192, 1, 0, 1, 1, 64));
     CHECK_OK(fs_cuda_attention_tc_rope_backward_bf16(NULL, NULL, NULL, NULL, 512, NULL, NULL, NULL, NULL,

@@ -454,7 +454,9 @@ static void test_reference_model_loads_in_flatshard(void) {
  * which llama.c writes in bf16 (fs_rmsnorm_forward_bf16) where this reference keeps them in
  * fp32 for GEMMs that round them: the same bits; and dq/dk/dv, which llama.c takes rotated
  * back and rounded from the device's attention_rope_backward_bf16, where this reference
- * zeroes, sums, rotates them in fp32 for a GEMM that rounds them: the same bits. */
+ * zeroes, sums, rotates them in fp32 for a GEMM that rounds them: the same bits (an element
+ * below FLT_MIN apart, which the AVX512-BF16 packing takes as zero and the cast rounds: none
+ * on these inputs, or the comparison would say so). */
 typedef struct kept_block {
     float *ln1, *rstd1, *qkv, *att, *lse, *xmid, *ln2, *rstd2, *gu, *h;
     uint16_t *gu16; /* (N, 2FF): the bf16 route keeps gu in bf16 */

@@ -88,7 +88,9 @@ void fs_matmul_backward_bf16(fs_pool *pool, const fs_gemm_stage *stage,
                              int64_t N, int64_t IC, int64_t OC,
                              int accumulate_dinp, int accumulate_dweight);
 /* The same with operands already in bf16, each the same bits as fs_matmul_backward_bf16 /
- * fs_matmul_forward_bf16 given the fp32 operands they were rounded from, on either GEMM path:
+ * fs_matmul_forward_bf16 given the fp32 operands they were rounded from, on either GEMM path
+ * (rounded by fs_fp32_to_bf16; an fp32 element below FLT_MIN apart, which the AVX512-BF16
+ * packing takes as zero):
  * the _inp variants take inp in bf16 (fs_swiglu_forward_bf16's h, the attention output the
  * bf16 route keeps, fs_rmsnorm_forward_bf16's norms); _dout_inp takes dout in bf16 too
  * (fs_swiglu_backward_bf16's dgu, with the second norm as inp: the gate/up projection; the

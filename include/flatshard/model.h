@@ -238,7 +238,9 @@ typedef struct fs_acts {
                             where ln2 is used */
     float *xmid;         /* (N, C) residual after attention, where it is used */
     float *dlnf;         /* (N, C) */
-    float *qkv_wide;     /* (N, QKV) the bf16 route's q, k, v in fp32, within a block's op */
+    float *qkv_wide;     /* (N, QKV) the bf16 route's q, k, v in fp32, within a block's op;
+                            in backward, after the attention, its first N·QKV / 2 floats hold
+                            the route's bf16 dqkv */
     float *att_wide;     /* (N, C) the bf16 route's attention output in fp32, likewise */
 } fs_acts;
 
@@ -256,7 +258,7 @@ void fs_acts_free(fs_acts *acts, fs_mem *mem); /* idempotent */
 /* The bf16 GEMM operand scratch this micro-batch needs under bf16
  * (fs_device_reserve_scratch), gpu = 1: a GPU's, where the linear layers cast their fp32
  * operands to bf16 (src/device/cuda.c: on the bf16 route only a backward's dout, N x the
- * widest of QKV, C and the vocabulary chunk; every activation operand is bf16 already);
+ * wider of C and the vocabulary chunk; every activation operand and dqkv are bf16 already);
  * gpu = 0: the CPU's oneDNN staging of its largest layer (kernels.h). */
 size_t fs_acts_scratch_bytes(const fs_layout *layout, int64_t B, int64_t T, int gpu);
 /* Before the first step: reserves that scratch from mem (fs_device_reserve_scratch) and, on

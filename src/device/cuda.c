@@ -465,9 +465,9 @@ static void cuda_linear_backward(fs_device *d, float *dinp, float *dw, const flo
 /* The bf16 route (device.h, llama.c): the entries of the linear layers whose operands or
  * result are already bf16 — gu written by the gate/up projection from the second norm, h
  * read by the down projection, dgu by the gate/up projection's backward, the norms and the
- * attention output by the others. The fp32 operand of a product that has one (a backward's
- * dout: the residual gradient, dqkv, the head's dlogits) is cast into the scratch as
- * linear_backward does. */
+ * attention output by the others, and dqkv (attention_rope_backward_bf16) by the QKV
+ * projection's backward. The fp32 operand of a product that has one (a backward's dout: the
+ * residual gradient, the head's dlogits) is cast into the scratch as linear_backward does. */
 static void cuda_linear_forward_bf16_inp_out(fs_device *d, uint16_t *out, const uint16_t *inp, const void *w,
                                              int64_t N, int64_t IC, int64_t OC) {
     LAUNCH(d, fs_cuda_gemm_bf16_out(d->impl->blas, STREAM(d), out, OC, operand(inp, 1, 0, IC),

@@ -26,7 +26,9 @@
  * sizes the bf16 route's activations before the library is loaded); v5: the kernel-time
  * profile's three functions; v6: the linear forwards take a residual (no accumulate flag),
  * the gate/up entries take a bf16 inp, rmsnorm_forward_bf16 appended; v7: the bf16 route's
- * attention entries and rope_forward_bf16_out appended (q, k, v and out in bf16). Rename
+ * attention entries and rope_forward_bf16_out appended (q, k, v and out in bf16); v8: the
+ * route's attention backward becomes attention_rope_backward_bf16 (a bf16 dqkv rotated back,
+ * the RoPE tables, wide_dqkv). Rename
  * whenever fs_cuda_api, fs_kernel_table or what the table fills changes. */
 #define FS_CUDA_API_SYMBOL "fs_cuda_api_v8"
 

@@ -109,7 +109,8 @@ typedef struct scratch_offsets {
  * dln sits above xmid, dqkv and the bf16 dqkv: at max(g + 2c, 2c + q, on the bf16 route
  * 2c + q + q/2). The region is the largest end:
  * g + f = 3·N·FF where FF >= 3C (small, Llama 2 70B, Llama 3), else 2·N·FF + 3·N·C (Llama 2
- * 7B); on the bf16 route 2·N·C + 2·N·QKV where that is more (no preset model); against
+ * 7B); on the bf16 route 2·N·C + 2·N·QKV or 3·N·C + 1.5·N·QKV (dln above the bf16 dqkv)
+ * where that is more (no preset model); against
  * 4·N·C + N·QKV + 3·N·FF + N·Vc (and xmid's N·C per block) in arrays of their own. The logits of the last forward chunk stay
  * there until the head's backward: nothing runs between the two (a block forward marks them
  * gone, logits_op = -1). */

@@ -42,7 +42,8 @@
  * dk/dv kernel stages those bits into shared memory with each query tile instead of summing
  * D again for each of the ~T/64 key blocks that visit the row. Every element of dq, dk and dv
  * belongs to one thread of one block and is summed in a fixed order (the mma's own order is
- * fixed by the hardware), then added to memory once: no atomics, the same bits on every run.
+ * fixed by the hardware), then added to memory once (the bf16 form: written once, rotated and
+ * rounded): no atomics, the same bits on every run.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + tq. A (16 x 16,
  * row-major): registers (row g, cols 2tq..+1), (g + 8, 2tq..), (g, 2tq + 8..), (g + 8,
