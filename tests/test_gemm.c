@@ -14,7 +14,10 @@
  *      the pool size (fixed row tiles), with and without a caller's staging, its primitives
  *      created by fs_gemm_prepare_linear and never again by the products; where this build
  *      or CPU has no oneDNN those tests print a skip line. Tests 1-4 pin the flatshard path
- *      (fs_gemm_set_path), whatever FLATSHARD_GEMM's rule would pick here.
+ *      (fs_gemm_set_path), whatever FLATSHARD_GEMM's rule would pick here;
+ *   6. a thread that finds the oneDNN path chosen by another thread (the in-process ranks do)
+ *      sees what oneDNN's probe wrote: run first, before anything in this process probes;
+ *      a data race here is ThreadSanitizer's to report (its build fails the program).
  *
  * Tolerance. The operands are rounded to bf16 first, so the double reference sees exactly
  * the values the kernel multiplies; each product is exact in fp32, and a float sum of K
@@ -27,6 +30,9 @@
 #include "harness.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,8 +468,43 @@ static void test_isa_names_and_cap(void) {
     fs_kernels_set_isa(before);
 }
 
+/* Test 6. The chooser publishes the path with an atomic; the only thing ordering the second
+ * thread after the first here is a relaxed flag, so the chooser's own store must carry the
+ * probe's writes (CI's ThreadSanitizer build once caught a rank thread's primitive lookup
+ * reading the probe's result with no ordering to the rank that probed). */
+static atomic_int path_chosen; /* 0 not yet, 1 oneDNN, 2 no oneDNN */
+
+static void *choose_path(void *arg) {
+    (void)arg;
+    const int onednn = fs_gemm_path_available(FS_GEMM_PATH_ONEDNN);
+    if (onednn) fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
+    atomic_store_explicit(&path_chosen, onednn ? 1 : 2, memory_order_relaxed);
+    return NULL;
+}
+
+static void *use_path(void *arg) {
+    fs_status *st = arg;
+    while (atomic_load_explicit(&path_chosen, memory_order_relaxed) == 0) sched_yield();
+    *st = fs_gemm_prepare_linear(96, 64, 80); /* creates primitives on the oneDNN path */
+    return NULL;
+}
+
+static void test_path_seen_by_another_thread(void) {
+    pthread_t chooser, user;
+    fs_status st = FS_ERR_INTERNAL;
+    const uint64_t created = fs_gemm_primitives_created();
+    CHECK(pthread_create(&user, NULL, use_path, &st) == 0, "start the thread that uses the path");
+    CHECK(pthread_create(&chooser, NULL, choose_path, NULL) == 0, "start the thread that chooses it");
+    pthread_join(chooser, NULL);
+    pthread_join(user, NULL);
+    CHECK_OK(st);
+    if (atomic_load(&path_chosen) == 2) SKIP(FS_SKIP_NOT_APPLICABLE, "the oneDNN GEMM path is not available");
+    CHECK(fs_gemm_primitives_created() > created, "the other thread created the shape's primitives");
+}
+
 int main(void) {
     fs_kernels_init();
+    RUN(test_path_seen_by_another_thread); /* first: no probe has run in this process yet */
     CHECK_OK(fs_pool_init(&pool3, 3));
     printf("     CPU kernels: %s (best on this CPU: %s)\n", fs_kernels_isa_name(fs_kernels_isa()),
            fs_kernels_isa_name(fs_kernels_cpu_isa()));

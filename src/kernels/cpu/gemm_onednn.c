@@ -55,7 +55,11 @@ static const char *const path_names[FS_GEMM_PATH_N] = {
     [FS_GEMM_PATH_ONEDNN] = "onednn",
 };
 
-static atomic_int path_in_use = -1; /* -1: not chosen yet */
+/* -1: not chosen yet. Stored with release and loaded with acquire: a thread that reads the
+ * oneDNN path chosen by another must also see what probe() wrote before it (the engine,
+ * onednn_kernel_class), since it never calls pthread_once itself. Relaxed was a data race
+ * ThreadSanitizer caught in CI (lookup reading onednn_kernel_class on an in-process rank). */
+static atomic_int path_in_use = -1;
 
 const char *fs_gemm_path_name(fs_gemm_path path) {
     return (int)path >= 0 && path < FS_GEMM_PATH_N ? path_names[path] : "?";
@@ -136,17 +140,17 @@ const char *fs_gemm_env_error(void) {
 }
 
 fs_gemm_path fs_gemm_path_in_use(void) {
-    int p = atomic_load_explicit(&path_in_use, memory_order_relaxed);
+    int p = atomic_load_explicit(&path_in_use, memory_order_acquire);
     if (p >= 0) return (fs_gemm_path)p;
     p = path_from_env();
-    atomic_store_explicit(&path_in_use, p, memory_order_relaxed);
+    atomic_store_explicit(&path_in_use, p, memory_order_release);
     return (fs_gemm_path)p;
 }
 
 fs_gemm_path fs_gemm_set_path(fs_gemm_path path) {
     fs_gemm_path before = fs_gemm_path_in_use();
     FS_ASSERT(fs_gemm_path_available(path));
-    atomic_store_explicit(&path_in_use, (int)path, memory_order_relaxed);
+    atomic_store_explicit(&path_in_use, (int)path, memory_order_release);
     return before;
 }
 
