@@ -5,7 +5,8 @@
  * mpirun) runs for world sizes 1 to 5, with the smallest staging segment (64 bytes, so every
  * message crosses many segments and partial segments) and with the default one. Then what
  * only threads can show: staging allocated once and nothing allocated per call, a failing
- * rank that unblocks its peers, a silent rank named by the timeout (no sleep raced against
+ * rank that unblocks its peers, an abort inside a builtin collective that leaves no peer writing
+ * into a returned rank's buffer, a silent rank named by the timeout (no sleep raced against
  * it), size mismatches caught without the debug check, a barrier that really waits, the
  * environment switch of the debug check, bf16 rounding.
  */
@@ -17,7 +18,9 @@
 #include "../src/comm/comm_internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -254,6 +257,80 @@ static void test_failing_rank_unblocks_the_others(void) {
                           fs_comm_algo_name((fs_comm_algo)algo), use_worker, r,
                           fs_status_name(a.st[r]), a.msg[r]);
             }
+}
+
+/* An abort while two ranks are inside a builtin all-reduce, where each rank sums its chunk
+ * and writes it into every rank's recv: the rank that meets its closing barrier first finds
+ * the group down and returns, and must not return while its peer still writes into its recv.
+ * Each rank overwrites its recv with -1 the moment the call returns (what a caller that
+ * reuses or frees the buffer does); a peer still writing afterwards leaves sums behind. The
+ * abort comes from another thread ~1 ms after the call starts (~10 ms of copying, far more
+ * under a sanitizer); a round in which it came too early or too late shows nothing, so it
+ * runs a few rounds and says how many were cut mid-way. Before the fix (inproc_builtin's
+ * wait) 10 of 16 cut rounds in four runs showed it, every run at least once. */
+typedef struct early_leave_arg {
+    size_t n;
+    float *send[2], *recv[2];
+    _Atomic(fs_comm *) comm0;
+    atomic_int aborted; /* rank 0 keeps its communicator alive until the abort is done */
+    fs_status st[2];
+} early_leave_arg;
+
+static fs_status early_leave_fn(fs_comm *comm, void *p) {
+    early_leave_arg *a = p;
+    const int r = fs_comm_rank(comm);
+    if (r == 0) atomic_store(&a->comm0, comm);
+    fs_comm_op op = fs_comm_op_all_reduce(a->send[r], a->recv[r], a->n, FS_DTYPE_FP32, FS_REDOP_SUM);
+    op.algo = FS_COMM_ALGO_BUILTIN;
+    a->st[r] = fs_comm_run(comm, &op);
+    for (size_t i = 0; i < a->n; i++) a->recv[r][i] = -1.0f;
+    if (r == 0)
+        while (!atomic_load(&a->aborted)) sched_yield();
+    return a->st[r];
+}
+
+static void *abort_soon(void *p) {
+    early_leave_arg *a = p;
+    fs_comm *c;
+    while (!(c = atomic_load(&a->comm0))) sched_yield();
+    const struct timespec pause = {0, 1000 * 1000};
+    nanosleep(&pause, NULL);
+    fs_comm_abort(c);
+    atomic_store(&a->aborted, 1);
+    return NULL;
+}
+
+static void test_abort_inside_builtin_leaves_no_writer(void) {
+    early_leave_arg a = {.n = (size_t)8 << 20};
+    for (int r = 0; r < 2; r++) {
+        a.send[r] = malloc(a.n * sizeof(float));
+        a.recv[r] = malloc(a.n * sizeof(float));
+        CHECK(a.send[r] && a.recv[r], "allocate 4 x %zu MiB", a.n * sizeof(float) >> 20);
+        if (!a.send[r] || !a.recv[r]) goto out;
+        for (size_t i = 0; i < a.n; i++) a.send[r][i] = 1.0f;
+    }
+    int cut = 0;
+    for (int round = 0; round < 4; round++) {
+        atomic_store(&a.comm0, NULL);
+        atomic_store(&a.aborted, 0);
+        pthread_t aborter;
+        CHECK(pthread_create(&aborter, NULL, abort_soon, &a) == 0, "start the aborting thread");
+        fs_comm_inproc_run(2, fs_comm_config_default(), early_leave_fn, &a);
+        pthread_join(aborter, NULL);
+        cut += a.st[0] != FS_OK || a.st[1] != FS_OK;
+        for (int r = 0; r < 2; r++) {
+            size_t bad = 0;
+            for (size_t i = 0; i < a.n; i++) bad += a.recv[r][i] != -1.0f;
+            CHECK(bad == 0, "round %d: %zu elements of rank %d's recv written after its call returned (%s, %s)",
+                  round, bad, r, fs_status_name(a.st[0]), fs_status_name(a.st[1]));
+        }
+    }
+    fs_test_note("%d of 4 rounds cut mid-way", cut);
+out:
+    for (int r = 0; r < 2; r++) {
+        free(a.send[r]);
+        free(a.recv[r]);
+    }
 }
 
 /* Rank 0 fails at once with a message that already names a rank, as fs_engine_agree hands
@@ -589,6 +666,7 @@ int main(void) {
     RUN(test_staging_allocated_once);
     RUN(test_failing_rank_unblocks_the_others);
     RUN(test_relayed_failure_named_once);
+    RUN(test_abort_inside_builtin_leaves_no_writer);
     RUN(test_failure_crosses_a_split);
     RUN(test_silent_rank_times_out);
     RUN(test_silent_rank_of_a_split_named_globally);

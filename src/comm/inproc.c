@@ -91,6 +91,7 @@ typedef struct inproc_group {
     uint64_t barrier_generation;
     uint64_t *barrier_seen; /* (world) rank r's last barrier: generation + 1 */
     atomic_int failed;   /* set once, by the first fs_comm_abort or timeout (or a child's) */
+    atomic_int builtin_inside; /* ranks inside a builtin collective (inproc_builtin) */
     int failed_rank;
     char failed_msg[512];
     struct inproc_group *parent; /* the group this one was split from, or NULL */
@@ -377,7 +378,7 @@ static void builtin_compute(fs_comm *c, const fs_comm_op *op) {
     }
 }
 
-static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
+static fs_status builtin_phases(fs_comm *c, const fs_comm_op *op) {
     inproc_group *g = group_of(c);
     pthread_mutex_lock(&g->mu);
     g->slots[c->rank] = (inproc_slot){.send = op->send, .recv = op->recv};
@@ -386,6 +387,27 @@ static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
     if (op->coll == FS_COLL_BARRIER) return FS_OK;
     builtin_compute(c, op);
     return group_barrier(c, g);
+}
+
+/* Peers read (and, for all-reduce, write) every rank's buffers between the two barriers. A
+ * rank whose closing barrier fails (a timeout, an abort, a failure crossing from a split)
+ * returns before a slower peer has finished with its buffers, and its caller may free them or
+ * return from the frame that holds them (the split's agreement keeps its on the stack): so it
+ * waits, once the group is down, until no rank is inside a builtin collective of it. A peer
+ * inside only finishes its copies and meets its own closing barrier, which fails at once; a
+ * rank that leaves normally has met every peer after their last access. The device backend
+ * does the same (device_inproc.c, after an ASan use-after-free in CI). */
+static fs_status inproc_builtin(fs_comm *c, const fs_comm_op *op) {
+    inproc_group *g = group_of(c);
+    atomic_fetch_add_explicit(&g->builtin_inside, 1, memory_order_acq_rel);
+    fs_status st = builtin_phases(c, op);
+    atomic_fetch_sub_explicit(&g->builtin_inside, 1, memory_order_acq_rel);
+    if (st != FS_OK)
+        while (atomic_load_explicit(&g->builtin_inside, memory_order_acquire) > 0) {
+            const struct timespec pause = {0, 100 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    return st;
 }
 
 /* ------------------------------------------------------------------ lifetime, failure */
