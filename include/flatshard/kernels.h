@@ -163,7 +163,8 @@ int fs_gemm_path_available(fs_gemm_path path); /* onednn: built with it, and one
 fs_gemm_path fs_gemm_set_path(fs_gemm_path path);
 const char *fs_gemm_path_name(fs_gemm_path path); /* "flatshard", "onednn" */
 /* What the path in use runs on this CPU: "onednn (brg:avx512_core_amx_bf16)", "flatshard
- * (avx512bf16)", for benchmark tables and logs. */
+ * (avx512bf16)", for benchmark tables and logs (in the calling thread's own buffer, valid
+ * until its next call). */
 const char *fs_gemm_path_detail(void);
 /* NULL, or a message if FLATSHARD_GEMM holds a value that is not a path's name, or names
  * one this build or CPU cannot run. */

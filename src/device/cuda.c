@@ -81,7 +81,7 @@ static fs_status cuda_error(const char *what, cudaError_t err) {
     } while (0)
 
 static int fs_cuda_device_count(const char **why) {
-    static char reason[160];
+    static _Thread_local char reason[160]; /* each rank thread opens its own device */
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {

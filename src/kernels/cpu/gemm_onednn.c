@@ -155,9 +155,7 @@ fs_gemm_path fs_gemm_set_path(fs_gemm_path path) {
 }
 
 const char *fs_gemm_path_detail(void) {
-    static char detail[160];
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&mu);
+    static _Thread_local char detail[160]; /* each thread's own: rank threads may ask at once */
 #if FS_HAVE_ONEDNN
     if (fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN)
         snprintf(detail, sizeof detail, "onednn (%s)", onednn_impl);
@@ -165,7 +163,6 @@ const char *fs_gemm_path_detail(void) {
 #endif
         snprintf(detail, sizeof detail, "flatshard (%s)",
                  fs_kernels_isa() == FS_ISA_AVX512_BF16 ? "avx512bf16" : "portable");
-    pthread_mutex_unlock(&mu);
     return detail;
 }
 
@@ -321,7 +318,7 @@ static prim_entry cache[PRIM_CACHE];
 static int cache_used;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint_fast64_t primitives_created, primitives_off_kernel;
-static char first_off_kernel[128]; /* written under cache_mu, once */
+static char first_off_kernel[128]; /* written under cache_mu, once, before the count */
 
 uint64_t fs_gemm_primitives_created(void) { return atomic_load(&primitives_created); }
 uint64_t fs_gemm_primitives_off_kernel(void) { return atomic_load(&primitives_off_kernel); }
@@ -364,9 +361,12 @@ static fs_status lookup(const prim_key *k, const prim_entry **out) {
                 if (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
                     impl = NULL;
                 if (kernel_class(impl) < onednn_kernel_class) {
-                    if (atomic_fetch_add(&primitives_off_kernel, 1) == 0)
+                    /* the name before the count (under cache_mu, so one writer): a thread
+                     * that reads a count above 0 reads the name too */
+                    if (atomic_load(&primitives_off_kernel) == 0)
                         snprintf(first_off_kernel, sizeof first_off_kernel, "%s (M %lld N %lld K %lld)",
                                  impl ? impl : "?", (long long)k->M, (long long)k->N, (long long)k->K);
+                    atomic_fetch_add(&primitives_off_kernel, 1);
                 }
             }
         }
