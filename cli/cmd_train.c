@@ -85,7 +85,7 @@ static atomic_int abandon_len;
  * repeat after it (a second Ctrl-C during the final save) stops at once: the save being
  * written is abandoned in its temporary directory (fs_ckpt_save never touches a complete
  * checkpoint before its replacement is complete), and the program exits 128 + the signal's
- * number. Only async-signal-safe calls here: atomics, write, pause and _exit. */
+ * number. Only async-signal-safe calls here: atomics, write, pause, unlink and _exit. */
 static void on_stop_signal(int sig) {
     const int saved_errno = errno; /* the interrupted code may be about to read it */
     int expected = 0;
@@ -108,6 +108,9 @@ static void on_stop_signal(int sig) {
             /* nothing more can be done in a signal handler */
         }
     }
+    /* the final weights' temporary, if they were being written; a checkpoint's files are in
+     * its temporary directory, which stays (the line says so) */
+    fs_tmp_remove_unfinished();
     _exit(128 + sig);
 }
 

@@ -2,9 +2,13 @@
  * cli/main.c — `flatshard <command> [options]`: dispatch to a command.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "commands.h"
@@ -66,6 +70,59 @@ static int finish_stdout(const char *cmd, int rc) {
     return FS_EXIT_RUNTIME;
 }
 
+/* SIGINT, SIGTERM and SIGHUP end every command as they would by default (killed by the
+ * signal: a shell shows 128 + its number, and a shell loop stops on Ctrl-C), after removing
+ * the temporaries of its unfinished writes (fs_tmp_remove_unfinished), with one line: a
+ * tokenize or an export cut short leaves its output path as it was and nothing beside it. train replaces this with its
+ * own handler once its run starts (a stop at the next step boundary: cmd_train.c). The lines
+ * are made before, since a handler may only call async-signal-safe functions. */
+static const int interrupting_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define N_INTERRUPTING (sizeof interrupting_signals / sizeof interrupting_signals[0])
+static char interrupt_line[N_INTERRUPTING][2][192]; /* [signal][removed anything] */
+static int interrupt_installed[N_INTERRUPTING];     /* not ignored when the command started */
+
+static void on_interrupt(int sig) {
+    static atomic_flag ending = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&ending)) /* another thread is ending the process */
+        for (;;) pause();
+    const int removed = fs_tmp_remove_unfinished() > 0;
+    /* from here a second signal ends the program at once (the cleanup is done), even if the
+     * line below blocks on a full pipe or a stopped terminal */
+    for (size_t i = 0; i < N_INTERRUPTING; i++)
+        if (interrupt_installed[i]) signal(interrupting_signals[i], SIG_DFL);
+    for (size_t i = 0; i < N_INTERRUPTING; i++)
+        if (interrupting_signals[i] == sig && write(STDERR_FILENO, interrupt_line[i][removed],
+                                                    strlen(interrupt_line[i][removed])) < 0) {
+            /* nothing more can be done in a signal handler */
+        }
+    /* the default action, now: the handler's signals are blocked while it runs, so unblock
+     * this one once it is pending again rather than let the interrupted code go on until the
+     * return */
+    raise(sig);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+}
+
+static void end_unfinished_writes_on_signals(const char *cmd) {
+    struct sigaction sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask); /* all three blocked in the handler: none runs it again inside */
+    for (size_t i = 0; i < N_INTERRUPTING; i++) sigaddset(&sa.sa_mask, interrupting_signals[i]);
+    for (size_t i = 0; i < N_INTERRUPTING; i++) {
+        const int sig = interrupting_signals[i];
+        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+        snprintf(interrupt_line[i][0], sizeof interrupt_line[i][0], "flatshard %s: %s: stopped\n", cmd, name);
+        snprintf(interrupt_line[i][1], sizeof interrupt_line[i][1],
+                 "flatshard %s: %s: stopped; the unfinished output was removed (its path is as it was)\n", cmd, name);
+        struct sigaction old;
+        /* a signal ignored when we started (nohup, a background job without job control)
+         * stays ignored */
+        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            interrupt_installed[i] = sigaction(sig, &sa, NULL) == 0;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         print_usage(stderr);
@@ -113,7 +170,10 @@ int main(int argc, char **argv) {
         return FS_EXIT_USAGE;
     }
     for (const fs_command *c = commands; c->name; c++)
-        if (strcmp(argv[1], c->name) == 0) return finish_stdout(c->name, c->run(argc - 1, argv + 1));
+        if (strcmp(argv[1], c->name) == 0) {
+            end_unfinished_writes_on_signals(c->name);
+            return finish_stdout(c->name, c->run(argc - 1, argv + 1));
+        }
     fprintf(stderr, "flatshard: unknown command '%s'; run 'flatshard --help' for the list\n",
             argv[1]);
     return FS_EXIT_USAGE;

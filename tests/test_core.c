@@ -1,10 +1,13 @@
 /* tests/test_core.c — the accounting allocator, the thread pool, the random numbers, the
- * assertions, error messages and the names from files they print. */
+ * assertions, error messages and the names from files they print, and the removal of
+ * unfinished temporary files that a signal handler makes. */
 #include "flatshard/core.h"
 #include "harness.h"
 
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -275,6 +278,39 @@ static void test_printable_names(void) {
           p + strlen(p) - 20);
 }
 
+/* fs_tmp_remove_unfinished removes the temporaries of writes still in progress and nothing
+ * else: not a committed write's path, not a discarded one's (gone already), not a file of the
+ * same pattern that this process did not create. */
+static void test_remove_unfinished_temporaries(void) {
+    char dir[] = "/tmp/flatshard-core-XXXXXX", a[256], b[256], c[256], ta[300], tb[300], tc[300];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(a, sizeof a, "%s/committed.txt", dir);
+    snprintf(b, sizeof b, "%s/unfinished.bin", dir);
+    snprintf(c, sizeof c, "%s/discarded.txt", dir);
+    FILE *fa = fs_tmp_fopen(a, ta, sizeof ta), *fc = fs_tmp_fopen(c, tc, sizeof tc);
+    const int fb = fs_tmp_create(b, tb, sizeof tb);
+    CHECK(fa && fc && fb >= 0, "three temporaries: %s", fs_error_message());
+    if (!fa || !fc || fb < 0) return;
+    char other[320]; /* the same pattern, made by someone else */
+    snprintf(other, sizeof other, "%s.%016llx.tmp", b, 0x1234567890abcdefull);
+    FILE *fo = fopen(other, "w");
+    CHECK(fo && fclose(fo) == 0, "%s", other);
+    fputs("kept\n", fa);
+    CHECK(fs_tmp_commit(fa, ta, a) == 0, "commit %s", a);
+    fs_tmp_discard(fc, tc);
+    CHECK(write(fb, "half", 4) == 4, "write the unfinished one");
+    const int removed = fs_tmp_remove_unfinished();
+    CHECK(removed == 1, "removed %d files, expected 1 (%s)", removed, tb);
+    CHECK(access(tb, F_OK) != 0, "%s is gone", tb);
+    CHECK(access(a, F_OK) == 0 && access(ta, F_OK) != 0, "the committed %s is there, its temporary not", a);
+    CHECK(access(other, F_OK) == 0, "%s, not this process's, is kept", other);
+    CHECK(fs_tmp_remove_unfinished() == 0, "a second call finds nothing");
+    close(fb);
+    unlink(a);
+    unlink(other);
+    CHECK(rmdir(dir) == 0, "%s is empty again", dir);
+}
+
 int main(void) {
     RUN(test_mem_accounts_by_category);
     RUN(test_mem_limit_and_injected_failure);
@@ -286,5 +322,6 @@ int main(void) {
     RUN(test_error_messages);
     RUN(test_printable_names);
     RUN(test_assertions);
+    RUN(test_remove_unfinished_temporaries);
     return fs_test_summary();
 }

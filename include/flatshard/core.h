@@ -263,4 +263,13 @@ FILE *fs_tmp_fopen(const char *path, char *tmp, size_t tmp_bytes);
 int fs_tmp_commit(FILE *f, const char *tmp, const char *path);
 void fs_tmp_discard(FILE *f, const char *tmp);
 
+/* Removes every temporary file this process created whose write has not been renamed over
+ * its path or discarded yet (of the most recent 64 created: tmpfile.c), and returns how many
+ * it removed. Async-signal-safe: for a handler that ends the process on a signal
+ * (cli/main.c), so that an interrupted write leaves its path as it was and nothing beside it. */
+int fs_tmp_remove_unfinished(void);
+/* Notes a temporary created otherwise than by fs_tmp_create (which notes its own) for
+ * fs_tmp_remove_unfinished: the final weights file that all ranks write (safetensors.c). */
+void fs_tmp_note_unfinished(const char *tmp);
+
 #endif /* FLATSHARD_CORE_H */

@@ -476,6 +476,7 @@ fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_
     if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, mine)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    fs_tmp_note_unfinished(tmp); /* a signal that ends the program removes it (core.h) */
     fs_status st = FS_OK;
     for (size_t done = 0; st == FS_OK && done < h->size;) {
         ssize_t n = pwrite(fd, h->bytes + done, h->size - done, (off_t)done);

@@ -235,4 +235,35 @@ d = open(sys.argv[1], "rb").read()
 n = struct.unpack("<i", d[8:12])[0]
 sys.exit(list(struct.unpack(f"<{n}H", d[1024:])) != list(open(sys.argv[2], "rb").read()))' "$WORK/bytes.bin" "$T/unicode.txt"
 
+# --- a tokenize cut short by a signal leaves its output path as it was and nothing beside it
+# (cli/main.c removes the unfinished temporary, then dies of the signal). Its input is a pipe
+# this script holds open (fd 9) until the process has gone, so the signal always finds the
+# output half written, and the end of the input cannot race it.
+printf 'the previous output\n' >"$WORK/kept.bin"
+kept_sum=$(cksum <"$WORK/kept.bin")
+for sig in TERM HUP; do
+    # a signal ignored when the suite started (nohup) stays ignored in tokenize, by design
+    if (( (0x$(sed -n 's/^SigIgn:[[:space:]]*//p' "/proc/$BASHPID/status") >> ($(kill -l "$sig") - 1)) & 1 )); then
+        skip_by_design "SIG$sig cuts a tokenize short" "SIG$sig is ignored in this shell (nohup?), so it is in tokenize too"
+        continue
+    fi
+    exec 9> >(exec "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/kept.bin" /dev/stdin \
+        >"$WORK/out" 2>"$WORK/err")
+    pid=$!
+    printf 'a first line, then nothing until the signal\n' >&9
+    for _ in $(seq 300); do compgen -G "$WORK/kept.bin.*.tmp" >/dev/null && break; sleep 0.1; done
+    expect_all "SIG$sig: the temporary exists before the signal" 'compgen -G "$WORK/kept.bin.*.tmp" >/dev/null'
+    kill -"$sig" "$pid"
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    exec 9>&-
+    wait "$pid"
+    rc=$?
+    want=$((128 + $(kill -l "$sig")))
+    expect_all "SIG$sig: dies of it (exit $want) with one line, the old output intact, no temporary" \
+        '[ "$rc" -eq "$want" ]' \
+        '[ "$(cat "$WORK/err")" = "flatshard tokenize: SIG$sig: stopped; the unfinished output was removed (its path is as it was)" ]' \
+        '[ "$(cksum <"$WORK/kept.bin")" = "$kept_sum" ]' \
+        '! compgen -G "$WORK/kept.bin.*.tmp" >/dev/null'
+done
+
 summary
