@@ -73,9 +73,10 @@ static int finish_stdout(const char *cmd, int rc) {
 /* SIGINT, SIGTERM and SIGHUP end every command as they would by default (killed by the
  * signal: a shell shows 128 + its number, and a shell loop stops on Ctrl-C), after removing
  * the temporaries of its unfinished writes (fs_tmp_remove_unfinished), with one line: a
- * tokenize or an export cut short leaves its output path as it was and nothing beside it. train replaces this with its
- * own handler once its run starts (a stop at the next step boundary: cmd_train.c). The lines
- * are made before, since a handler may only call async-signal-safe functions. */
+ * tokenize or an export cut short leaves its output path as it was and nothing beside it.
+ * train replaces this with its own handler once its run starts (a stop at the next step
+ * boundary: cmd_train.c). The lines are made before, since a handler may only call
+ * async-signal-safe functions. */
 static const int interrupting_signals[] = {SIGINT, SIGTERM, SIGHUP};
 #define N_INTERRUPTING (sizeof interrupting_signals / sizeof interrupting_signals[0])
 static char interrupt_line[N_INTERRUPTING][2][192]; /* [signal][removed anything] */
