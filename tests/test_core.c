@@ -4,10 +4,15 @@
 #include "flatshard/core.h"
 #include "harness.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -311,6 +316,119 @@ static void test_remove_unfinished_temporaries(void) {
     CHECK(rmdir(dir) == 0, "%s is empty again", dir);
 }
 
+/* A write removes the temporaries of its path that no writer holds (those of writes killed
+ * outright), and nothing else: not a live write's (locked), not another path's, not a name
+ * that only resembles the pattern. */
+static void put_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0, "write %s", path);
+}
+
+/* fs_tmp_note_unfinished in one thread while fs_tmp_remove_unfinished runs in another (a
+ * signal's handler on one thread while another starts a write): a name being rewritten is
+ * skipped, never read as a mixture of the old and the new. The notes alternate between a name
+ * of 120 b's and one of 250 a's; every mixture a reader could make by overtaking the writer
+ * (some of the new name's first bytes, then the old one's) is a real file, which must
+ * survive. Under TSan the overlap must not be a data race either. */
+#define MIX_SHORT 120
+#define MIX_LONG 250
+
+typedef struct {
+    char names[2][512];
+    atomic_int stop;
+} note_loop;
+
+static void *note_names(void *arg) {
+    note_loop *l = arg;
+    /* i % 3, not i % 2: the table's slots are taken in turn, and with an even number of them
+     * each slot would be given the same name every time round */
+    for (unsigned i = 0; !atomic_load(&l->stop); i++) fs_tmp_note_unfinished(l->names[i % 3 == 0]);
+    return NULL;
+}
+
+/* dir/f- then k of c, then the other name's letters up to its length */
+static void mixture_name(char *buf, size_t n, const char *dir, char c, int k, char other, int len) {
+    int at = snprintf(buf, n, "%s/f-", dir);
+    for (int i = 0; i < len && at + 1 < (int)n; i++) buf[at++] = i < k ? c : other;
+    buf[at] = '\0';
+}
+
+static void test_remove_overlapping_a_note(void) {
+    char dir[] = "/tmp/flatshard-core-XXXXXX", name[512];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    static note_loop l;
+    atomic_store(&l.stop, 0);
+    mixture_name(l.names[0], sizeof l.names[0], dir, 'b', MIX_SHORT, 'b', MIX_SHORT);
+    mixture_name(l.names[1], sizeof l.names[1], dir, 'a', MIX_LONG, 'a', MIX_LONG);
+    /* the short name's first k bytes over the long one's, and the long one's over the short's */
+    for (int k = 1; k < MIX_SHORT; k++) {
+        mixture_name(name, sizeof name, dir, 'b', k, 'a', MIX_LONG);
+        put_file(name, "");
+        mixture_name(name, sizeof name, dir, 'a', k, 'b', MIX_SHORT);
+        put_file(name, "");
+    }
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, note_names, &l) == 0, "pthread_create");
+    for (int i = 0; i < 20000; i++) fs_tmp_remove_unfinished();
+    atomic_store(&l.stop, 1);
+    pthread_join(t, NULL);
+    int gone = 0;
+    for (int k = 1; k < MIX_SHORT; k++) {
+        mixture_name(name, sizeof name, dir, 'b', k, 'a', MIX_LONG);
+        gone += unlink(name) != 0;
+        mixture_name(name, sizeof name, dir, 'a', k, 'b', MIX_SHORT);
+        gone += unlink(name) != 0;
+    }
+    CHECK(gone == 0, "%d files named by a mixture of two noted names were removed", gone);
+    CHECK(rmdir(dir) == 0, "%s is empty again", dir);
+}
+
+
+static void test_create_sweeps_abandoned_temporaries(void) {
+    char dir[] = "/tmp/flatshard-core-XXXXXX", path[256], live[300], next[300], name[400];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/out.bin", dir);
+    const int live_fd = fs_tmp_create(path, live, sizeof live); /* a write in progress */
+    CHECK(live_fd >= 0, "%s", fs_error_message());
+    static const char *const abandoned[] = {"out.bin.0123456789abcdef.tmp", "out.bin.fedcba9876543210.tmp"};
+    static const char *const kept[] = {
+        "out.bin.0123456789abcde.tmp",  "out.bin.0123456789ABCDEF.tmp", "out.bin.0123456789abcdef.tmpx",
+        "xout.bin.0123456789abcdef.tmp", "out.bin.notes.tmp",           "out.bin.0123456789abcdef0.tmp",
+        "out.bin.1111111111111111.tmp" /* locked below, by a live holder */};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s/%s", dir, abandoned[i]);
+        put_file(name, "half a file");
+    }
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        snprintf(name, sizeof name, "%s/%s", dir, kept[i]);
+        put_file(name, "x");
+    }
+    const int holder = open(name, O_RDONLY | O_CLOEXEC); /* the last of kept: another open file's lock */
+    CHECK(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0, "lock %s", name);
+
+    const int next_fd = fs_tmp_create(path, next, sizeof next);
+    CHECK(next_fd >= 0, "%s", fs_error_message());
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s/%s", dir, abandoned[i]);
+        CHECK(access(name, F_OK) != 0, "the abandoned %s is removed", name);
+    }
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        snprintf(name, sizeof name, "%s/%s", dir, kept[i]);
+        CHECK(access(name, F_OK) == 0, "%s is kept", name);
+        unlink(name);
+    }
+    CHECK(access(live, F_OK) == 0, "the live write's %s is kept", live);
+    /* the commit renames while it holds the lock, and the next write finds nothing to remove */
+    CHECK(write(next_fd, "whole", 5) == 5 && fs_tmp_commit_fd(next_fd, next, path) == FS_OK, "%s",
+          fs_error_message());
+    CHECK(access(next, F_OK) != 0 && access(path, F_OK) == 0, "%s committed", path);
+    close(live_fd);
+    unlink(live);
+    close(holder);
+    unlink(path);
+    CHECK(rmdir(dir) == 0, "%s is empty again", dir);
+}
+
 int main(void) {
     RUN(test_mem_accounts_by_category);
     RUN(test_mem_limit_and_injected_failure);
@@ -323,5 +441,7 @@ int main(void) {
     RUN(test_printable_names);
     RUN(test_assertions);
     RUN(test_remove_unfinished_temporaries);
+    RUN(test_create_sweeps_abandoned_temporaries);
+    RUN(test_remove_overlapping_a_note);
     return fs_test_summary();
 }

@@ -147,7 +147,8 @@ static void test_parallel_protocol(void) {
 
     /* two writers, in reverse order, one element at a time for the second */
     uint64_t id = 0;
-    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    int owner = -1;
+    CHECK_OK(fs_st_parallel_create(path, &h, &id, &owner));
     CHECK(id != 0 && fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id), "the id %llx names a file",
           (unsigned long long)id);
     struct stat sb;
@@ -169,23 +170,23 @@ static void test_parallel_protocol(void) {
     CHECK_OK(fs_st_parallel_close(NULL));
     CHECK(stat(tmp, &sb) == 0 && (uint64_t)sb.st_size == h.size + h.data_bytes,
           "the refused writes changed the size to %lld", (long long)sb.st_size);
-    CHECK_OK(fs_st_parallel_commit(path, id, &h));
+    CHECK_OK(fs_st_parallel_commit(path, id, &h, owner));
     CHECK(same_file(path, ref), "the file written in parts differs from the streamed one");
     CHECK(!exists(tmp), "the temporary file is left after the commit");
 
     /* a temporary file of the wrong size is not renamed over the good file, and goes */
-    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    CHECK_OK(fs_st_parallel_create(path, &h, &id, &owner));
     fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id);
     CHECK(truncate(tmp, (off_t)(h.size + 4)) == 0, "truncate");
-    CHECK(fs_st_parallel_commit(path, id, &h) == FS_ERR_IO && strstr(fs_error_message(), "expected"),
+    CHECK(fs_st_parallel_commit(path, id, &h, owner) == FS_ERR_IO && strstr(fs_error_message(), "expected"),
           "a short file was committed: %s", fs_error_message());
     CHECK(!exists(tmp), "a refused commit leaves the temporary file");
     CHECK(same_file(path, ref), "a refused commit changed the file in place");
 
     /* discard */
-    CHECK_OK(fs_st_parallel_create(path, &h, &id));
+    CHECK_OK(fs_st_parallel_create(path, &h, &id, &owner));
     fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id);
-    fs_st_parallel_discard(path, id);
+    fs_st_parallel_discard(path, id, owner);
     CHECK(!exists(tmp), "discard leaves the temporary file");
     CHECK(same_file(path, ref), "discard changed the file in place");
 
@@ -203,11 +204,13 @@ static void test_parallel_protocol(void) {
     path_in(ref2, sizeof ref2, "ref2.safetensors");
     CHECK_OK(fs_safetensors_write(ref2, e2, 2, NULL));
     uint64_t id1 = 0, id2 = 0;
+    int owner1 = -1, owner2 = -1;
     fs_st_parallel *s1 = NULL, *s2 = NULL;
-    CHECK_OK(fs_st_parallel_create(path, &h, &id1));
+    CHECK_OK(fs_st_parallel_create(path, &h, &id1, &owner1));
     CHECK_OK(fs_st_parallel_open(&s1, path, id1, &h));
     if (s1) CHECK_OK(fs_st_parallel_write(s1, h.begin[0], a, sizeof a));
-    CHECK_OK(fs_st_parallel_create(path, &h, &id2));
+    /* save 2's create sweeps abandoned temporaries of path: save 1's, locked, is not one */
+    CHECK_OK(fs_st_parallel_create(path, &h, &id2, &owner2));
     CHECK(id1 != id2, "two saves got the same temporary file (id %llx)", (unsigned long long)id1);
     CHECK_OK(fs_st_parallel_open(&s2, path, id2, &h));
     if (s2) {
@@ -217,9 +220,9 @@ static void test_parallel_protocol(void) {
     if (s1) CHECK_OK(fs_st_parallel_write(s1, h.begin[1], b, sizeof b));
     CHECK_OK(fs_st_parallel_close(s1));
     CHECK_OK(fs_st_parallel_close(s2));
-    CHECK_OK(fs_st_parallel_commit(path, id1, &h));
+    CHECK_OK(fs_st_parallel_commit(path, id1, &h, owner1));
     CHECK(same_file(path, ref), "the first save's commit put in another file than its own");
-    CHECK_OK(fs_st_parallel_commit(path, id2, &h));
+    CHECK_OK(fs_st_parallel_commit(path, id2, &h, owner2));
     CHECK(same_file(path, ref2), "the second save's commit put in another file than its own");
     fs_st_parallel_tmp_name(tmp1, sizeof tmp1, path, id1);
     fs_st_parallel_tmp_name(tmp2, sizeof tmp2, path, id2);

@@ -246,21 +246,33 @@ fs_status fs_file_fopen(const char *path, const char *what, unsigned flags, fs_s
  * hexadecimal digits. Each write has its own, so two processes writing one path at once never
  * share a file and the last rename wins whole (tmpfile.c). fs_tmp_id: 64 random bits, never 0.
  * fs_tmp_name: the name into buf, 0 when it does not fit. fs_tmp_create: a new id's file,
- * created exclusively (O_WRONLY, O_CLOEXEC, mode 0666 less the umask, as fopen's), its name in tmp;
- * the fd, or -1 with the error set (fs_errorf) naming the file and errno saying why
- * (ENAMETOOLONG when the name does not fit), for callers that word the failure themselves. */
+ * created exclusively (O_WRONLY, O_CLOEXEC, mode 0666 less the umask, as fopen's) and locked
+ * (flock, until its commit renames it), its name in tmp; the fd, or -1 with the error set
+ * (fs_errorf) naming the file and errno saying why (ENAMETOOLONG when the name does not fit),
+ * for callers that word the failure themselves. First it removes the temporaries of path
+ * that no writer holds, those of writes killed outright, with a note on stderr for each.
+ * fs_tmp_create_id: the same, also giving the id (a file that other processes open by it). */
 uint64_t fs_tmp_id(void);
 int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
 int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes);
+int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id);
+/* The commit of fs_tmp_create's file, the one sequence every whole-file write ends with:
+ * fsync, rename tmp over path (fd still open and locked), close fd, fsync path's directory.
+ * Always closes fd; on failure the temporary is removed, path is as it was, and errno says
+ * why. */
+fs_status fs_tmp_commit_fd(int fd, const char *tmp, const char *path);
+/* fsyncs the directory holding path, so that a rename into it is durable; a filesystem that
+ * cannot (EINVAL) or will not open it is not an error. */
+fs_status fs_sync_parent_dir(const char *path);
 
 /* The same write through stdio, for a text file written whole. fs_tmp_fopen: fs_tmp_create's
  * file as a stream ("wb"), or NULL with the error set (naming the temporary) and errno saying
- * why, nothing left behind. fs_tmp_commit: flushes, fsyncs and closes f, then renames tmp over
- * path: 0, or -1 with the temporary removed and errno saying why (stdio keeps only the error
- * flag of an earlier failed write; its errno survives if nothing since overwrote it, else EIO). fs_tmp_discard: closes f and removes tmp, keeping errno. Both
- * close f whatever happens. */
+ * why, nothing left behind. fs_tmp_commit: flushes f, then fs_tmp_commit_fd's sequence, and
+ * closes f (stdio keeps only the error flag of an earlier failed write; its errno survives if
+ * nothing since overwrote it, else EIO). fs_tmp_discard: closes f and removes tmp, keeping
+ * errno. Both close f whatever happens. */
 FILE *fs_tmp_fopen(const char *path, char *tmp, size_t tmp_bytes);
-int fs_tmp_commit(FILE *f, const char *tmp, const char *path);
+fs_status fs_tmp_commit(FILE *f, const char *tmp, const char *path);
 void fs_tmp_discard(FILE *f, const char *tmp);
 
 /* Removes every temporary file this process created whose write has not been renamed over

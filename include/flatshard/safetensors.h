@@ -124,26 +124,27 @@ void fs_st_header_free(fs_st_header *h); /* idempotent, safe on a zeroed struct 
  * filesystem they share), each writing its own byte ranges, so that no writer needs the
  * whole data. The protocol, with a barrier (fs_engine_agree) between the steps:
  *   1. one writer: fs_st_parallel_create writes the header to a temporary file of its own,
- *      "<path>.<id>.tmp" (id: 16 hexadecimal digits, random, returned in *id; the other
- *      writers must be told it), and sizes the file to its final size (header + data),
- *      fsynced;
+ *      "<path>.<id>.tmp" (fs_tmp_create_id: id 16 hexadecimal digits, random, returned in
+ *      *id; the other writers must be told it), and sizes the file to its final size (header
+ *      + data); its descriptor, returned in *owner_fd, holds the file's lock until step 3
+ *      (a later write of path removes only temporaries that nobody holds: core.h);
  *   2. every writer: fs_st_parallel_open with that id, any number of fs_st_parallel_write
  *      (offsets in the data area; ranges of different writers must not overlap),
  *      fs_st_parallel_close (fsyncs that writer's bytes);
- *   3. the first writer: fs_st_parallel_commit checks the size and renames over path, then
- *      fsyncs the directory; or, when any writer failed, fs_st_parallel_discard.
+ *   3. the first writer: fs_st_parallel_commit checks the size and commits the file
+ *      (fs_tmp_commit_fd: fsync, rename over path, close, fsync the directory); or, when any
+ *      writer failed, fs_st_parallel_discard. Both close owner_fd.
  * An existing file at path is replaced whole or not at all; two saves to the same path at
  * once write different temporary files, and path ends as one of them, whole. Every failing
  * call that created or renamed removes the temporary file; open/write/close failures leave
- * it to discard. A crash leaves it behind (its name says which save it was). */
+ * it to discard. A crash leaves it behind until the next write of path. */
 typedef struct fs_st_parallel fs_st_parallel;
-fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id);
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id, int *owner_fd);
 fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, uint64_t id, const fs_st_header *h);
 fs_status fs_st_parallel_write(fs_st_parallel *p, uint64_t data_offset, const void *data, size_t bytes);
 fs_status fs_st_parallel_close(fs_st_parallel *p); /* frees p, also on error; NULL: FS_OK */
-fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h);
-void fs_st_parallel_discard(const char *path, uint64_t id); /* id 0: nothing */
-/* The temporary file's name into buf; 0 when it does not fit. */
+fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h, int owner_fd);
+void fs_st_parallel_discard(const char *path, uint64_t id, int owner_fd); /* id 0: nothing; owner_fd < 0: none */
 int fs_st_parallel_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
 
 #endif /* FLATSHARD_SAFETENSORS_H */

@@ -11,7 +11,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -308,16 +307,6 @@ static void tb_json_string(text_buf *b, const char *s) {
     tb_printf(b, "\"");
 }
 
-static void fsync_parent(const char *path) {
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    free(copy);
-    if (fd < 0) return; /* some filesystems refuse; the rename itself is still atomic */
-    fsync(fd);
-    close(fd);
-}
-
 struct fs_st_writer {
     char path[4096], tmp[4096];
     FILE *f;
@@ -428,28 +417,15 @@ fs_status fs_st_writer_write(fs_st_writer *w, const void *data, size_t bytes) {
 }
 
 fs_status fs_st_writer_close(fs_st_writer *w) {
-    fs_status st = FS_OK;
-    if (w->written != w->expected)
-        st = fs_errorf(FS_ERR_INTERNAL, "%s: %llu data bytes written of %llu", w->path,
-                       (unsigned long long)w->written, (unsigned long long)w->expected);
-    else if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
-        st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    if (st != FS_OK) {
+    if (w->written != w->expected) {
+        const fs_status st = fs_errorf(FS_ERR_INTERNAL, "%s: %llu data bytes written of %llu", w->path,
+                                       (unsigned long long)w->written, (unsigned long long)w->expected);
         fs_st_writer_abort(w);
         return st;
     }
-    int rc = fclose(w->f);
-    w->f = NULL;
-    if (rc != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    else if (rename(w->tmp, w->path) != 0)
-        st = fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", w->path, strerror(errno));
-    if (st != FS_OK) {
-        fs_st_writer_abort(w);
-        return st;
-    }
-    fsync_parent(w->path);
+    const fs_status st = fs_tmp_commit(w->f, w->tmp, w->path); /* closes the stream, whatever happens */
     free(w);
-    return FS_OK;
+    return st;
 }
 
 void fs_st_writer_abort(fs_st_writer *w) {
@@ -465,18 +441,18 @@ int fs_st_parallel_tmp_name(char *buf, size_t n, const char *path, uint64_t id) 
     return fs_tmp_name(buf, n, path, id);
 }
 
-fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id) {
+fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_t *id, int *owner_fd) {
     char tmp[4096];
     *id = 0;
+    *owner_fd = -1;
     /* a name of this save's own (core.h): two runs saving to the same path at once (a sweep
      * left at the default --out) each write their own file and the last rename wins whole;
      * with one shared name the second's O_TRUNC and writes went into the first's file, which
-     * was renamed in as a mixture of both models */
-    const uint64_t mine = fs_tmp_id();
-    if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, mine)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    fs_tmp_note_unfinished(tmp); /* a signal that ends the program removes it (core.h) */
+     * was renamed in as a mixture of both models. Its descriptor stays open until the commit:
+     * it holds the file's lock, which tells a later write of path that this one is alive */
+    uint64_t mine = 0;
+    const int fd = fs_tmp_create_id(path, tmp, sizeof tmp, &mine);
+    if (fd < 0) return FS_ERR_IO; /* its message names the file */
     fs_status st = FS_OK;
     for (size_t done = 0; st == FS_OK && done < h->size;) {
         ssize_t n = pwrite(fd, h->bytes + done, h->size - done, (off_t)done);
@@ -489,11 +465,14 @@ fs_status fs_st_parallel_create(const char *path, const fs_st_header *h, uint64_
     if (st == FS_OK && ftruncate(fd, (off_t)(h->size + h->data_bytes)) != 0)
         st = fs_errorf(FS_ERR_IO, "%s: cannot size the file to %llu bytes: %s", tmp,
                        (unsigned long long)(h->size + h->data_bytes), strerror(errno));
-    if (st == FS_OK && fsync(fd) != 0) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == FS_OK) st = fs_errorf(FS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (st != FS_OK) unlink(tmp);
-    else *id = mine;
-    return st;
+    if (st != FS_OK) {
+        close(fd);
+        unlink(tmp);
+        return st;
+    }
+    *id = mine;
+    *owner_fd = fd;
+    return FS_OK;
 }
 
 struct fs_st_parallel {
@@ -554,29 +533,33 @@ fs_status fs_st_parallel_close(fs_st_parallel *p) {
     return st;
 }
 
-fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h) {
+fs_status fs_st_parallel_commit(const char *path, uint64_t id, const fs_st_header *h, int owner_fd) {
     char tmp[4096];
-    if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id)) return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    if (!fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id)) {
+        close(owner_fd);
+        return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    }
     struct stat sb;
     fs_status st = FS_OK;
-    if (stat(tmp, &sb) != 0)
+    if (fstat(owner_fd, &sb) != 0)
         st = fs_errorf(FS_ERR_IO, "%s: %s", tmp, strerror(errno));
     else if ((uint64_t)sb.st_size != h->size + h->data_bytes)
         st = fs_errorf(FS_ERR_IO, "%s: %lld bytes, expected %llu: changed while it was written", tmp,
                        (long long)sb.st_size, (unsigned long long)(h->size + h->data_bytes));
-    else if (rename(tmp, path) != 0)
-        st = fs_errorf(FS_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
     if (st != FS_OK) {
+        close(owner_fd);
         unlink(tmp);
         return st;
     }
-    fsync_parent(path);
-    return FS_OK;
+    /* the other writers fsynced their own bytes (fs_st_parallel_close); this fsyncs the
+     * header and the size, then renames, closes and fsyncs the directory */
+    return fs_tmp_commit_fd(owner_fd, tmp, path);
 }
 
-void fs_st_parallel_discard(const char *path, uint64_t id) {
+void fs_st_parallel_discard(const char *path, uint64_t id, int owner_fd) {
     char tmp[4096];
     if (id != 0 && fs_st_parallel_tmp_name(tmp, sizeof tmp, path, id)) unlink(tmp);
+    if (owner_fd >= 0) close(owner_fd);
 }
 
 fs_status fs_safetensors_write(const char *path, const fs_st_entry *entries, int n_entries,

@@ -184,7 +184,8 @@ fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *
     /* 1. rank 0 creates the file at its final size; every rank decides together whether to go
      * on, and learns the file's name (its id: the others contribute 0) */
     uint64_t tmp_id = 0;
-    if (st == FS_OK && lead) st = fs_st_parallel_create(path, &h, &tmp_id);
+    int owner_fd = -1; /* the lead's: holds the file's lock until it commits or discards */
+    if (st == FS_OK && lead) st = fs_st_parallel_create(path, &h, &tmp_id, &owner_fd);
     st = fs_engine_agree(e, st);
     if (st == FS_OK) st = fs_engine_all_gather_bytes(e, &tmp_id, sizeof tmp_id, written_all);
     for (int r = 0; st == FS_OK && r < world; r++) tmp_id |= written_all[r];
@@ -215,8 +216,8 @@ fs_status fs_weights_save_sharded(struct fs_engine *e, fs_mem *mem, const char *
     }
     /* 3. rank 0 renames the complete file into place, or removes it */
     if (lead) {
-        if (st == FS_OK) st = fs_st_parallel_commit(path, tmp_id, &h);
-        else fs_st_parallel_discard(path, tmp_id);
+        if (st == FS_OK) st = fs_st_parallel_commit(path, tmp_id, &h, owner_fd);
+        else fs_st_parallel_discard(path, tmp_id, owner_fd);
     }
     st = fs_engine_agree(e, st);
     fs_mem_release(mem, staging);

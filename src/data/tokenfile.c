@@ -10,9 +10,9 @@
  * read. Header integers are decoded byte by byte, so the reader does not depend on the host's
  * byte order. Offsets are 64-bit (_FILE_OFFSET_BITS), so files over 2 GiB work.
  *
- * Writing. The new file goes to "<path>.<id>.tmp" (fs_tmp_create), is fsynced, renamed over <path>, and the
- * directory is fsynced (the redis rdb.c pattern): a reader sees the old file or the complete
- * new one, never a half-written one. Text is streamed through fixed stack buffers, so neither
+ * Writing. The new file goes to "<path>.<id>.tmp" (fs_tmp_create) and is committed by
+ * fs_tmp_commit_fd (fsynced, renamed over <path>, the directory fsynced): a reader sees the
+ * old file or the complete new one, never a half-written one. Text is streamed through fixed stack buffers, so neither
  * a corpus nor a token array is ever held whole; this file allocates no heap memory.
  *
  * Truncation under a running job: reading a mapping past the file's new end raises SIGBUS,
@@ -25,8 +25,6 @@
  */
 #define _FILE_OFFSET_BITS 64
 #include "flatshard/data.h"
-
-#include "data_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -248,29 +246,6 @@ fs_status fs_token_data_check_vocab(const fs_token_data *d, int32_t vocab_size) 
     return FS_OK;
 }
 
-/* Makes a rename into path's directory durable: fsyncs that directory. Some file systems
- * cannot fsync a directory (EINVAL); the data is on disk either way, so only other failures
- * are reported. path is shorter than FS_TMP_PATH_BYTES (its writer checked at open). */
-fs_status fs_data_sync_parent_dir(const char *path) {
-    char dir[FS_TMP_PATH_BYTES];
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else {
-        size_t len = slash == path ? 1 : (size_t)(slash - path);
-        memcpy(dir, path, len);
-        dir[len] = '\0';
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        int e = fsync(dfd) == 0 ? 0 : errno;
-        close(dfd);
-        if (e != 0 && e != EINVAL)
-            return fs_errorf(FS_ERR_IO, "%s: fsync of the directory %s failed: %s", path, dir, strerror(e));
-    }
-    return FS_OK;
-}
-
 fs_status fs_token_data_check_length(const fs_token_data *d, int64_t T) {
     if (T <= 0)
         return fs_errorf(FS_ERR_USAGE, "%s: sequence length T = %lld is not positive", d->path,
@@ -344,27 +319,11 @@ static fs_status writer_put_header(tmp_writer *w, int version, int64_t n_tokens,
     return FS_OK;
 }
 
-/* fsync, close, rename over path, fsync the directory. On error the temporary is removed. */
+/* fs_tmp_commit_fd's sequence; on error the temporary is removed. */
 static fs_status writer_commit(tmp_writer *w) {
-    if (fsync(w->fd) != 0) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: fsync failed: %s", w->tmp_path, strerror(errno));
-        writer_abort(w);
-        return st;
-    }
-    int rc = close(w->fd);
+    const fs_status st = fs_tmp_commit_fd(w->fd, w->tmp_path, w->path);
     w->fd = -1;
-    if (rc != 0) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
-        unlink(w->tmp_path);
-        return st;
-    }
-    if (rename(w->tmp_path, w->path) != 0) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot rename %s over it: %s", w->path,
-                                 w->tmp_path, strerror(errno));
-        unlink(w->tmp_path);
-        return st;
-    }
-    return fs_data_sync_parent_dir(w->path);
+    return st;
 }
 
 fs_status fs_tokenfile_write(const char *path, const int32_t *tokens, int64_t n_tokens,

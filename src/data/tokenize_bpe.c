@@ -24,8 +24,6 @@
 
 #include "flatshard/data.h"
 
-#include "data_internal.h"
-
 #define HEADER_BYTES (FS_TOKENFILE_HEADER_INTS * 4)
 #define MAX_TOKENS ((int64_t)INT32_MAX)
 
@@ -111,21 +109,13 @@ fs_status fs_tokenfile_stream_commit(fs_tokenfile_stream *w) {
     put_le32(header + 8, (uint32_t)w->n_tokens);
     put_le32(header + 12, (uint32_t)w->vocab_size);
     fs_status st = write_all(w, header, sizeof header, 0);
-    if (st == FS_OK && fsync(w->fd) != 0)
-        st = fs_errorf(FS_ERR_IO, "%s: fsync failed: %s", w->tmp_path, strerror(errno));
     if (st != FS_OK) {
         fs_tokenfile_stream_abort(w);
         return st;
     }
-    int rc = close(w->fd);
+    st = fs_tmp_commit_fd(w->fd, w->tmp_path, w->path); /* closes it, whatever happens */
     w->fd = -1;
-    if (rc != 0 || rename(w->tmp_path, w->path) != 0) {
-        st = fs_errorf(FS_ERR_IO, "%s: %s failed: %s", w->tmp_path, rc != 0 ? "close" : "rename",
-                       strerror(errno));
-        unlink(w->tmp_path);
-        return st;
-    }
-    return fs_data_sync_parent_dir(w->path); /* the rename is durable once the directory is synced */
+    return st;
 }
 
 /* ------------------------------------------------------------------ jobs */

@@ -266,4 +266,25 @@ for sig in TERM HUP; do
         '! compgen -G "$WORK/kept.bin.*.tmp" >/dev/null'
 done
 
+# --- a tokenize killed outright (SIGKILL: no handler runs) leaves its temporary; the next
+# write of the same path removes it, with a note, because no live writer holds its lock
+exec 9> >(exec "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/kept.bin" /dev/stdin \
+    >"$WORK/out" 2>"$WORK/err")
+pid=$!
+printf 'a first line, then nothing until the kill\n' >&9
+for _ in $(seq 300); do compgen -G "$WORK/kept.bin.*.tmp" >/dev/null && break; sleep 0.1; done
+kill -KILL "$pid"
+for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+exec 9>&-
+wait "$pid"
+left=$(compgen -G "$WORK/kept.bin.*.tmp")
+expect_all "SIGKILL: its temporary is left, the old output intact" '[ -n "$left" ]' \
+    '[ "$(cksum <"$WORK/kept.bin")" = "$kept_sum" ]'
+run "the next tokenize to the same path" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/kept.bin" "$T/unicode.txt"
+expect_all "removes the killed one's temporary, saying so, and writes its output" \
+    '[ -n "$left" ] && [ ! -e "$left" ]' '! compgen -G "$WORK/kept.bin.*.tmp" >/dev/null' \
+    'grep -qF "flatshard: note: removed $left (" "$WORK/err"' \
+    'grep -qF "left by a write of $WORK/kept.bin that did not finish" "$WORK/err"' \
+    '[ "$(cksum <"$WORK/kept.bin")" != "$kept_sum" ]'
+
 summary
