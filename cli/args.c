@@ -5,12 +5,34 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+int fs_cli_launcher_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
+int fs_cli_launcher_world(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
 int fs_usage_error(const char *cmd, const char *fmt, ...) {
+    /* every rank of a launch parses the same command line and meets the same usage error:
+     * one line from rank 0 says it for all */
+    if (fs_cli_launcher_rank() != 0) return FS_EXIT_USAGE;
     va_list ap;
     fprintf(stderr, "flatshard %s: ", cmd);
     va_start(ap, fmt);
@@ -72,6 +94,9 @@ static int set_value(const char *cmd, const fs_opt *o, const char *value) {
     case FS_OPT_INT: {
         errno = 0;
         long long v = strtoll(value, &end, 10);
+        if (end != value && !*end && errno == ERANGE) /* an integer, past what any option takes */
+            return fs_usage_error(cmd, "--%s: %s is out of range (%" PRId64 " to %" PRId64 ")", o->name, value,
+                                  o->min < o->max ? o->min : (int64_t)LLONG_MIN, o->min < o->max ? o->max : (int64_t)LLONG_MAX);
         if (end == value || *end || errno != 0)
             return fs_usage_error(cmd, "--%s: expected an integer, got '%s'", o->name, value);
         if (o->min < o->max && (v < o->min || v > o->max))
@@ -83,6 +108,9 @@ static int set_value(const char *cmd, const fs_opt *o, const char *value) {
     case FS_OPT_FLOAT: {
         errno = 0;
         double v = strtod(value, &end);
+        if (end != value && !*end && errno == ERANGE)
+            return fs_usage_error(cmd, "--%s: %s is out of range (a double holds magnitudes from 2.2e-308 to 1.8e308)",
+                                  o->name, value);
         if (end == value || *end || errno != 0 || !isfinite(v))
             return fs_usage_error(cmd, "--%s: expected a number, got '%s'", o->name, value);
         *(double *)o->dest = v;

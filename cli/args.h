@@ -63,7 +63,15 @@ int fs_args_given(const fs_opt *opts, int argc, char **argv, const char *name);
 /* Parses a byte size as FS_OPT_BYTES does. Returns 0 on success. */
 int fs_args_parse_bytes(const char *text, int64_t *out);
 
-/* Prints "flatshard <cmd>: <message>" to stderr and returns FS_EXIT_USAGE. */
+/* Prints "flatshard <cmd>: <message>" to stderr and returns FS_EXIT_USAGE. Under an MPI
+ * launcher only rank 0 prints: a usage error comes from the command line and the
+ * environment, the same on every rank. */
 int fs_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* This process's rank and the world size as the MPI launcher gives them in the environment
+ * (OpenMPI, PMIx, MPICH's PMI; Slurm's task count), before MPI is initialised: 0 when none
+ * says (then the process is rank 0 of its own run). */
+int fs_cli_launcher_rank(void);
+int fs_cli_launcher_world(void);
 
 #endif /* FLATSHARD_CLI_ARGS_H */

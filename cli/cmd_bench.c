@@ -112,7 +112,7 @@ static int bench_step(int argc, char **argv) {
     int json = 0, profile = 0;
     const fs_opt opts[] = {
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "token or text file to sample batches from", NULL, 0, 0},
+        {"data", 'd', FS_OPT_PATH, &data_path, "FILE", "token or text file to sample batches from", NULL, 0, 0},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "sequences per step", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per sequence", NULL, 1, 1 << 24},
         {"steps", 0, FS_OPT_INT, &steps, "N", "measured steps", NULL, 1, 1 << 20},

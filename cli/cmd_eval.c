@@ -64,7 +64,7 @@ int fs_cmd_eval(int argc, char **argv) {
     const fs_opt opts[] = {
         {"weights", 'w', FS_OPT_PATH, &weights, "PATH", "the model's weights: a safetensors file ('flatshard train --out'), a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"model", 'm', FS_OPT_STRING, &model, "PRESET|FILE", "model preset or config.json (default: the config stored in the weights file)", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &data_path, "FILE", "a token file or a text file", NULL, 0, 0},
+        {"data", 'd', FS_OPT_PATH, &data_path, "FILE", "a token file or a text file", NULL, 0, 0},
         {"tokenizer", 0, FS_OPT_PATH, &tokenizer, "FILE", "a Hugging Face tokenizer.json for a text file (none: byte level)", NULL, 0, 0},
         {"batch", 'b', FS_OPT_INT, &batch, "B", "windows per batch", NULL, 1, 1 << 20},
         {"seq", 't', FS_OPT_INT, &seq, "T", "tokens per window", NULL, 1, 1 << 24},

@@ -763,28 +763,6 @@ static fs_status check_save_dir(const char *dir) {
     return FS_OK;
 }
 
-/* This process's rank as the MPI launcher gives it, before MPI is initialised (0 when none
- * says: then this process is the writer). */
-static int launcher_rank(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v) return atoi(v);
-    }
-    return 0;
-}
-
-/* The launcher's world size from its environment (what fs_comm_mpi_launched looks at), 0 when
- * it says none: lets a refusal that depends only on it come before MPI is initialised. */
-static int launcher_world(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v) return atoi(v);
-    }
-    return 0;
-}
-
 /* --metrics: a fresh run truncates the file; a resumed run keeps the rows up to the step it
  * resumes from and drops the rest (rows of steps the resumed run does again, or of another
  * run), so the file always describes one history. A row cut short by a crash ends what is
@@ -834,14 +812,20 @@ static fs_status open_metrics(train_run *run) {
     return FS_OK;
 }
 
-/* The start-up check of --out, --trace and --metrics (fs_cli_check_output): none is an
- * input of the run or another of its outputs, each can be created where it will be. The
- * inputs include every shard of --data and --eval-data by its own path: an output named like
- * one shard of a list, directory or pattern was once not matched against the spec and
- * truncated that shard. */
+/* The start-up check of --out, --trace and --metrics: none is an input of the run
+ * (fs_cli_check_output), another of its outputs, or inside a directory the run reads or
+ * saves into where writing would change it (fs_cli_check_outside: `--init-from DIR --out
+ * DIR/model.safetensors` once replaced the weights it was starting from, exit 0), and each
+ * can be created where it will be. The inputs include every shard of --data and --eval-data
+ * by its own path: an output named like one shard of a list, directory or pattern was once
+ * not matched against the spec and truncated that shard. */
+typedef struct run_output {
+    const char *what, *path;
+} run_output;
+
 static fs_status check_outputs(train_run *run) {
     const int n_shards = run->data->n_shards + (run->eval_data ? run->eval_data->n_shards : 0);
-    const char **in = malloc((size_t)(8 + n_shards) * sizeof *in);
+    const char **in = malloc((size_t)(5 + n_shards) * sizeof *in);
     if (!in) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     int n = 0;
     in[n++] = run->data_path;
@@ -851,19 +835,25 @@ static fs_status check_outputs(train_run *run) {
     if (run->resume_path) in[n++] = run->resume_path;
     if (run->init_from) in[n++] = run->init_from;
     if (run->model_name) in[n++] = run->model_name; /* a config.json */
+    run_output out[3];
+    int n_out = 0;
+    if (!run->no_save) out[n_out++] = (run_output){"--out", run->out_path};
+    if (run->trace_path) out[n_out++] = (run_output){"--trace", run->trace_path};
+    if (run->metrics_path) out[n_out++] = (run_output){"--metrics", run->metrics_path};
     fs_status st = FS_OK;
-    if (!run->no_save) {
-        st = fs_cli_check_output("--out", run->out_path, in, n, 0);
-        in[n++] = run->out_path;
+    for (int i = 0; st == FS_OK && i < n_out; i++) {
+        const char *what = out[i].what, *path = out[i].path;
+        /* before fs_cli_check_output, which creates the output's directories */
+        for (int j = 0; path[0] && st == FS_OK && j < i; j++)
+            if (fs_cli_same_file(path, out[j].path))
+                st = fs_errorf(FS_ERR_USAGE, "%s %s: is also %s %s; two outputs of the run cannot share a file",
+                               what, path, out[j].what, out[j].path);
+        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
+        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
+        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
+        if (st == FS_OK) st = fs_cli_check_output(what, path, in, n, strcmp(what, "--metrics") == 0);
     }
-    if (st == FS_OK && run->trace_path) {
-        st = fs_cli_check_output("--trace", run->trace_path, in, n, 0);
-        in[n++] = run->trace_path;
-    }
-    if (st == FS_OK && run->metrics_path) {
-        st = fs_cli_check_output("--metrics", run->metrics_path, in, n, 1);
-        if (st == FS_OK) st = open_metrics(run);
-    }
+    if (st == FS_OK && run->metrics_path) st = open_metrics(run);
     free(in);
     return st;
 }
@@ -958,15 +948,15 @@ int fs_cmd_train(int argc, char **argv) {
     double lr = c->lr, min_lr = c->min_lr, wd = c->adamw.weight_decay;
     double beta1 = c->adamw.beta1, beta2 = c->adamw.beta2, eps = c->adamw.eps, clip = c->clip;
     const fs_opt opts[] = {
-        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b) or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
+        {"model", 'm', FS_OPT_STRING, &run.model_name, "PRESET|FILE", "model preset (tiny, small; llama2-7b/13b/70b, llama3-8b/70b where the memory allows: see 'flatshard plan') or a Hugging Face config.json (none: tiny, or the model of --init-from/--resume)", NULL, 0, 0},
         {"init-from", 0, FS_OPT_PATH, &run.init_from, "PATH", "start from a model's weights: a safetensors file, a Hugging Face model directory or a checkpoint", NULL, 0, 0},
         {"save", 0, FS_OPT_STRING, &run.save_dir, "DIR", "write checkpoints under DIR (step-N directories; docs/checkpoint.md). DIR is locked for the run; one holding another run's checkpoints is refused unless this run resumes from DIR or --new-lineage is given", NULL, 0, 0},
         {"new-lineage", 0, FS_OPT_FLAG, &run.new_lineage, NULL, "with --save: start a new lineage in DIR beside other runs' checkpoints (named step-N-<run id>; nothing of theirs is pruned or overwritten)", NULL, 0, 0},
         {"save-every", 0, FS_OPT_INT, &run.save_every, "N", "checkpoint every N steps (0: only at the end) when --save is given", NULL, 0, INT64_MAX},
         {"keep", 0, FS_OPT_INT, &run.keep, "K", "keep this run's lineage's newest K checkpoints (0: all); other lineages' are never pruned", NULL, 0, INT64_MAX},
         {"resume", 0, FS_OPT_PATH, &run.resume_path, "PATH", "continue from a checkpoint directory, or from the most recently saved complete checkpoint under PATH (any world size and strategy); from an older one, the run is a new lineage (a branch)", NULL, 0, 0},
-        {"data", 'd', FS_OPT_STRING, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
-        {"eval-data", 0, FS_OPT_STRING, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
+        {"data", 'd', FS_OPT_PATH, &run.data_path, "PATH", "training data: a token file (llm.c .bin layout), any text file (byte level), a directory of shard files (read in name order as one stream), a glob pattern ('DIR/train_*.bin') or a comma-separated list of these (docs/formats.md)", NULL, 0, 0},
+        {"eval-data", 0, FS_OPT_PATH, &run.eval_path, "PATH", "held-out data (a file, directory, pattern or list, as --data): its loss is printed and written to --metrics as eval_loss after every --eval-every steps and the last", NULL, 0, 0},
         {"eval-every", 0, FS_OPT_INT, &run.eval_every, "N", "with --eval-data: evaluate after every N steps (0: only after the last)", NULL, 0, INT64_MAX},
         {"eval-batches", 0, FS_OPT_INT, &run.eval_batches, "K", "with --eval-data: the loss over its first K x ranks x batch sequential windows (fewer if it holds fewer)", NULL, 1, INT64_MAX},
         {"ranks", 'r', FS_OPT_INT, &ranks, "W", "ranks as threads of this process (0: 1, or the MPI launcher's count)", NULL, 0, 256},
@@ -982,7 +972,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"grad-accum", 0, FS_OPT_INT, &grad_accum, "K", "micro-batches per optimizer step", NULL, 1, 1 << 20},
         {"ckpt-layers", 0, FS_OPT_INT, &ckpt, "N", "recompute the activations of the first N blocks in backward", NULL, 0, 1 << 20},
         {"lr", 0, FS_OPT_FLOAT, &lr, "LR", "peak learning rate (after warmup)", NULL, 0, 0},
-        {"min-lr", 0, FS_OPT_FLOAT, &min_lr, "LR", "final learning rate of the cosine decay", NULL, 0, 0},
+        {"min-lr", 0, FS_OPT_FLOAT, &min_lr, "LR", "the learning rate the cosine decay ends at (reached one step after the last)", NULL, 0, 0},
         {"warmup", 0, FS_OPT_INT, &warmup, "N", "linear warmup steps", NULL, 0, INT64_MAX},
         {"weight-decay", 0, FS_OPT_FLOAT, &wd, "W", "AdamW decoupled weight decay (matrices only, not norms)", NULL, 0, 0},
         {"beta1", 0, FS_OPT_FLOAT, &beta1, "B1", "AdamW beta1", NULL, 0, 0},
@@ -997,7 +987,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever; on GPUs the NCCL watchdog's limit)", NULL, 0, 0},
         {"debug-collectives", 0, FS_OPT_FLAG, &debug_collectives, NULL, "check every collective's arguments across ranks (names the first that differs; slower)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
-        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, rank 0's peak_bytes per memory category)", NULL, 0, 0},
+        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, skipped, eval_loss after an evaluation, rank 0's peak_bytes per memory category)", NULL, 0, 0},
         {"trace", 0, FS_OPT_STRING, &run.trace_path, "FILE.json", "write a timeline of every rank's compute and communication (Chrome Trace Event JSON)", NULL, 0, 0},
         {"trace-steps", 0, FS_OPT_INT, &run.trace_steps, "N", "steps the timeline records, from the second", NULL, 1, 1000},
         {"progress", 0, FS_OPT_STRING, &run.progress_mode, "MODE", "live: one line redrawn in place; lines: a log line every --log-every steps; auto: live on a terminal unless under an MPI launcher", progress_choices, 0, 0},
@@ -1051,10 +1041,10 @@ int fs_cmd_train(int argc, char **argv) {
     c->profile_gpu = run.profile;
     if (c->device == FS_DEVICE_CUDA) {
         /* a build without NCCL runs one GPU rank: every rank refuses alike, rank 0 says it */
-        if (mpi && !fs_comm_nccl_built() && launcher_world() > 1) {
-            if (launcher_rank() == 0)
+        if (mpi && !fs_comm_nccl_built() && fs_cli_launcher_world() > 1) {
+            if (fs_cli_launcher_rank() == 0)
                 fs_usage_error("train", "--device cuda with %d MPI ranks needs NCCL, and this build has none "
-                                        "(make NCCL=1, with NCCL's nccl.h installed)", launcher_world());
+                                        "(make NCCL=1, with NCCL's nccl.h installed)", fs_cli_launcher_world());
             return FS_EXIT_USAGE;
         }
         /* before anything is locked or read: no GPU is a fact of the machine, exit 1 */
@@ -1077,7 +1067,7 @@ int fs_cmd_train(int argc, char **argv) {
     /* The --save root: the writer (rank 0) locks it for the run and cleans up after crashed
      * saves before anything is read from it (--resume may name it), then claims a lineage. */
     run.lock_fd = -1;
-    const int writer = !mpi || launcher_rank() == 0;
+    const int writer = !mpi || fs_cli_launcher_rank() == 0;
     if (run.save_dir && writer) {
         st = fs_ckpt_lock(run.save_dir, &run.lock_fd);
         if (st == FS_OK) st = fs_ckpt_recover(run.save_dir, NULL);
@@ -1125,6 +1115,10 @@ int fs_cmd_train(int argc, char **argv) {
     }
     fs_token_stream data = {0};
     if (st == FS_OK) st = fs_token_stream_open(&data, run.data_path);
+    /* the trainer checks these too; here they come before any output is made (an empty
+     * --metrics file once outlived a run refused for its data) */
+    if (st == FS_OK) st = fs_token_stream_check_vocab(&data, (int32_t)run.mcfg.vocab_size);
+    if (st == FS_OK) st = fs_token_stream_check_length(&data, c->seq);
     if (st != FS_OK) {
         fs_ckpt_close(&resume);
         fs_source_close(run.source);

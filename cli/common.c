@@ -134,6 +134,61 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+int fs_cli_same_file(const char *a, const char *b) { return same_file(a, b); }
+
+/* Where path lies relative to the directory dir: 0 outside it (or dir is no directory), 1 in
+ * dir itself, 2 in a subdirectory of it. Both are resolved (links, "..", relative paths); a
+ * path whose directories do not exist yet is placed by its deepest existing one. */
+static int place_in(const char *path, const char *dir) {
+    char *rdir = realpath(dir, NULL);
+    struct stat st;
+    if (!rdir || stat(rdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        free(rdir);
+        return 0;
+    }
+    char *copy = strdup(path);
+    char *d = copy ? dirname(copy) : NULL;
+    char *rd = NULL;
+    int missing = 0; /* directories of path below the deepest that exists */
+    while (d && !(rd = realpath(d, NULL))) {
+        if (strcmp(d, "/") == 0 || strcmp(d, ".") == 0) break;
+        d = dirname(d);
+        missing++;
+    }
+    int place = 0;
+    const size_t n = strlen(rdir);
+    if (rd && strcmp(rd, rdir) == 0) place = missing ? 2 : 1;
+    else if (rd && strncmp(rd, rdir, n) == 0 && (rd[n] == '/' || n == 1)) place = 2;
+    free(rd);
+    free(copy);
+    free(rdir);
+    return place;
+}
+
+fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src) {
+    if (!src || !src[0]) return FS_OK;
+    const int place = place_in(path, src);
+    if (place == 0) return FS_OK;
+    char probe[4096];
+    struct stat st;
+    /* a checkpoint's step directory (its manifest) or a Hugging Face model directory (its
+     * config.json): every file in it is read; in a checkpoint root, the step directories
+     * (place 2) and the lock are */
+    snprintf(probe, sizeof probe, "%s/manifest.json", src);
+    const int step_dir = stat(probe, &st) == 0;
+    snprintf(probe, sizeof probe, "%s/config.json", src);
+    const int model_dir = stat(probe, &st) == 0;
+    char *copy = strdup(path);
+    const int is_lock = copy && strcmp(basename(copy), ".lock") == 0;
+    free(copy);
+    if (place == 2 || step_dir || is_lock || (model_dir && stat(path, &st) == 0))
+        return fs_errorf(FS_ERR_USAGE,
+                         "%s %s: is inside %s %s, which the run %s; writing there would change it: "
+                         "give a path outside it",
+                         what, path, src_what, src, strcmp(src_what, "--save") == 0 ? "saves into" : "reads");
+    return FS_OK;
+}
+
 /* Whether path is a link into /proc, such as /dev/stdout (-> /proc/self/fd/1): a stream of
  * this process, which may lead to a file (stdout redirected). Renaming a finished temporary
  * over such a path replaces the link itself (as root, the system's /dev/stdout), not the

@@ -38,6 +38,19 @@ fs_status fs_cli_prepare_output_path(const char *path);
 fs_status fs_cli_check_output(const char *what, const char *path, const char *const *inputs,
                               int n_inputs, int allow_device);
 
+/* Whether two paths name one file (the same device and inode, or, where one does not exist
+ * yet, the same canonical path): two outputs of one run must not. */
+int fs_cli_same_file(const char *a, const char *b);
+
+/* The start-up check of an output against a directory the run reads (--resume, --init-from)
+ * or saves into (--save): refused (FS_ERR_USAGE, one line naming both) when path is in a
+ * subdirectory of src (a checkpoint's step directory), is src's lock file, lies in src when
+ * src is a checkpoint's step directory (it holds manifest.json), or would replace a file of a
+ * Hugging Face model directory (src holds config.json). A new file beside a checkpoint root's
+ * step directories, or beside a model's files, changes nothing the run reads. src NULL or
+ * not a directory: FS_OK. */
+fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src);
+
 /* An output file written whole and then renamed into place, so that a run that fails or is
  * interrupted leaves nothing a later run could take for a good file, never replaces a
  * previous file with half of a new one, and two runs writing one path leave one of the two

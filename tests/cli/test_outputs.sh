@@ -42,10 +42,45 @@ refuse "--trace a directory" 2 "--trace .*: is a directory" \
     "$FS" train "${small[@]}" --steps 2 --no-save --trace "$WORK/adir"
 refuse "--trace a device (rename would replace it)" 2 "is not a regular file" \
     "$FS" train "${small[@]}" --steps 2 --no-save --trace /dev/null
-refuse "--metrics the same file as --out" 2 "--metrics .*m.safetensors: is the input" \
+refuse "--metrics the same file as --out" 2 "^flatshard train: --metrics .*m.safetensors: is also --out .*m.safetensors; two outputs" \
     "$FS" train "${small[@]}" --steps 2 --out "$WORK/m.safetensors" --metrics "$WORK/m.safetensors"
 refuse "--no-save with --out" 2 "--no-save and --out .* exclude each other" \
     "$FS" train "${small[@]}" --steps 2 --no-save --out "$WORK/x.safetensors"
+refuse "--data empty" 2 "^flatshard train: --data: the path is empty" "$FS" train "${small[@]/$D/}" --steps 2
+
+# --- an output inside a directory the run reads (--init-from, --resume) or saves into
+# (--save) is refused where writing would change what is there; nothing is written
+run "a checkpoint and a model directory to start from" 0 "$FS" train "${small[@]}" --steps 1 \
+    --save "$WORK/src-ck" --out "$WORK/src.safetensors"
+run "the model as a Hugging Face directory" 0 "$FS" export --from "$WORK/src.safetensors" --out "$WORK/src-hf"
+ck_step="$WORK/src-ck/step-00000001"
+ck_sum=$(cat "$ck_step"/* | cksum)
+hf_sum=$(cat "$WORK/src-hf"/* | cksum)
+refuse "--out over the --init-from model's weights" 2 \
+    "^flatshard train: --out .*src-hf/model.safetensors: is inside --init-from .*src-hf, which the run reads" \
+    "$FS" train "${small[@]}" --steps 1 --init-from "$WORK/src-hf" --out "$WORK/src-hf/model.safetensors"
+refuse "--out into a step directory of the --init-from checkpoint root" 2 "is inside --init-from .*src-ck, which the run reads" \
+    "$FS" train "${small[@]}" --steps 2 --init-from "$WORK/src-ck" --out "$ck_step/rank-00000-of-00001.bin"
+refuse "--metrics into the --resume checkpoint's step directory" 2 "^flatshard train: --metrics .*manifest.json: is inside --resume" \
+    "$FS" train "${small[@]}" --steps 2 --resume "$ck_step" --no-save --metrics "$ck_step/manifest.json"
+refuse "--trace as the --resume root's lock" 2 "^flatshard train: --trace .*/.lock: is inside --resume" \
+    "$FS" train "${small[@]}" --steps 2 --resume "$WORK/src-ck" --no-save --trace "$WORK/src-ck/.lock"
+refuse "--out into a step directory --save will make" 2 "is inside --save .*new-ck, which the run saves into" \
+    "$FS" train "${small[@]}" --steps 1 --save "$WORK/new-ck" --out "$WORK/new-ck/step-00000001/w.safetensors"
+expect_all "the sources are as they were; no step directory was made" \
+    '[ "$(cat "$ck_step"/* | cksum)" = "$ck_sum" ]' '[ "$(cat "$WORK/src-hf"/* | cksum)" = "$hf_sum" ]' \
+    '[ ! -e "$WORK/new-ck/step-00000001" ]'
+run "--out beside a resumed checkpoint root's step directories is fine" 0 "$FS" train "${small[@]}" --steps 2 \
+    --resume "$WORK/src-ck" --save "$WORK/src-ck" --out "$WORK/src-ck/final.safetensors"
+run "and a new file beside a Hugging Face model's" 0 "$FS" train "${small[@]}" --steps 1 \
+    --init-from "$WORK/src-hf" --out "$WORK/src-hf/tuned.safetensors"
+
+# --- data too short for one window: refused before any output is made
+printf 'short' >"$WORK/short.txt"
+refuse "data shorter than one window" 1 "short.txt: holds 5 tokens, fewer than the T \\+ 1 = 17" \
+    "$FS" train "${small[@]/$D/$WORK/short.txt}" --steps 1 --metrics "$WORK/short-m.jsonl" --out "$WORK/short.safetensors"
+expect "and left no output behind" bash -c "[ ! -e '$WORK/short-m.jsonl' ] && ! ls '$WORK'/short*.tmp 2>/dev/null | grep -q ."
+
 expect "the refused runs left no temporary file" bash -c "! ls '$WORK'/*.tmp '$WORK'/adir/*.tmp 2>/dev/null | grep -q ."
 expect "the data survived every refusal" cmp -s "$D" "$WORK/link.txt"
 

@@ -98,8 +98,18 @@ if command -v mpirun >/dev/null 2>&1; then
     # mpirun adds its own report of the failed process: check flatshard's line and the code
     run "--ranks under mpirun exits 2" 2 "${MPI_ENV[@]}" timeout 60 mpirun --allow-run-as-root -np 1 "$FS" train "${common[@]}" --ranks 2
     expect "--ranks under mpirun is named" grep -q "^flatshard train: --ranks 2 under an MPI launcher" "$WORK/err"
+    # a usage error is every rank's: one line, from rank 0; a file a rank cannot read may be
+    # its host's alone: each rank says so, ranks other than 0 naming themselves
+    run "a wrong value under mpirun -np 2 exits 2" 2 "${MPI_ENV[@]}" timeout 60 mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none -np 2 "$FS" train "${common[@]}" --batch abc
+    expect "one line says it, once" [ "$(grep -c '^flatshard train: --batch: expected an integer' "$WORK/err")" -eq 1 ]
+    run "missing data under mpirun -np 2 exits 1" 1 "${MPI_ENV[@]}" timeout 60 mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none -np 2 "$FS" train "${common[@]}" --data "$WORK/no-such-data.bin"
+    expect_all "rank 0's line and rank 1's, which names its rank" \
+        'grep -qx "flatshard train: $WORK/no-such-data.bin: cannot open: No such file or directory" "$WORK/err"' \
+        'grep -qx "flatshard train: rank 1: $WORK/no-such-data.bin: cannot open: No such file or directory" "$WORK/err"'
 else
-    skip "train under mpirun (5 checks)" "mpirun is not installed (Debian: openmpi-bin)"
+    skip "train under mpirun (9 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
 
 # --- metrics, timeline, planner
@@ -260,6 +270,9 @@ refuse "unknown command" 2 "unknown command 'trian'" "$FS" trian
 refuse "unknown flag" 2 "unknown option '--bogus'" "$FS" train --data x --bogus 3
 refuse "bad integer" 2 "--steps: expected an integer, got 'ten'" "$FS" train --data x --steps ten
 refuse "out-of-range integer" 2 "--batch: 0 is out of range" "$FS" train --data x --batch 0
+refuse "an integer past 64 bits is out of range, not 'no integer'" 2 "--steps: 99999999999999999999 is out of range" \
+    "$FS" train --data x --steps 99999999999999999999
+refuse "a number past a double is out of range" 2 "--lr: 1e999 is out of range" "$FS" train --data x --lr 1e999
 refuse "missing --data" 2 "--data PATH is required" "$FS" train
 refuse "unknown preset" 2 "unknown model preset 'huge'" "$FS" train --model huge --data "$WORK/fortunes.bin"
 refuse "sequence longer than the model allows" 2 "max_position_embeddings" "$FS" train --data "$WORK/fortunes.bin" --seq 4096 --no-save
