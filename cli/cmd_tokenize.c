@@ -157,7 +157,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
         }
     } else if (st == FS_OK) {
         if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)
-            st = fs_errorf(FS_ERR_IO, "stdout: write failed: %s", strerror(errno));
+            st = fs_errorf(FS_ERR_IO, "standard output: write failed: %s", strerror(errno));
     }
     free(text);
     if (st != FS_OK) return fs_cli_report("detokenize", st);
