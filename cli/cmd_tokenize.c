@@ -105,7 +105,8 @@ static const fs_command_help detokenize_help = {
     .description =
         "Writes a token file back as text with the tokenizer's decoder, as the 'tokenizers'\n"
         "package's decode() does (special tokens left out unless --keep-special; ids without a\n"
-        "token skipped). The text goes to stdout unless -o is given.",
+        "token skipped). The text goes to stdout unless -o is given. A token file whose header\n"
+        "states another vocabulary than the tokenizer's was made by another tokenizer: refused.",
     .epilog = "example:\n  flatshard detokenize --tokenizer llama3/tokenizer.json data/fortunes-llama3.bin | head",
 };
 
@@ -141,6 +142,15 @@ int fs_cmd_detokenize(int argc, char **argv) {
         ids = malloc(((size_t)data.n_tokens + 1) * sizeof *ids);
         if (!ids) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %lld ids", inputs[0], (long long)data.n_tokens);
     }
+    /* tokenize writes fs_bpe_vocab_size into the header, so a file made with this tokenizer
+     * always passes; another vocabulary means another tokenizer, whose ids would decode to
+     * nonsense. A usage error, as eval's --tokenizer against the model's vocabulary. 0 (llm.c's
+     * files) states none: nothing to compare. */
+    if (st == FS_OK && data.vocab_size != 0 && data.vocab_size != fs_bpe_vocab_size(bpe))
+        st = fs_errorf(FS_ERR_USAGE,
+                       "%s: the tokens were made for a vocabulary of %d but the tokenizer %s has %d tokens; "
+                       "use the tokenizer the tokens were made with",
+                       inputs[0], data.vocab_size, tokenizer, fs_bpe_vocab_size(bpe));
     for (int64_t i = 0; st == FS_OK && i < data.n_tokens; i++) ids[i] = fs_token_data_get(&data, i);
     char *text = NULL;
     size_t n_bytes = 0;
