@@ -32,10 +32,15 @@ static const fs_command_help tokenize_help = {
         "(bos, unless --no-special) and is followed by its eos (unless --no-eos). Streams in\n"
         "constant memory on --threads threads; the file is the same for any thread count.\n"
         "Prints tokens/s and MB/s.",
+    /* the fortunes' texts only: the glob these examples once gave (every name ending in a
+     * letter) also took the binary *.dat indexes beside them; quickstart.sh lists the files
+     * the same way */
     .epilog = "examples:\n"
-              "  flatshard tokenize -o data/fortunes.bin /usr/share/games/fortunes/*[a-z]\n"
+              "  flatshard tokenize -o data/fortunes.bin \\\n"
+              "      $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)\n"
               "  flatshard tokenize --tokenizer llama3/tokenizer.json --doc-separator % \\\n"
-              "      -o data/fortunes-llama3.bin /usr/share/games/fortunes/*[a-z]",
+              "      -o data/fortunes-llama3.bin \\\n"
+              "      $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)",
 };
 
 int fs_cmd_tokenize(int argc, char **argv) {
@@ -137,11 +142,6 @@ int fs_cmd_detokenize(int argc, char **argv) {
     if (st == FS_OK) st = fs_token_data_open(&data, inputs[0]);
     if (st == FS_OK && data.is_text)
         st = fs_errorf(FS_ERR_FORMAT, "%s: is not a token file", inputs[0]);
-    int32_t *ids = NULL;
-    if (st == FS_OK) {
-        ids = malloc(((size_t)data.n_tokens + 1) * sizeof *ids);
-        if (!ids) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %lld ids", inputs[0], (long long)data.n_tokens);
-    }
     /* tokenize writes fs_bpe_vocab_size into the header, so a file made with this tokenizer
      * always passes; another vocabulary means another tokenizer, whose ids would decode to
      * nonsense. A usage error, as eval's --tokenizer against the model's vocabulary. 0 (llm.c's
@@ -151,6 +151,11 @@ int fs_cmd_detokenize(int argc, char **argv) {
                        "%s: the tokens were made for a vocabulary of %d but the tokenizer %s has %d tokens; "
                        "use the tokenizer the tokens were made with",
                        inputs[0], data.vocab_size, tokenizer, fs_bpe_vocab_size(bpe));
+    int32_t *ids = NULL;
+    if (st == FS_OK) {
+        ids = malloc(((size_t)data.n_tokens + 1) * sizeof *ids);
+        if (!ids) st = fs_errorf(FS_ERR_NOMEM, "%s: out of memory for %lld ids", inputs[0], (long long)data.n_tokens);
+    }
     for (int64_t i = 0; st == FS_OK && i < data.n_tokens; i++) ids[i] = fs_token_data_get(&data, i);
     char *text = NULL;
     size_t n_bytes = 0;

@@ -242,6 +242,13 @@ for cmd in tokenize detokenize; do
         '[ "$opts" -eq "$(grep -cE "\[default: " "$WORK/out")" ]' '[ "$opts" -gt 0 ]'
 done
 
+# the help's examples, run with a flatshard that prints its arguments, name the fortunes'
+# texts and none of the binary *.dat indexes beside them (its glob took 43 of those)
+"$FS" tokenize --help | sed -n '/^examples:$/,$p' | tail -n +2 >"$WORK/examples.sh"
+bash -c 'flatshard() { printf "%s\n" "$@"; }; . "$1"' _ "$WORK/examples.sh" >"$WORK/example-args" 2>&1
+expect_all "tokenize --help's examples read the fortunes' texts, no *.dat index" \
+    '[ "$(grep -c "^$FORTUNES/" "$WORK/example-args")" -gt 20 ]' \
+    '! grep -q "\.dat$" "$WORK/example-args"'
 # the byte-level path without --tokenizer is unchanged: token = byte
 run "without --tokenizer tokenize stays byte level" 0 "$FS" tokenize -o "$WORK/bytes.bin" "$T/unicode.txt"
 expect "its ids are the file's bytes" /usr/bin/python3 -c '
