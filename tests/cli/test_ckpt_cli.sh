@@ -52,6 +52,10 @@ run "train from the export (--init-from)" 0 "$FS" train "${common[@]}" --steps 1
 expect "it says where it started from" grep -q "initialised from Hugging Face model" "$WORK/out"
 
 # --- bad input
+touch "$WORK/afile"
+refuse "a --save directory that cannot be made" 1 \
+    "^flatshard train: --save .*afile/ck: cannot create the directory: Not a directory$" \
+    "$FS" train "${common[@]}" --steps 1 --save "$WORK/afile/ck"
 refuse "resume from nothing" 1 "no complete checkpoint" "$FS" train "${common[@]}" --resume "$WORK/hf"
 # a model directory without its config.json is no checkpoint root: the error says what is
 # missing (it said "no complete checkpoint (step-N directory ...)", and inspect first printed
