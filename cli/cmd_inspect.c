@@ -64,6 +64,9 @@ static void list_root(const char *root) {
 static int inspect_checkpoint(const char *path) {
     char probe[2048];
     struct stat sb;
+    /* before the root's listing: a model directory missing its config.json is no root */
+    fs_status hf = fs_source_check_dir_has_config(path);
+    if (hf != FS_OK) return fs_cli_report("inspect", hf);
     snprintf(probe, sizeof probe, "%s/manifest.json", path);
     if (stat(probe, &sb) != 0) {
         printf("%s: checkpoint root\n", path);

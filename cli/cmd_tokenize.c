@@ -32,10 +32,15 @@ static const fs_command_help tokenize_help = {
         "(bos, unless --no-special) and is followed by its eos (unless --no-eos). Streams in\n"
         "constant memory on --threads threads; the file is the same for any thread count.\n"
         "Prints tokens/s and MB/s.",
+    /* the fortunes' texts only: the glob these examples once gave (every name ending in a
+     * letter) also took the binary *.dat indexes beside them; quickstart.sh lists the files
+     * the same way */
     .epilog = "examples:\n"
-              "  flatshard tokenize -o data/fortunes.bin /usr/share/games/fortunes/*[a-z]\n"
+              "  flatshard tokenize -o data/fortunes.bin \\\n"
+              "      $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)\n"
               "  flatshard tokenize --tokenizer llama3/tokenizer.json --doc-separator % \\\n"
-              "      -o data/fortunes-llama3.bin /usr/share/games/fortunes/*[a-z]",
+              "      -o data/fortunes-llama3.bin \\\n"
+              "      $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)",
 };
 
 int fs_cmd_tokenize(int argc, char **argv) {
@@ -105,7 +110,8 @@ static const fs_command_help detokenize_help = {
     .description =
         "Writes a token file back as text with the tokenizer's decoder, as the 'tokenizers'\n"
         "package's decode() does (special tokens left out unless --keep-special; ids without a\n"
-        "token skipped). The text goes to stdout unless -o is given.",
+        "token skipped). The text goes to stdout unless -o is given. A token file whose header\n"
+        "states another vocabulary than the tokenizer's was made by another tokenizer: refused.",
     .epilog = "example:\n  flatshard detokenize --tokenizer llama3/tokenizer.json data/fortunes-llama3.bin | head",
 };
 
@@ -136,6 +142,15 @@ int fs_cmd_detokenize(int argc, char **argv) {
     if (st == FS_OK) st = fs_token_data_open(&data, inputs[0]);
     if (st == FS_OK && data.is_text)
         st = fs_errorf(FS_ERR_FORMAT, "%s: is not a token file", inputs[0]);
+    /* tokenize writes fs_bpe_vocab_size into the header, so a file made with this tokenizer
+     * always passes; another vocabulary means another tokenizer, whose ids would decode to
+     * nonsense. A usage error, as eval's --tokenizer against the model's vocabulary. 0 (llm.c's
+     * files) states none: nothing to compare. */
+    if (st == FS_OK && data.vocab_size != 0 && data.vocab_size != fs_bpe_vocab_size(bpe))
+        st = fs_errorf(FS_ERR_USAGE,
+                       "%s: the tokens were made for a vocabulary of %d but the tokenizer %s has %d tokens; "
+                       "use the tokenizer the tokens were made with",
+                       inputs[0], data.vocab_size, tokenizer, fs_bpe_vocab_size(bpe));
     int32_t *ids = NULL;
     if (st == FS_OK) {
         ids = malloc(((size_t)data.n_tokens + 1) * sizeof *ids);
@@ -157,7 +172,7 @@ int fs_cmd_detokenize(int argc, char **argv) {
         }
     } else if (st == FS_OK) {
         if (fwrite(text, 1, n_bytes, stdout) != n_bytes || fflush(stdout) != 0)
-            st = fs_errorf(FS_ERR_IO, "stdout: write failed: %s", strerror(errno));
+            st = fs_errorf(FS_ERR_IO, "standard output: write failed: %s", strerror(errno));
     }
     free(text);
     if (st != FS_OK) return fs_cli_report("detokenize", st);

@@ -63,7 +63,7 @@ fs_status fs_cli_prepare_output_path(const char *path) {
         *p = '/';
     }
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot create directory %s: %s", path, dir,
+        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot create the directory %s: %s", path, dir,
                                  strerror(errno));
         free(copy);
         return st;

@@ -29,6 +29,14 @@ typedef struct fs_source fs_source;
 fs_status fs_source_open(fs_source **out, const char *path);
 void fs_source_close(fs_source *s); /* NULL is a no-op */
 
+/* A directory without config.json, manifest.json or step-N entries that holds safetensors
+ * weights (model.safetensors.index.json or any *.safetensors, such as model.safetensors or
+ * model-00001-of-00002.safetensors) is a Hugging Face model directory missing its config.json,
+ * not a checkpoint root: FS_ERR_IO naming the directory, the weights and config.json. FS_OK
+ * for anything else (fs_source_open and fs_ckpt_open then say what is wrong with it, if
+ * anything). fs_source_open asks it; inspect too, before it prints a root's listing. */
+fs_status fs_source_check_dir_has_config(const char *dir);
+
 /* The model's configuration (config.json, the metadata, or the manifest). */
 const fs_llama_config *fs_source_config(const fs_source *s);
 

@@ -477,7 +477,7 @@ static fs_status mkdir_p(const char *path) {
         *p = '/';
     }
     if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return fs_errorf(FS_ERR_IO, "%s: cannot create directory: %s", path, strerror(errno));
+        return fs_errorf(FS_ERR_IO, "%s: cannot create the directory: %s", path, strerror(errno));
     struct stat sb;
     if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return fs_errorf(FS_ERR_IO, "%s: not a directory", path);

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -140,6 +141,34 @@ static fs_status open_index(fs_source *s, const char *dir, const char *index_pat
     return st;
 }
 
+fs_status fs_source_check_dir_has_config(const char *dir) {
+    char probe[2048];
+    if (strlen(dir) > 1000) return FS_OK; /* too long for join: the open says so */
+    join(probe, sizeof probe, dir, "config.json");
+    if (exists(probe)) return FS_OK;
+    join(probe, sizeof probe, dir, "manifest.json");
+    if (exists(probe)) return FS_OK; /* a step-N checkpoint directory */
+    DIR *d = opendir(dir);
+    if (!d) return FS_OK; /* fs_source_open or fs_ckpt_open names the failure */
+    /* the name of the weights to quote: the index first, as readers take it first */
+    char weights[256] = "";
+    int has_steps = 0;
+    for (struct dirent *de; (de = readdir(d)) && !has_steps;) {
+        const char *name = de->d_name;
+        const size_t n = strlen(name), k = strlen(".safetensors");
+        if (strncmp(name, "step-", 5) == 0) has_steps = 1;
+        else if (strcmp(name, "model.safetensors.index.json") == 0 ||
+                 (n > k && n < sizeof weights && strcmp(name + n - k, ".safetensors") == 0 &&
+                  strcmp(weights, "model.safetensors.index.json") != 0 &&
+                  (!weights[0] || strcmp(name, "model.safetensors") == 0)))
+            snprintf(weights, sizeof weights, "%s", name);
+    }
+    closedir(d);
+    if (has_steps || !weights[0]) return FS_OK; /* a checkpoint root, or nothing model-like */
+    return fs_errorf(FS_ERR_IO, "%s: holds %s but no config.json (a Hugging Face model directory needs its "
+                                "config.json beside the weights)", dir, fs_printable(weights).s);
+}
+
 fs_status fs_source_open(fs_source **out, const char *path) {
     *out = NULL;
     if (strlen(path) > 1000) return fs_errorf(FS_ERR_USAGE, "%.64s...: path too long", path);
@@ -164,9 +193,10 @@ fs_status fs_source_open(fs_source **out, const char *path) {
             if (st == FS_OK) st = index_entries(s, path);
             snprintf(s->desc, sizeof s->desc, "Hugging Face model %s (%d safetensors file%s)", path,
                      s->n_files, s->n_files == 1 ? "" : "s");
-        } else { /* a checkpoint */
+        } else { /* a checkpoint, unless it is a model directory without its config.json */
             s->is_checkpoint = 1;
-            st = fs_ckpt_open(&s->ck, path);
+            st = fs_source_check_dir_has_config(path);
+            if (st == FS_OK) st = fs_ckpt_open(&s->ck, path);
             for (int r = 0; st == FS_OK && r < s->ck.world; r++) st = fs_ckpt_verify_file(&s->ck, r);
             if (st == FS_OK) {
                 s->cfg = s->ck.config;

@@ -52,7 +52,25 @@ run "train from the export (--init-from)" 0 "$FS" train "${common[@]}" --steps 1
 expect "it says where it started from" grep -q "initialised from Hugging Face model" "$WORK/out"
 
 # --- bad input
+touch "$WORK/afile"
+refuse "a --save directory that cannot be made" 1 \
+    "^flatshard train: --save .*afile/ck: cannot create the directory: Not a directory$" \
+    "$FS" train "${common[@]}" --steps 1 --save "$WORK/afile/ck"
 refuse "resume from nothing" 1 "no complete checkpoint" "$FS" train "${common[@]}" --resume "$WORK/hf"
+# a model directory without its config.json is no checkpoint root: the error says what is
+# missing (it said "no complete checkpoint (step-N directory ...)", and inspect first printed
+# "checkpoint root" on stdout)
+mkdir "$WORK/hf-noconfig" && cp "$WORK/hf/model.safetensors" "$WORK/hf-noconfig/"
+noconfig="hf-noconfig: holds model.safetensors but no config.json \(a Hugging Face model directory needs its config.json beside the weights\)$"
+refuse "eval of a model directory without config.json" 1 "^flatshard eval: .*$noconfig" \
+    "$FS" eval --weights "$WORK/hf-noconfig" --data "$TEXT" --batch 2 --seq 32 --batches 2
+refuse "inspect of a model directory without config.json" 1 "^flatshard inspect: .*$noconfig" "$FS" inspect "$WORK/hf-noconfig"
+refuse "export from a model directory without config.json" 1 "^flatshard export: .*$noconfig" \
+    "$FS" export --from "$WORK/hf-noconfig" --to safetensors --out "$WORK/hf-noconfig-out"
+mv "$WORK/hf-noconfig/model.safetensors" "$WORK/hf-noconfig/model-00001-of-00001.safetensors"
+echo '{"weight_map": {}}' >"$WORK/hf-noconfig/model.safetensors.index.json"
+refuse "inspect of a sharded model directory without config.json names its index" 1 \
+    "^flatshard inspect: .*hf-noconfig: holds model.safetensors.index.json but no config.json" "$FS" inspect "$WORK/hf-noconfig"
 refuse "resume with init-from" 2 "--resume and --init-from exclude each other" "$FS" train "${common[@]}" --resume "$WORK/full" --init-from "$WORK/hf"
 refuse "resume past --steps" 2 "is at step 5: nothing to do with --steps 5" "$FS" train "${common[@]}" --resume "$WORK/full"
 refuse "resume another model" 1 "of another model: hidden_size is 256 there, 768 here" "$FS" train "${common[@]}" --steps 9 --model small --resume "$WORK/full"

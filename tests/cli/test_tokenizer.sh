@@ -97,13 +97,15 @@ for kind in bytelevel gpt2 sentencepiece metaspace sentencepiece-words; do
     run "$kind: flatshard detokenizes them" 0 "$FS" detokenize --tokenizer "$tok" -o "$WORK/dec.fs" "$WORK/samples.bin"
     run "$kind: the reference decodes the same ids" 0 "${REF[@]}" decode "$tok" "$WORK/samples.ids" "$WORK/dec.ref"
     expect "$kind: the decoded text is the reference's, byte for byte" cmp "$WORK/dec.fs" "$WORK/dec.ref"
-    # random ids: partial UTF-8 from byte tokens, lone <0xNN>, specials in the middle
+    # random ids: partial UTF-8 from byte tokens, lone <0xNN>, specials in the middle, and (for
+    # gpt2's 800) ids without a token; the header states no vocabulary (0, as llm.c's files),
+    # since a stated one must be the tokenizer's
     /usr/bin/python3 -c '
 import random, struct, sys
 random.seed(16)
 n, v = 5000, 1000
 ids = [random.randrange(v) for _ in range(n)]
-h = struct.pack("<iiii", 20240520, 1, n, v) + bytes(1024 - 16)
+h = struct.pack("<iiii", 20240520, 1, n, 0) + bytes(1024 - 16)
 open(sys.argv[1], "wb").write(h + struct.pack(f"<{n}H", *ids))
 open(sys.argv[2], "w").write("".join(f"{i}\n" for i in ids))' "$WORK/rand.bin" "$WORK/rand.ids"
     run "$kind: flatshard detokenizes 5000 random ids" 0 "$FS" detokenize --tokenizer "$tok" -o "$WORK/rand.fs" "$WORK/rand.bin"
@@ -219,6 +221,19 @@ refuse "a tokenizer whose vocabulary is not the model's is refused" 2 "gpt2.json
     "$FS" generate --weights "$WORK/m.safetensors" --tokenizer "$T/gpt2.json" --prompt "x" --tokens 2 --threads 1
 refuse "eval refuses it too" 2 "gpt2.json: the tokenizer's vocabulary is 800 tokens but the model's is 1000" \
     "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/gpt2.json" --data "$FORTUNES/linux" --threads 1
+# detokenize: a token file whose header states another vocabulary than the tokenizer's was
+# made by another tokenizer (it decoded it into nonsense, exit 0); tokenize states the
+# tokenizer's own, so each kind above decoded the file it made
+refuse "detokenize refuses a token file of another tokenizer's vocabulary" 2 \
+    "^flatshard detokenize: .*linux.bin: the tokens were made for a vocabulary of 1000 but the tokenizer .*gpt2.json has 800 tokens; use the tokenizer the tokens were made with$" \
+    "$FS" detokenize --tokenizer "$T/gpt2.json" "$WORK/linux.bin"
+run "byte-level tokenize (vocabulary 256) of the same file" 0 "$FS" tokenize -o "$WORK/linux-bytes.bin" "$FORTUNES/linux"
+refuse "detokenize refuses it with a tokenizer of 1000" 2 \
+    "^flatshard detokenize: .*linux-bytes.bin: the tokens were made for a vocabulary of 256 but the tokenizer .*bytelevel.json has 1000 tokens" \
+    "$FS" detokenize --tokenizer "$T/bytelevel.json" -o "$WORK/never.txt" "$WORK/linux-bytes.bin"
+expect "the refusal wrote no -o file" [ ! -e "$WORK/never.txt" ]
+run "detokenize of the file with the tokenizer that made it" 0 "$FS" detokenize --tokenizer "$T/bytelevel.json" -o "$WORK/linux.txt" "$WORK/linux.bin"
+expect "gives the text back" cmp -s "$WORK/linux.txt" "$FORTUNES/linux"
 
 for cmd in tokenize detokenize; do
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
@@ -227,6 +242,13 @@ for cmd in tokenize detokenize; do
         '[ "$opts" -eq "$(grep -cE "\[default: " "$WORK/out")" ]' '[ "$opts" -gt 0 ]'
 done
 
+# the help's examples, run with a flatshard that prints its arguments, name the fortunes'
+# texts and none of the binary *.dat indexes beside them (its glob took 43 of those)
+"$FS" tokenize --help | sed -n '/^examples:$/,$p' | tail -n +2 >"$WORK/examples.sh"
+bash -c 'flatshard() { printf "%s\n" "$@"; }; . "$1"' _ "$WORK/examples.sh" >"$WORK/example-args" 2>&1
+expect_all "tokenize --help's examples read the fortunes' texts, no *.dat index" \
+    '[ "$(grep -c "^$FORTUNES/" "$WORK/example-args")" -gt 20 ]' \
+    '! grep -q "\.dat$" "$WORK/example-args"'
 # the byte-level path without --tokenizer is unchanged: token = byte
 run "without --tokenizer tokenize stays byte level" 0 "$FS" tokenize -o "$WORK/bytes.bin" "$T/unicode.txt"
 expect "its ids are the file's bytes" /usr/bin/python3 -c '

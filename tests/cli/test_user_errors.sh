@@ -299,7 +299,7 @@ full_stdout "generate > /dev/full" "^flatshard generate: standard output: write 
     "$FS" generate --weights "$WORK/w.safetensors" --tokens 3 --threads 1
 full_stdout "plan --json > /dev/full" "^flatshard plan: standard output: write failed" \
     "$FS" plan --model tiny --device h100-80gb --json
-full_stdout "detokenize > /dev/full: its own line only" "^flatshard detokenize: stdout: write failed: No space left on device$" \
+full_stdout "detokenize > /dev/full: its own line only" "^flatshard detokenize: standard output: write failed: No space left on device$" \
     "$FS" detokenize --tokenizer "$TOK" "$WORK/ids.bin"
 full_stdout "--version > /dev/full" "^flatshard: standard output: write failed" "$FS" --version
 
