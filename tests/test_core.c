@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void test_mem_accounts_by_category(void) {
@@ -384,34 +386,56 @@ static void test_remove_overlapping_a_note(void) {
 }
 
 
+/* A temporary of this host made by fs_tmp_create whose writer is gone: created, then its
+ * descriptor (and so its lock) closed without a commit, as a killed process's. Its name in
+ * name. */
+static void abandon_a_temporary(const char *path, char *name, size_t n) {
+    const int fd = fs_tmp_create(path, name, n);
+    CHECK(fd >= 0 && write(fd, "half a file", 11) == 11 && close(fd) == 0, "%s", name);
+}
+
+/* put_file, its modification time set back by age seconds */
+static void put_old_file(const char *path, long age) {
+    put_file(path, "x");
+    struct timespec t[2] = {{.tv_sec = time(NULL) - age}, {.tv_sec = time(NULL) - age}};
+    CHECK(utimensat(AT_FDCWD, path, t, 0) == 0, "set the time of %s", path);
+}
+
 static void test_create_sweeps_abandoned_temporaries(void) {
     char dir[] = "/tmp/flatshard-core-XXXXXX", path[256], live[300], next[300], name[400];
+    char dead[300], held_dead[300], foreign_old[400], foreign_held[400];
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     snprintf(path, sizeof path, "%s/out.bin", dir);
     const int live_fd = fs_tmp_create(path, live, sizeof live); /* a write in progress */
     CHECK(live_fd >= 0, "%s", fs_error_message());
-    static const char *const abandoned[] = {"out.bin.0123456789abcdef.tmp", "out.bin.fedcba9876543210.tmp"};
+    /* one that would go but for the lock another open file holds on it (as a writer's: an
+     * exclusive lock) */
+    abandon_a_temporary(path, held_dead, sizeof held_dead);
+    const int holder = open(held_dead, O_RDONLY | O_CLOEXEC);
+    CHECK(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0, "lock %s", held_dead);
+    abandon_a_temporary(path, dead, sizeof dead);
+    /* another host's (the id's high half is not this host's tag), unwritten for two hours */
+    snprintf(foreign_old, sizeof foreign_old, "%s/out.bin.0123456789abcdef.tmp", dir);
+    put_old_file(foreign_old, 7200);
+    snprintf(foreign_held, sizeof foreign_held, "%s/out.bin.0123456711111111.tmp", dir);
+    put_old_file(foreign_held, 7200);
     static const char *const kept[] = {
+        "out.bin.fedcba9876543210.tmp" /* another host's, written a moment ago */,
         "out.bin.0123456789abcde.tmp",  "out.bin.0123456789ABCDEF.tmp", "out.bin.0123456789abcdef.tmpx",
-        "xout.bin.0123456789abcdef.tmp", "out.bin.notes.tmp",           "out.bin.0123456789abcdef0.tmp",
-        "out.bin.1111111111111111.tmp" /* locked below, by a live holder */};
-    for (size_t i = 0; i < 2; i++) {
-        snprintf(name, sizeof name, "%s/%s", dir, abandoned[i]);
-        put_file(name, "half a file");
-    }
+        "xout.bin.0123456789abcdef.tmp", "out.bin.notes.tmp",           "out.bin.0123456789abcdef0.tmp"};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
         snprintf(name, sizeof name, "%s/%s", dir, kept[i]);
-        put_file(name, "x");
+        i == 0 ? put_file(name, "x") : put_old_file(name, 7200);
     }
-    const int holder = open(name, O_RDONLY | O_CLOEXEC); /* the last of kept: another open file's lock */
-    CHECK(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0, "lock %s", name);
+    const int holder2 = open(foreign_held, O_RDONLY | O_CLOEXEC);
+    CHECK(holder2 >= 0 && flock(holder2, LOCK_EX | LOCK_NB) == 0, "lock %s", foreign_held);
 
     const int next_fd = fs_tmp_create(path, next, sizeof next);
     CHECK(next_fd >= 0, "%s", fs_error_message());
-    for (size_t i = 0; i < 2; i++) {
-        snprintf(name, sizeof name, "%s/%s", dir, abandoned[i]);
-        CHECK(access(name, F_OK) != 0, "the abandoned %s is removed", name);
-    }
+    CHECK(access(dead, F_OK) != 0, "this host's abandoned %s is removed", dead);
+    CHECK(access(foreign_old, F_OK) != 0, "another host's %s, unwritten for two hours, is removed", foreign_old);
+    CHECK(access(held_dead, F_OK) == 0 && access(foreign_held, F_OK) == 0, "locked %s and %s are kept", held_dead,
+          foreign_held);
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
         snprintf(name, sizeof name, "%s/%s", dir, kept[i]);
         CHECK(access(name, F_OK) == 0, "%s is kept", name);
@@ -425,6 +449,9 @@ static void test_create_sweeps_abandoned_temporaries(void) {
     close(live_fd);
     unlink(live);
     close(holder);
+    close(holder2);
+    unlink(held_dead);
+    unlink(foreign_held);
     unlink(path);
     CHECK(rmdir(dir) == 0, "%s is empty again", dir);
 }

@@ -250,7 +250,9 @@ fs_status fs_file_fopen(const char *path, const char *what, unsigned flags, fs_s
  * (flock, until its commit renames it), its name in tmp; the fd, or -1 with the error set
  * (fs_errorf) naming the file and errno saying why (ENAMETOOLONG when the name does not fit),
  * for callers that word the failure themselves. First it removes the temporaries of path
- * that no writer holds, those of writes killed outright, with a note on stderr for each.
+ * that no writer holds, those of writes killed outright, with a note on stderr for each (a
+ * temporary made on another host, whose lock this host may not see, only after an hour
+ * without a write: the id's high 32 bits name the host that made it).
  * fs_tmp_create_id: the same, also giving the id (a file that other processes open by it). */
 uint64_t fs_tmp_id(void);
 int fs_tmp_name(char *buf, size_t n, const char *path, uint64_t id);
@@ -258,8 +260,9 @@ int fs_tmp_create(const char *path, char *tmp, size_t tmp_bytes);
 int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id);
 /* The commit of fs_tmp_create's file, the one sequence every whole-file write ends with:
  * fsync, rename tmp over path (fd still open and locked), close fd, fsync path's directory.
- * Always closes fd; on failure the temporary is removed, path is as it was, and errno says
- * why. */
+ * Always closes fd. When the fsync or the rename fails the temporary is removed, path is as
+ * it was, and errno says why; when only the directory's fsync fails, the new file is in place
+ * (the error says so: a crash may bring the previous one back). */
 fs_status fs_tmp_commit_fd(int fd, const char *tmp, const char *path);
 /* fsyncs the directory holding path, so that a rename into it is durable; a filesystem that
  * cannot (EINVAL) or will not open it is not an error. */

@@ -28,6 +28,10 @@
  * writer is gone. The creation's window (open, then flock) is closed from the writer's side:
  * once it holds the lock it checks that its name still is its file, and starts over with a
  * new id if a sweep took it in between. On a filesystem without flock, nothing is swept.
+ * Some shared filesystems keep each host's locks to that host (BeeGFS by default, Lustre
+ * mounted localflock, NFS with local_lock): there another host's live writer holds no lock
+ * this host can see. The high 32 bits of an id are a hash of the host's name, and a
+ * temporary of another host is taken only after an hour without a write.
  */
 #define _GNU_SOURCE
 #include "flatshard/core.h"
@@ -43,6 +47,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 uint64_t fs_tmp_id(void) {
@@ -123,37 +128,66 @@ static const char *split_path(const char *path, char *dir, size_t dir_bytes) {
     return slash + 1;
 }
 
-/* Whether name is "<base>.<16 hexadecimal digits>.tmp": a temporary of base's writes. */
-static int is_temporary_of(const char *name, const char *base) {
-    const size_t b = strlen(base);
-    if (strncmp(name, base, b) != 0 || name[b] != '.') return 0;
-    const char *id = name + b + 1;
-    for (int i = 0; i < 16; i++)
-        if (!id[i] || !strchr("0123456789abcdef", id[i])) return 0;
-    return strcmp(id + 16, ".tmp") == 0;
+/* The high 32 bits of a temporary's id: a hash of the host's name, so that a sweep can tell
+ * a temporary of its own host, whose lock it can trust, from another host's. */
+static uint32_t host_tag(void) {
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    const uint64_t h = fs_fnv1a_str(host);
+    return (uint32_t)(h ^ h >> 32);
 }
 
+/* Whether name is "<base>.<16 hexadecimal digits>.tmp", a temporary of base's writes: its id
+ * in *id. */
+static int is_temporary_of(const char *name, const char *base, uint64_t *id) {
+    const size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0 || name[b] != '.') return 0;
+    const char *hex = name + b + 1;
+    *id = 0;
+    for (int i = 0; i < 16; i++) {
+        const char *digit = hex[i] ? strchr("0123456789abcdef", hex[i]) : NULL;
+        if (!digit) return 0;
+        *id = *id << 4 | (uint64_t)(digit - "0123456789abcdef");
+    }
+    return strcmp(hex + 16, ".tmp") == 0;
+}
+
+/* How long a temporary of another host must have been left unmodified before a sweep takes
+ * it for abandoned: on filesystems whose locks are each host's own (BeeGFS by default, Lustre
+ * mounted localflock, NFS with local_lock), another host's live writer holds no lock this
+ * host can see. A live writer modifies its file as it writes; an hour without a write is a
+ * writer gone, or one that would lose its output to any later rename anyway. */
+#define FOREIGN_IDLE_S 3600
+
 /* Removes the temporaries of earlier writes of path whose writers are gone: those of its
- * pattern that no process holds a lock on. One note line for each (what it freed). Errors
- * are not this write's: a temporary that cannot be opened, locked or removed is left. */
+ * pattern that no process holds a lock on, and, when another host made one, that nobody has
+ * written for FOREIGN_IDLE_S. One note line for each (what it freed). Errors are not this
+ * write's: a temporary that cannot be opened, locked or removed is left. */
 static void sweep_abandoned(const char *path) {
     char dir[PATH_MAX];
     const char *base = split_path(path, dir, sizeof dir);
     if (!base[0]) return;
     DIR *d = opendir(dir);
     if (!d) return;
+    const uint32_t here = host_tag();
+    const time_t now = time(NULL);
     for (struct dirent *de; (de = readdir(d));) {
-        if (!is_temporary_of(de->d_name, base)) continue;
+        uint64_t id;
+        if (!is_temporary_of(de->d_name, base, &id)) continue;
         const int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0) continue;
         struct stat held, named;
-        /* a live writer holds it; if the lock cannot be taken for another reason (ENOLCK, a
-         * filesystem without flock), nobody's lock can be trusted either: leave it */
-        if (fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
-            fstatat(dirfd(d), de->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_dev == held.st_dev &&
-            named.st_ino == held.st_ino && unlinkat(dirfd(d), de->d_name, 0) == 0)
-            fprintf(stderr, "flatshard: note: removed %s/%s (%lld bytes), left by a write of %s that did not finish\n",
-                    dir, de->d_name, (long long)held.st_size, path);
+        /* a shared lock, which a read-only descriptor may take everywhere (NFS's emulation of
+         * flock refuses an exclusive one), conflicts with the writer's exclusive lock just
+         * the same. If no lock can be taken for another reason (a filesystem without flock),
+         * nobody's lock can be trusted either: leave it */
+        const int abandoned = fstat(fd, &held) == 0 && S_ISREG(held.st_mode) &&
+                              ((uint32_t)(id >> 32) == here || now - held.st_mtime > FOREIGN_IDLE_S) &&
+                              flock(fd, LOCK_SH | LOCK_NB) == 0;
+        if (abandoned && fstatat(dirfd(d), de->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+            named.st_dev == held.st_dev && named.st_ino == held.st_ino && unlinkat(dirfd(d), de->d_name, 0) == 0)
+            fprintf(stderr, "flatshard: note: removed %s%s%s (%lld bytes), left by a write of %s that did not finish\n",
+                    dir, strcmp(dir, "/") == 0 ? "" : "/", de->d_name, (long long)held.st_size, path);
         close(fd); /* the lock with it */
     }
     closedir(d);
@@ -161,8 +195,10 @@ static void sweep_abandoned(const char *path) {
 
 int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id_out) {
     sweep_abandoned(path);
+    const uint64_t host = (uint64_t)host_tag() << 32;
+    int e = EEXIST;
     for (int attempt = 0; attempt < 8; attempt++) {
-        const uint64_t id = fs_tmp_id();
+        const uint64_t id = host | (fs_tmp_id() & 0xffffffffu);
         if (!fs_tmp_name(tmp, tmp_bytes, path, id)) {
             fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
             errno = ENAMETOOLONG;
@@ -170,23 +206,29 @@ int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id
         }
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666); /* the umask decides, as for fopen */
         if (fd < 0) {
-            if (errno == EEXIST) continue;
+            e = errno;
+            if (e == EEXIST) continue;
             break;
         }
         /* held until the commit's rename: a sweep by another writer of path leaves it alone.
          * A sweep that took the file between open and here holds its lock (EWOULDBLOCK) or
-         * has removed the name: start again with a new id. Any other failure to lock (a
-         * filesystem without flock) is no reason to refuse the write, and no sweep there
-         * can lock it either */
-        const int locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+         * has removed the name: start again with a new id. A filesystem without flock
+         * (ENOSYS, EOPNOTSUPP, EINVAL, ENOLCK) is no reason to refuse the write, and no sweep
+         * there can lock the file either; the kernel short of memory for the lock is */
+        int rc;
+        while ((rc = flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+        }
+        e = rc == 0 ? 0 : errno;
         struct stat held, named;
-        if (!locked && errno == EWOULDBLOCK) {
+        if (e == EWOULDBLOCK || e == ENOMEM) {
             unlink(tmp); /* the name is this write's own, whoever removes it first */
             close(fd);
+            if (e == ENOMEM) break;
             continue;
         }
-        if (locked && (fstat(fd, &held) != 0 || stat(tmp, &named) != 0 || held.st_ino != named.st_ino ||
-                       held.st_dev != named.st_dev)) {
+        if (rc == 0 && (fstat(fd, &held) != 0 || stat(tmp, &named) != 0 || held.st_ino != named.st_ino ||
+                        held.st_dev != named.st_dev)) {
+            e = EEXIST; /* taken by a sweep: as if the name had been in use */
             close(fd);
             continue;
         }
@@ -194,7 +236,7 @@ int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id
         if (id_out) *id_out = id;
         return fd;
     }
-    const int e = errno ? errno : EEXIST; /* kept for the caller, who may word the failure its own way */
+    /* kept for the caller, who may word the failure its own way */
     fs_errorf(FS_ERR_IO, "%s: cannot create: %s", tmp, strerror(e));
     errno = e;
     return -1;
@@ -227,7 +269,8 @@ fs_status fs_sync_parent_dir(const char *path) {
     close(dfd);
     /* some filesystems cannot fsync a directory (EINVAL): the data is on disk either way */
     if (e == 0 || e == EINVAL) return FS_OK;
-    const fs_status st = fs_errorf(FS_ERR_IO, "%s: fsync of the directory %s failed: %s", path, dir, strerror(e));
+    const fs_status st = fs_errorf(FS_ERR_IO, "%s: in place, but the fsync of its directory %s failed: %s (a crash "
+                                              "now may bring the previous file back)", path, dir, strerror(e));
     errno = e;
     return st;
 }
@@ -264,7 +307,15 @@ fs_status fs_tmp_commit(FILE *f, const char *tmp, const char *path) {
     }
     /* a duplicate for the commit, which closes it: the stream's descriptor, and with it the
      * lock (which belongs to the open file both share), stays until fclose, after the rename */
-    const fs_status st = fs_tmp_commit_fd(dup(fileno(f)), tmp, path);
+    const int fd = fcntl(fileno(f), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        const int e = errno;
+        fs_tmp_discard(f, tmp);
+        const fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot duplicate its descriptor to commit it: %s", tmp, strerror(e));
+        errno = e;
+        return st;
+    }
+    const fs_status st = fs_tmp_commit_fd(fd, tmp, path);
     const int e = errno;
     fclose(f);
     errno = e;
