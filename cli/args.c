@@ -12,7 +12,7 @@
 #include <string.h>
 
 int fs_cli_launcher_rank(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         if (v) return atoi(v);
@@ -29,10 +29,16 @@ int fs_cli_launcher_world(void) {
     return 0;
 }
 
+static int runs_as_rank; /* fs_cli_runs_as_mpi_rank */
+
+void fs_cli_runs_as_mpi_rank(void) { runs_as_rank = 1; }
+
+int fs_cli_message_rank(void) { return runs_as_rank ? fs_cli_launcher_rank() : 0; }
+
 int fs_usage_error(const char *cmd, const char *fmt, ...) {
     /* every rank of a launch parses the same command line and meets the same usage error:
      * one line from rank 0 says it for all */
-    if (fs_cli_launcher_rank() != 0) return FS_EXIT_USAGE;
+    if (fs_cli_message_rank() != 0) return FS_EXIT_USAGE;
     va_list ap;
     fprintf(stderr, "flatshard %s: ", cmd);
     va_start(ap, fmt);

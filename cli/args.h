@@ -63,15 +63,24 @@ int fs_args_given(const fs_opt *opts, int argc, char **argv, const char *name);
 /* Parses a byte size as FS_OPT_BYTES does. Returns 0 on success. */
 int fs_args_parse_bytes(const char *text, int64_t *out);
 
-/* Prints "flatshard <cmd>: <message>" to stderr and returns FS_EXIT_USAGE. Under an MPI
- * launcher only rank 0 prints: a usage error comes from the command line and the
- * environment, the same on every rank. */
+/* Prints "flatshard <cmd>: <message>" to stderr and returns FS_EXIT_USAGE. In a command that
+ * runs as an MPI rank, only rank 0 prints: a usage error comes from the command line and the
+ * environment, the same on every rank. Only for such errors: a verdict on a file a rank reads
+ * goes through fs_cli_report, which every rank prints. */
 int fs_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* This process's rank and the world size as the MPI launcher gives them in the environment
- * (OpenMPI, PMIx, MPICH's PMI; Slurm's task count), before MPI is initialised: 0 when none
- * says (then the process is rank 0 of its own run). */
+ * (OpenMPI, PMIx, MPICH's PMI, Slurm; Slurm's task count), before MPI is initialised: 0 when
+ * none says (then the process is rank 0 of its own run). */
 int fs_cli_launcher_rank(void);
 int fs_cli_launcher_world(void);
+
+/* Called first by the commands that run as MPI ranks under a launcher (train, bench comm):
+ * from then on fs_cli_message_rank is the launcher's rank, which fs_usage_error and
+ * fs_cli_report use to say a thing once or to name the rank. Any other command, even one
+ * started from inside an MPI job's script (whose environment carries the job's rank
+ * variables), is rank 0 to them and prints everything. */
+void fs_cli_runs_as_mpi_rank(void);
+int fs_cli_message_rank(void);
 
 #endif /* FLATSHARD_CLI_ARGS_H */

@@ -403,6 +403,7 @@ static const fs_command_help comm_help = {
 };
 
 int fs_cmd_bench_comm(int argc, char **argv) {
+    fs_cli_runs_as_mpi_rank(); /* before any message: args.h */
     const char *cmd = "bench comm";
     bench_args a = {.min_bytes = 1024, .max_bytes = (int64_t)256 << 20, .factor = 2,
                     .iters = 20, .warmup = 5, .check = 1};

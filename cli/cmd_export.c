@@ -62,10 +62,16 @@ int fs_cmd_export(int argc, char **argv) {
     struct stat sb; /* the files a model directory would hold, where they exist */
     const char *in[3] = {from, stat(in_model, &sb) == 0 ? in_model : NULL,
                          stat(in_config, &sb) == 0 ? in_config : NULL};
-    snprintf(probe, sizeof probe, "%s/model.safetensors", out);
-    if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
-    snprintf(probe, sizeof probe, "%s/config.json", out);
-    if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
+    /* nor into a checkpoint (a root would be taken for a model directory from then on; a
+     * step directory's prune would delete the model), nor over a file --from reads */
+    if (st == FS_OK) st = fs_cli_check_not_in_checkpoint("--out", out, 1);
+    for (int f = 0; f < 2 && st == FS_OK; f++) {
+        snprintf(probe, sizeof probe, "%s/%s", out, f == 0 ? "model.safetensors" : "config.json");
+        int is_input = 0; /* said so by fs_cli_check_output, in those words */
+        for (int k = 0; k < 3 && !is_input; k++) is_input = in[k] && fs_cli_same_file(probe, in[k]);
+        if (!is_input) st = fs_cli_check_outside("--out", probe, "--from", from);
+        if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
+    }
     uint64_t bytes = 0;
     int stale = 0;
     double t0 = fs_now();

@@ -843,14 +843,20 @@ static fs_status check_outputs(train_run *run) {
     fs_status st = FS_OK;
     for (int i = 0; st == FS_OK && i < n_out; i++) {
         const char *what = out[i].what, *path = out[i].path;
+        /* an output that is an input is said so by fs_cli_check_output, in those words */
+        int is_input = 0;
+        for (int k = 0; path[0] && k < n && !is_input; k++) is_input = in[k] && fs_cli_same_file(path, in[k]);
         /* before fs_cli_check_output, which creates the output's directories */
         for (int j = 0; path[0] && st == FS_OK && j < i; j++)
             if (fs_cli_same_file(path, out[j].path))
                 st = fs_errorf(FS_ERR_USAGE, "%s %s: is also %s %s; two outputs of the run cannot share a file",
                                what, path, out[j].what, out[j].path);
-        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
-        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
-        if (path[0] && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
+        const int outside = path[0] && !is_input;
+        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
+        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
+        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
+        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--data", run->data_path);
+        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--eval-data", run->eval_path);
         if (st == FS_OK) st = fs_cli_check_output(what, path, in, n, strcmp(what, "--metrics") == 0);
     }
     if (st == FS_OK && run->metrics_path) st = open_metrics(run);
@@ -933,6 +939,7 @@ static int local_ranks(int world) {
 }
 
 int fs_cmd_train(int argc, char **argv) {
+    fs_cli_runs_as_mpi_rank(); /* before any message: args.h */
     static const char default_out[] = "out/model.safetensors"; /* compared by address: --out given? */
     train_run run = {.cfg = fs_train_config_default(), .out_path = default_out,
                      .log_every = 10, .keep = 3, .trace_steps = 2, .progress_mode = "auto",
@@ -1069,7 +1076,10 @@ int fs_cmd_train(int argc, char **argv) {
     run.lock_fd = -1;
     const int writer = !mpi || fs_cli_launcher_rank() == 0;
     if (run.save_dir && writer) {
-        st = fs_ckpt_lock(run.save_dir, &run.lock_fd);
+        /* a root, not a step directory or anything inside one (whose prune would then fail
+         * on what the run put there) */
+        st = fs_cli_check_not_in_checkpoint("--save", run.save_dir, 0);
+        if (st == FS_OK) st = fs_ckpt_lock(run.save_dir, &run.lock_fd);
         if (st == FS_OK) st = fs_ckpt_recover(run.save_dir, NULL);
         if (st != FS_OK) {
             fs_ckpt_unlock(run.lock_fd);

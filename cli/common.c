@@ -8,6 +8,7 @@
 #include "flatshard/kernels.h"
 #include "flatshard/source.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -136,57 +137,124 @@ static int same_file(const char *a, const char *b) {
 
 int fs_cli_same_file(const char *a, const char *b) { return same_file(a, b); }
 
-/* Where path lies relative to the directory dir: 0 outside it (or dir is no directory), 1 in
- * dir itself, 2 in a subdirectory of it. Both are resolved (links, "..", relative paths); a
- * path whose directories do not exist yet is placed by its deepest existing one. */
-static int place_in(const char *path, const char *dir) {
-    char *rdir = realpath(dir, NULL);
-    struct stat st;
-    if (!rdir || stat(rdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        free(rdir);
-        return 0;
-    }
+/* The resolved form of path, which need not exist: realpath where it exists (a link in its
+ * last component leads where it leads); else realpath of its deepest existing directory
+ * followed by the rest as written, "." dropped and ".." taken back. malloc'ed, NULL when
+ * nothing of it resolves (or out of memory). */
+static char *resolve(const char *path) {
+    char *r = realpath(path, NULL);
+    if (r) return r;
     char *copy = strdup(path);
-    char *d = copy ? dirname(copy) : NULL;
-    char *rd = NULL;
-    int missing = 0; /* directories of path below the deepest that exists */
-    while (d && !(rd = realpath(d, NULL))) {
-        if (strcmp(d, "/") == 0 || strcmp(d, ".") == 0) break;
-        d = dirname(d);
-        missing++;
+    if (!copy) return NULL;
+    /* the trailing components that do not exist, last first */
+    const char *rest[64];
+    int n_rest = 0;
+    char *d = copy;
+    while (!(r = realpath(d, NULL)) && n_rest < 64) {
+        char *slash = strrchr(d, '/');
+        if (!slash) { /* a relative first component: the working directory holds it */
+            rest[n_rest++] = d;
+            r = realpath(".", NULL);
+            break;
+        }
+        rest[n_rest++] = slash + 1;
+        if (slash == d) { /* "/name": the root holds it */
+            r = strdup("/");
+            break;
+        }
+        *slash = '\0';
     }
-    int place = 0;
-    const size_t n = strlen(rdir);
-    if (rd && strcmp(rd, rdir) == 0) place = missing ? 2 : 1;
-    else if (rd && strncmp(rd, rdir, n) == 0 && (rd[n] == '/' || n == 1)) place = 2;
-    free(rd);
+    size_t len = r ? strlen(r) : 0, cap = len + strlen(path) + 2;
+    char *out = r ? realloc(r, cap) : NULL;
+    if (!out) {
+        free(r);
+        free(copy);
+        return NULL;
+    }
+    for (int i = n_rest - 1; i >= 0; i--) {
+        if (!rest[i][0] || strcmp(rest[i], ".") == 0) continue;
+        if (strcmp(rest[i], "..") == 0) {
+            char *slash = strrchr(out, '/');
+            if (slash && slash != out) *slash = '\0';
+            else strcpy(out, "/");
+            continue;
+        }
+        len = strlen(out);
+        snprintf(out + len, cap - len, "%s%s", len > 0 && out[len - 1] == '/' ? "" : "/", rest[i]);
+    }
     free(copy);
+    return out;
+}
+
+/* The part of path below the directory dir, both resolved ("step-00000002/x.bin"), into rel:
+ * 1; 0 when path is not below dir (or dir is no directory). */
+static int path_below(const char *path, const char *dir, char *rel, size_t n) {
+    char *rdir = realpath(dir, NULL), *rpath = resolve(path);
+    struct stat st;
+    int below = 0;
+    if (rdir && rpath && stat(rdir, &st) == 0 && S_ISDIR(st.st_mode)) {
+        const size_t k = strcmp(rdir, "/") == 0 ? 0 : strlen(rdir);
+        if (strncmp(rpath, rdir, k) == 0 && rpath[k] == '/' && rpath[k + 1]) {
+            snprintf(rel, n, "%s", rpath + k + 1);
+            below = 1;
+        }
+    }
     free(rdir);
-    return place;
+    free(rpath);
+    return below;
+}
+
+static int has_file(const char *dir, const char *name) {
+    char probe[4096];
+    struct stat st;
+    snprintf(probe, sizeof probe, "%s/%s", dir, name);
+    return stat(probe, &st) == 0;
 }
 
 fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src) {
-    if (!src || !src[0]) return FS_OK;
-    const int place = place_in(path, src);
-    if (place == 0) return FS_OK;
-    char probe[4096];
-    struct stat st;
-    /* a checkpoint's step directory (its manifest) or a Hugging Face model directory (its
-     * config.json): every file in it is read; in a checkpoint root, the step directories
-     * (place 2) and the lock are */
-    snprintf(probe, sizeof probe, "%s/manifest.json", src);
-    const int step_dir = stat(probe, &st) == 0;
-    snprintf(probe, sizeof probe, "%s/config.json", src);
-    const int model_dir = stat(probe, &st) == 0;
-    char *copy = strdup(path);
-    const int is_lock = copy && strcmp(basename(copy), ".lock") == 0;
-    free(copy);
-    if (place == 2 || step_dir || is_lock || (model_dir && stat(path, &st) == 0))
-        return fs_errorf(FS_ERR_USAGE,
-                         "%s %s: is inside %s %s, which the run %s; writing there would change it: "
-                         "give a path outside it",
-                         what, path, src_what, src, strcmp(src_what, "--save") == 0 ? "saves into" : "reads");
-    return FS_OK;
+    char rel[4096];
+    if (!src || !src[0] || !path_below(path, src, rel, sizeof rel)) return FS_OK;
+    const char *slash = strchr(rel, '/');
+    const size_t first = slash ? (size_t)(slash - rel) : strlen(rel); /* rel's first component */
+    const int data = strcmp(src_what, "--data") == 0 || strcmp(src_what, "--eval-data") == 0;
+    int changes;
+    if (data) /* a stream of shards reads every file of the directory but hidden ones */
+        changes = !slash && rel[0] != '.';
+    else if (has_file(src, "manifest.json")) /* a checkpoint's step directory: all of it is read */
+        changes = 1;
+    else if (has_file(src, "config.json")) /* a Hugging Face model directory: its top-level files */
+        changes = !slash && (strcmp(rel, "config.json") == 0 || strcmp(rel, "model.safetensors") == 0 ||
+                             strcmp(rel, "model.safetensors.index.json") == 0 ||
+                             (has_file(src, rel) && first > 12 && strcmp(rel + first - 12, ".safetensors") == 0));
+    else /* a checkpoint root: its step directories (step-N, step-N.tmp, ...) and its lock */
+        changes = strncmp(rel, "step-", 5) == 0 || strcmp(rel, ".lock") == 0;
+    if (!changes) return FS_OK;
+    return fs_errorf(FS_ERR_USAGE,
+                     "%s %s: is inside %s %s, which %s; writing there would change it: give a path outside it",
+                     what, path, src_what, src, strcmp(src_what, "--save") == 0 ? "is saved into" : "is read");
+}
+
+fs_status fs_cli_check_not_in_checkpoint(const char *what, const char *dir, int nor_a_root) {
+    char *r = resolve(dir);
+    if (!r) return FS_OK;
+    fs_status st = FS_OK;
+    DIR *d = nor_a_root ? opendir(r) : NULL;
+    for (struct dirent *de; d && st == FS_OK && (de = readdir(d));)
+        if (strncmp(de->d_name, "step-", 5) == 0)
+            st = fs_errorf(FS_ERR_USAGE, "%s %s: is a checkpoint root (it holds %s); give another directory", what, dir,
+                           de->d_name);
+    if (d) closedir(d);
+    /* the directory and each one above it */
+    while (st == FS_OK) {
+        if (has_file(r, "manifest.json"))
+            st = fs_errorf(FS_ERR_USAGE, "%s %s: is inside the checkpoint %s (a step directory); give another directory",
+                           what, dir, r);
+        char *slash = strrchr(r, '/');
+        if (!slash || slash == r) break;
+        *slash = '\0';
+    }
+    free(r);
+    return st;
 }
 
 /* Whether path is a link into /proc, such as /dev/stdout (-> /proc/self/fd/1): a stream of

@@ -42,14 +42,24 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
  * yet, the same canonical path): two outputs of one run must not. */
 int fs_cli_same_file(const char *a, const char *b);
 
-/* The start-up check of an output against a directory the run reads (--resume, --init-from)
- * or saves into (--save): refused (FS_ERR_USAGE, one line naming both) when path is in a
- * subdirectory of src (a checkpoint's step directory), is src's lock file, lies in src when
- * src is a checkpoint's step directory (it holds manifest.json), or would replace a file of a
- * Hugging Face model directory (src holds config.json). A new file beside a checkpoint root's
- * step directories, or beside a model's files, changes nothing the run reads. src NULL or
- * not a directory: FS_OK. */
+/* The start-up check of an output against a directory the run reads (--resume, --init-from,
+ * a --data directory) or saves into (--save): refused (FS_ERR_USAGE, one line naming both)
+ * where writing path would change what is there: anywhere in a checkpoint's step directory
+ * (src holds manifest.json); in a checkpoint root's step directories or over its lock; over a
+ * Hugging Face model directory's config.json, model.safetensors, index or another existing
+ * .safetensors file (src holds config.json); a new file directly in a directory of data
+ * shards (src_what "--data" or "--eval-data": the stream reads every file there but hidden
+ * ones). Anything else (a new file beside a root's step directories or a model's files, a
+ * subdirectory of a model directory) changes nothing read. Both paths resolved (links, "..",
+ * relative paths; path need not exist). src NULL or not a directory: FS_OK. */
 fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src);
+
+/* The start-up check of a directory a command writes into (--save, export's --out): refused
+ * (FS_ERR_USAGE) when it is, or lies inside, a checkpoint's step directory (it or a directory
+ * above holds manifest.json), and with nor_a_root when it is a checkpoint root (it holds
+ * step-N entries): an exported model's config.json there would make --init-from, eval and
+ * export take the root for a model directory. dir need not exist. */
+fs_status fs_cli_check_not_in_checkpoint(const char *what, const char *dir, int nor_a_root);
 
 /* An output file written whole and then renamed into place, so that a run that fails or is
  * interrupted leaves nothing a later run could take for a good file, never replaces a

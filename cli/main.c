@@ -49,16 +49,14 @@ static void print_usage(FILE *f) {
 }
 
 int fs_cli_report(const char *cmd, int status) {
-    /* under an MPI launcher a usage error is every rank's (the same command line, files and
-     * verdicts): rank 0 says it. Another failure may be one rank's alone (a file its host
-     * cannot read): each rank that meets it says so, naming itself unless the message does
-     * (an error the ranks agreed on already names the rank it came from) */
-    const int rank = fs_cli_launcher_rank();
+    /* as an MPI rank, a failure may be one rank's alone (a file its host cannot read, data
+     * that differs from rank 0's): each rank that meets it says so, ranks other than 0 naming
+     * themselves unless the message does (an error the ranks agreed on names the rank it
+     * came from) */
+    const int rank = fs_cli_message_rank();
     const char *msg = fs_error_message();
-    if (rank == 0 || (status != FS_ERR_USAGE && strncmp(msg, "rank ", 5) == 0))
-        fprintf(stderr, "flatshard %s: %s\n", cmd, msg);
-    else if (status != FS_ERR_USAGE)
-        fprintf(stderr, "flatshard %s: rank %d: %s\n", cmd, rank, msg);
+    if (rank == 0 || strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "flatshard %s: %s\n", cmd, msg);
+    else fprintf(stderr, "flatshard %s: rank %d: %s\n", cmd, rank, msg);
     return status == FS_ERR_USAGE ? FS_EXIT_USAGE : FS_EXIT_RUNTIME;
 }
 

@@ -57,15 +57,15 @@ ck_step="$WORK/src-ck/step-00000001"
 ck_sum=$(cat "$ck_step"/* | cksum)
 hf_sum=$(cat "$WORK/src-hf"/* | cksum)
 refuse "--out over the --init-from model's weights" 2 \
-    "^flatshard train: --out .*src-hf/model.safetensors: is inside --init-from .*src-hf, which the run reads" \
+    "^flatshard train: --out .*src-hf/model.safetensors: is inside --init-from .*src-hf, which is read" \
     "$FS" train "${small[@]}" --steps 1 --init-from "$WORK/src-hf" --out "$WORK/src-hf/model.safetensors"
-refuse "--out into a step directory of the --init-from checkpoint root" 2 "is inside --init-from .*src-ck, which the run reads" \
+refuse "--out into a step directory of the --init-from checkpoint root" 2 "is inside --init-from .*src-ck, which is read" \
     "$FS" train "${small[@]}" --steps 2 --init-from "$WORK/src-ck" --out "$ck_step/rank-00000-of-00001.bin"
 refuse "--metrics into the --resume checkpoint's step directory" 2 "^flatshard train: --metrics .*manifest.json: is inside --resume" \
     "$FS" train "${small[@]}" --steps 2 --resume "$ck_step" --no-save --metrics "$ck_step/manifest.json"
 refuse "--trace as the --resume root's lock" 2 "^flatshard train: --trace .*/.lock: is inside --resume" \
     "$FS" train "${small[@]}" --steps 2 --resume "$WORK/src-ck" --no-save --trace "$WORK/src-ck/.lock"
-refuse "--out into a step directory --save will make" 2 "is inside --save .*new-ck, which the run saves into" \
+refuse "--out into a step directory --save will make" 2 "is inside --save .*new-ck, which is saved into" \
     "$FS" train "${small[@]}" --steps 1 --save "$WORK/new-ck" --out "$WORK/new-ck/step-00000001/w.safetensors"
 expect_all "the sources are as they were; no step directory was made" \
     '[ "$(cat "$ck_step"/* | cksum)" = "$ck_sum" ]' '[ "$(cat "$WORK/src-hf"/* | cksum)" = "$hf_sum" ]' \
@@ -74,6 +74,22 @@ run "--out beside a resumed checkpoint root's step directories is fine" 0 "$FS" 
     --resume "$WORK/src-ck" --save "$WORK/src-ck" --out "$WORK/src-ck/final.safetensors"
 run "and a new file beside a Hugging Face model's" 0 "$FS" train "${small[@]}" --steps 1 \
     --init-from "$WORK/src-hf" --out "$WORK/src-hf/tuned.safetensors"
+run "and a subdirectory of a Hugging Face model's" 0 "$FS" train "${small[@]}" --steps 1 \
+    --init-from "$WORK/src-hf" --out "$WORK/src-hf/ft/model.safetensors" --metrics "$WORK/src-hf/ft/m.jsonl"
+ln -sf "$ck_step/manifest.json" "$WORK/manifest-link"
+refuse "--metrics through a link into the checkpoint it resumes" 2 "^flatshard train: --metrics .*manifest-link: is inside --resume" \
+    "$FS" train "${small[@]}" --steps 3 --resume "$WORK/src-ck" --no-save --metrics "$WORK/manifest-link"
+refuse "--save inside a checkpoint's step directory" 2 "^flatshard train: --save .*step-00000001/x: is inside the checkpoint" \
+    "$FS" train "${small[@]}" --steps 3 --resume "$WORK/src-ck" --save "$ck_step/x"
+mkdir -p "$WORK/shards" && cp "$D" "$WORK/shards/a.txt"
+refuse "--out among the --data shards it would join" 2 "^flatshard train: --out .*shards/w.safetensors: is inside --data" \
+    "$FS" train "${small[@]/$D/$WORK/shards}" --steps 1 --out "$WORK/shards/w.safetensors"
+refuse "export --out into the checkpoint root it reads" 2 "^flatshard export: --out .*src-ck: is a checkpoint root" \
+    "$FS" export --from "$WORK/src-ck" --out "$WORK/src-ck"
+refuse "export --out into a step directory" 2 "^flatshard export: --out .*step-00000001/hf: is inside the checkpoint" \
+    "$FS" export --from "$WORK/src.safetensors" --out "$ck_step/hf"
+expect_all "nothing was written into the checkpoint" '[ "$(cat "$ck_step"/* 2>/dev/null | cksum)" = "$ck_sum" ]' \
+    '[ ! -e "$WORK/src-ck/config.json" ] && [ ! -e "$ck_step/hf" ] && [ ! -e "$ck_step/x" ]'
 
 # --- data too short for one window: refused before any output is made
 printf 'short' >"$WORK/short.txt"

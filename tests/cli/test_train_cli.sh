@@ -111,6 +111,10 @@ if command -v mpirun >/dev/null 2>&1; then
 else
     skip "train under mpirun (9 checks)" "mpirun is not installed (Debian: openmpi-bin)"
 fi
+# a command that does not run as an MPI rank, started from inside an MPI job's script (whose
+# environment carries the job's rank), says everything
+refuse "tokenize spawned by rank 3 of a job still prints its usage error" 2 "^flatshard tokenize: -o .*: is a directory" \
+    env OMPI_COMM_WORLD_RANK=3 "$FS" tokenize -o "$WORK" "$WORK/fortunes.bin"
 
 # --- metrics, timeline, planner
 run "train with a timeline and metrics" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --steps 4 --trace "$WORK/trace.json" --metrics "$WORK/m2.jsonl"
