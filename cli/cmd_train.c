@@ -1130,6 +1130,7 @@ int fs_cmd_train(int argc, char **argv) {
     if (st == FS_OK) st = fs_token_stream_check_vocab(&data, (int32_t)run.mcfg.vocab_size);
     if (st == FS_OK) st = fs_token_stream_check_length(&data, c->seq);
     if (st != FS_OK) {
+        fs_token_stream_close(&data);
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
         return fs_cli_report("train", st);
