@@ -67,9 +67,8 @@ int fs_cmd_export(int argc, char **argv) {
     if (st == FS_OK) st = fs_cli_check_not_in_checkpoint("--out", out, 1);
     for (int f = 0; f < 2 && st == FS_OK; f++) {
         snprintf(probe, sizeof probe, "%s/%s", out, f == 0 ? "model.safetensors" : "config.json");
-        int is_input = 0; /* said so by fs_cli_check_output, in those words */
-        for (int k = 0; k < 3 && !is_input; k++) is_input = in[k] && fs_cli_same_file(probe, in[k]);
-        if (!is_input) st = fs_cli_check_outside("--out", probe, "--from", from);
+        /* an output that is an input is said so by fs_cli_check_output, in those words */
+        if (!fs_cli_is_input(probe, in, 3)) st = fs_cli_check_outside("--out", probe, "--from", from);
         if (st == FS_OK) st = fs_cli_check_output("--out", probe, in, 3, 0);
     }
     uint64_t bytes = 0;

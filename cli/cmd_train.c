@@ -843,15 +843,13 @@ static fs_status check_outputs(train_run *run) {
     fs_status st = FS_OK;
     for (int i = 0; st == FS_OK && i < n_out; i++) {
         const char *what = out[i].what, *path = out[i].path;
-        /* an output that is an input is said so by fs_cli_check_output, in those words */
-        int is_input = 0;
-        for (int k = 0; path[0] && k < n && !is_input; k++) is_input = in[k] && fs_cli_same_file(path, in[k]);
         /* before fs_cli_check_output, which creates the output's directories */
         for (int j = 0; path[0] && st == FS_OK && j < i; j++)
             if (fs_cli_same_file(path, out[j].path))
                 st = fs_errorf(FS_ERR_USAGE, "%s %s: is also %s %s; two outputs of the run cannot share a file",
                                what, path, out[j].what, out[j].path);
-        const int outside = path[0] && !is_input;
+        /* an output that is an input is said so by fs_cli_check_output, in those words */
+        const int outside = path[0] && !fs_cli_is_input(path, in, n);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);

@@ -101,42 +101,6 @@ static int make_parents(char *dir) {
     return 0;
 }
 
-/* The canonical form of a path that may not exist yet: realpath of the path, else of its
- * directory followed by its last component, else the path itself. malloc'ed (NULL: out of
- * memory). */
-static char *canonical(const char *path) {
-    char *r = realpath(path, NULL);
-    if (r) return r;
-    char *d = strdup(path), *b = strdup(path);
-    char *rd = d && b ? realpath(dirname(d), NULL) : NULL;
-    if (rd) {
-        const char *base = basename(b);
-        size_t n = strlen(rd) + strlen(base) + 2;
-        r = malloc(n);
-        if (r) snprintf(r, n, "%s/%s", rd, base);
-    } else {
-        r = strdup(path);
-    }
-    free(rd);
-    free(d);
-    free(b);
-    return r;
-}
-
-/* Whether two paths name one file: the same device and inode, or (one does not exist yet:
- * two outputs) the same canonical path. */
-static int same_file(const char *a, const char *b) {
-    struct stat sa, sb;
-    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    char *ra = canonical(a), *rb = canonical(b);
-    int same = ra && rb && strcmp(ra, rb) == 0;
-    free(ra);
-    free(rb);
-    return same;
-}
-
-int fs_cli_same_file(const char *a, const char *b) { return same_file(a, b); }
-
 /* The resolved form of path, which need not exist: realpath where it exists (a link in its
  * last component leads where it leads); else realpath of its deepest existing directory
  * followed by the rest as written, "." dropped and ".." taken back. malloc'ed, NULL when
@@ -184,6 +148,22 @@ static char *resolve(const char *path) {
     }
     free(copy);
     return out;
+}
+
+int fs_cli_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char *ra = resolve(a), *rb = resolve(b);
+    int same = ra && rb ? strcmp(ra, rb) == 0 : strcmp(a, b) == 0;
+    free(ra);
+    free(rb);
+    return same;
+}
+
+int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs) {
+    for (int i = 0; i < n_inputs; i++)
+        if (inputs[i] && inputs[i][0] && fs_cli_same_file(path, inputs[i])) return i + 1;
+    return 0;
 }
 
 /* The part of path below the directory dir, both resolved ("step-00000002/x.bin"), into rel:
@@ -294,10 +274,10 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
         return fs_errorf(FS_ERR_USAGE,
                          "%s %s: exists and is not a regular file (a device, pipe or socket "
                          "would be replaced)", what, path);
-    for (int i = 0; i < n_inputs; i++)
-        if (inputs[i] && inputs[i][0] && same_file(path, inputs[i]))
-            return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it",
-                             what, path, inputs[i]);
+    const int input = fs_cli_is_input(path, inputs, n_inputs);
+    if (input)
+        return fs_errorf(FS_ERR_USAGE, "%s %s: is the input %s; writing it would destroy it", what, path,
+                         inputs[input - 1]);
     if (in_place && S_ISFIFO(st.st_mode)) { /* not opened here: a reader already waiting on a
                                              * named FIFO would see end-of-file when we close */
         if (access(path, W_OK) != 0)

@@ -39,8 +39,10 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
                               int n_inputs, int allow_device);
 
 /* Whether two paths name one file (the same device and inode, or, where one does not exist
- * yet, the same canonical path): two outputs of one run must not. */
+ * yet, the same resolved path: links, "." and ".." and relative paths taken out): two outputs
+ * of one run must not. fs_cli_is_input: 1 + the index of the input path is, 0 for none. */
 int fs_cli_same_file(const char *a, const char *b);
+int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs);
 
 /* The start-up check of an output against a directory the run reads (--resume, --init-from,
  * a --data directory) or saves into (--save): refused (FS_ERR_USAGE, one line naming both)
