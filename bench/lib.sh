@@ -13,7 +13,8 @@ ensure_corpus() {
 
 # bench_machine — one line naming what a figure was measured on, printed by every bench
 # script above its tables (BENCHMARKS.md copies it beside each table): the CPU model, the
-# flags that decide which kernels run, the core OpenBLAS picks in this environment, and the
+# flags that decide which kernels run, the OpenBLAS core flatshard runs with in this
+# environment (FS, or build/flatshard: its --version), and the
 # commit of the tree (with "+ uncommitted changes" when the code differs from it, so a figure
 # from a tree no commit holds says so). The CPU family and model numbers go with the name,
 # since a VM's name may be only "AMD EPYC": AMD's family 25 (19h) is Zen 3 and Zen 4 (model 17,
@@ -25,7 +26,10 @@ bench_machine() {
     number=$(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
         grep -xE 'avx2|fma|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile|amx_int8' | sort | tr '\n' ' ')
-    core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename; f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
+    # the core flatshard runs with, from its --version ("OpenBLAS core Cooperlake (set by
+    # flatshard: OpenBLAS took this CPU for a Prescott)"), not the one OpenBLAS picks alone
+    core=$("${FS:-build/flatshard}" --version 2>/dev/null | sed -n 's/.*; OpenBLAS core \([^;]*\);.*/\1/p')
+    [ -n "$core" ] || core=unknown
     commit=$(git rev-parse --short HEAD 2>/dev/null || echo "no git")
     if [ -n "$(git status --porcelain -- src cli include tools bench Makefile 2>/dev/null)" ]; then
         commit="$commit + uncommitted changes"

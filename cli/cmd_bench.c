@@ -259,14 +259,16 @@ static const fs_command_help gemm_help = {
         "(out = in W^T), input gradient (dout W) and weight gradient (dout^T in) — through\n"
         "flatshard's threaded matmul: OpenBLAS sgemm (fp32) and the bf16 GEMM (bf16 operands,\n"
         "fp32 accumulation) on each of its paths — flatshard's kernel (AVX512-BF16 where the\n"
-        "CPU has it) and oneDNN's matmul (AMX or AVX512-BF16, whichever the CPU has; when\n"
-        "the build has oneDNN) — side by side in one run, each repetition alternating between them. Prints\n"
+        "CPU has it), oneDNN's matmul (AMX or AVX512-BF16, whichever the CPU has; when the\n"
+        "build has oneDNN) and sgemm on the operands widened to fp32 — side by side in one\n"
+        "run, each repetition alternating between them. Prints\n"
         "the median GFLOP/s per GEMM, the rate over a whole step's GEMMs (their FLOPs over\n"
         "their median times, each weighted by how often a step runs it), the ratio of the\n"
         "bf16 path in use (FLATSHARD_GEMM, kernels.h) to fp32, and a square 1024^3 GEMM for\n"
         "reference. Before timing, flatshard's bf16 output is checked bit for bit against the\n"
-        "portable path, and oneDNN's against flatshard's (largest difference relative to the\n"
-        "largest |value|: both round the same bf16 products, in different orders). 2MNK FLOPs.",
+        "portable path, and oneDNN's and sgemm's against flatshard's (largest difference\n"
+        "relative to the largest |value|: all sum the same bf16 products, in different\n"
+        "orders). 2MNK FLOPs.",
     .epilog = "example:\n  flatshard bench gemm --model small --seq 256 --batch 4 --threads 1",
 };
 
@@ -283,6 +285,21 @@ static void gemm_pass_run(fs_pool *pool, int bf16, gemm_pass p, const gemm_shape
         else if (p == PASS_DINP) fs_matmul_backward_bf16(pool, NULL, din, NULL, out, in, w16, g->n, g->ic, g->oc, 0, 0);
         else fs_matmul_backward_bf16(pool, NULL, NULL, dw, out, in, w16, g->n, g->ic, g->oc, 0, 0);
     }
+}
+
+/* The largest difference between the flatshard path's result `flatshard` (rn values) and
+ * `path`'s of the same pass, relative to the largest |value|; leaves `path`'s in `result`. */
+static double path_difference(fs_pool *pool, int path, gemm_pass p, const gemm_shape *g, const float *flatshard,
+                              float *result, int64_t rn, float *out, const float *in, const float *w,
+                              const uint16_t *w16, float *din, float *dw) {
+    gemm_pass_run(pool, path, p, g, out, in, w, w16, din, dw);
+    double big = 0, diff = 0;
+    for (int64_t k = 0; k < rn; k++) {
+        const double d = fabs((double)flatshard[k] - (double)result[k]), a = fabs((double)flatshard[k]);
+        if (d > diff) diff = d;
+        if (a > big) big = a;
+    }
+    return big > 0 ? diff / big : diff;
 }
 
 static const fs_bench_spec gemm_spec = {
@@ -320,8 +337,8 @@ static int bench_gemm(int argc, char **argv) {
     float *dw = malloc((size_t)max_w * sizeof(float)), *check = malloc((size_t)max_all * sizeof(float));
     uint16_t *w16 = malloc((size_t)max_w * sizeof(uint16_t));
     double *t32 = malloc((size_t)args.reps * sizeof(double)), *t16 = malloc((size_t)args.reps * sizeof(double));
-    double *tdn = malloc((size_t)args.reps * sizeof(double));
-    if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16 || !tdn) {
+    double *tdn = malloc((size_t)args.reps * sizeof(double)), *tsg = malloc((size_t)args.reps * sizeof(double));
+    if (!in || !w || !out || !din || !dw || !check || !w16 || !t32 || !t16 || !tdn || !tsg) {
         fprintf(stderr, "flatshard bench gemm: out of memory\n");
         return FS_EXIT_RUNTIME;
     }
@@ -345,11 +362,12 @@ static int bench_gemm(int argc, char **argv) {
            " in use: %s\n",
            args.model, args.batch, args.seq, N, args.threads, args.reps, fs_kernels_blas_corename(), fs_kernels_isa_name(isa),
            dnn_detail, in_use_detail);
-    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %7s  %-10s %s\n", "gemm", "pass", "M", "N", "K", "fp32 GFLOP/s",
-           "flatshard", "onednn", "ratio", "flatshard", "onednn vs");
-    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %7s  %-10s %s\n", "", "", "", "", "", "", "bf16 GFLOP/s",
-           "bf16 GFLOP/s", "in use", "vs portbl", "flatshard");
-    double flops_step = 0, sec32 = 0, sec16 = 0, secdn = 0, sq32 = 0, sq16 = 0, sqdn = 0, worst_dn = 0;
+    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %12s %7s  %-10s %-9s %s\n", "gemm", "pass", "M", "N", "K",
+           "fp32 GFLOP/s", "flatshard", "onednn", "sgemm", "ratio", "flatshard", "onednn vs", "sgemm vs");
+    printf("  %-14s %-5s %6s %6s %6s %12s %12s %12s %12s %7s  %-10s %-9s %s\n", "", "", "", "", "", "", "bf16 GFLOP/s",
+           "bf16 GFLOP/s", "bf16 GFLOP/s", "in use", "vs portbl", "flatshard", "flatshard");
+    double flops_step = 0, sec32 = 0, sec16 = 0, secdn = 0, secsg = 0, sq32 = 0, sq16 = 0, sqdn = 0, sqsg = 0;
+    double worst_dn = 0, worst_sg = 0;
     int mismatches = 0;
     static const char *pass_names[] = {"fwd", "dinp", "dw"};
     for (int i = 0; i < n_shapes; i++) {
@@ -360,7 +378,7 @@ static int bench_gemm(int argc, char **argv) {
             float *result = p == PASS_FWD ? out : p == PASS_DINP ? din : dw;
             const int64_t rn = p == PASS_FWD ? g->n * g->oc : p == PASS_DINP ? g->n * g->ic : g->oc * g->ic;
             /* the check: the portable path's bits against the fast path's */
-            const int FL = FS_GEMM_PATH_FLATSHARD, DN = FS_GEMM_PATH_ONEDNN;
+            const int FL = FS_GEMM_PATH_FLATSHARD, DN = FS_GEMM_PATH_ONEDNN, SG = FS_GEMM_PATH_SGEMM;
             fs_kernels_set_isa(FS_ISA_PORTABLE);
             gemm_pass_run(pool, FL, p, g, out, in, w, w16, din, dw);
             memcpy(check, result, (size_t)rn * sizeof(float));
@@ -368,19 +386,12 @@ static int bench_gemm(int argc, char **argv) {
             gemm_pass_run(pool, FL, p, g, out, in, w, w16, din, dw);
             const int same = memcmp(check, result, (size_t)rn * sizeof(float)) == 0;
             mismatches += !same;
-            double dn_diff = 0;
-            if (dnn) { /* oneDNN against the flatshard path, relative to the largest |value| */
-                memcpy(check, result, (size_t)rn * sizeof(float));
-                gemm_pass_run(pool, DN, p, g, out, in, w, w16, din, dw);
-                double big = 0, diff = 0;
-                for (int64_t k = 0; k < rn; k++) {
-                    const double d = fabs((double)check[k] - (double)result[k]), a = fabs((double)check[k]);
-                    if (d > diff) diff = d;
-                    if (a > big) big = a;
-                }
-                dn_diff = big > 0 ? diff / big : diff;
-                if (dn_diff > worst_dn) worst_dn = dn_diff;
-            }
+            /* oneDNN and sgemm against the flatshard path, relative to the largest |value| */
+            memcpy(check, result, (size_t)rn * sizeof(float));
+            const double dn_diff = dnn ? path_difference(pool, DN, p, g, check, result, rn, out, in, w, w16, din, dw) : 0;
+            const double sg_diff = path_difference(pool, SG, p, g, check, result, rn, out, in, w, w16, din, dw);
+            if (dn_diff > worst_dn) worst_dn = dn_diff;
+            if (sg_diff > worst_sg) worst_sg = sg_diff;
             if (p == PASS_FWD) /* the backward passes read `out` as dout */
                 for (int64_t k = 0; k < g->n * g->oc; k++) out[k] = fs_rand_uniform(1, 3, (uint64_t)k) - 0.5f;
             for (int64_t r = -1; r < args.reps; r++) {
@@ -392,11 +403,13 @@ static int bench_gemm(int argc, char **argv) {
                 double t2 = fs_now();
                 if (dnn) gemm_pass_run(pool, DN, p, g, o, in, w, w16, din, dw);
                 double t3 = fs_now();
-                if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1, tdn[r] = t3 - t2;
+                gemm_pass_run(pool, SG, p, g, o, in, w, w16, din, dw);
+                double t4 = fs_now();
+                if (r >= 0) t32[r] = t1 - t0, t16[r] = t2 - t1, tdn[r] = t3 - t2, tsg[r] = t4 - t3;
             }
             const double s32 = fs_cli_median(t32, (int)args.reps), s16 = fs_cli_median(t16, (int)args.reps);
-            const double sdn = dnn ? fs_cli_median(tdn, (int)args.reps) : 0;
-            const double s_use = in_use == FS_GEMM_PATH_ONEDNN ? sdn : s16;
+            const double sdn = dnn ? fs_cli_median(tdn, (int)args.reps) : 0, ssg = fs_cli_median(tsg, (int)args.reps);
+            const double s_use = in_use == FS_GEMM_PATH_ONEDNN ? sdn : in_use == FS_GEMM_PATH_SGEMM ? ssg : s16;
             char dn_rate[32] = "-", dn_check[32] = "-";
             if (dnn) {
                 snprintf(dn_rate, sizeof dn_rate, "%.1f", flops_of(g) / sdn / 1e9);
@@ -405,37 +418,40 @@ static int bench_gemm(int argc, char **argv) {
             const double flops = flops_of(g);
             int64_t M = p == PASS_DW ? g->oc : g->n, Nn = p == PASS_DINP ? g->ic : (p == PASS_DW ? g->ic : g->oc);
             int64_t K = p == PASS_FWD ? g->ic : (p == PASS_DINP ? g->oc : g->n);
-            printf("  %-14s %-5s %6" PRId64 " %6" PRId64 " %6" PRId64 " %12.1f %12.1f %12s %6.2fx  %-10s %s\n",
-                   g->name, pass_names[p], M, Nn, K, flops / s32 / 1e9, flops / s16 / 1e9, dn_rate, s32 / s_use,
-                   same ? "same bits" : "DIFFERENT", dn_check);
+            printf("  %-14s %-5s %6" PRId64 " %6" PRId64 " %6" PRId64 " %12.1f %12.1f %12s %12.1f %6.2fx  %-10s %-9s %.1e\n",
+                   g->name, pass_names[p], M, Nn, K, flops / s32 / 1e9, flops / s16 / 1e9, dn_rate, flops / ssg / 1e9,
+                   s32 / s_use, same ? "same bits" : "DIFFERENT", dn_check, sg_diff);
             if (g->per_step > 0) {
                 flops_step += flops * (double)g->per_step;
                 sec32 += s32 * (double)g->per_step;
                 sec16 += s16 * (double)g->per_step;
                 secdn += sdn * (double)g->per_step;
+                secsg += ssg * (double)g->per_step;
             } else {
                 sq32 = flops / s32 / 1e9;
                 sq16 = flops / s16 / 1e9;
                 sqdn = dnn ? flops / sdn / 1e9 : 0;
+                sqsg = flops / ssg / 1e9;
             }
         }
     }
     fs_gemm_set_path(in_use);
     const double g32 = flops_step / sec32 / 1e9, g16 = flops_step / sec16 / 1e9;
-    const double gdn = dnn ? flops_step / secdn / 1e9 : 0;
+    const double gdn = dnn ? flops_step / secdn / 1e9 : 0, gsg = flops_step / secsg / 1e9;
     printf("  all GEMMs of one training step: %.3g FLOP; fp32 %.4f s -> %.1f GFLOP/s; bf16 flatshard %.4f s -> %.1f"
            " GFLOP/s (%.2fx fp32)", flops_step, sec32, g32, sec16, g16, g16 / g32);
     if (dnn) printf("; bf16 onednn %.4f s -> %.1f GFLOP/s (%.2fx fp32)", secdn, gdn, gdn / g32);
-    printf("\n");
+    printf("; bf16 sgemm %.4f s -> %.1f GFLOP/s (%.2fx fp32)\n", secsg, gsg, gsg / g32);
     if (args.json)
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"step_gemm_gflops_bf16\":%.2f,"
                "\"square_1024_gflops\":%.2f,\"square_1024_gflops_bf16\":%.2f,\"blas_core\":\"%s\","
                "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d,\"step_gemm_gflops_onednn\":%.2f,"
-               "\"square_1024_gflops_onednn\":%.2f,\"onednn_max_rel_diff\":%.3g,\"bf16_path\":\"%s\"}\n",
+               "\"square_1024_gflops_onednn\":%.2f,\"onednn_max_rel_diff\":%.3g,\"step_gemm_gflops_sgemm\":%.2f,"
+               "\"square_1024_gflops_sgemm\":%.2f,\"sgemm_max_rel_diff\":%.3g,\"bf16_path\":\"%s\"}\n",
                args.model, args.batch, args.seq, args.threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
-               fs_kernels_isa_name(isa), mismatches, gdn, sqdn, worst_dn, fs_gemm_path_name(in_use));
-    free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16), free(tdn);
+               fs_kernels_isa_name(isa), mismatches, gdn, sqdn, worst_dn, gsg, sqsg, worst_sg, fs_gemm_path_name(in_use));
+    free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16), free(tdn), free(tsg);
     fs_pool_free(pool);
     if (mismatches) {
         fprintf(stderr, "flatshard bench gemm: %d bf16 GEMMs differ from the portable path\n", mismatches);

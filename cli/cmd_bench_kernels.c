@@ -402,9 +402,10 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
         const double med = fs_cli_median(t, (int)args.reps);
         int is_flops;
         const double work = kernel_work(k, &b, &is_flops), rate = work / med / 1e9;
-        /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel */
-        const int bf16_peak = k == K_GEMM_BF16 || ((k == K_ATT16_FWD || k == K_ATT16_BWD) &&
-                                                   strcmp(att16_path, "avx512bf16") == 0);
+        /* the bf16 attention's products are vdpbf16ps on its avx512bf16 kernel; the bf16 GEMM's
+         * too, but on the sgemm path, whose products are FMAs */
+        const int bf16_peak = (k == K_GEMM_BF16 && gemm_path != FS_GEMM_PATH_SGEMM) ||
+                              ((k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "avx512bf16") == 0);
         const double peak = is_flops ? (bf16_peak ? peak_bf16 : peak_fp32) * (double)args.threads
                                      : work / time_memcpy(&b, pool, copy_dst, copy_src, work, t, args.reps) / 1e9;
         const int amx_att = (k == K_ATT16_FWD || k == K_ATT16_BWD) && strcmp(att16_path, "amx") == 0;

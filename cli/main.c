@@ -45,7 +45,7 @@ static void print_usage(FILE *f) {
     for (const fs_command *c = commands; c->name; c++) fprintf(f, "  %-10s %s\n", c->name, c->summary);
     fprintf(f, "\n'flatshard <command> --help' (or 'flatshard help <command>') lists a command's\n"
                "options with their defaults.\n"
-               "'flatshard --version' prints the version.\n");
+               "'flatshard --version' prints the version and the compute paths this CPU gets.\n");
 }
 
 int fs_cli_report(const char *cmd, int status) {
@@ -131,7 +131,41 @@ static void end_unfinished_writes_on_signals(const char *cmd) {
     }
 }
 
+/* Where OpenBLAS took this CPU for an older one (fs_kernels_blas_core_to_force: 0.3.21 gives
+ * an Intel model it does not know the SSE3 "Prescott" core), the program starts again with
+ * OPENBLAS_CORETYPE naming the core the CPU warrants, since OpenBLAS reads it only when it
+ * loads. Before anything else: no thread, file or MPI connection exists yet, so the new image
+ * is the same run. FLATSHARD_BLAS_CORE_DETECTED keeps what OpenBLAS picked itself, for
+ * --version. If the restart fails, the run goes on with OpenBLAS's core and says so. */
+static void restart_with_the_cpus_blas_core(char **argv) {
+    const char *core = fs_kernels_blas_core_to_force();
+    if (!core) return;
+    char detected[64];
+    snprintf(detected, sizeof detected, "%s", fs_kernels_blas_corename());
+    if (setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("FLATSHARD_BLAS_CORE_DETECTED", detected, 1) == 0)
+        execv("/proc/self/exe", argv);
+    const int e = errno;
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("FLATSHARD_BLAS_CORE_DETECTED");
+    fprintf(stderr,
+            "flatshard: note: OpenBLAS took this CPU for a %s and flatshard could not restart with "
+            "OPENBLAS_CORETYPE=%s (%s): fp32 GEMMs run on the older core's vectors; set "
+            "OPENBLAS_CORETYPE=%s to use the CPU's\n",
+            detected, core, strerror(e), core);
+}
+
+/* --version's second line: the compute paths this CPU gets, where a user can see that the
+ * OpenBLAS core is the one the CPU warrants (and whether flatshard had to choose it). */
+static void print_paths(void) {
+    const char *detected = getenv("FLATSHARD_BLAS_CORE_DETECTED");
+    printf("kernels %s; OpenBLAS core %s", fs_kernels_isa_name(fs_kernels_isa()), fs_kernels_blas_corename());
+    if (detected && *detected && strcmp(detected, fs_kernels_blas_corename()) != 0)
+        printf(" (set by flatshard: OpenBLAS took this CPU for a %s)", detected);
+    printf("; bf16 GEMM %s\n", fs_gemm_path_detail());
+}
+
 int main(int argc, char **argv) {
+    restart_with_the_cpus_blas_core(argv);
     if (argc < 2) {
         print_usage(stderr);
         return FS_EXIT_USAGE;
@@ -153,6 +187,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("flatshard %s\n", FS_VERSION);
+        print_paths();
         return finish_stdout(NULL, FS_EXIT_OK);
     }
     const char *kernels_error = fs_kernels_env_error();

@@ -18,6 +18,9 @@
  *   6. a thread that finds the oneDNN path chosen by another thread (the in-process ranks do)
  *      sees what oneDNN's probe wrote: run first, before anything in this process probes;
  *      a data race here is ThreadSanitizer's to report (its build fails the program).
+ *   7. the sgemm path (OpenBLAS sgemm on the operands widened to fp32) against the same
+ *      reference, independent of the pool size, its AVX-512 widening giving the portable
+ *      one's bits; tests 4 and the bf16-operand tests run on it too;
  *
  * Tolerance. The operands are rounded to bf16 first, so the double reference sees exactly
  * the values the kernel multiplies; each product is exact in fp32, and a float sum of K
@@ -310,7 +313,7 @@ static void test_onednn_prepare_linear(void) {
 }
 
 /* The bf16 GEMM's paths the same-bits tests walk: 0 flatshard's portable kernel, 1 its
- * AVX512-BF16 kernel, 2 oneDNN. bf16_path_enter selects one (0 where this CPU or build lacks
+ * AVX512-BF16 kernel, 2 oneDNN, 3 sgemm (its AVX-512 widening). bf16_path_enter selects one (0 where this CPU or build lacks
  * it: skip it) and saves what it changed; bf16_path_leave puts that back. */
 typedef struct bf16_path_saved {
     fs_gemm_path path;
@@ -320,7 +323,9 @@ typedef struct bf16_path_saved {
 static int bf16_path_enter(int path, bf16_path_saved *saved) {
     if (path == 1 && fs_kernels_cpu_isa() < FS_ISA_AVX512_BF16) return 0;
     if (path == 2 && !fs_gemm_path_available(FS_GEMM_PATH_ONEDNN)) return 0;
-    saved->path = fs_gemm_set_path(path == 2 ? FS_GEMM_PATH_ONEDNN : FS_GEMM_PATH_FLATSHARD);
+    saved->path = fs_gemm_set_path(path == 2   ? FS_GEMM_PATH_ONEDNN
+                                   : path == 3 ? FS_GEMM_PATH_SGEMM
+                                               : FS_GEMM_PATH_FLATSHARD);
     saved->isa = fs_kernels_set_isa(path == 0 ? FS_ISA_PORTABLE : FS_ISA_N - 1);
     return 1;
 }
@@ -332,7 +337,7 @@ static void bf16_path_leave(const bf16_path_saved *saved) {
 
 /* The products with inp already in bf16 (fs_swiglu_forward_bf16's h, the norms, the kept
  * attention output), or dout and inp (fs_swiglu_backward_bf16's dgu with the second norm),
- * give the bits of the products given the fp32 operands they were rounded from, on every path (flatshard's fast and portable kernels, oneDNN: there a
+ * give the bits of the products given the fp32 operands they were rounded from, on every path (flatshard's fast and portable kernels, sgemm, oneDNN: there a
  * transposed bf16 A is staged by a transposing copy, a plain one read in place, and the
  * weight gradient's bf16 inp packed into the blocked layout like an fp32 one), on 1 and 3
  * threads, writing and accumulating, within the staging fs_gemm_stage_bytes reserves.
@@ -340,7 +345,7 @@ static void bf16_path_leave(const bf16_path_saved *saved) {
 static void test_bf16_activation_operands_same_bits(void) {
     static const int64_t sh[][3] = {{300, 70, 130}, {517, 33, 200}, {320, 96, 320}, {64, 40, 31}};
     int paths = 0;
-    for (int path = 0; path < 3; path++) {
+    for (int path = 0; path < 4; path++) {
         bf16_path_saved saved;
         if (!bf16_path_enter(path, &saved)) continue;
         paths++;
@@ -397,7 +402,7 @@ static void test_bf16_activation_operands_same_bits(void) {
 
 /* The forward from a bf16 inp with a bf16 output (the bf16 policy's gu, from the second norm)
  * is fs_fp32_to_bf16 of the fp32-output forward from the fp32 inp it was rounded from, bit for
- * bit, on every path (flatshard's portable and AVX512-BF16 kernels, oneDNN),
+ * bit, on every path (flatshard's portable and AVX512-BF16 kernels, oneDNN, sgemm),
  * on 1 and 3 threads, with and without reserved staging, and writes nothing past out. Shapes
  * cross every cut: rows past oneDNN's tiles (256) and flatshard's row blocks (96, and the
  * bf16 output's 576), columns past one column block (1024) and short of a tile (64), k past
@@ -406,7 +411,7 @@ static void test_bf16_output_forward_is_the_rounded_fp32(void) {
     static const int64_t sh[][3] = {{700, 600, 1100}, {300, 70, 130}, {97, 513, 65},
                                     {64, 40, 31},     {1, 1, 1},      {7, 0, 5}};
     int paths = 0;
-    for (int path = 0; path < 3; path++) {
+    for (int path = 0; path < 4; path++) {
         bf16_path_saved saved;
         if (!bf16_path_enter(path, &saved)) continue;
         paths++;
@@ -455,6 +460,33 @@ static void test_gemm_path_choice(void) {
         CHECK(fs_gemm_set_path(FS_GEMM_PATH_ONEDNN) == FS_GEMM_PATH_FLATSHARD, "set_path returns the path before");
         CHECK(strncmp(fs_gemm_path_detail(), "onednn (", 8) == 0, "detail: %s", fs_gemm_path_detail());
     }
+    CHECK(strcmp(fs_gemm_path_name(FS_GEMM_PATH_SGEMM), "sgemm") == 0, "name of the sgemm path");
+    CHECK(fs_gemm_path_available(FS_GEMM_PATH_SGEMM), "the sgemm path is always there");
+    fs_gemm_set_path(FS_GEMM_PATH_SGEMM);
+    CHECK(strncmp(fs_gemm_path_detail(), "sgemm (OpenBLAS ", 16) == 0, "detail: %s", fs_gemm_path_detail());
+    fs_gemm_set_path(before);
+}
+
+/* Test 7: the sgemm path against the same reference (its tiles of 256 x 256 cut into k blocks
+ * of 256: the shapes cross all three), independent of the pool size, and its AVX-512 widening
+ * giving the portable widening's bits. */
+static void test_sgemm_vs_reference(void) {
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_SGEMM);
+    for_all_cases(check_one);
+    fs_test_note("%s", fs_gemm_path_detail());
+    fs_gemm_set_path(before);
+}
+
+static void test_sgemm_pool_size_independent(void) {
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_SGEMM);
+    for_all_cases(compare_pools);
+    fs_gemm_set_path(before);
+}
+
+static void test_sgemm_widening_paths_agree_bitwise(void) {
+    SKIP_WITHOUT_AVX512_BF16(); /* compare_paths's fast side; the widening needs AVX-512 only */
+    fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_SGEMM);
+    for_all_cases(compare_paths); /* portable, then the CPU's best */
     fs_gemm_set_path(before);
 }
 
@@ -528,6 +560,11 @@ int main(void) {
         fs_gemm_set_path(FS_GEMM_PATH_ONEDNN);
         RUN(test_linear_layers_match_fp32_on_exact_inputs);
     }
+    RUN(test_sgemm_vs_reference);
+    RUN(test_sgemm_pool_size_independent);
+    RUN(test_sgemm_widening_paths_agree_bitwise);
+    fs_gemm_set_path(FS_GEMM_PATH_SGEMM); /* test 4 again on the sgemm path */
+    RUN(test_linear_layers_match_fp32_on_exact_inputs);
     fs_gemm_set_path(rule);
     fs_pool_free(pool3);
     return fs_test_summary();

@@ -1765,6 +1765,40 @@ static void test_xent_paths_agree(void) {
 
 /* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
  * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
+/* The OpenBLAS core a CPU should get: OpenBLAS 0.3.21 took an Intel Xeon of family 6 model 207
+ * (AVX512_BF16, AMX hidden) for a Prescott and ran sgemm on SSE3 (BENCHMARKS.md). A core
+ * below the CPU's level gets the level's; one at it, above it, or unknown stays. */
+static void test_blas_core_for_the_cpu(void) {
+    static const struct {
+        const char *picked;
+        fs_kernel_isa cpu;
+        const char *want; /* NULL: keep OpenBLAS's choice */
+    } cases[] = {
+        {"Prescott", FS_ISA_AVX512_BF16, "Cooperlake"}, {"Prescott", FS_ISA_AVX512, "SkylakeX"},
+        {"Prescott", FS_ISA_AVX2, "Haswell"},           {"Prescott", FS_ISA_PORTABLE, NULL},
+        {"Sandybridge", FS_ISA_AVX2, "Haswell"},        {"Haswell", FS_ISA_AVX512_BF16, "Cooperlake"},
+        {"Zen", FS_ISA_AVX512, "SkylakeX"},             {"Zen", FS_ISA_AVX2, NULL},
+        {"SkylakeX", FS_ISA_AVX512_BF16, NULL},         {"Cooperlake", FS_ISA_AVX512_BF16, NULL},
+        {"SapphireRapids", FS_ISA_AVX512_BF16, NULL},   {"Cooperlake", FS_ISA_AVX2, NULL},
+        {"PRESCOTT", FS_ISA_AVX512, "SkylakeX"},        {"Zen5", FS_ISA_AVX512_BF16, NULL},
+        {"", FS_ISA_AVX512, NULL},                      {NULL, FS_ISA_AVX512, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = fs_kernels_blas_core_for(cases[i].picked, cases[i].cpu);
+        CHECK(cases[i].want ? got && strcmp(got, cases[i].want) == 0 : got == NULL, "%s on a %s CPU: %s, want %s",
+              cases[i].picked ? cases[i].picked : "(null)", fs_kernels_isa_name(cases[i].cpu), got ? got : "keep",
+              cases[i].want ? cases[i].want : "keep");
+    }
+    /* the user's OPENBLAS_CORETYPE stands, whatever OpenBLAS picked */
+    const char *before = getenv("OPENBLAS_CORETYPE");
+    char *saved = before ? strdup(before) : NULL;
+    setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+    CHECK(fs_kernels_blas_core_to_force() == NULL, "OPENBLAS_CORETYPE=Prescott was overridden");
+    if (saved) setenv("OPENBLAS_CORETYPE", saved, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    free(saved);
+}
+
 static void test_sum_squares_and_scale(void) {
     static const int64_t sizes[] = {0, 1, 7, 63, 64, 65, 1000, 64 * 8192 + 4097};
     fs_pool *extra[2] = {NULL, NULL};
@@ -1832,6 +1866,7 @@ int main(void) {
     RUN_SEEDED(test_rope_paths_same_bits);
     RUN_SEEDED(test_xent_paths_agree);
     RUN_SEEDED(test_sum_squares_and_scale);
+    RUN(test_blas_core_for_the_cpu);
     for (int p = 0; p < N_POOLS; p++) fs_pool_free(pools[p]);
     return fs_test_summary();
 }

@@ -145,25 +145,32 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  *              path): an fp32 B once per product, straight into oneDNN's blocked bf16 layout (as is the
  *              forward's bf16 weight where that copy is no larger than C), an fp32 A tile by
  *              tile; each product runs as fixed tiles of FS_GEMM_ONEDNN_TILE rows of C, one
- *              single-threaded oneDNN call per tile, spread over the pool.
- * auto (the default) is onednn where oneDNN runs a bf16 brgemm on this CPU (on AMX tiles, or
- * on AVX512-BF16's vdpbf16ps: its probe product's implementation is "brg:...bf16") and
- * flatshard elsewhere (no oneDNN, or a CPU without native bf16, where oneDNN would emulate
- * it). Measured (BENCHMARKS.md): on an Intel Xeon with AMX oneDNN ran the GEMMs of a `small`
- * step at 4-7x the flatshard kernel; on an AMD Zen 4 its AVX512-BF16 brgemm ran them at
- * 1.14x and the whole bf16 step at 1.13x; on that Xeon with AMX masked off, 1.06x. Not
- * measured on Zen 5. The environment variable FLATSHARD_GEMM
- * (auto | onednn | flatshard) overrides the rule; fs_gemm_set_path does for tests. A build
- * without oneDNN (make ONEDNN=0) has the flatshard path only. */
-typedef enum fs_gemm_path { FS_GEMM_PATH_FLATSHARD, FS_GEMM_PATH_ONEDNN, FS_GEMM_PATH_N } fs_gemm_path;
+ *              single-threaded oneDNN call per tile, spread over the pool;
+ *   sgemm      OpenBLAS sgemm on the operands rounded to bf16 and widened to fp32, tile by
+ *              tile in each thread's scratch (gemm_sgemm.c): a bf16 product is exact in fp32,
+ *              so this is the same arithmetic in another order of sums, at the fp32 GEMM's
+ *              rate, for a CPU whose bf16 dot product is no faster than its FMAs.
+ * auto (the default): onednn where oneDNN runs a brgemm on AMX tiles; onednn, else flatshard,
+ * where the CPU's vdpbf16ps outruns its FMAs (AVX512-BF16 on an AMD CPU: twice the FMA rate
+ * on Zen 4); sgemm elsewhere (AVX512-BF16 on an Intel CPU without AMX, which issues
+ * vdpbf16ps at half its FMA rate; a CPU without AVX512-BF16). By the CPU's vendor and flags,
+ * never by a timing: the bits of a run must not depend on the machine's load. Measured
+ * (BENCHMARKS.md): on an Intel Xeon with AMX oneDNN ran the GEMMs of a `small` step at 4-7x
+ * the flatshard kernel; on an AMD Zen 4 its AVX512-BF16 brgemm ran them at 1.14x and the whole
+ * bf16 step at 1.13x; on an Intel Xeon of family 6 model 207 with AMX hidden, sgemm ran them at
+ * ~1.55x either bf16 path (~125 against ~80 GFLOP/s). Not measured on Zen 5. The environment variable FLATSHARD_GEMM
+ * (auto | onednn | flatshard | sgemm) overrides the rule; fs_gemm_set_path does for tests. A
+ * build without oneDNN (make ONEDNN=0) has the flatshard and sgemm paths. */
+typedef enum fs_gemm_path { FS_GEMM_PATH_FLATSHARD, FS_GEMM_PATH_ONEDNN, FS_GEMM_PATH_SGEMM, FS_GEMM_PATH_N } fs_gemm_path;
 #define FS_GEMM_ONEDNN_TILE 256
 fs_gemm_path fs_gemm_path_in_use(void);
-int fs_gemm_path_available(fs_gemm_path path); /* onednn: built with it, and oneDNN works here */
+int fs_gemm_path_available(fs_gemm_path path); /* onednn: built with it, and oneDNN works here;
+                                                  flatshard and sgemm: always */
 /* Selects `path` (which must be available); returns the path in use before. */
 fs_gemm_path fs_gemm_set_path(fs_gemm_path path);
-const char *fs_gemm_path_name(fs_gemm_path path); /* "flatshard", "onednn" */
+const char *fs_gemm_path_name(fs_gemm_path path); /* "flatshard", "onednn", "sgemm" */
 /* What the path in use runs on this CPU: "onednn (brg:avx512_core_amx_bf16)", "flatshard
- * (avx512bf16)", for benchmark tables and logs (in the calling thread's own buffer, valid
+ * (avx512bf16)", "sgemm (OpenBLAS Cooperlake)", for benchmark tables and logs (in the calling thread's own buffer, valid
  * until its next call). */
 const char *fs_gemm_path_detail(void);
 /* NULL, or a message if FLATSHARD_GEMM holds a value that is not a path's name, or names
@@ -224,6 +231,20 @@ const char *fs_kernels_env_error(void);
  * there is an fp32 one), on the widest vectors the CPU has regardless of FLATSHARD_KERNELS;
  * 0 on a CPU without AVX2 and FMA. Low on a core shared with other work. */
 double fs_cpu_peak_gflops(int bf16);
+
+/* OpenBLAS 0.3.21 (Debian 12's) picks its kernels from the CPU's family and model when it
+ * loads, and takes a model it does not know for an SSE3 "Prescott": an Intel Xeon of family 6
+ * model 207 whose hypervisor hides AMX got Prescott, and ran fp32 GEMMs at a fraction of
+ * its AVX-512 core's rate (BENCHMARKS.md). The core a CPU of this ISA level should get when
+ * OpenBLAS picked `picked`: "Cooperlake" (AVX512_BF16), "SkylakeX" (AVX-512) or "Haswell"
+ * (AVX2 + FMA) where `picked` is a known core of a lower level; NULL where it is at the
+ * CPU's level, or a name this table does not know (a newer OpenBLAS's: trusted). */
+const char *fs_kernels_blas_core_for(const char *picked, fs_kernel_isa cpu);
+/* NULL, or the core OPENBLAS_CORETYPE should name for OpenBLAS to use this CPU's vectors:
+ * fs_kernels_blas_core_for(the core in use, fs_kernels_cpu_isa()), and NULL whenever
+ * OPENBLAS_CORETYPE is set (the user's choice stands). OpenBLAS reads the variable only
+ * when it loads, so the caller must start the program again (cli/main.c). */
+const char *fs_kernels_blas_core_to_force(void);
 
 /* ------------------------------------------------------------------ embedding
  * Rows [row0, row0 + rows) of the embedding table (a vocabulary chunk; the whole table when

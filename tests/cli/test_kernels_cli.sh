@@ -20,7 +20,9 @@ fp32, bf16 = float(m.group(1)), float(m.group(2))
 rows = {r["kernel"]: r for r in map(json.loads, re.findall(r"^\{\"bench\":\"kernels\".*$", text, re.M))}
 if "kernels portable" in text.split("\n")[0] and fp32 == 0:
     sys.exit(0)
-assert fp32 > 0 and 0.75 * fp32 <= bf16 <= 2.5 * fp32, (fp32, bf16)  # vdpbf16ps: 1-2x the FMA rate
+# vdpbf16ps: about twice the FMA rate on AMD Zen 4 and 5, half of it on an Intel Xeon of
+# family 6 model 207 (AMX hidden: 85.5 against 162.8 GFLOP/s), which issues it on one port
+assert fp32 > 0 and 0.4 * fp32 <= bf16 <= 2.5 * fp32, (fp32, bf16)
 assert abs(rows["gemm fp32"]["peak"] - fp32) <= 0.06 + 1e-3 * fp32, (rows["gemm fp32"]["peak"], fp32)
 assert abs(rows["attention fwd"]["peak"] - fp32) <= 0.06 + 1e-3 * fp32, rows["attention fwd"]
 assert rows["gemm fp32"]["gflops"] <= 1.25 * fp32, (rows["gemm fp32"]["gflops"], fp32)
@@ -31,11 +33,16 @@ expect "the header gives this core's measured peaks, and the FLOP rows are set b
 # order, so bench kernels reports its largest difference instead, and FAILs it past a bound
 # (checked above) — or "same bits" where its order is the portable loop's (its AVX512-BF16
 # brgemm on small shapes: seen on an AMD Zen 4; on AMX the order differs)
-if grep -q 'bf16 GEMM onednn' "$WORK/out"; then
-    expect "the oneDNN bf16 GEMM is compared with flatshard's and reports its difference" grep -qE '^  gemm bf16 .*(max diff [0-9.e+-]+ of max|same bits$)' "$WORK/out"
-else
+# the sgemm path's order of sums is OpenBLAS's, and reported the same way
+gemm_path=$(sed -nE 's/^bench kernels: .*, bf16 GEMM ([a-z]+) .*/\1/p' "$WORK/out")
+if [ "$gemm_path" = flatshard ]; then
     expect "the bf16 GEMM gives the portable path's bits" grep -qE '^  gemm bf16 .*same bits' "$WORK/out"
+else
+    expect "the $gemm_path bf16 GEMM is compared with flatshard's and reports its difference" grep -qE '^  gemm bf16 .*(max diff [0-9.e+-]+ of max|same bits$)' "$WORK/out"
 fi
+run "bench kernels with the sgemm bf16 GEMM forced" 0 env FLATSHARD_GEMM=sgemm "$FS" bench kernels --model tiny --batch 2 --seq 80 --reps 1 --opt-elements 1000
+expect "the sgemm path is named, and within the bound of flatshard's bits" \
+    bash -c "grep -q 'bf16 GEMM sgemm (OpenBLAS ' '$WORK/out' && grep -qE '^  gemm bf16 .*(max diff [0-9.e+-]+ of max|same bits$)' '$WORK/out'"
 run "bench kernels with flatshard's bf16 GEMM forced" 0 env FLATSHARD_GEMM=flatshard "$FS" bench kernels --model tiny --batch 2 --seq 80 --reps 1 --opt-elements 1000
 expect "flatshard's bf16 GEMM gives the portable path's bits" grep -qE '^  gemm bf16 .*same bits' "$WORK/out"
 # which paths ran: on a CPU without the ISA every kernel is the portable one and the
@@ -63,6 +70,28 @@ run "bench step in both precisions" 0 "$FS" bench step --model tiny --batch 2 --
 expect "bench step prints the bf16/fp32 ratio" grep -qE '^bf16 step vs fp32 step: [0-9.]+x (faster|slower)' "$WORK/out"
 run "the portable path forced" 0 env FLATSHARD_KERNELS=portable "$FS" bench kernels --model tiny --batch 1 --seq 16 --reps 1 --opt-elements 1000
 expect "the header names the portable kernels" grep -q 'kernels portable' "$WORK/out"
+refuse "an unknown FLATSHARD_GEMM" 2 "FLATSHARD_GEMM must be auto, onednn, flatshard or sgemm, not 'blas'" \
+    env FLATSHARD_GEMM=blas "$FS" bench kernels --model tiny
 refuse "an unknown FLATSHARD_KERNELS" 2 "FLATSHARD_KERNELS must be auto, portable, avx2, avx512 or avx512bf16, not 'fast'" \
     env FLATSHARD_KERNELS=fast "$FS" bench kernels --model tiny
+# the OpenBLAS core: the one this CPU's vectors warrant. OpenBLAS 0.3.21 took an Intel Xeon of
+# family 6 model 207 (AVX512_BF16, AMX hidden) for an SSE3 Prescott and ran sgemm at a fraction
+# of its rate; flatshard starts itself again with OPENBLAS_CORETYPE naming the right core
+# (cli/main.c), and a user's OPENBLAS_CORETYPE stands
+run "--version names the compute paths" 0 env -u OPENBLAS_CORETYPE -u FLATSHARD_BLAS_CORE_DETECTED "$FS" --version
+core=$(sed -n 's/.*; OpenBLAS core \([A-Za-z0-9_]*\).*/\1/p' "$WORK/out")
+echo "     ($(sed -n 2p "$WORK/out"))"
+cpu_has() { grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -qx "$1"; }
+if cpu_has avx512f && cpu_has avx512bw && cpu_has avx512dq && cpu_has avx512vl; then
+    expect "an AVX-512 CPU runs an AVX-512 OpenBLAS core ($core)" \
+        bash -c "[ '$core' = SkylakeX ] || [ '$core' = Cooperlake ] || [ '$core' = SapphireRapids ]"
+elif cpu_has avx2 && cpu_has fma; then
+    expect "an AVX2 CPU runs an AVX2 OpenBLAS core or better ($core)" \
+        bash -c "[ '$core' = Haswell ] || [ '$core' = Zen ] || [ '$core' = Excavator ]"
+else
+    expect "OpenBLAS names a core ($core)" [ -n "$core" ]
+fi
+run "--version under OPENBLAS_CORETYPE=Haswell" 0 env OPENBLAS_CORETYPE=Haswell "$FS" --version
+expect "the user's OPENBLAS_CORETYPE stands" grep -q '; OpenBLAS core Haswell; ' "$WORK/out"
+expect "and flatshard says nothing of setting it" bash -c "! grep -q 'set by flatshard' '$WORK/out'"
 summary

@@ -65,6 +65,10 @@ void fs_cpu_onednn_gemm(fs_pool *pool, const fs_gemm_stage *stage, float *C, uin
                         int accumulate, fs_gemm_operand A, fs_gemm_operand B, int64_t M,
                         int64_t N, int64_t K, int pack_b);
 
+/* fs_gemm_bf16 on the sgemm path (gemm_sgemm.c); M, N, K > 0. C16 as for the oneDNN path. */
+void fs_cpu_sgemm_gemm(fs_pool *pool, float *C, uint16_t *C16, int64_t ldc, int accumulate, fs_gemm_operand A,
+                       fs_gemm_operand B, int64_t M, int64_t N, int64_t K);
+
 /* expf for 16 floats: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor polynomial to
  * r^7 (truncation below 1e-8 relative), 2^n applied by vscalefps, which saturates to 0 and
  * to inf where expf does. Within 2 ulp of glibc's expf over the whole range (checked in

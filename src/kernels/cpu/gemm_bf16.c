@@ -361,6 +361,10 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
         fs_cpu_onednn_gemm(pool, stage, C, NULL, ldc, accumulate, A, B, M, N, K, 0);
         return;
     }
+    if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_SGEMM) {
+        fs_cpu_sgemm_gemm(pool, C, NULL, ldc, accumulate, A, B, M, N, K);
+        return;
+    }
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;
     gemm_job j = {.a = view_of(A), .b = view_of(B), .C = C, .ldc = ldc, .M = M, .N = N, .K = K,
                   .accumulate = accumulate,
@@ -432,6 +436,10 @@ static void gemm_bf16_out(fs_pool *pool, const fs_gemm_stage *stage, uint16_t *C
     if (M == 0 || N == 0) return;
     if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_ONEDNN) {
         fs_cpu_onednn_gemm(pool, stage, NULL, C, ldc, 0, A, B, M, N, K, 0);
+        return;
+    }
+    if (K > 0 && fs_gemm_path_in_use() == FS_GEMM_PATH_SGEMM) {
+        fs_cpu_sgemm_gemm(pool, NULL, C, ldc, 0, A, B, M, N, K);
         return;
     }
     const int fast = fs_kernels_isa() == FS_ISA_AVX512_BF16;

@@ -21,7 +21,9 @@
  */
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cpu_common.h"
 
@@ -34,6 +36,47 @@
 void fs_kernels_init(void) { openblas_set_num_threads(1); }
 
 const char *fs_kernels_blas_corename(void) { return openblas_get_corename(); }
+
+/* The ISA level of each OpenBLAS 0.3.21 DYNAMIC_ARCH x86-64 core's sgemm kernels (the names
+ * openblas_get_corename returns): SSE2/SSE3 (and Sandybridge's AVX without FMA) below AVX2,
+ * then AVX2 + FMA, then AVX-512. A name missing here is one this table cannot judge. */
+static const struct {
+    const char *name;
+    fs_kernel_isa level;
+} blas_cores[] = {
+    {"Katmai", FS_ISA_PORTABLE},    {"Coppermine", FS_ISA_PORTABLE}, {"Northwood", FS_ISA_PORTABLE},
+    {"Prescott", FS_ISA_PORTABLE},  {"Banias", FS_ISA_PORTABLE},     {"Atom", FS_ISA_PORTABLE},
+    {"Core2", FS_ISA_PORTABLE},     {"Penryn", FS_ISA_PORTABLE},     {"Dunnington", FS_ISA_PORTABLE},
+    {"Nehalem", FS_ISA_PORTABLE},   {"Sandybridge", FS_ISA_PORTABLE}, {"Athlon", FS_ISA_PORTABLE},
+    {"Opteron", FS_ISA_PORTABLE},   {"Opteron_SSE3", FS_ISA_PORTABLE}, {"Barcelona", FS_ISA_PORTABLE},
+    {"Nano", FS_ISA_PORTABLE},      {"Bobcat", FS_ISA_PORTABLE},     {"Bulldozer", FS_ISA_PORTABLE},
+    {"Piledriver", FS_ISA_PORTABLE}, {"Steamroller", FS_ISA_PORTABLE}, {"Excavator", FS_ISA_AVX2},
+    {"Haswell", FS_ISA_AVX2},       {"Zen", FS_ISA_AVX2},            {"SkylakeX", FS_ISA_AVX512},
+    {"Cooperlake", FS_ISA_AVX512_BF16}, {"SapphireRapids", FS_ISA_AVX512_BF16},
+};
+
+const char *fs_kernels_blas_core_for(const char *picked, fs_kernel_isa cpu) {
+    if (!picked) return NULL;
+    for (size_t i = 0; i < sizeof blas_cores / sizeof blas_cores[0]; i++) {
+        if (strcasecmp(picked, blas_cores[i].name) != 0) continue;
+        /* AVX-512 sgemm is the same in SkylakeX and Cooperlake (the latter adds bf16 sbgemm):
+         * an AVX-512 core is at the level of an AVX512_BF16 CPU for what flatshard asks of it */
+        const fs_kernel_isa have = blas_cores[i].level == FS_ISA_AVX512_BF16 ? FS_ISA_AVX512 : blas_cores[i].level;
+        const fs_kernel_isa want = cpu == FS_ISA_AVX512_BF16 ? FS_ISA_AVX512 : cpu;
+        if (have >= want) return NULL;
+        return cpu == FS_ISA_AVX512_BF16 ? "Cooperlake"
+               : cpu == FS_ISA_AVX512    ? "SkylakeX"
+               : cpu == FS_ISA_AVX2      ? "Haswell"
+                                         : NULL;
+    }
+    return NULL;
+}
+
+const char *fs_kernels_blas_core_to_force(void) {
+    const char *set = getenv("OPENBLAS_CORETYPE");
+    if (set && *set) return NULL;
+    return fs_kernels_blas_core_for(openblas_get_corename(), fs_kernels_cpu_isa());
+}
 
 /* One row-major sgemm C (M, Ncol) = A' @ B' (+ beta C), A' = A or A^T, B' = B or B^T, sliced
  * over the rows or the columns of C. */
