@@ -115,7 +115,7 @@ LDLIBS   += $(MPI_LDLIBS)
 # ONEDNN=1 links Debian's oneDNN (libdnnl-dev: the matmul primitive, brgemm on AMX tiles)
 # for the bf16 GEMM's oneDNN path, and libgomp, whose omp_set_num_threads caps the OpenMP
 # threads Debian's libdnnl uses at one per caller (kernels.h, "bf16 GEMM paths"). The default
-# is 1 when its header is installed; ONEDNN=0 builds the flatshard GEMM path only.
+# is 1 when its header is installed; ONEDNN=0 builds the flatshard and sgemm GEMM paths only.
 ONEDNN   ?= $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),1,0)
 ifeq ($(ONEDNN),1)
 CPPFLAGS += -DFS_HAVE_ONEDNN=1

@@ -134,22 +134,41 @@ static void end_unfinished_writes_on_signals(const char *cmd) {
 /* Where OpenBLAS took this CPU for an older one (fs_kernels_blas_core_to_force: 0.3.21 gives
  * an Intel model it does not know the SSE3 "Prescott" core), the program starts again with
  * OPENBLAS_CORETYPE naming the core the CPU warrants, since OpenBLAS reads it only when it
- * loads. Before anything else: no thread, file or MPI connection exists yet, so the new image
- * is the same run. FLATSHARD_BLAS_CORE_DETECTED keeps what OpenBLAS picked itself, for
- * --version. If the restart fails, the run goes on with OpenBLAS's core and says so. */
+ * loads. Before anything else: no file, MPI connection or thread of ours exists yet
+ * (OpenBLAS's own pool goes with the old image), so the new image is the same run. It is the
+ * binary /proc/self/exe links to, by that path, so that the process keeps its name (ps, top,
+ * killall, core files), which execv gives from the path's last part. FLATSHARD_BLAS_CORE_DETECTED
+ * keeps what OpenBLAS picked itself, for --version and for the check that the new image got
+ * the core. If the restart fails, or OpenBLAS did not take the core it was given (a build
+ * without DYNAMIC_ARCH, or without AVX-512 kernels), the run goes on and says so in one line. */
 static void restart_with_the_cpus_blas_core(char **argv) {
+    const char *detected_before = getenv("FLATSHARD_BLAS_CORE_DETECTED");
+    if (detected_before && *detected_before) { /* the new image, or a child of one */
+        const char *still = fs_kernels_blas_core_for(fs_kernels_blas_corename(), fs_kernels_cpu_isa());
+        if (still)
+            fprintf(stderr,
+                    "flatshard: note: OpenBLAS did not take OPENBLAS_CORETYPE=%s (it runs its %s core, "
+                    "below this CPU's %s): its GEMMs run on the older core's vectors\n",
+                    getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "", fs_kernels_blas_corename(), still);
+        return;
+    }
     const char *core = fs_kernels_blas_core_to_force();
     if (!core) return;
-    char detected[64];
+    char detected[64], self[4096];
     snprintf(detected, sizeof detected, "%s", fs_kernels_blas_corename());
-    if (setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("FLATSHARD_BLAS_CORE_DETECTED", detected, 1) == 0)
-        execv("/proc/self/exe", argv);
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    errno = n < 0 ? errno : n >= (ssize_t)sizeof self - 1 ? ENAMETOOLONG : 0;
+    if (n > 0 && n < (ssize_t)sizeof self - 1) {
+        self[n] = '\0';
+        if (setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("FLATSHARD_BLAS_CORE_DETECTED", detected, 1) == 0)
+            execv(self, argv);
+    }
     const int e = errno;
     unsetenv("OPENBLAS_CORETYPE");
     unsetenv("FLATSHARD_BLAS_CORE_DETECTED");
     fprintf(stderr,
             "flatshard: note: OpenBLAS took this CPU for a %s and flatshard could not restart with "
-            "OPENBLAS_CORETYPE=%s (%s): fp32 GEMMs run on the older core's vectors; set "
+            "OPENBLAS_CORETYPE=%s (%s): its GEMMs run on the older core's vectors; set "
             "OPENBLAS_CORETYPE=%s to use the CPU's\n",
             detected, core, strerror(e), core);
 }

@@ -52,24 +52,25 @@ for san in "" address+undefined thread; do
 done
 
 # MPI=none ONEDNN=0: the comm backend without MPI compiled in, and no oneDNN (its own build
-# directory, build-nompi/): the minimal build a bare GPU host makes (tools/gpu_check.sh), whose
-# bf16 GEMM takes flatshard's path, which a build with oneDNN takes only on a CPU without
-# native bf16, so that CI runs that path's tests too on a machine whose default is oneDNN (a bf16 tolerance only the oneDNN path met went unnoticed
-# until 2026-12-06). DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2
-# in-process ranks.
+# directory, build-nompi/): the minimal build a bare GPU host makes (tools/gpu_check.sh).
+# DEBUG=1: -O0 and FS_DEBUG (build-debug/). Their test programs, and 1 vs 2 in-process ranks.
+# Each also pins a bf16 GEMM path, so that every path runs the whole-model tests on every kind
+# of machine whatever the rule picks there (oneDNN on AMX and on AMD's AVX512-BF16, sgemm on
+# an Intel CPU without AMX): the nompi pass flatshard's kernel, the debug pass sgemm (a bf16
+# tolerance only the oneDNN path met went unnoticed until 2026-12-06).
 for variant in nompi debug; do
     echo "=================== $variant build"
     if [ "$variant" = nompi ]; then
-        args=(MPI=none ONEDNN=0) build=build-nompi mpi=none
+        args=(MPI=none ONEDNN=0) build=build-nompi mpi=none gemm=flatshard
     else
-        args=(DEBUG=1 BUILD=build-debug) build=build-debug mpi=openmpi
+        args=(DEBUG=1 BUILD=build-debug) build=build-debug mpi=openmpi gemm=sgemm
     fi
     if ! make -j"$jobs" "${args[@]}" ${WERROR:+WERROR=$WERROR} all; then
         failed=$((failed + 1))
         report+=("$variant: BUILD FAILED (make ${args[*]})")
         continue
     fi
-    suite "$variant" --quick FLATSHARD_BUILD=$build FLATSHARD_MPI=$mpi
+    suite "$variant" --quick FLATSHARD_BUILD=$build FLATSHARD_MPI=$mpi FLATSHARD_GEMM=$gemm
 done
 
 echo "=================== summary ($SECONDS s in all)"

@@ -1,5 +1,5 @@
 /*
- * tests/test_gemm.c — the bf16 GEMM (kernels.h) on both dispatch paths.
+ * tests/test_gemm.c — the bf16 GEMM (kernels.h) on each of its paths.
  *
  *   1. against a double-precision product of the same bf16-rounded operands, for every
  *      combination of transposes and operand dtypes, on shapes that are not multiples of the
@@ -468,11 +468,16 @@ static void test_gemm_path_choice(void) {
 }
 
 /* Test 7: the sgemm path against the same reference (its tiles of 256 x 256 cut into k blocks
- * of 256: the shapes cross all three), independent of the pool size, and its AVX-512 widening
- * giving the portable widening's bits. */
+ * of 256: the shapes cross all three; and of 512 x 512 where the product holds four whole
+ * ones: one case of each transpose, with rows, columns and k past a tile or block),
+ * independent of the pool size, and its AVX-512 widening giving the portable widening's bits. */
 static void test_sgemm_vs_reference(void) {
     fs_gemm_path before = fs_gemm_set_path(FS_GEMM_PATH_SGEMM);
     for_all_cases(check_one);
+    for (int v = 0; v < 4; v++) {
+        const gemm_case g = {1030, 1040, 300, v & 1, v >> 1 & 1, v & 1, !(v >> 1 & 1), v % 2};
+        check_one(&g);
+    }
     fs_test_note("%s", fs_gemm_path_detail());
     fs_gemm_set_path(before);
 }

@@ -1763,8 +1763,6 @@ static void test_xent_paths_agree(void) {
     fs_test_note("avx512 vs portable");
 }
 
-/* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
- * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
 /* The OpenBLAS core a CPU should get: OpenBLAS 0.3.21 took an Intel Xeon of family 6 model 207
  * (AVX512_BF16, AMX hidden) for a Prescott and ran sgemm on SSE3 (BENCHMARKS.md). A core
  * below the CPU's level gets the level's; one at it, above it, or unknown stays. */
@@ -1799,6 +1797,8 @@ static void test_blas_core_for_the_cpu(void) {
     free(saved);
 }
 
+/* The sum of squares is accumulated in double: against a long double sum, 1e-13 relative.
+ * Bits must not depend on the pool size (1, 2, 3 or 5 threads). */
 static void test_sum_squares_and_scale(void) {
     static const int64_t sizes[] = {0, 1, 7, 63, 64, 65, 1000, 64 * 8192 + 4097};
     fs_pool *extra[2] = {NULL, NULL};

@@ -65,7 +65,8 @@ void fs_matmul_backward(fs_pool *pool,
  * neither on the pool size nor on how the output is split. Gradients are written straight
  * into the fp32 buffers: accumulate 0 writes (beta 0), 1 adds (beta 1).
  *
- * Two paths compute it (fs_gemm_path below): flatshard's own blocked kernel, whose inner
+ * Three paths compute it (fs_gemm_path below; the third, sgemm on the operands widened to
+ * fp32, sums in OpenBLAS's order, fixed tiles, the same properties): flatshard's own blocked kernel, whose inner
  * kernel is vdpbf16ps where the CPU has AVX512-BF16 (fs_kernels_isa() == FS_ISA_AVX512_BF16)
  * and a portable loop with the same products and sums elsewhere; or oneDNN's matmul (a brgemm
  * on AMX tiles or on AVX512-BF16), which sums in an order of its own that depends only on the shape (fixed

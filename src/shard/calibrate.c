@@ -4,7 +4,7 @@
  *
  * Every kernel is called through the CPU device's kernel table (device.h), the entry points
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
- * table picks for it — the bf16 GEMM's path in use (oneDNN's where it runs a bf16 brgemm), the bf16 attention —
+ * table picks for it — the bf16 GEMM's path in use (kernels.h's rule: oneDNN, flatshard or sgemm), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
  * thread (a rank's compute thread), each the fastest of five timed runs after one warm-up,
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock

@@ -94,4 +94,13 @@ fi
 run "--version under OPENBLAS_CORETYPE=Haswell" 0 env OPENBLAS_CORETYPE=Haswell "$FS" --version
 expect "the user's OPENBLAS_CORETYPE stands" grep -q '; OpenBLAS core Haswell; ' "$WORK/out"
 expect "and flatshard says nothing of setting it" bash -c "! grep -q 'set by flatshard' '$WORK/out'"
+# a restarted image whose OpenBLAS still runs a core below the CPU's (as a build without
+# DYNAMIC_ARCH would) says so in one line; stood in for by forcing Prescott after a "restart"
+if cpu_has avx2 && cpu_has fma; then
+    run "a restarted image left on an older OpenBLAS core" 0 env -u FLATSHARD_GEMM FLATSHARD_BLAS_CORE_DETECTED=Prescott OPENBLAS_CORETYPE=Prescott "$FS" --version
+    expect_all "one line says OpenBLAS did not take the core, and the bf16 GEMM does not take sgemm on it" \
+        '[ "$(wc -l <"$WORK/err")" -eq 1 ]' \
+        'grep -q "^flatshard: note: OpenBLAS did not take OPENBLAS_CORETYPE=Prescott (it runs its Prescott core, below this CPU" "$WORK/err"' \
+        '! grep -q "bf16 GEMM sgemm" "$WORK/out"'
+fi
 summary

@@ -25,7 +25,7 @@ flavor=release
 [ "$(basename "$BUILD")" = build-debug ] && flavor=debug
 [ -n "${FLATSHARD_SANITIZER:-}" ] && flavor="$flavor+$FLATSHARD_SANITIZER"
 expect "the cache is keyed by the CPU, its flags, the kernels and GEMM path, OpenBLAS's core and the build" \
-    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1 \| busy $BUSY$" "$CACHE"
+    grep -qE "^key .+ \| flags [0-9a-f]{16} \| kernels [a-z0-9]+\+(flatshard|onednn|sgemm) \| attention [a-z0-9]+ \| openblas [A-Za-z0-9]+ \| build ${flavor//+/\\+} \| threads 1 \| busy $BUSY$" "$CACHE"
 run "plan this-machine again" 0 "$FS" plan "${SMALL[@]}"
 cp "$WORK/out" "$WORK/cached.txt"
 expect "the second plan says the figures are cached, and from when" \

@@ -6,7 +6,8 @@
  * (tdpbf16ps), several times the rate vdpbf16ps reaches; oneDNN's brgemm kernels are the
  * maintained way to drive them, and Debian ships the library (libdnnl-dev, 2.6). Without AMX
  * its AVX512-BF16 brgemm still beat flatshard's own kernel where measured (1.13x on a step's
- * GEMMs on an AMD Zen 4, 1.06x on a Xeon with AMX masked off: BENCHMARKS.md). It is used
+ * GEMMs on an AMD Zen 4, 1.06x on a Xeon with AMX masked off: BENCHMARKS.md), though on an
+ * Intel core both lose to sgemm (the rule below takes the sgemm path there). It is used
  * through its C API as a matmul primitive: bf16 source and weights, fp32 destination, a sum
  * post-op for "accumulate" (C = C + A B, in fp32).
  *
@@ -136,7 +137,11 @@ static int path_from_env(void) {
         (onednn_kernel_class == 2 || (onednn_kernel_class == 1 && bf16_dot_outruns_fma())))
         return FS_GEMM_PATH_ONEDNN;
 #endif
-    return bf16_dot_outruns_fma() ? FS_GEMM_PATH_FLATSHARD : FS_GEMM_PATH_SGEMM;
+    /* sgemm only on an OpenBLAS core of the CPU's level: on the SSE3 core OpenBLAS 0.3.21
+     * falls back to (a program that links the library and does not restart itself as
+     * flatshard's does: the test programs) it would be slower than flatshard's kernel */
+    const int blas_below_cpu = fs_kernels_blas_core_for(fs_kernels_blas_corename(), fs_kernels_cpu_isa()) != NULL;
+    return bf16_dot_outruns_fma() || blas_below_cpu ? FS_GEMM_PATH_FLATSHARD : FS_GEMM_PATH_SGEMM;
 }
 
 const char *fs_gemm_env_error(void) {

@@ -12,12 +12,13 @@
  * multiply and sums in fp32 as they do: the same arithmetic, summed in another order (like
  * oneDNN's).
  *
- * How a product runs: C is cut into fixed tiles of SG_MT x SG_NT and K into blocks of SG_KT.
+ * How a product runs: C is cut into fixed tiles (SG_BIG or SG_SMALL square, by the shape) and
+ * K into blocks of SG_KT.
  * For each tile, each K block's pieces of op(A) and op(B) are widened, in their stored layout,
  * into the thread's scratch (an fp32 operand rounded to bf16 on the way, fs_fp32_to_bf16's
  * rounding; a bf16 one shifted), and one single-threaded sgemm adds their product to the tile
  * (the first block writes it unless the caller accumulates). The widening reads each piece
- * once per tile: (1/SG_MT + 1/SG_NT) element per multiply-add. A tile's sums depend only on
+ * once per tile: two elements per tile side's multiply-adds. A tile's sums depend only on
  * its shape, so the bits depend neither on the pool size nor on which thread ran a tile. A
  * bf16 C: the tile is summed in fp32 in the scratch, then rounded into C. The scratch (2 MiB a
  * thread) is the thread's own, outside the accounting
@@ -27,12 +28,16 @@
 
 #include "cpu_common.h"
 
-/* Tile and k block, measured on `small`'s GEMMs (one thread, `bench gemm`, a Xeon of family 6
- * model 207): the path's rate over a step's GEMMs against sgemm's on the whole products was
+/* Tiles and k blocks, measured on `small`'s GEMMs (one thread, `bench gemm`, a Xeon of family
+ * 6 model 207): the path's rate over a step's GEMMs against sgemm's on the whole products was
  * 0.84x with 256 x 256 tiles and k blocks of 256, 0.87x with 512 x 512 x 256 (fewer calls, each
- * piece widened fewer times), 0.92x with 512 x 1024 x 512 at 5 MiB of scratch a thread. */
-#define SG_MT 512
-#define SG_NT 512
+ * piece widened fewer times), 0.92x with 512 x 1024 x 512 at 5 MiB of scratch a thread. Large
+ * tiles where the product holds at least SG_MIN_TILES whole ones, else small ones, so that a
+ * product of a few hundred rows still spreads over several threads: chosen from the shape
+ * alone, never from the pool, so the bits do not depend on the pool size. */
+#define SG_BIG 512
+#define SG_SMALL 256
+#define SG_MIN_TILES 4
 #define SG_KT 256
 
 /* ------------------------------------------------------------------ widening */
@@ -77,18 +82,18 @@ typedef struct sgemm_job {
     fs_gemm_operand A, B;
     float *C;
     uint16_t *C16;
-    int64_t ldc, M, N, K, col_tiles;
+    int64_t ldc, M, N, K, tile, col_tiles;
     int accumulate, wide;
 } sgemm_job;
 
 static void run_tile(const sgemm_job *j, int64_t m0, int64_t n0) {
-    const int64_t mt = j->M - m0 < SG_MT ? j->M - m0 : SG_MT;
-    const int64_t nt = j->N - n0 < SG_NT ? j->N - n0 : SG_NT;
+    const int64_t mt = j->M - m0 < j->tile ? j->M - m0 : j->tile;
+    const int64_t nt = j->N - n0 < j->tile ? j->N - n0 : j->tile;
     const int64_t kt_max = j->K < SG_KT ? j->K : SG_KT;
-    float *a = fs_cpu_scratch(((size_t)SG_MT * SG_KT + (size_t)SG_KT * SG_NT + (size_t)SG_MT * SG_NT) * sizeof(float));
-    float *b = a + (size_t)SG_MT * SG_KT;
+    float *a = fs_cpu_scratch(((size_t)SG_BIG * SG_KT * 2 + (size_t)SG_BIG * SG_BIG) * sizeof(float));
+    float *b = a + (size_t)SG_BIG * SG_KT;
     /* the tile as sgemm writes it: C itself, or an fp32 tile rounded into C16 at the end */
-    float *c = j->C16 ? b + (size_t)SG_KT * SG_NT : j->C + m0 * j->ldc + n0;
+    float *c = j->C16 ? b + (size_t)SG_KT * SG_BIG : j->C + m0 * j->ldc + n0;
     const int64_t ldc = j->C16 ? nt : j->ldc;
     for (int64_t k0 = 0; k0 < j->K; k0 += SG_KT) {
         const int64_t kt = j->K - k0 < kt_max ? j->K - k0 : kt_max;
@@ -109,16 +114,17 @@ static void run_tile(const sgemm_job *j, int64_t m0, int64_t n0) {
 
 static void tile_range(void *arg, int64_t begin, int64_t end, int thread) {
     const sgemm_job *j = arg;
-    for (int64_t t = begin; t < end; t++) run_tile(j, t / j->col_tiles * SG_MT, t % j->col_tiles * SG_NT);
+    for (int64_t t = begin; t < end; t++) run_tile(j, t / j->col_tiles * j->tile, t % j->col_tiles * j->tile);
 }
 
 void fs_cpu_sgemm_gemm(fs_pool *pool, float *C, uint16_t *C16, int64_t ldc, int accumulate, fs_gemm_operand A,
                        fs_gemm_operand B, int64_t M, int64_t N, int64_t K) {
     FS_ASSERT(M > 0 && N > 0 && K > 0 && (!C16 || !accumulate));
-    FS_ASSERT(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && ldc <= INT32_MAX);
-    sgemm_job j = {.A = A, .B = B, .C = C, .C16 = C16, .ldc = ldc, .M = M, .N = N, .K = K,
-                   .col_tiles = (N + SG_NT - 1) / SG_NT, .accumulate = accumulate,
+    FS_ASSERT(ldc <= INT32_MAX); /* sgemm's leading dimension of an fp32 C */
+    const int64_t tile = (M / SG_BIG) * (N / SG_BIG) >= SG_MIN_TILES ? SG_BIG : SG_SMALL;
+    sgemm_job j = {.A = A, .B = B, .C = C, .C16 = C16, .ldc = ldc, .M = M, .N = N, .K = K, .tile = tile,
+                   .col_tiles = (N + tile - 1) / tile, .accumulate = accumulate,
                    .wide = fs_kernels_isa() >= FS_ISA_AVX512};
-    const int64_t tiles = (M + SG_MT - 1) / SG_MT * j.col_tiles;
+    const int64_t tiles = (M + tile - 1) / tile * j.col_tiles;
     fs_pool_parallel_for(pool, tiles, 1, tile_range, &j);
 }

@@ -6,8 +6,8 @@
  * grown if needed; two kernels never nest on one thread, so one buffer serves all. It is
  * freed when the thread exits (a pthread key's destructor). Like OpenBLAS's own packing
  * buffers, it lives outside the accounting allocator: a few MiB per compute thread at most
- * (the GEMM's 1.1 MiB, oneDNN's scratchpad of under 1 MiB, or 2 x HS x T floats for
- * attention), and the bf16-output GEMM's fp32 block or tile beside them (flatshard's 2.25 MiB;
+ * (the GEMM's 1.1 MiB, oneDNN's scratchpad of under 1 MiB, the sgemm path's widened pieces
+ * and fp32 tile, 2 MiB, or 2 x HS x T floats for attention), and the bf16-output GEMM's fp32 block or tile beside them (flatshard's 2.25 MiB;
  * oneDNN's 256 rows x the output's columns: 6 MiB for `small`'s gate/up).
  *
  * A second buffer per thread holds the oneDNN GEMM's bf16 staging when its caller passed
