@@ -137,7 +137,7 @@ static void end_unfinished_writes_on_signals(const char *cmd) {
  * loads. Before anything else: no file, MPI connection or thread of ours exists yet
  * (OpenBLAS's own pool goes with the old image), so the new image is the same run. It is the
  * binary /proc/self/exe links to, by that path, so that the process keeps its name (ps, top,
- * killall, core files), which execv gives from the path's last part. FLATSHARD_BLAS_CORE_DETECTED
+ * killall, core files), which execv gives from the path's last part; else argv[0]. FLATSHARD_BLAS_CORE_DETECTED
  * keeps what OpenBLAS picked itself, for --version and for the check that the new image got
  * the core. If the restart fails, or OpenBLAS did not take the core it was given (a build
  * without DYNAMIC_ARCH, or without AVX-512 kernels), the run goes on and says so in one line. */
@@ -156,12 +156,16 @@ static void restart_with_the_cpus_blas_core(char **argv) {
     if (!core) return;
     char detected[64], self[4096];
     snprintf(detected, sizeof detected, "%s", fs_kernels_blas_corename());
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    errno = n < 0 ? errno : n >= (ssize_t)sizeof self - 1 ? ENAMETOOLONG : 0;
-    if (n > 0 && n < (ssize_t)sizeof self - 1) {
-        self[n] = '\0';
-        if (setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("FLATSHARD_BLAS_CORE_DETECTED", detected, 1) == 0)
+    if (setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("FLATSHARD_BLAS_CORE_DETECTED", detected, 1) == 0) {
+        const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0 && n < (ssize_t)sizeof self - 1) {
+            self[n] = '\0';
             execv(self, argv);
+        }
+        /* the binary's absolute path may be out of reach where the relative one the
+         * program was started by is not (an unprivileged user started inside a directory
+         * whose parents it may not search): then argv[0], as the shell found it */
+        execvp(argv[0], argv);
     }
     const int e = errno;
     unsetenv("OPENBLAS_CORETYPE");
