@@ -159,7 +159,7 @@ void fs_gemm_bf16(fs_pool *pool, const fs_gemm_stage *stage, float *C, int64_t l
  * (BENCHMARKS.md): on an Intel Xeon with AMX oneDNN ran the GEMMs of a `small` step at 4-7x
  * the flatshard kernel; on an AMD Zen 4 its AVX512-BF16 brgemm ran them at 1.14x and the whole
  * bf16 step at 1.13x; on an Intel Xeon of family 6 model 207 with AMX hidden, sgemm ran them at
- * ~1.55x either bf16 path (~125 against ~80 GFLOP/s). Not measured on Zen 5. The environment variable FLATSHARD_GEMM
+ * 1.50x oneDNN's brgemm there (119.9 against 80.0 GFLOP/s). Not measured on Zen 5. The environment variable FLATSHARD_GEMM
  * (auto | onednn | flatshard | sgemm) overrides the rule; fs_gemm_set_path does for tests. A
  * build without oneDNN (make ONEDNN=0) has the flatshard and sgemm paths. */
 typedef enum fs_gemm_path { FS_GEMM_PATH_FLATSHARD, FS_GEMM_PATH_ONEDNN, FS_GEMM_PATH_SGEMM, FS_GEMM_PATH_N } fs_gemm_path;
