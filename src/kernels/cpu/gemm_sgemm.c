@@ -89,14 +89,13 @@ typedef struct sgemm_job {
 static void run_tile(const sgemm_job *j, int64_t m0, int64_t n0) {
     const int64_t mt = j->M - m0 < j->tile ? j->M - m0 : j->tile;
     const int64_t nt = j->N - n0 < j->tile ? j->N - n0 : j->tile;
-    const int64_t kt_max = j->K < SG_KT ? j->K : SG_KT;
     float *a = fs_cpu_scratch(((size_t)SG_BIG * SG_KT * 2 + (size_t)SG_BIG * SG_BIG) * sizeof(float));
     float *b = a + (size_t)SG_BIG * SG_KT;
     /* the tile as sgemm writes it: C itself, or an fp32 tile rounded into C16 at the end */
     float *c = j->C16 ? b + (size_t)SG_KT * SG_BIG : j->C + m0 * j->ldc + n0;
     const int64_t ldc = j->C16 ? nt : j->ldc;
     for (int64_t k0 = 0; k0 < j->K; k0 += SG_KT) {
-        const int64_t kt = j->K - k0 < kt_max ? j->K - k0 : kt_max;
+        const int64_t kt = j->K - k0 < SG_KT ? j->K - k0 : SG_KT;
         /* op(A) rows [m0, m0 + mt), columns [k0, k0 + kt): stored (M, K), or (K, M) transposed */
         if (j->A.trans) widen_block(a, j->A, k0, kt, m0, mt, j->wide);
         else widen_block(a, j->A, m0, mt, k0, kt, j->wide);
