@@ -205,8 +205,14 @@ else
 $(error NCCL must be 0 or 1, not '$(NCCL)')
 endif
 
+# ThreadSanitizer's default options (src/core/sanitizer_defaults.c: huge pages for its shadow
+# memory, ~2x faster on a model's weights), linked into every program of a TSan build as an
+# object of its own: from libflatshard.a the linker would take the runtime's weak definition
+SAN_DEFAULTS_OBJ := $(if $(filter thread,$(SANITIZER)),$(BUILD)/obj/src/core/sanitizer_defaults.o)
+LDFLAGS_EXE += $(SAN_DEFAULTS_OBJ)
+
 # the CUDA device's and the NCCL backend's C files go into their libraries, not libflatshard.a
-LIB_SRC  := $(filter-out src/device/cuda.c src/comm/nccl.c,$(sort $(wildcard src/*/*.c src/*/*/*.c)))
+LIB_SRC  := $(filter-out src/device/cuda.c src/comm/nccl.c src/core/sanitizer_defaults.c,$(sort $(wildcard src/*/*.c src/*/*/*.c)))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 
@@ -253,10 +259,14 @@ $(NCCL_SO): $(NCCL_OBJ)
 	@echo "  LD    $@"
 	@$(CC) -shared $(LDFLAGS) $^ $(NCCL_LIBS) -o $@
 
-$(LIB): $(LIB_OBJ)
+# every program of a TSan build links the runtime's defaults (SAN_DEFAULTS_OBJ above)
+$(BIN) $(TEST_BIN) $(MPI_TEST_BIN): $(SAN_DEFAULTS_OBJ)
+
+# the Makefile too: a source it drops from LIB_SRC must leave the archive as well
+$(LIB): $(LIB_OBJ) Makefile
 	@rm -f $@
 	@echo "  AR    $@"
-	@ar rcs $@ $^
+	@ar rcs $@ $(filter %.o,$^)
 
 $(BIN): $(CLI_OBJ) $(LIB)
 	@echo "  LD    $@"

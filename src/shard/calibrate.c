@@ -357,7 +357,7 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * calibration's shapes do not (timed kernel by kernel with a loading thread per other core,
  * at those shapes busy was within 1% of alone on the Xeon with AMX, while two one-rank bf16
  * trainings side by side took 7-8% more CPU time a step each). So one factor per precision is
- * measured on step-sized work: one block of `small`, forward and backward, on CAL_BLOCK_N
+ * measured on step-sized work: one block of `small`, forward and backward, on block_tokens()
  * tokens (RMSNorm, the qkv GEMM, attention over sequences of CAL_T, the o GEMM, RMSNorm,
  * gate/up, SwiGLU, down; then the backward of each, in the order the model runs them), every
  * kernel through the table with the precision's flag, ~145 MiB of weights, gradients and
@@ -372,6 +372,15 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * fastest of all, which understates the contention). The factor is busy / alone, at least 1. */
 enum { CAL_BLOCK_N = 512, CAL_BLOCK_REPS = 2 };
 #define CAL_BUSY_SHARE 0.9
+
+/* The block's tokens: CAL_BLOCK_N (two sequences), or one sequence in any other build than
+ * release, whose factor plans only for that build (timed_rounds): the same kernels in the
+ * same order at half the work. Under ThreadSanitizer the contention pass was ~75% of a
+ * calibration, 21-22 s a calibration against 14-15 s on one sequence (Xeon family 6 model 207),
+ * and a TSan suite calibrates some 30 times (every CLI script's first training or plan). */
+static int64_t block_tokens(void) {
+    return strcmp(FS_BUILD_FLAVOR, "release") == 0 ? CAL_BLOCK_N : CAL_T;
+}
 
 /* small's block: C 768, FF 3072 (gate and up fused: 6144), qkv 1280 */
 enum { BK_C = 768, BK_FF = 3072, BK_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS };
@@ -404,7 +413,7 @@ static void block_free(block_bufs *b) {
 
 static fs_status block_alloc(fs_device *dev, block_bufs *b) {
     memset(b, 0, sizeof *b);
-    const size_t N = CAL_BLOCK_N;
+    const size_t N = (size_t)block_tokens();
     int ok = 1;
 #define BK_ALLOC(p, n) ok &= ((p) = malloc((size_t)(n) * sizeof *(p))) != NULL
     for (int i = 0; i < 4; i++) {
@@ -469,7 +478,7 @@ static fs_status block_alloc(fs_device *dev, block_bufs *b) {
         st = fs_device_reserve_scratch(dev, b->mem, 1,
                                        ((size_t)N * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t));
     for (int l = 0; l < 4 && st == FS_OK; l++)
-        st = fs_gemm_prepare_linear(CAL_BLOCK_N, block_linears[l].ic, block_linears[l].oc);
+        st = fs_gemm_prepare_linear((int64_t)N, block_linears[l].ic, block_linears[l].oc);
     if (st != FS_OK) {
         fs_device_release_scratch(dev);
         block_free(b);
@@ -481,7 +490,7 @@ static fs_status block_alloc(fs_device *dev, block_bufs *b) {
  * (no residual adds, RoPE or recomputation: small next to the rest). */
 static void block_run(fs_device *dev, block_bufs *b, int bf16) {
     const fs_kernel_table *K = fs_device_kernels(dev);
-    const int64_t N = CAL_BLOCK_N, B = CAL_BLOCK_N / CAL_T;
+    const int64_t N = block_tokens(), B = N / CAL_T;
     const void *w[4];
     for (int i = 0; i < 4; i++) w[i] = bf16 ? (const void *)b->wb[i] : (const void *)b->w[i];
     const float *q = b->qkv, *k = b->qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
