@@ -43,10 +43,12 @@
 static fs_pool *pool3;
 static uint64_t stream = 1;
 
+/* n values uniform in [-2, 2): one hash each (a normal draw's two hashes, log and cos were
+ * ~40% of this test's time in the -O0 build; the bounds below scale with the magnitudes) */
 static float *rand_f32(int64_t n) {
     float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
     const uint64_t st = stream++;
-    for (int64_t i = 0; i < n; i++) x[i] = fs_rand_normal(0x6e33, st, (uint64_t)i);
+    for (int64_t i = 0; i < n; i++) x[i] = 4.0f * fs_rand_uniform(0x6e33, st, (uint64_t)i) - 2.0f;
     return x;
 }
 
@@ -82,15 +84,23 @@ static float *run_case(const gemm_case *g, fs_pool *pool, int check) {
     fs_gemm_operand B = {bp, g->b16 ? FS_GEMM_BF16 : FS_GEMM_F32, g->tb, ldb};
     fs_gemm_bf16(pool, NULL, c, ldc, g->accumulate, A, B, M, N, K);
     if (check) {
+        /* op(A) by rows and op(B) by columns, as the values the kernel sees (elem), converted
+         * once: the reference loop below then reads two contiguous rows of doubles, which
+         * keeps the -O0 and ThreadSanitizer builds' runs of this test to minutes */
+        double *ar = malloc((size_t)(M * K > 0 ? M * K : 1) * sizeof *ar);
+        double *bc = malloc((size_t)(N * K > 0 ? N * K : 1) * sizeof *bc);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) ar[m * K + k] = elem(ap, g->a16, g->ta ? k * lda + m : m * lda + k);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) bc[n * K + k] = elem(bp, g->b16, g->tb ? n * ldb + k : k * ldb + n);
         int bad = 0;
         for (int64_t m = 0; m < M && bad < 3; m++)
             for (int64_t n = 0; n < N && bad < 3; n++) {
                 double ref = g->accumulate ? c0[m * ldc + n] : 0, mag = fabs(ref);
+                const double *x = ar + m * K, *y = bc + n * K;
                 for (int64_t k = 0; k < K; k++) {
-                    double x = elem(ap, g->a16, g->ta ? k * lda + m : m * lda + k);
-                    double y = elem(bp, g->b16, g->tb ? n * ldb + k : k * ldb + n);
-                    ref += x * y;
-                    mag += fabs(x * y);
+                    ref += x[k] * y[k];
+                    mag += fabs(x[k] * y[k]);
                 }
                 double tol = 2.0 * (double)(K + 1) * 0x1p-24 * mag + 1e-30;
                 if (!(fabs(c[m * ldc + n] - ref) <= tol)) {
@@ -108,6 +118,8 @@ static float *run_case(const gemm_case *g, fs_pool *pool, int check) {
                     m = M;
                     break;
                 }
+        free(ar);
+        free(bc);
     }
     free(a32), free(b32), free(a16), free(b16), free(c0);
     return c;

@@ -606,47 +606,82 @@ static const att_shape att_shapes[] = {
     {1, 150, 4, 2, 64, 0, 0},
 };
 
-static void ref_attention(double *out, double *lse, const double *qkv, int64_t ld, att_shape s) {
-    const int64_t T = s.T, HS = s.HS, C = s.NH * HS, group = s.NH / s.NKV;
+/* One output row of the double reference: query t of head h in sequence b (o: HS values);
+ * returns its log-sum-exp. */
+static double ref_attention_row(double *o, const double *qkv, int64_t ld, att_shape s, int64_t b, int64_t h,
+                                int64_t t) {
+    const int64_t T = s.T, HS = s.HS, g = h / (s.NH / s.NKV);
     const double scale = 1.0 / sqrt((double)HS);
     double sc[256]; /* T <= 256 */
+    const double *q = qkv + (b * T + t) * ld + h * HS;
+    double mx = -INFINITY;
+    for (int64_t u = 0; u <= t; u++) {
+        const double *k = qkv + (b * T + u) * ld + (s.NH + g) * HS;
+        double d = 0.0;
+        for (int64_t i = 0; i < HS; i++) d += q[i] * k[i];
+        sc[u] = d * scale;
+        if (sc[u] > mx) mx = sc[u];
+    }
+    double z = 0.0;
+    for (int64_t u = 0; u <= t; u++) z += exp(sc[u] - mx);
+    for (int64_t i = 0; i < HS; i++) o[i] = 0.0;
+    for (int64_t u = 0; u <= t; u++) {
+        const double *v = qkv + (b * T + u) * ld + (s.NH + s.NKV + g) * HS;
+        double pu = exp(sc[u] - mx) / z;
+        for (int64_t i = 0; i < HS; i++) o[i] += pu * v[i];
+    }
+    return mx + log(z);
+}
+
+static void ref_attention(double *out, double *lse, const double *qkv, int64_t ld, att_shape s) {
+    const int64_t T = s.T, C = s.NH * s.HS;
     for (int64_t b = 0; b < s.B; b++)
         for (int64_t h = 0; h < s.NH; h++)
             for (int64_t t = 0; t < T; t++) {
-                const double *q = qkv + (b * T + t) * ld + h * HS;
-                int64_t g = h / group;
-                double mx = -INFINITY;
-                for (int64_t u = 0; u <= t; u++) {
-                    const double *k = qkv + (b * T + u) * ld + (s.NH + g) * HS;
-                    double d = 0.0;
-                    for (int64_t i = 0; i < HS; i++) d += q[i] * k[i];
-                    sc[u] = d * scale;
-                    if (sc[u] > mx) mx = sc[u];
-                }
-                double z = 0.0;
-                for (int64_t u = 0; u <= t; u++) z += exp(sc[u] - mx);
-                double *o = out + (b * T + t) * C + h * HS;
-                for (int64_t i = 0; i < HS; i++) o[i] = 0.0;
-                for (int64_t u = 0; u <= t; u++) {
-                    const double *v = qkv + (b * T + u) * ld + (s.NH + s.NKV + g) * HS;
-                    double pu = exp(sc[u] - mx) / z;
-                    for (int64_t i = 0; i < HS; i++) o[i] += pu * v[i];
-                }
-                if (lse) lse[(b * s.NH + h) * T + t] = mx + log(z);
+                double l = ref_attention_row(out + (b * T + t) * C + h * s.HS, qkv, ld, s, b, h, t);
+                if (lse) lse[(b * s.NH + h) * T + t] = l;
             }
 }
 
-typedef struct att_ctx {
-    double *qkv, *out;
-    const float *weights;
-    int64_t ld;
-    att_shape s;
-} att_ctx;
+/* The part of the reference loss sum(weights * out) that element i of qkv reaches: its own
+ * row of every head for a q column (one head), the rows t' >= t of the group's heads for a k
+ * or v column, none for a padding column. */
+static double att_loss_reached(const double *qkv, const float *weights, int64_t ld, att_shape s, int64_t i) {
+    const int64_t T = s.T, HS = s.HS, C = s.NH * HS, group = s.NH / s.NKV;
+    const int64_t b = i / (T * ld), t = (i / ld) % T, col = i % ld;
+    int64_t h0, h1, t1 = T; /* heads [h0, h1), rows [t, t1) */
+    if (col < C) {
+        h0 = col / HS, h1 = h0 + 1, t1 = t + 1;
+    } else if (col < C + 2 * s.NKV * HS) {
+        const int64_t g = (col - C) / HS % s.NKV; /* k or v of kv head g */
+        h0 = g * group, h1 = h0 + group;
+    } else {
+        return 0.0;
+    }
+    double o[256], sum = 0.0; /* HS <= 256 */
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t r = t; r < t1; r++) {
+            ref_attention_row(o, qkv, ld, s, b, h, r);
+            const float *w = weights + (b * T + r) * C + h * HS;
+            for (int64_t j = 0; j < HS; j++) sum += (double)w[j] * o[j];
+        }
+    return sum;
+}
 
-static double att_loss(void *p) {
-    att_ctx *c = p;
-    ref_attention(c->out, NULL, c->qkv, c->ld, c->s);
-    return weighted_sum(c->out, c->weights, c->s.B * c->s.T * c->s.NH * c->s.HS);
+/* fd_gradient of the reference loss sum(weights * out) with respect to qkv, each difference
+ * taken over the rows the element reaches (att_loss_reached) instead of the whole loss: the
+ * rows it does not reach are the same in both terms, and recomputing them made the attention
+ * tests take minutes in the -O0 and ThreadSanitizer builds. */
+static void att_fd_gradient(double *grad, double *qkv, const float *weights, int64_t ld, att_shape s) {
+    for (int64_t i = 0; i < s.B * s.T * ld; i++) {
+        double saved = qkv[i];
+        qkv[i] = saved + FD_H;
+        double lp = att_loss_reached(qkv, weights, ld, s, i);
+        qkv[i] = saved - FD_H;
+        double lm = att_loss_reached(qkv, weights, ld, s, i);
+        qkv[i] = saved;
+        grad[i] = (lp - lm) / (2.0 * FD_H);
+    }
 }
 
 /* Forward: HS-term dot products (scores up to ~10 with the doubled q), exp, and a T-term
@@ -672,13 +707,13 @@ static void test_attention(void) {
             if (t >= 64 && col >= s.NH * s.HS && col < (s.NH + s.NKV) * s.HS) qkv[i] *= 3.0f;
         }
         fill_normal(wl, N * C, 1.0f);
-        att_ctx c = {dcopy(qkv, N * ld), dnew(N * C), wl, ld, s};
+        double *qkvd = dcopy(qkv, N * ld);
         double *want = dnew(N * C), *want_lse = dnew(s.B * s.NH * s.T);
-        ref_attention(want, want_lse, c.qkv, ld, s);
+        ref_attention(want, want_lse, qkvd, ld, s);
         double *fd = NULL;
         if (s.fd) {
             fd = dnew(N * ld);
-            fd_gradient(fd, c.qkv, N * ld, att_loss, &c);
+            att_fd_gradient(fd, qkvd, wl, ld, s);
         }
         const float *q = qkv, *k = qkv + s.NH * s.HS, *v = qkv + (s.NH + s.NKV) * s.HS;
         char name[128];
@@ -703,7 +738,7 @@ static void test_attention(void) {
                 CHECK_CLOSE(name, dqkv, fd, N * ld, 2e-6, 2e-5);
             }
         }
-        free(qkv), free(out), free(lse), free(wl), free(dqkv), free(c.qkv), free(c.out);
+        free(qkv), free(out), free(lse), free(wl), free(dqkv), free(qkvd);
         free(want), free(want_lse), free(fd);
     }
     paths_end(&ps);
@@ -800,9 +835,7 @@ static void test_attention_bf16(void) {
         double *gref = dnew(N * ld), *M = dnew(N * ld);
         ref_attention_bwd_magnitude(M, r, wl, ld, s);
         if (s.fd) {
-            att_ctx c = {r, dnew(N * C), wl, ld, s};
-            fd_gradient(gref, r, N * ld, att_loss, &c);
-            free(c.out);
+            att_fd_gradient(gref, r, wl, ld, s);
         } else {
             float *o = fnew(N * C), *l = fnew(s.B * s.NH * s.T), *g = fnew(N * ld);
             fs_attention_forward(pools[1], o, l, rf, rf + C, rf + (s.NH + s.NKV) * s.HS, ld, s.B, s.T, s.NH, s.NKV, s.HS);
