@@ -644,7 +644,7 @@ static void ref_attention(double *out, double *lse, const double *qkv, int64_t l
 }
 
 /* The part of the reference loss sum(weights * out) that element i of qkv reaches: its own
- * row of every head for a q column (one head), the rows t' >= t of the group's heads for a k
+ * row of its own head for a q column, the rows t' >= t of the group's heads for a k
  * or v column, none for a padding column. */
 static double att_loss_reached(const double *qkv, const float *weights, int64_t ld, att_shape s, int64_t i) {
     const int64_t T = s.T, HS = s.HS, C = s.NH * HS, group = s.NH / s.NKV;

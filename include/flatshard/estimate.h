@@ -119,7 +119,8 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
  * both backward products on one thread at a block-sized shape; attention forward and
  * backward, fp32 and bf16 (each policy's own kernel); AdamW (each the fastest of five runs,
  * timed by the thread's CPU time); per precision, the contention factor: one block of small
- * forward and backward on 512 tokens timed alone and while one thread per other core runs
+ * forward and backward on 512 tokens (256 outside release builds) timed alone and while one
+ * thread per other core runs
  * the same (busy / alone); and the CPU ring's all-gather and reduce-scatter between two
  * in-process ranks. The figures are cached in $XDG_CACHE_HOME/flatshard/this-machine.txt
  * (~/.cache/... without XDG_CACHE_HOME), keyed by what they depend on; a cache whose key
@@ -149,8 +150,9 @@ typedef struct fs_calibration {
                                 rank's thread took, both ranks running at once */
     int busy_cores;          /* threads computing at once for the contention factors: the
                                 online cores, at most FS_CALIBRATION_MAX_BUSY */
-    double contention_fp32;  /* one block of small forward and backward (512 tokens, bf16 flag
-                                0) timed with busy_cores - 1 other threads running the same on
+    double contention_fp32;  /* one block of small forward and backward (512 tokens, 256 outside
+                                release builds; bf16 flag 0) timed with busy_cores - 1
+                                other threads running the same on
                                 their own buffers, over its time alone: >= 1; 1 on one core */
     double contention_bf16;  /* the same with the bf16 flag */
 } fs_calibration;

@@ -30,7 +30,8 @@
  *     and the rate the estimate gives all of them (the elementwise kernels run on fp32
  *     activations under both policies);
  *   - per precision, the contention factor: one block of `small` forward and backward on 512
- *     tokens, alone and with a loading thread per other core running the same ("contention"
+ *     tokens (256 outside release builds: block_tokens), alone and with a loading thread
+ *     per other core running the same ("contention"
  *     below);
  *   - the CPU ring's busbw: two in-process ranks all-gathering and reduce-scattering ("the
  *     ring" below).
@@ -361,7 +362,8 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * tokens (RMSNorm, the qkv GEMM, attention over sequences of CAL_T, the o GEMM, RMSNorm,
  * gate/up, SwiGLU, down; then the backward of each, in the order the model runs them), every
  * kernel through the table with the precision's flag, ~145 MiB of weights, gradients and
- * activations per thread: more than a last-level cache, as a step's working set is, except on
+ * activations per thread (~112 MiB on one sequence): more than a last-level cache, as a
+ * step's working set is, except on
  * the Xeon VM that reports 480 MiB of L3, where the factor reads 1.00-1.07 while two one-rank
  * trainings side by side lose 2-4% a step (buffers rotated past the L3 did not resolve that
  * 3% above the VM's noise: BENCHMARKS.md, 2026-12-06). Timed by the calibrating thread's CPU
