@@ -13,16 +13,5 @@
  * 2026-12-07). ASan's shadow gained nothing from it there (4.7-5.4 s either way), so ASan keeps
  * its default. What TSan checks is unchanged.
  */
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
-#define __SANITIZE_THREAD__ 1
-#endif
-#endif
-
-#if defined(__SANITIZE_THREAD__)
 const char *__tsan_default_options(void);
 const char *__tsan_default_options(void) { return "no_huge_pages_for_shadow=0"; }
-#else
-/* ISO C wants a translation unit to declare something */
-typedef int fs_sanitizer_defaults_unused;
-#endif
