@@ -113,12 +113,12 @@ fs_status fs_hardware_find(const char *name, const fs_hardware **out);
 
 /* ------------------------------------------------------------------ this machine, measured
  * "this-machine" describes the machine the program runs on, one core per rank, from a short
- * calibration (calibrate.c, 2-2.5 s on the 2-core Xeon with AMX) of the kernels the model runs,
+ * calibration (calibrate.c, ~5 s on the 2-core Xeon of family 6 model 207) of the kernels the model runs,
  * called through the CPU device's kernel table (device.h) with each precision's flag: the
  * linear layer in fp32 (OpenBLAS sgemm) and bf16 (the bf16 GEMM path in use), its forward and
  * both backward products on one thread at a block-sized shape; attention forward and
- * backward, fp32 and bf16 (each policy's own kernel); AdamW (each the fastest of five runs,
- * timed by the thread's CPU time); per precision, the contention factor: one block of small
+ * backward, fp32 and bf16 (each policy's own kernel); AdamW (each the fastest of its runs
+ * over three passes of everything, timed by the thread's CPU time); per precision, the contention factor: one block of small
  * forward and backward on 512 tokens (256 outside release builds) timed alone and while one
  * thread per other core runs
  * the same (busy / alone); and the CPU ring's all-gather and reduce-scatter between two

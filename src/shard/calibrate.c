@@ -6,7 +6,9 @@
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
  * table picks for it — the bf16 GEMM's path in use (kernels.h's rule: oneDNN, flatshard or sgemm), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
- * thread (a rank's compute thread), each the fastest of five timed runs after one warm-up,
+ * thread (a rank's compute thread), each the fastest of its timed runs (five for a kernel,
+ * three alone and three busy for the block), taken over three passes of everything ("passes"
+ * below: a slow moment of the VM must cover all three to fool a figure), after one warm-up,
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
  * times: the machine may be shared, and the figure is what a core can do, not what it did
  * while something else ran):
@@ -35,11 +37,11 @@
  *     below);
  *   - the CPU ring's busbw: two in-process ranks all-gathering and reduce-scattering ("the
  *     ring" below).
- * 2.2-2.4 s wall in all on the Xeon with AMX with another helper's processes on the cores
- * (~1.3 s before the contention and ring passes; most of the addition is the fp32 block; the
- * flushes take ~0.2 s; several times that where OpenBLAS falls back to an SSE3 core, ~13
- * GFLOP/s). The buffers (~145 MiB a thread at most) are freed and the threads joined before
- * it returns.
+ * 4.8-5.3 s wall in all on the Xeon of family 6 model 207, nothing else running (3.7-4.1 s
+ * when every figure's runs came back to back: three passes run the block 12 times, not 8;
+ * each pass ~0.45 s of GEMMs, ~0.1 s of attention and AdamW, ~1 s of blocks), a peak RSS of
+ * ~390 MB (the kernels' ~80 MiB of operands stay allocated through the passes, beside the
+ * block's ~145 MiB a thread). Everything is freed and the threads joined before it returns.
  *
  * The cache is a text file of "name value" lines. It is trusted only when every line parses
  * and its key (CPU model, flags, kernel ISA level, bf16 GEMM path and bf16 attention path,
@@ -99,9 +101,11 @@ static int timed_rounds(int release_rounds) {
  * (attention_fp32_flops, attention_bf16_flops), every kernel through the kernel table; 4 (never
  * merged): each kernel timed with every core busy; 5: the contention factors of a block
  * (busy_cores, contention_fp32, contention_bf16) and the ring's own busbw (ring_busbw, was
- * copy_bytes_per_s x 0.4). A cache of an earlier version is measured again, and the plan
- * says why (fs_calibration_read's message). */
-#define CACHE_VERSION "5"
+ * copy_bytes_per_s x 0.4); 6: the same figures, each the fastest over three passes of
+ * everything, the kernels' operands from the accounting allocator (huge pages: attention
+ * read ~25% faster) ("passes" below). A cache of an earlier version is measured again, and
+ * the plan says why (fs_calibration_read's message). */
+#define CACHE_VERSION "6"
 #define CACHE_MAGIC "flatshard calibration " CACHE_VERSION
 
 /* The value of the first /proc/cpuinfo line starting with `field` ("" if none). */
@@ -159,18 +163,35 @@ static double thread_seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+/* ------------------------------------------------------------------ passes
+ * DESIGN. Every figure is the fastest of its timed rounds, and those rounds are spread over
+ * the whole calibration: cal_passes() passes, each one round of everything in the same order
+ * (the GEMMs fp32 then bf16, attention fp32 then bf16, AdamW, then the contention block alone
+ * and busy in each precision), every kernel CAL_ROUNDS_PER_PASS times back to back (its first
+ * run in the first pass is the warm-up, not timed). Why: this VM has slow moments, and a
+ * measurement's rounds taken back to back all land in the same one. On the Xeon of family 6
+ * model 207 a calibration made right after minutes of training on both cores read its fp32
+ * GEMM at 93-114 GFLOP/s where one made seconds later read 131-139, and the contention block
+ * at x1.16-1.30 where lone calibrations read x1.00-1.08: estimates 8-48% above the measured
+ * step, against 0.99-1.09x from the lone calibrations (BENCHMARKS.md). One pass of everything
+ * takes ~1.3 s there, so a figure is fooled only by a slow moment that covers every pass. A
+ * VM whose speed drifts for longer than the calibration (the AMX Xeon's, minute to minute)
+ * is not helped: spreading the median of samples over 3-4 s did not narrow that
+ * (BENCHMARKS.md, 2026-12-06). Outside release builds one pass, which plans only for that
+ * build (timed_rounds). */
+enum { CAL_PASSES = 3, CAL_ROUNDS_PER_PASS = 2 };
+
+static int cal_passes(void) {
+    return timed_rounds(CAL_PASSES);
 }
 
-/* the fastest of the n rounds in t */
-static double fastest(double t[CAL_REPS], int n) {
-    qsort(t, (size_t)n, sizeof t[0], cmp_double);
-    return t[0];
+/* the running minimum: t, where t is a timed round and faster than *best */
+static void keep_fastest(double *best, double t, int timed) {
+    if (timed && t < *best) *best = t;
 }
 
-/* The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
+/* ------------------------------------------------------------------ the GEMMs
+ * The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
  * o, gate/up and down, as (in, out) features. Their weights span 1.1-9.0 MiB in bf16: the
  * gate/up weight does not fit a core's L2, and its forward ran at ~0.4 of the o_proj's rate on
  * the Xeon with AMX (bench gemm, small), so one layer whose weight stays in cache would
@@ -181,117 +202,169 @@ static const struct {
 enum { CAL_MAX_IC = 3072, CAL_MAX_OC = 6144, CAL_MAX_W = 6144 * 768, CAL_WIDEST = 768 + 6144 };
 #define CAL_N_LINEARS ((int)(sizeof cal_linears / sizeof cal_linears[0]))
 
-/* The three products of every layer of cal_linears in one precision (bf16: the table's bf16
- * flag) through the device's table: their FLOPs over the sum of their fastest times. */
-static double time_linears(fs_device *dev, int bf16, float *o, float *dinp, float *dw, const float *inp,
-                           const void *w) {
+typedef struct cal_gemms {
+    float *inp, *w, *o, *dinp, *dw;
+    uint16_t *wb;
+    double fwd[2][CAL_N_LINEARS], bwd[2][CAL_N_LINEARS]; /* per precision and layer: fastest s */
+} cal_gemms;
+
+static void gemms_free(fs_mem *mem, cal_gemms *g) {
+    void *p[] = {g->inp, g->w, g->o, g->dinp, g->dw, g->wb};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fs_mem_release(mem, p[i]);
+    *g = (cal_gemms){0};
+}
+
+/* The operands of the widest layer, from the accounting allocator as the model's weights and
+ * activations are (huge pages in blocks of 2 MiB or more), and every layer's GEMM made ready
+ * (its oneDNN primitives created, as fs_acts_prepare_gemms does for the model; a no-op on the
+ * other paths). The bf16 GEMM's staging is the calibration's one reservation (work_alloc). */
+static fs_status gemms_alloc(fs_mem *mem, cal_gemms *g) {
+    const size_t n_in = (size_t)CAL_N * CAL_MAX_IC, n_w = CAL_MAX_W, n_out = (size_t)CAL_N * CAL_MAX_OC;
+    *g = (cal_gemms){0};
+    const char *what = "the calibration's GEMM operands";
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, n_in * sizeof *g->inp, what, (void **)&g->inp));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_WEIGHT_BUF, n_w * sizeof *g->w, what, (void **)&g->w));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, n_out * sizeof *g->o, what, (void **)&g->o));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, n_in * sizeof *g->dinp, what, (void **)&g->dinp));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_GRAD_BUF, n_w * sizeof *g->dw, what, (void **)&g->dw));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_WEIGHT_BUF, n_w * sizeof *g->wb, what, (void **)&g->wb));
+    for (int l = 0; l < CAL_N_LINEARS; l++) FS_TRY(fs_gemm_prepare_linear(CAL_N, cal_linears[l].ic, cal_linears[l].oc));
+    /* small values of both signs: no denormals, no overflow, nothing a kernel shortcuts */
+    for (size_t i = 0; i < n_in; i++) g->inp[i] = (float)((int)(i % 17) - 8) * 0.0625f;
+    for (size_t i = 0; i < n_w; i++) g->w[i] = (float)((int)(i % 13) - 6) * 0.03125f;
+    for (size_t i = 0; i < n_w; i++) {
+        uint32_t bits;
+        memcpy(&bits, &g->w[i], sizeof bits);
+        g->wb[i] = (uint16_t)(bits >> 16); /* exact: the values have few mantissa bits */
+    }
+    /* the output gradient is the forward's output, zero until the first forward (zero filled:
+     * fs_mem_alloc; |values| < 1e3 after it: nothing overflows) */
+    for (int p = 0; p < 2; p++)
+        for (int l = 0; l < CAL_N_LINEARS; l++) g->fwd[p][l] = g->bwd[p][l] = INFINITY;
+    return FS_OK;
+}
+
+/* One pass's rounds of every layer in one precision (bf16: the table's bf16 flag), forward
+ * (linear_forward) and backward (linear_backward, dinp and dweight), on CAL_N tokens; the
+ * first of the first pass not timed. */
+static void gemms_round(fs_device *dev, cal_gemms *g, int bf16, int pass) {
     const fs_kernel_table *K = fs_device_kernels(dev);
-    const int rounds = timed_rounds(CAL_REPS);
-    double flops = 0, seconds = 0;
+    const void *w = bf16 ? (const void *)g->wb : (const void *)g->w;
     for (int l = 0; l < CAL_N_LINEARS; l++) {
         const int64_t IC = cal_linears[l].ic, OC = cal_linears[l].oc;
-        double tf[CAL_REPS], tb[CAL_REPS];
-        for (int r = -1; r < rounds; r++) {
+        for (int r = 0; r < CAL_ROUNDS_PER_PASS; r++) {
+            const int timed = pass > 0 || r > 0;
             double t0 = thread_seconds();
-            K->linear_forward(dev, o, NULL, inp, w, bf16, CAL_N, IC, OC);
+            K->linear_forward(dev, g->o, NULL, g->inp, w, bf16, CAL_N, IC, OC);
             double t1 = thread_seconds();
-            K->linear_backward(dev, dinp, dw, o, inp, w, bf16, CAL_N, IC, OC, 0, 0);
-            if (r >= 0) {
-                tf[r] = t1 - t0;
-                tb[r] = thread_seconds() - t1;
-            }
+            K->linear_backward(dev, g->dinp, g->dw, g->o, g->inp, w, bf16, CAL_N, IC, OC, 0, 0);
+            keep_fastest(&g->fwd[bf16][l], t1 - t0, timed);
+            keep_fastest(&g->bwd[bf16][l], thread_seconds() - t1, timed);
         }
-        flops += 3.0 * 2.0 * CAL_N * (double)IC * (double)OC;
-        seconds += fastest(tf, rounds) + fastest(tb, rounds);
+    }
+}
+
+/* the layers' FLOPs over the sum of their fastest times */
+static double gemms_flops(const cal_gemms *g, int bf16) {
+    double flops = 0, seconds = 0;
+    for (int l = 0; l < CAL_N_LINEARS; l++) {
+        flops += 3.0 * 2.0 * CAL_N * (double)cal_linears[l].ic * (double)cal_linears[l].oc;
+        seconds += g->fwd[bf16][l] + g->bwd[bf16][l];
     }
     return flops / seconds;
 }
 
-/* The block's linear layers, fp32 and bf16. The bf16 GEMM's staging comes from an accounting
- * allocator and its oneDNN primitives are made before the first run, as fs_acts_prepare_gemms
- * does for the model (a no-op on the flatshard path). */
-static fs_status measure_gemms(fs_device *dev, fs_calibration *c) {
-    const size_t n_in = (size_t)CAL_N * CAL_MAX_IC, n_w = CAL_MAX_W, n_out = (size_t)CAL_N * CAL_MAX_OC;
-    float *inp = malloc(n_in * sizeof *inp), *w = malloc(n_w * sizeof *w);
-    float *o = malloc(n_out * sizeof *o), *dinp = malloc(n_in * sizeof *dinp);
-    float *dw = malloc(n_w * sizeof *dw);
-    uint16_t *wb = malloc(n_w * sizeof *wb);
-    fs_mem *mem = NULL;
-    fs_status st = FS_OK;
-    if (!inp || !w || !o || !dinp || !dw || !wb)
-        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the GEMM operands");
-    if (st == FS_OK) st = fs_mem_init(&mem, 0);
-    /* N x (the widest IC + OC) bf16 and the second operand's alignment, as
-     * fs_acts_scratch_bytes counts it */
-    if (st == FS_OK)
-        st = fs_device_reserve_scratch(dev, mem, 1, ((size_t)CAL_N * CAL_WIDEST + 128) * sizeof(uint16_t));
-    for (int l = 0; l < CAL_N_LINEARS && st == FS_OK; l++)
-        st = fs_gemm_prepare_linear(CAL_N, cal_linears[l].ic, cal_linears[l].oc);
-    if (st == FS_OK) {
-        /* small values of both signs: no denormals, no overflow, nothing a kernel shortcuts */
-        for (size_t i = 0; i < n_in; i++) inp[i] = (float)((int)(i % 17) - 8) * 0.0625f;
-        for (size_t i = 0; i < n_w; i++) w[i] = (float)((int)(i % 13) - 6) * 0.03125f;
-        for (size_t i = 0; i < n_w; i++) {
-            uint32_t bits;
-            memcpy(&bits, &w[i], sizeof bits);
-            wb[i] = (uint16_t)(bits >> 16); /* exact: the values have few mantissa bits */
-        }
-        /* the output gradient is the forward's output (|values| < 1e3: nothing overflows) */
-        memset(o, 0, n_out * sizeof *o);
-        c->gemm_fp32_flops = time_linears(dev, 0, o, dinp, dw, inp, w);
-        c->gemm_bf16_flops = time_linears(dev, 1, o, dinp, dw, inp, wb);
-    }
-    fs_device_release_scratch(dev);
-    fs_mem_free(mem);
-    free(inp);
-    free(w);
-    free(o);
-    free(dinp);
-    free(dw);
-    free(wb);
-    return st;
-}
-
-/* Causal attention forward and backward on one sequence in one precision (the table's bf16
+/* ------------------------------------------------------------------ attention
+ * Causal attention forward and backward on one sequence in each precision (the table's bf16
  * flag), q, k, v in one fused activation as the model keeps them; FLOPs as the estimate
  * counts them (3 x 2 N C (T+1)). */
-static fs_status measure_attention(fs_device *dev, int bf16, double *flops_out) {
+typedef struct cal_attention {
+    void *block; /* the five below, in one block of the accounting allocator */
+    float *qkv, *dqkv, *att, *datt, *lse;
+    double fwd[2], bwd[2];
+} cal_attention;
+
+enum { CAL_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS, CAL_C = CAL_NH * CAL_HS };
+
+static void attention_free(fs_mem *mem, cal_attention *a) {
+    fs_mem_release(mem, a->block);
+    *a = (cal_attention){0};
+}
+
+/* The operands come from the accounting allocator, as the model's activations do: in blocks
+ * of 2 MiB or more it advises huge pages, and attention walks k and v a token's row (5 KiB)
+ * at a time. From separate mallocs (4 KiB pages) fp32 attention ran at 39.3-40.4 GFLOP/s on
+ * the Xeon of family 6 model 207, against ~47 inside `train` (--profile, small fp32). */
+static fs_status attention_alloc(fs_mem *mem, cal_attention *a) {
+    const size_t n_qkv = (size_t)CAL_T * CAL_QKV, n_out = (size_t)CAL_T * CAL_C, n_lse = (size_t)CAL_NH * CAL_T;
+    *a = (cal_attention){.fwd = {INFINITY, INFINITY}, .bwd = {INFINITY, INFINITY}};
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, (2 * n_qkv + 2 * n_out + n_lse) * sizeof(float),
+                        "the calibration's attention operands", &a->block));
+    a->qkv = a->block;
+    a->dqkv = a->qkv + n_qkv;
+    a->att = a->dqkv + n_qkv;
+    a->datt = a->att + n_out;
+    a->lse = a->datt + n_out;
+    for (size_t i = 0; i < n_qkv; i++) a->qkv[i] = (float)((int)(i % 19) - 9) * 0.05f;
+    for (size_t i = 0; i < n_out; i++) a->datt[i] = (float)((int)(i % 11) - 5) * 0.01f;
+    return FS_OK; /* the rest zero filled (fs_mem_alloc) */
+}
+
+static void attention_round(fs_device *dev, cal_attention *a, int bf16, int pass) {
     const fs_kernel_table *K = fs_device_kernels(dev);
-    const int64_t N = CAL_T, C = (int64_t)CAL_NH * CAL_HS, QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS;
-    const size_t n_qkv = (size_t)(N * QKV), n_out = (size_t)(N * C), n_lse = (size_t)CAL_NH * CAL_T;
-    float *qkv = malloc(n_qkv * sizeof *qkv), *dqkv = malloc(n_qkv * sizeof *dqkv);
-    float *att = malloc(n_out * sizeof *att), *datt = malloc(n_out * sizeof *datt);
-    float *lse = malloc(n_lse * sizeof *lse);
-    fs_status st = FS_OK;
-    if (!qkv || !dqkv || !att || !datt || !lse)
-        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the attention operands");
-    double tf[CAL_REPS], tb[CAL_REPS];
-    const int rounds = timed_rounds(CAL_REPS);
-    if (st == FS_OK) {
-        for (size_t i = 0; i < n_qkv; i++) qkv[i] = (float)((int)(i % 19) - 9) * 0.05f;
-        for (size_t i = 0; i < n_out; i++) datt[i] = (float)((int)(i % 11) - 5) * 0.01f;
-        const float *q = qkv, *k = qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
-        float *dq = dqkv, *dk = dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
-        for (int r = -1; r < rounds; r++) {
-            memset(dqkv, 0, n_qkv * sizeof *dqkv); /* backward accumulates, as in the model */
-            double t0 = thread_seconds();
-            K->attention_forward(dev, att, lse, q, k, v, QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
-            double t1 = thread_seconds();
-            K->attention_backward(dev, dq, dk, dv, QKV, datt, q, k, v, QKV, att, lse, 1, CAL_T, CAL_NH, CAL_NKV,
-                                  CAL_HS, bf16);
-            if (r >= 0) {
-                tf[r] = t1 - t0;
-                tb[r] = thread_seconds() - t1;
-            }
-        }
-        *flops_out = 3.0 * 2.0 * (double)N * (double)C * (CAL_T + 1.0) / (fastest(tf, rounds) + fastest(tb, rounds));
+    const float *q = a->qkv, *k = a->qkv + CAL_C, *v = k + CAL_NKV * CAL_HS;
+    float *dq = a->dqkv, *dk = a->dqkv + CAL_C, *dv = dk + CAL_NKV * CAL_HS;
+    for (int r = 0; r < CAL_ROUNDS_PER_PASS; r++) {
+        const int timed = pass > 0 || r > 0;
+        memset(a->dqkv, 0, (size_t)CAL_T * CAL_QKV * sizeof *a->dqkv); /* backward accumulates, as in the model */
+        double t0 = thread_seconds();
+        K->attention_forward(dev, a->att, a->lse, q, k, v, CAL_QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
+        double t1 = thread_seconds();
+        K->attention_backward(dev, dq, dk, dv, CAL_QKV, a->datt, q, k, v, CAL_QKV, a->att, a->lse, 1, CAL_T, CAL_NH,
+                              CAL_NKV, CAL_HS, bf16);
+        keep_fastest(&a->fwd[bf16], t1 - t0, timed);
+        keep_fastest(&a->bwd[bf16], thread_seconds() - t1, timed);
     }
-    free(qkv);
-    free(dqkv);
-    free(att);
-    free(datt);
-    free(lse);
-    return st;
+}
+
+static double attention_flops(const cal_attention *a, int bf16) {
+    return 3.0 * 2.0 * (double)CAL_T * (double)CAL_C * (CAL_T + 1.0) / (a->fwd[bf16] + a->bwd[bf16]);
+}
+
+/* ------------------------------------------------------------------ AdamW
+ * AdamW with the bf16 copy, as a bf16 step runs it (fp32 skips the copy; the rate per byte is
+ * the same stream). Every run starts with its operands out of the caches, as a step's do: the
+ * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
+ * back (written a whole forward earlier) come from memory, and a loop over one buffer that
+ * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
+typedef struct cal_adamw {
+    float *param, *m, *v, *grad;
+    uint16_t *param_bf16;
+    int step;
+    double best;
+} cal_adamw;
+
+static void adamw_free(fs_mem *mem, cal_adamw *o) {
+    void *p[] = {o->param, o->m, o->v, o->grad, o->param_bf16};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fs_mem_release(mem, p[i]);
+    *o = (cal_adamw){0};
+}
+
+/* the state from the accounting allocator, as the model's shards (huge pages) */
+static fs_status adamw_alloc(fs_mem *mem, cal_adamw *o) {
+    const size_t n = CAL_ADAMW_NUMEL;
+    *o = (cal_adamw){.best = INFINITY};
+    const char *what = "the calibration's AdamW state";
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_MASTER, n * sizeof *o->param, what, (void **)&o->param));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_OPTIM, n * sizeof *o->m, what, (void **)&o->m));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_OPTIM, n * sizeof *o->v, what, (void **)&o->v));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_GRADS, n * sizeof *o->grad, what, (void **)&o->grad));
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_COMPUTE_SHARD, n * sizeof *o->param_bf16, what, (void **)&o->param_bf16));
+    for (size_t i = 0; i < n; i++) {
+        o->param[i] = (float)((int)(i % 23) - 11) * 0.01f;
+        o->grad[i] = (float)((int)(i % 7) - 3) * 0.001f;
+    }
+    return FS_OK; /* m, v and the bf16 copy zero filled (fs_mem_alloc) */
 }
 
 /* Writes bytes at p back to memory and out of every cache level (nothing elsewhere). */
@@ -306,49 +379,20 @@ static void evict(const void *p, size_t bytes) {
 #endif
 }
 
-/* AdamW with the bf16 copy, as a bf16 step runs it (fp32 skips the copy; the rate per byte is
- * the same stream). Every run starts with its operands out of the caches, as a step's do: the
- * shard a step updates (hundreds of MiB) and the activations its elementwise kernels read
- * back (written a whole forward earlier) come from memory, and a loop over one buffer that
- * stays in L3 ran ~1.7x faster than that on the Xeon with AMX (38 against 22 GB/s). */
-static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
+static void adamw_round(fs_device *dev, cal_adamw *o, int pass) {
     const size_t n = CAL_ADAMW_NUMEL;
-    float *param = malloc(n * sizeof *param), *m = malloc(n * sizeof *m);
-    float *v = malloc(n * sizeof *v), *grad = malloc(n * sizeof *grad);
-    uint16_t *param_bf16 = malloc(n * sizeof *param_bf16);
-    fs_status st = FS_OK;
-    if (!param || !m || !v || !grad || !param_bf16)
-        st = fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the AdamW state");
-    double t[CAL_REPS];
-    const int rounds = timed_rounds(CAL_REPS);
-    if (st == FS_OK) {
-        for (size_t i = 0; i < n; i++) {
-            param[i] = (float)((int)(i % 23) - 11) * 0.01f;
-            grad[i] = (float)((int)(i % 7) - 3) * 0.001f;
-        }
-        memset(m, 0, n * sizeof *m);
-        memset(v, 0, n * sizeof *v);
-        memset(param_bf16, 0, n * sizeof *param_bf16);
-        fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-        for (int r = -1; r < rounds; r++) {
-            hp.step = r + 2;
-            evict(param, n * sizeof *param);
-            evict(m, n * sizeof *m);
-            evict(v, n * sizeof *v);
-            evict(grad, n * sizeof *grad);
-            evict(param_bf16, n * sizeof *param_bf16);
-            double t0 = thread_seconds();
-            fs_device_kernels(dev)->adamw_update(dev, param, param_bf16, m, v, grad, 1.0f, (int64_t)n, hp);
-            if (r >= 0) t[r] = thread_seconds() - t0;
-        }
-        c->adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)n / fastest(t, rounds);
+    fs_adamw_params hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    for (int r = 0; r < CAL_ROUNDS_PER_PASS; r++) {
+        hp.step = ++o->step;
+        evict(o->param, n * sizeof *o->param);
+        evict(o->m, n * sizeof *o->m);
+        evict(o->v, n * sizeof *o->v);
+        evict(o->grad, n * sizeof *o->grad);
+        evict(o->param_bf16, n * sizeof *o->param_bf16);
+        double t0 = thread_seconds();
+        fs_device_kernels(dev)->adamw_update(dev, o->param, o->param_bf16, o->m, o->v, o->grad, 1.0f, (int64_t)n, hp);
+        keep_fastest(&o->best, thread_seconds() - t0, pass > 0 || r > 0);
     }
-    free(param);
-    free(m);
-    free(v);
-    free(grad);
-    free(param_bf16);
-    return st;
 }
 
 /* ------------------------------------------------------------------ contention
@@ -366,13 +410,15 @@ static fs_status measure_adamw(fs_device *dev, fs_calibration *c) {
  * step's working set is, except on
  * the Xeon VM that reports 480 MiB of L3, where the factor reads 1.00-1.07 while two one-rank
  * trainings side by side lose 2-4% a step (buffers rotated past the L3 did not resolve that
- * 3% above the VM's noise: BENCHMARKS.md, 2026-12-06). Timed by the calibrating thread's CPU
- * time alone (the fastest of CAL_BLOCK_REPS, timed_rounds, no warm-up), then while busy_cores - 1
- * loading threads, one per other core, run the same block on buffers of their own (the
- * fastest of CAL_BLOCK_REPS runs that count: every loading thread on its core for
- * CAL_BUSY_SHARE of the run, its thread CPU clock; at most 2 x CAL_BLOCK_REPS tries, else the
- * fastest of all, which understates the contention). The factor is busy / alone, at least 1. */
-enum { CAL_BLOCK_N = 512, CAL_BLOCK_REPS = 2 };
+ * 3% above the VM's noise: BENCHMARKS.md, 2026-12-06). Each pass times it by the calibrating
+ * thread's CPU time alone, one run per precision (no warm-up), then while busy_cores - 1
+ * loading threads, one per other core, run the same block in the same precision on buffers
+ * of their own: one run that counts (every loading thread on its core for CAL_BUSY_SHARE of
+ * the run, its thread CPU clock), at most CAL_BUSY_TRIES tries a pass, else the fastest of
+ * all, which understates the contention. The factor is the fastest busy run over the fastest
+ * alone, at least 1. The loading threads start once, before the first pass, and wait (polling
+ * every 0.5 ms) while anything else is timed. */
+enum { CAL_BLOCK_N = 512, CAL_BUSY_TRIES = 2 };
 #define CAL_BUSY_SHARE 0.9
 
 /* The block's tokens: CAL_BLOCK_N (two sequences), or one sequence in any other build than
@@ -475,7 +521,8 @@ static fs_status block_alloc(fs_device *dev, block_bufs *b) {
                          N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C, N * BK_C, N * BK_QKV, N * BK_C, N * BK_C};
     for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) memset(z[i], 0, zn[i] * sizeof(float));
     fs_status st = fs_mem_init(&b->mem, 0);
-    /* the bf16 GEMM's staging, as measure_gemms reserves it, for the widest layer */
+    /* the bf16 GEMM's staging for the widest layer (a loading thread's; the calibrating
+     * thread's device holds work_alloc's, at least as large, and keeps it) */
     if (st == FS_OK)
         st = fs_device_reserve_scratch(dev, b->mem, 1,
                                        ((size_t)N * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t));
@@ -489,44 +536,60 @@ static fs_status block_alloc(fs_device *dev, block_bufs *b) {
 }
 
 /* One block forward and backward in one precision, as llama.c sequences a block's kernels
- * (no residual adds, RoPE or recomputation: small next to the rest). */
-static void block_run(fs_device *dev, block_bufs *b, int bf16) {
+ * (no residual adds, RoPE or recomputation: small next to the rest). A loading thread passes
+ * its `want` and leaves the run between two kernels as soon as that names another precision:
+ * the calibrating thread then waits ~one kernel, not a whole block (~0.2 s), for a loader to
+ * switch or to stop; the calibrating thread's own runs pass NULL and always finish. */
+static void block_run(fs_device *dev, block_bufs *b, int bf16, const atomic_int *want) {
+#define BK(call)                                                                                                       \
+    do {                                                                                                               \
+        if (want && atomic_load(want) != bf16) return;                                                                 \
+        call;                                                                                                          \
+    } while (0)
     const fs_kernel_table *K = fs_device_kernels(dev);
     const int64_t N = block_tokens(), B = N / CAL_T;
     const void *w[4];
     for (int i = 0; i < 4; i++) w[i] = bf16 ? (const void *)b->wb[i] : (const void *)b->w[i];
     const float *q = b->qkv, *k = b->qkv + CAL_NH * CAL_HS, *v = k + CAL_NKV * CAL_HS;
     float *dq = b->dqkv, *dk = b->dqkv + CAL_NH * CAL_HS, *dv = dk + CAL_NKV * CAL_HS;
-    K->rmsnorm_forward(dev, b->xn, b->rstd, b->x, b->nw, N, BK_C, 1e-5f);
-    K->linear_forward(dev, b->qkv, NULL, b->xn, w[0], bf16, N, BK_C, BK_QKV);
-    K->attention_forward(dev, b->att, b->lse, q, k, v, BK_QKV, B, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
-    K->linear_forward(dev, b->h, NULL, b->att, w[1], bf16, N, BK_C, BK_C);
-    K->rmsnorm_forward(dev, b->hn, b->rstd2, b->h, b->nw, N, BK_C, 1e-5f);
-    K->linear_forward(dev, b->gu, NULL, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF);
-    K->swiglu_forward(dev, b->sw, b->gu, N, BK_FF);
-    K->linear_forward(dev, b->out, NULL, b->sw, w[3], bf16, N, BK_FF, BK_C);
-    K->linear_backward(dev, b->dsw, b->dw[3], b->dout, b->sw, w[3], bf16, N, BK_FF, BK_C, 0, 0);
-    K->swiglu_backward(dev, b->dgu, b->dsw, b->gu, N, BK_FF);
-    K->linear_backward(dev, b->dhn, b->dw[2], b->dgu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0, 0);
-    K->rmsnorm_backward(dev, b->dh, b->dnw, b->dhn, b->h, b->nw, b->rstd2, N, BK_C);
-    K->linear_backward(dev, b->datt, b->dw[1], b->dh, b->att, w[1], bf16, N, BK_C, BK_C, 0, 0);
-    memset(b->dqkv, 0, (size_t)(N * BK_QKV) * sizeof(float)); /* attention backward accumulates */
-    K->attention_backward(dev, dq, dk, dv, BK_QKV, b->datt, q, k, v, BK_QKV, b->att, b->lse, B, CAL_T, CAL_NH,
-                          CAL_NKV, CAL_HS, bf16);
-    K->linear_backward(dev, b->dxn, b->dw[0], b->dqkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0, 0);
-    K->rmsnorm_backward(dev, b->dx, b->dnw, b->dxn, b->x, b->nw, b->rstd, N, BK_C);
+    BK(K->rmsnorm_forward(dev, b->xn, b->rstd, b->x, b->nw, N, BK_C, 1e-5f));
+    BK(K->linear_forward(dev, b->qkv, NULL, b->xn, w[0], bf16, N, BK_C, BK_QKV));
+    BK(K->attention_forward(dev, b->att, b->lse, q, k, v, BK_QKV, B, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16));
+    BK(K->linear_forward(dev, b->h, NULL, b->att, w[1], bf16, N, BK_C, BK_C));
+    BK(K->rmsnorm_forward(dev, b->hn, b->rstd2, b->h, b->nw, N, BK_C, 1e-5f));
+    BK(K->linear_forward(dev, b->gu, NULL, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF));
+    BK(K->swiglu_forward(dev, b->sw, b->gu, N, BK_FF));
+    BK(K->linear_forward(dev, b->out, NULL, b->sw, w[3], bf16, N, BK_FF, BK_C));
+    BK(K->linear_backward(dev, b->dsw, b->dw[3], b->dout, b->sw, w[3], bf16, N, BK_FF, BK_C, 0, 0));
+    BK(K->swiglu_backward(dev, b->dgu, b->dsw, b->gu, N, BK_FF));
+    BK(K->linear_backward(dev, b->dhn, b->dw[2], b->dgu, b->hn, w[2], bf16, N, BK_C, 2 * BK_FF, 0, 0));
+    BK(K->rmsnorm_backward(dev, b->dh, b->dnw, b->dhn, b->h, b->nw, b->rstd2, N, BK_C));
+    BK(K->linear_backward(dev, b->datt, b->dw[1], b->dh, b->att, w[1], bf16, N, BK_C, BK_C, 0, 0));
+    BK(memset(b->dqkv, 0, (size_t)(N * BK_QKV) * sizeof(float))); /* attention backward accumulates */
+    BK(K->attention_backward(dev, dq, dk, dv, BK_QKV, b->datt, q, k, v, BK_QKV, b->att, b->lse, B, CAL_T, CAL_NH,
+                             CAL_NKV, CAL_HS, bf16));
+    BK(K->linear_backward(dev, b->dxn, b->dw[0], b->dqkv, b->xn, w[0], bf16, N, BK_C, BK_QKV, 0, 0));
+    BK(K->rmsnorm_backward(dev, b->dx, b->dnw, b->dxn, b->x, b->nw, b->rstd, N, BK_C));
+#undef BK
 }
 
 /* The loading threads: each opens its own device (its own GEMM staging) and buffers, then
- * runs the block in `prec` until `stop`; `ready` counts those running, `failed` those that
- * could not start. */
+ * runs the block in the precision `want` names (-1: none; it waits) until `stop`. `ready`
+ * counts those running, `failed` those that could not start; running[i] is what loader i
+ * runs now (its run's bf16 flag, -1 while it waits), set before each run begins. */
 typedef struct block_load {
-    atomic_int stop, ready, failed;
-    int bf16;
+    atomic_int stop, ready, failed, want;
+    atomic_int running[FS_CALIBRATION_MAX_BUSY];
 } block_load;
 
+typedef struct block_loader {
+    block_load *L;
+    int index;
+} block_loader;
+
 static void *block_load_main(void *arg) {
-    block_load *L = arg;
+    const block_loader *me = arg;
+    block_load *L = me->L;
     fs_device *dev = NULL;
     block_bufs b;
     if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || block_alloc(dev, &b) != FS_OK) {
@@ -535,7 +598,12 @@ static void *block_load_main(void *arg) {
         return NULL;
     }
     atomic_fetch_add(&L->ready, 1); /* its buffers touched: no page faults to come */
-    while (!atomic_load(&L->stop)) block_run(dev, &b, L->bf16);
+    while (!atomic_load(&L->stop)) {
+        const int want = atomic_load(&L->want);
+        atomic_store(&L->running[me->index], want);
+        if (want < 0) nanosleep(&(struct timespec){.tv_nsec = 500000}, NULL);
+        else block_run(dev, &b, want, &L->want);
+    }
     fs_device_release_scratch(dev);
     block_free(&b);
     fs_device_close(dev);
@@ -554,75 +622,94 @@ static double clock_of(clockid_t id) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* The contention factor of one precision (busy / alone CPU time of the block) with `cores`
- * threads computing, the calibrating one included; 1 on one core. */
-static fs_status measure_contention(fs_device *dev, block_bufs *b, int bf16, int cores, double *factor) {
-    double alone = INFINITY, busy = INFINITY, busy_any = INFINITY;
-    const int rounds = timed_rounds(CAL_BLOCK_REPS);
-    *factor = 1;
-    if (cores <= 1) return FS_OK;
-    /* no warm-up run: the block's buffers are touched and its GEMMs prepared (block_alloc),
-     * the kernels ran just before at the calibration's shapes, and its ~145 MiB do not stay
-     * in the caches from one run to the next anyway */
-    for (int r = 0; r < rounds; r++) {
-        double t0 = thread_seconds();
-        block_run(dev, b, bf16);
-        double t = thread_seconds() - t0;
-        if (t < alone) alone = t;
-    }
+/* The calibrating thread's block, its loading threads, and the fastest runs so far per
+ * precision: alone, busy runs that count, busy runs of any kind. */
+typedef struct cal_contention {
+    block_bufs b;
     block_load L;
-    atomic_init(&L.stop, 0);
-    atomic_init(&L.ready, 0);
-    atomic_init(&L.failed, 0);
-    L.bf16 = bf16;
+    block_loader arg[FS_CALIBRATION_MAX_BUSY];
     pthread_t th[FS_CALIBRATION_MAX_BUSY];
     clockid_t ck[FS_CALIBRATION_MAX_BUSY];
-    int n = 0;
+    int n, have_block;
+    double alone[2], busy[2], busy_any[2];
+} cal_contention;
+
+/* Tells the loading threads what to run (a bf16 flag, or -1: nothing) and waits until every
+ * one has begun a run of it (or, for -1, finished its run and waits). */
+static void loaders_run(cal_contention *k, int want) {
+    atomic_store(&k->L.want, want);
+    for (int i = 0; i < k->n; i++)
+        while (atomic_load(&k->L.running[i]) != want) nanosleep(&(struct timespec){.tv_nsec = 200000}, NULL);
+}
+
+/* Stops and joins the loading threads and frees the block (safe on a zeroed k, and twice). */
+static void contention_stop(cal_contention *k) {
+    atomic_store(&k->L.want, -1); /* a loader mid-run leaves it at the next kernel */
+    atomic_store(&k->L.stop, 1);
+    for (int i = 0; i < k->n; i++) pthread_join(k->th[i], NULL);
+    k->n = 0;
+    if (k->have_block) block_free(&k->b);
+    k->have_block = 0;
+}
+
+/* The block's buffers and `cores` - 1 loading threads, each with its block ready and waiting. */
+static fs_status contention_start(fs_device *dev, cal_contention *k, int cores) {
+    memset(k, 0, sizeof *k);
+    for (int p = 0; p < 2; p++) k->alone[p] = k->busy[p] = k->busy_any[p] = INFINITY;
+    atomic_init(&k->L.stop, 0);
+    atomic_init(&k->L.ready, 0);
+    atomic_init(&k->L.failed, 0);
+    atomic_init(&k->L.want, -1);
+    for (int i = 0; i < FS_CALIBRATION_MAX_BUSY; i++) atomic_init(&k->L.running[i], -1);
+    FS_TRY(block_alloc(dev, &k->b));
+    k->have_block = 1;
     fs_status st = FS_OK;
-    for (; n < cores - 1; n++) {
-        if (pthread_create(&th[n], NULL, block_load_main, &L) != 0) {
+    for (; k->n < cores - 1; k->n++) {
+        k->arg[k->n] = (block_loader){.L = &k->L, .index = k->n};
+        if (pthread_create(&k->th[k->n], NULL, block_load_main, &k->arg[k->n]) != 0) {
             st = fs_errorf(FS_ERR_INTERNAL, "calibration: cannot start a loading thread");
             break;
         }
-        if (pthread_getcpuclockid(th[n], &ck[n]) != 0) ck[n] = CLOCK_THREAD_CPUTIME_ID; /* never counts */
+        if (pthread_getcpuclockid(k->th[k->n], &k->ck[k->n]) != 0)
+            k->ck[k->n] = CLOCK_THREAD_CPUTIME_ID; /* never counts */
     }
-    while (st == FS_OK && atomic_load(&L.ready) + atomic_load(&L.failed) < n)
+    while (st == FS_OK && atomic_load(&k->L.ready) + atomic_load(&k->L.failed) < k->n)
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-    if (st == FS_OK && atomic_load(&L.failed))
+    if (st == FS_OK && atomic_load(&k->L.failed))
         st = fs_errorf(FS_ERR_NOMEM, "calibration: a loading thread could not allocate its block");
-    for (int r = 0, got = 0; st == FS_OK && got < rounds && r < 2 * rounds; r++) {
-        double l0[FS_CALIBRATION_MAX_BUSY], w0 = wall_seconds(), t0 = thread_seconds();
-        for (int i = 0; i < n; i++) l0[i] = clock_of(ck[i]);
-        block_run(dev, b, bf16);
-        double t = thread_seconds() - t0, w = wall_seconds() - w0;
-        int counts = 1;
-        for (int i = 0; i < n; i++)
-            if (ck[i] == CLOCK_THREAD_CPUTIME_ID || clock_of(ck[i]) - l0[i] < CAL_BUSY_SHARE * w) counts = 0;
-        if (t < busy_any) busy_any = t;
-        if (counts) {
-            got++;
-            if (t < busy) busy = t;
-        }
-    }
-    atomic_store(&L.stop, 1);
-    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-    FS_TRY(st);
-    if (!isfinite(busy)) busy = busy_any;
-    *factor = busy > alone ? busy / alone : 1.0;
-    return FS_OK;
+    if (st != FS_OK) contention_stop(k);
+    return st;
 }
 
-/* Both precisions' contention factors; the block's buffers are freed before it returns. */
-static fs_status measure_contentions(fs_device *dev, fs_calibration *c) {
-    c->contention_fp32 = c->contention_bf16 = 1;
-    if (c->busy_cores <= 1) return FS_OK;
-    block_bufs b;
-    FS_TRY(block_alloc(dev, &b));
-    fs_status st = measure_contention(dev, &b, 0, c->busy_cores, &c->contention_fp32);
-    if (st == FS_OK) st = measure_contention(dev, &b, 1, c->busy_cores, &c->contention_bf16);
-    fs_device_release_scratch(dev);
-    block_free(&b);
-    return st;
+/* One pass: the block alone in each precision, then busy in each, the loaders left waiting. */
+static void contention_round(fs_device *dev, cal_contention *k) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        double t0 = thread_seconds();
+        block_run(dev, &k->b, bf16, NULL);
+        keep_fastest(&k->alone[bf16], thread_seconds() - t0, 1);
+    }
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        loaders_run(k, bf16);
+        for (int r = 0; r < CAL_BUSY_TRIES; r++) {
+            double l0[FS_CALIBRATION_MAX_BUSY], w0 = wall_seconds(), t0 = thread_seconds();
+            for (int i = 0; i < k->n; i++) l0[i] = clock_of(k->ck[i]);
+            block_run(dev, &k->b, bf16, NULL);
+            double t = thread_seconds() - t0, w = wall_seconds() - w0;
+            int counts = 1;
+            for (int i = 0; i < k->n; i++)
+                if (k->ck[i] == CLOCK_THREAD_CPUTIME_ID || clock_of(k->ck[i]) - l0[i] < CAL_BUSY_SHARE * w) counts = 0;
+            keep_fastest(&k->busy_any[bf16], t, 1);
+            keep_fastest(&k->busy[bf16], t, counts);
+            if (counts) break;
+        }
+    }
+    loaders_run(k, -1);
+}
+
+/* busy / alone, at least 1: the fastest busy run that counts, else the fastest of any */
+static double contention_factor(const cal_contention *k, int bf16) {
+    const double busy = isfinite(k->busy[bf16]) ? k->busy[bf16] : k->busy_any[bf16];
+    return busy > k->alone[bf16] ? busy / k->alone[bf16] : 1.0;
 }
 
 /* ------------------------------------------------------------------ the ring
@@ -683,18 +770,72 @@ static fs_status measure_ring(fs_calibration *c) {
     return FS_OK;
 }
 
+/* ------------------------------------------------------------------ the calibration
+ * Everything the passes time, allocated once before the first. The bf16 GEMM's staging is
+ * reserved once, for the larger of what the GEMMs and the block need (a device keeps its
+ * first reservation: fs_device_reserve_scratch), from an accounting allocator as the model's
+ * is. */
+typedef struct cal_work {
+    fs_mem *mem;
+    cal_gemms g;
+    cal_attention a;
+    cal_adamw o;
+    cal_contention k;
+} cal_work;
+
+static void work_free(fs_device *dev, cal_work *w) {
+    contention_stop(&w->k);
+    gemms_free(w->mem, &w->g);
+    attention_free(w->mem, &w->a);
+    adamw_free(w->mem, &w->o);
+    fs_device_release_scratch(dev);
+    fs_mem_free(w->mem);
+    w->mem = NULL;
+}
+
+/* On failure what was allocated stays in w for work_free. */
+static fs_status work_alloc(fs_device *dev, cal_work *w, int cores) {
+    memset(w, 0, sizeof *w);
+    const size_t gemm_stage = ((size_t)CAL_N * CAL_WIDEST + 128) * sizeof(uint16_t);
+    const size_t block_stage = ((size_t)block_tokens() * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t);
+    FS_TRY(fs_mem_init(&w->mem, 0));
+    FS_TRY(fs_device_reserve_scratch(dev, w->mem, 1,
+                                     cores > 1 && block_stage > gemm_stage ? block_stage : gemm_stage));
+    FS_TRY(gemms_alloc(w->mem, &w->g));
+    FS_TRY(attention_alloc(w->mem, &w->a));
+    FS_TRY(adamw_alloc(w->mem, &w->o));
+    if (cores > 1) FS_TRY(contention_start(dev, &w->k, cores));
+    return FS_OK;
+}
+
 fs_status fs_calibration_measure(fs_calibration *out) {
     fs_kernels_init(); /* one BLAS thread: the rank's compute thread */
     fs_calibration c;
     memset(&c, 0, sizeof c);
     c.busy_cores = busy_cores();
+    c.contention_fp32 = c.contention_bf16 = 1;
     fs_device *dev = NULL; /* the CPU's kernel table on the calling thread (pool NULL) */
     FS_TRY(fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL));
-    fs_status st = measure_gemms(dev, &c);
-    if (st == FS_OK) st = measure_attention(dev, 0, &c.attention_fp32_flops);
-    if (st == FS_OK) st = measure_attention(dev, 1, &c.attention_bf16_flops);
-    if (st == FS_OK) st = measure_adamw(dev, &c);
-    if (st == FS_OK) st = measure_contentions(dev, &c);
+    cal_work w;
+    fs_status st = work_alloc(dev, &w, c.busy_cores);
+    for (int pass = 0; pass < cal_passes() && st == FS_OK; pass++) {
+        for (int bf16 = 0; bf16 < 2; bf16++) gemms_round(dev, &w.g, bf16, pass);
+        for (int bf16 = 0; bf16 < 2; bf16++) attention_round(dev, &w.a, bf16, pass);
+        adamw_round(dev, &w.o, pass);
+        if (c.busy_cores > 1) contention_round(dev, &w.k);
+    }
+    if (st == FS_OK) {
+        c.gemm_fp32_flops = gemms_flops(&w.g, 0);
+        c.gemm_bf16_flops = gemms_flops(&w.g, 1);
+        c.attention_fp32_flops = attention_flops(&w.a, 0);
+        c.attention_bf16_flops = attention_flops(&w.a, 1);
+        c.adamw_bytes_per_s = CAL_ADAMW_BYTES_PER_NUMEL * (double)CAL_ADAMW_NUMEL / w.o.best;
+        if (c.busy_cores > 1) {
+            c.contention_fp32 = contention_factor(&w.k, 0);
+            c.contention_bf16 = contention_factor(&w.k, 1);
+        }
+    }
+    work_free(dev, &w);
     fs_device_close(dev);
     FS_TRY(st);
     FS_TRY(measure_ring(&c));

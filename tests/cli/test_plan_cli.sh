@@ -89,7 +89,7 @@ printf 'flatshard calibration 1\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flo
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 1 cache" 0 "$FS" plan "${SMALL[@]}" --json
 expect "a version 1 cache is measured again" grep -q '"device_figures":"measured"' "$WORK/out"
-expect "and rewritten as version 5" grep -qx 'flatshard calibration 5' "$CACHE"
+expect "and rewritten as version 6" grep -qx 'flatshard calibration 6' "$CACHE"
 # a cache of version 2 (one attention figure, the fp32 kernel's, for both precisions)
 printf 'flatshard calibration 2\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flops 1e11\ngemm_bf16_flops 1e11\nattention_flops 1e10\nadamw_bytes_per_s 2e10\ncopy_bytes_per_s 1e10\n' \
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
@@ -101,7 +101,7 @@ printf 'flatshard calibration 4\nkey %s\ndate 2026-12-01 00:00:00\ngemm_fp32_flo
     "$(sed -n 's/^key //p' "$CACHE")" >"$CACHE"
 run "plan over a version 4 cache" 0 "$FS" plan "${SMALL[@]}"
 expect "a version 4 cache is measured again, the plan says why in one line" \
-    grep -qE "^  device figures: measured now \(cached in .*; the cache there was not used: .*: a cache of calibration version 4, this build measures version 5\)$" "$WORK/out"
+    grep -qE "^  device figures: measured now \(cached in .*; the cache there was not used: .*: a cache of calibration version 4, this build measures version 6\)$" "$WORK/out"
 expect "and rewritten with the contention factors and the ring" grep -qE '^contention_bf16 [0-9]' "$CACHE"
 expect "the cache holds what is measured, nothing else" $PY -c '
 import sys
