@@ -4,7 +4,9 @@
 # ratios. The peer is tools/bench_torch.py (SDPA attention; bf16 autocast, or FSDP2's
 # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32); torch.compile; AdamW and
 # clipping as flatshard's step):
-#   1 rank:  PyTorch single process, fp32, bf16 autocast, bf16 autocast + torch.compile
+#   1 rank:  PyTorch single process, fp32, fp32 + torch.compile, bf16 autocast, bf16 autocast
+#            + torch.compile (on a CPU whose bf16 dot product runs at half its FMA rate,
+#            the Xeon of family 6 model 207, PyTorch's fp32 rows are its fastest)
 #                                        vs flatshard --ranks 1 (fp32, bf16)
 #   2 ranks: PyTorch DDP (gloo)          vs flatshard ddp     under mpirun (fp32, bf16)
 #            PyTorch DDP + ZeRO-1        vs flatshard zero1
@@ -22,7 +24,7 @@
 #     not exist, it is created: python3 -m venv .venv-bench, then pip install
 #     torch==$TORCH_VERSION [2.15.0] from PyPI (~5 GB with the CUDA libraries its wheel
 #     brings even for CPU use; the peer must be current)
-#   PEER_ROWS [all]: a subset of: single-fp32 single-bf16 single-bf16-compile ddp-fp32
+#   PEER_ROWS [all]: a subset of: single-fp32 single-fp32-compile single-bf16 single-bf16-compile ddp-fp32
 #     ddp-bf16 zero1-fp32 zero1-bf16 fsdp2-fp32 fsdp2-bf16 fsdp2-bf16-compile
 #     (fsdp2-bf16-compile is not in "all": torch.compile under FSDP2 on CPU compiles per
 #     block and per rank, minutes on 2 cores)
@@ -41,7 +43,7 @@ COMPILE_WARMUP=${COMPILE_WARMUP:-2}
 RUNS=${RUNS:-3}
 TORCH_VERSION=${TORCH_VERSION:-2.15.0}
 TORCH_PYTHON=${TORCH_PYTHON:-.venv-bench/bin/python}
-ALL_ROWS="single-fp32 single-bf16 single-bf16-compile ddp-fp32 ddp-bf16 zero1-fp32 zero1-bf16 fsdp2-fp32 fsdp2-bf16"
+ALL_ROWS="single-fp32 single-fp32-compile single-bf16 single-bf16-compile ddp-fp32 ddp-bf16 zero1-fp32 zero1-bf16 fsdp2-fp32 fsdp2-bf16"
 PEER_ROWS=${PEER_ROWS:-all}
 [ "$PEER_ROWS" = all ] && PEER_ROWS=$ALL_ROWS
 DATA=${1:-data/fortunes-train.bin}
@@ -147,6 +149,7 @@ def peer(row):
     compiled = all(r.get("compile") for r in rows)
     return med(r["tokens_per_s"] for r in rows), med(max(r["peak_rss_bytes"]) for r in rows), compiled, len(rows)
 pairs = [("1", "single-fp32", "single process, fp32", "fs-single-fp32"),
+         ("1", "single-fp32-compile", "single process, fp32, torch.compile", "fs-single-fp32"),
          ("1", "single-bf16", "single process, bf16 autocast", "fs-single-bf16"),
          ("1", "single-bf16-compile", "single process, bf16 autocast, torch.compile", "fs-single-bf16"),
          ("2", "ddp-fp32", "DDP, fp32", "fs-ddp-fp32"),

@@ -174,7 +174,7 @@ static double thread_seconds(void) {
  * GEMM at 93-114 GFLOP/s where one made seconds later read 131-139, and the contention block
  * at x1.16-1.30 where lone calibrations read x1.00-1.08: estimates 8-48% above the measured
  * step, against 0.99-1.09x from the lone calibrations (BENCHMARKS.md). One pass of everything
- * takes ~1.3 s there, so a figure is fooled only by a slow moment that covers every pass. A
+ * takes ~1.5 s there, so a figure is fooled only by a slow moment that covers every pass. A
  * VM whose speed drifts for longer than the calibration (the AMX Xeon's, minute to minute)
  * is not helped: spreading the median of samples over 3-4 s did not narrow that
  * (BENCHMARKS.md, 2026-12-06). Outside release builds one pass, which plans only for that
