@@ -168,7 +168,7 @@ typedef enum fs_calibrate_mode {
 
 /* The key of the running machine and settings (see fs_calibration.key). */
 void fs_calibration_key(char *buf, size_t buf_bytes);
-/* Measures the running machine (2-2.5 s, every core busy for part of it); fills key and date
+/* Measures the running machine (~5 s, every core busy for part of it); fills key and date
  * too. */
 fs_status fs_calibration_measure(fs_calibration *out);
 /* The cache file's path; FS_ERR_IO when neither XDG_CACHE_HOME nor HOME is set. */

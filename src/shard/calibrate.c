@@ -6,9 +6,10 @@
  * and flags the model itself calls (src/model/llama.c): what a precision runs is what the
  * table picks for it — the bf16 GEMM's path in use (kernels.h's rule: oneDNN, flatshard or sgemm), the bf16 attention —
  * and a faster kernel behind the table is measured as soon as it is there. Measured on one
- * thread (a rank's compute thread), each the fastest of its timed runs (five for a kernel,
- * three alone and three busy for the block), taken over three passes of everything ("passes"
- * below: a slow moment of the VM must cover all three to fool a figure), after one warm-up,
+ * thread (a rank's compute thread), each the fastest of its timed runs taken over three passes
+ * of everything ("passes" below: a slow moment of the VM must cover all three to fool a
+ * figure): five for a kernel, after one warm-up; three alone and three that count busy for
+ * the block (at most six tries),
  * timed by the thread's CPU time (the fastest, and CPU time, not the median of wall-clock
  * times: the machine may be shared, and the figure is what a core can do, not what it did
  * while something else ran):
@@ -38,7 +39,7 @@
  *   - the CPU ring's busbw: two in-process ranks all-gathering and reduce-scattering ("the
  *     ring" below).
  * 4.8-5.3 s wall in all on the Xeon of family 6 model 207, nothing else running (3.7-4.1 s
- * when every figure's runs came back to back: three passes run the block 12 times, not 8;
+ * when every figure's runs came back to back: three passes run the block 12-18 times, not 8;
  * each pass ~0.45 s of GEMMs, ~0.1 s of attention and AdamW, ~1 s of blocks), a peak RSS of
  * ~390 MB (the kernels' ~80 MiB of operands stay allocated through the passes, beside the
  * block's ~145 MiB a thread). Everything is freed and the threads joined before it returns.
@@ -74,7 +75,7 @@
 
 /* the calibration's GEMMs: N tokens (their layers: cal_linears below); its attention: T tokens
  * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
-enum { CAL_N = 256, CAL_REPS = 5 };
+enum { CAL_N = 256 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
@@ -88,11 +89,11 @@ enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 <
 #define FS_BUILD_FLAVOR "unknown"
 #endif
 
-/* How many timed rounds each measurement takes the fastest of: CAL_REPS (CAL_BLOCK_REPS for
- * the contention block), or 1 in any other build than release. A sanitized or -O0 build's
- * figures only plan for that build (its cache key names it), and there every round costs
- * 3-20x: a calibration under ThreadSanitizer took 13 s, ~80% of it the contention block, and
- * CI's test suite calibrates about ten times per build. */
+/* How many passes (CAL_PASSES) or ring rounds (CAL_RING_REPS) a measurement takes, or 1 in
+ * any other build than release. A sanitized or -O0 build's figures only plan for that build
+ * (its cache key names it), and there every round costs 3-20x: a calibration under
+ * ThreadSanitizer took 13 s, ~80% of it the contention block, and CI's test suite calibrates
+ * about ten times per build. */
 static int timed_rounds(int release_rounds) {
     return strcmp(FS_BUILD_FLAVOR, "release") == 0 ? release_rounds : 1;
 }
@@ -439,7 +440,6 @@ typedef struct block_bufs {
     float *nw, *dnw;      /* the RMSNorm weight (both norms) and its gradient */
     float *x, *xn, *rstd, *qkv, *att, *lse, *h, *hn, *rstd2, *gu, *sw, *out;
     float *dout, *dsw, *dgu, *dhn, *dh, *datt, *dqkv, *dxn, *dx;
-    fs_mem *mem;
 } block_bufs;
 
 static const struct {
@@ -455,11 +455,10 @@ static void block_free(block_bufs *b) {
     float *a[] = {b->nw,  b->dnw, b->x,   b->xn,   b->rstd, b->qkv, b->att, b->lse,  b->h,   b->hn,  b->rstd2, b->gu,
                   b->sw,  b->out, b->dout, b->dsw, b->dgu,  b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx};
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) free(a[i]);
-    fs_mem_free(b->mem);
     memset(b, 0, sizeof *b);
 }
 
-static fs_status block_alloc(fs_device *dev, block_bufs *b) {
+static fs_status block_alloc(block_bufs *b) {
     memset(b, 0, sizeof *b);
     const size_t N = (size_t)block_tokens();
     int ok = 1;
@@ -514,25 +513,26 @@ static fs_status block_alloc(fs_device *dev, block_bufs *b) {
         b->x[j] = (float)((int)(j % 17) - 8) * 0.0625f;
         b->dout[j] = (float)((int)(j % 11) - 5) * 0.01f;
     }
-    /* every other buffer touched once: no first-touch page faults inside a timed run */
-    float *z[] = {b->xn, b->qkv, b->att, b->h, b->hn, b->gu, b->sw, b->out, b->dsw, b->dgu, b->dhn, b->dh, b->datt,
-                  b->dqkv, b->dxn, b->dx};
-    const size_t zn[] = {N * BK_C, N * BK_QKV, N * BK_C, N * BK_C, N * BK_C, N * 2 * BK_FF, N * BK_FF, N * BK_C,
-                         N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C, N * BK_C, N * BK_QKV, N * BK_C, N * BK_C};
+    /* every other buffer touched once: no first-touch page faults inside a timed run (and the
+     * RMSNorm weight's gradient, which the backward adds to, starts from zero) */
+    float *z[] = {b->xn,  b->qkv, b->att, b->h,    b->hn,   b->gu,  b->sw,  b->out, b->dsw,
+                  b->dgu, b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx,  b->dnw};
+    const size_t zn[] = {N * BK_C,      N * BK_QKV, N * BK_C, N * BK_C,   N * BK_C, N * 2 * BK_FF,
+                         N * BK_FF,     N * BK_C,   N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C,
+                         N * BK_C,      N * BK_QKV, N * BK_C, N * BK_C,   BK_C};
     for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) memset(z[i], 0, zn[i] * sizeof(float));
-    fs_status st = fs_mem_init(&b->mem, 0);
-    /* the bf16 GEMM's staging for the widest layer (a loading thread's; the calibrating
-     * thread's device holds work_alloc's, at least as large, and keeps it) */
-    if (st == FS_OK)
-        st = fs_device_reserve_scratch(dev, b->mem, 1,
-                                       ((size_t)N * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t));
+    fs_status st = FS_OK;
     for (int l = 0; l < 4 && st == FS_OK; l++)
         st = fs_gemm_prepare_linear((int64_t)N, block_linears[l].ic, block_linears[l].oc);
-    if (st != FS_OK) {
-        fs_device_release_scratch(dev);
-        block_free(b);
-    }
+    if (st != FS_OK) block_free(b);
     return st;
+}
+
+/* The bf16 GEMM's staging the block needs, for its widest layer: what the device of whoever
+ * runs it must hold (the calibrating thread's: work_alloc's reservation; a loading thread's:
+ * its own) */
+static size_t block_stage_bytes(void) {
+    return ((size_t)block_tokens() * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t);
 }
 
 /* One block forward and backward in one precision, as llama.c sequences a block's kernels
@@ -573,7 +573,8 @@ static void block_run(fs_device *dev, block_bufs *b, int bf16, const atomic_int 
 #undef BK
 }
 
-/* The loading threads: each opens its own device (its own GEMM staging) and buffers, then
+/* The loading threads: each opens its own device (its own GEMM staging, from an allocator of
+ * its own: fs_mem is not thread-safe) and buffers, then
  * runs the block in the precision `want` names (-1: none; it waits) until `stop`. `ready`
  * counts those running, `failed` those that could not start; running[i] is what loader i
  * runs now (its run's bf16 flag, -1 while it waits), set before each run begins. */
@@ -591,8 +592,12 @@ static void *block_load_main(void *arg) {
     const block_loader *me = arg;
     block_load *L = me->L;
     fs_device *dev = NULL;
+    fs_mem *mem = NULL;
     block_bufs b;
-    if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || block_alloc(dev, &b) != FS_OK) {
+    if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || fs_mem_init(&mem, 0) != FS_OK ||
+        fs_device_reserve_scratch(dev, mem, 1, block_stage_bytes()) != FS_OK || block_alloc(&b) != FS_OK) {
+        fs_device_release_scratch(dev);
+        fs_mem_free(mem);
         fs_device_close(dev);
         atomic_fetch_add(&L->failed, 1);
         return NULL;
@@ -605,6 +610,7 @@ static void *block_load_main(void *arg) {
         else block_run(dev, &b, want, &L->want);
     }
     fs_device_release_scratch(dev);
+    fs_mem_free(mem);
     block_free(&b);
     fs_device_close(dev);
     return NULL;
@@ -642,8 +648,10 @@ static void loaders_run(cal_contention *k, int want) {
         while (atomic_load(&k->L.running[i]) != want) nanosleep(&(struct timespec){.tv_nsec = 200000}, NULL);
 }
 
-/* Stops and joins the loading threads and frees the block (safe on a zeroed k, and twice). */
+/* Stops and joins the loading threads and frees the block (safe on a zeroed k, never
+ * started, and twice). */
 static void contention_stop(cal_contention *k) {
+    if (k->n == 0 && !k->have_block) return;
     atomic_store(&k->L.want, -1); /* a loader mid-run leaves it at the next kernel */
     atomic_store(&k->L.stop, 1);
     for (int i = 0; i < k->n; i++) pthread_join(k->th[i], NULL);
@@ -653,7 +661,7 @@ static void contention_stop(cal_contention *k) {
 }
 
 /* The block's buffers and `cores` - 1 loading threads, each with its block ready and waiting. */
-static fs_status contention_start(fs_device *dev, cal_contention *k, int cores) {
+static fs_status contention_start(cal_contention *k, int cores) {
     memset(k, 0, sizeof *k);
     for (int p = 0; p < 2; p++) k->alone[p] = k->busy[p] = k->busy_any[p] = INFINITY;
     atomic_init(&k->L.stop, 0);
@@ -661,7 +669,7 @@ static fs_status contention_start(fs_device *dev, cal_contention *k, int cores) 
     atomic_init(&k->L.failed, 0);
     atomic_init(&k->L.want, -1);
     for (int i = 0; i < FS_CALIBRATION_MAX_BUSY; i++) atomic_init(&k->L.running[i], -1);
-    FS_TRY(block_alloc(dev, &k->b));
+    FS_TRY(block_alloc(&k->b));
     k->have_block = 1;
     fs_status st = FS_OK;
     for (; k->n < cores - 1; k->n++) {
@@ -797,14 +805,14 @@ static void work_free(fs_device *dev, cal_work *w) {
 static fs_status work_alloc(fs_device *dev, cal_work *w, int cores) {
     memset(w, 0, sizeof *w);
     const size_t gemm_stage = ((size_t)CAL_N * CAL_WIDEST + 128) * sizeof(uint16_t);
-    const size_t block_stage = ((size_t)block_tokens() * (BK_FF + 2 * BK_FF) + 128) * sizeof(uint16_t);
+    const size_t block_stage = block_stage_bytes();
     FS_TRY(fs_mem_init(&w->mem, 0));
     FS_TRY(fs_device_reserve_scratch(dev, w->mem, 1,
                                      cores > 1 && block_stage > gemm_stage ? block_stage : gemm_stage));
     FS_TRY(gemms_alloc(w->mem, &w->g));
     FS_TRY(attention_alloc(w->mem, &w->a));
     FS_TRY(adamw_alloc(w->mem, &w->o));
-    if (cores > 1) FS_TRY(contention_start(dev, &w->k, cores));
+    if (cores > 1) FS_TRY(contention_start(&w->k, cores));
     return FS_OK;
 }
 
