@@ -77,6 +77,8 @@
  * of one sequence, NH query heads and NKV kv heads of HS; its AdamW: ADAMW_NUMEL elements */
 enum { CAL_N = 256 };
 enum { CAL_T = 256, CAL_NH = 12, CAL_NKV = 4, CAL_HS = 64, CAL_ADAMW_NUMEL = 1 << 20 };
+/* the width of attention's output (C) and of the fused q, k, v activation */
+enum { CAL_C = CAL_NH * CAL_HS, CAL_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS };
 /* what fs_adamw_update reads and writes per element: param, m, v (4 bytes each, read and
  * written), grad (read), the bf16 copy (written) */
 #define CAL_ADAMW_BYTES_PER_NUMEL (3.0 * 8.0 + 4.0 + 2.0)
@@ -191,6 +193,12 @@ static void keep_fastest(double *best, double t, int timed) {
     if (timed && t < *best) *best = t;
 }
 
+/* whether round r of a kernel in pass `pass` is timed: all but the first pass's first, the
+ * warm-up */
+static int kernel_round_timed(int pass, int r) {
+    return pass > 0 || r > 0;
+}
+
 /* ------------------------------------------------------------------ the GEMMs
  * The linear layers of `small`'s block (C 768, 12 heads and 4 kv heads of 64, FF 3072): qkv,
  * o, gate/up and down, as (in, out) features. Their weights span 1.1-9.0 MiB in bf16: the
@@ -254,7 +262,7 @@ static void gemms_round(fs_device *dev, cal_gemms *g, int bf16, int pass) {
     for (int l = 0; l < CAL_N_LINEARS; l++) {
         const int64_t IC = cal_linears[l].ic, OC = cal_linears[l].oc;
         for (int r = 0; r < CAL_ROUNDS_PER_PASS; r++) {
-            const int timed = pass > 0 || r > 0;
+            const int timed = kernel_round_timed(pass, r);
             double t0 = thread_seconds();
             K->linear_forward(dev, g->o, NULL, g->inp, w, bf16, CAL_N, IC, OC);
             double t1 = thread_seconds();
@@ -285,8 +293,6 @@ typedef struct cal_attention {
     double fwd[2], bwd[2];
 } cal_attention;
 
-enum { CAL_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS, CAL_C = CAL_NH * CAL_HS };
-
 static void attention_free(fs_mem *mem, cal_attention *a) {
     fs_mem_release(mem, a->block);
     *a = (cal_attention){0};
@@ -316,7 +322,7 @@ static void attention_round(fs_device *dev, cal_attention *a, int bf16, int pass
     const float *q = a->qkv, *k = a->qkv + CAL_C, *v = k + CAL_NKV * CAL_HS;
     float *dq = a->dqkv, *dk = a->dqkv + CAL_C, *dv = dk + CAL_NKV * CAL_HS;
     for (int r = 0; r < CAL_ROUNDS_PER_PASS; r++) {
-        const int timed = pass > 0 || r > 0;
+        const int timed = kernel_round_timed(pass, r);
         memset(a->dqkv, 0, (size_t)CAL_T * CAL_QKV * sizeof *a->dqkv); /* backward accumulates, as in the model */
         double t0 = thread_seconds();
         K->attention_forward(dev, a->att, a->lse, q, k, v, CAL_QKV, 1, CAL_T, CAL_NH, CAL_NKV, CAL_HS, bf16);
@@ -392,7 +398,7 @@ static void adamw_round(fs_device *dev, cal_adamw *o, int pass) {
         evict(o->param_bf16, n * sizeof *o->param_bf16);
         double t0 = thread_seconds();
         fs_device_kernels(dev)->adamw_update(dev, o->param, o->param_bf16, o->m, o->v, o->grad, 1.0f, (int64_t)n, hp);
-        keep_fastest(&o->best, thread_seconds() - t0, pass > 0 || r > 0);
+        keep_fastest(&o->best, thread_seconds() - t0, kernel_round_timed(pass, r));
     }
 }
 
@@ -432,7 +438,7 @@ static int64_t block_tokens(void) {
 }
 
 /* small's block: C 768, FF 3072 (gate and up fused: 6144), qkv 1280 */
-enum { BK_C = 768, BK_FF = 3072, BK_QKV = (CAL_NH + 2 * CAL_NKV) * CAL_HS };
+enum { BK_C = CAL_C, BK_FF = 3072, BK_QKV = CAL_QKV };
 
 typedef struct block_bufs {
     float *w[4], *dw[4];  /* qkv, o, gate/up, down: fp32 weights and their gradients */
