@@ -174,8 +174,9 @@ static const mm_shape mm_shapes[] = {
     {64, 33, 3, 1},    /* OC smaller than the pool */
     {1, 512, 520, 0},  /* N = 1 above the threading threshold: columns split over the pool */
     {2, 256, 600, 0},  /* N < threads, columns split */
-    {1000, 160, 2, 0}, /* OC = 2 < threads: rows split; dweight is one block */
-    {37, 50, 300, 0},  /* dweight in several fixed row blocks */
+    {1000, 160, 2, 0}, /* OC = 2 < threads: rows split; dweight's four tiles are columns */
+    {37, 50, 300, 0},  /* dweight's fixed tiles: four of 80 rows, the last 60 */
+    {19, 1100, 500, 0}, /* dweight's tiles a 2 x 2 grid of 256 x 560, the last row and column short */
 };
 #define N_MM_SHAPES ((int)(sizeof mm_shapes / sizeof mm_shapes[0]))
 
@@ -1217,9 +1218,10 @@ static void test_backward_kernels_accumulate(void) {
  * bits for the same pool size, so they are not compared.) */
 static void test_pool_size_independence(void) {
     fs_pool *p1 = pools[0], *p3 = pools[1];
-    /* matmul dweight: OC = 300 is four fixed blocks (96, 96, 96, 12 rows) */
+    /* matmul dweight: OC = 500, IC = 1100 is a 2 x 2 grid of fixed tiles (256 and 244 rows,
+     * 560 and 540 columns) */
     {
-        const int64_t N = 61, IC = 72, OC = 300;
+        const int64_t N = 61, IC = 1100, OC = 500;
         float *inp = fnew(N * IC), *w = fnew(OC * IC), *dout = fnew(N * OC);
         float *a = fnew(OC * IC), *b = fnew(OC * IC);
         fill_normal(inp, N * IC, 1.0f), fill_normal(w, OC * IC, 1.0f);

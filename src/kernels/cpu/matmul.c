@@ -12,8 +12,8 @@
  *       give every thread 16 rows (N = 1 when generating, small test batches); the bits are
  *       the same for the same pool size;
  *   backward, weight dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC)
- *       cut into fixed blocks of OC rows (a function of OC alone), one sgemm per block, the
- *       blocks shared out over the pool: every element comes from the same sgemm call
+ *       cut into a fixed grid of tiles (a function of OC and IC alone), one sgemm per tile,
+ *       the tiles shared out over the pool: every element comes from the same sgemm call
  *       whatever the pool size, so the bits do not depend on it.
  *
  * What it does not do: other precisions, bias terms, or any allocation of its own (OpenBLAS
@@ -90,8 +90,10 @@ typedef struct gemm_job {
     float beta;
     float *C;
     int64_t ldc;
-    int split_cols;      /* 0: slices are rows of C; 1: columns */
-    int64_t fixed_block; /* > 0: one sgemm per block of this many rows, wherever it runs */
+    int split_cols; /* 0: slices are rows of C; 1: columns */
+    /* > 0: C is a fixed grid of tiles this many rows by tile_cols columns, one sgemm each,
+     * wherever it runs */
+    int64_t tile_rows, tile_cols, col_tiles;
 } gemm_job;
 
 static void sgemm_slice(const gemm_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
@@ -109,13 +111,17 @@ static void sgemm_slice(const gemm_job *j, int64_t r0, int64_t r1, int64_t c0, i
                 (blasint)j->lda, B, (blasint)j->ldb, j->beta, C, (blasint)j->ldc);
 }
 
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 static void gemm_range(void *arg, int64_t begin, int64_t end, int thread) {
     const gemm_job *j = arg;
     if (j->split_cols) {
         sgemm_slice(j, 0, j->M, begin, end);
-    } else if (j->fixed_block > 0) {
-        for (int64_t r = begin; r < end; r += j->fixed_block)
-            sgemm_slice(j, r, r + j->fixed_block < end ? r + j->fixed_block : end, 0, j->Ncol);
+    } else if (j->tile_rows > 0) {
+        for (int64_t t = begin; t < end; t++) {
+            const int64_t r0 = t / j->col_tiles * j->tile_rows, c0 = t % j->col_tiles * j->tile_cols;
+            sgemm_slice(j, r0, min64(r0 + j->tile_rows, j->M), c0, min64(c0 + j->tile_cols, j->Ncol));
+        }
     } else {
         sgemm_slice(j, begin, end, 0, j->Ncol);
     }
@@ -125,9 +131,10 @@ static void gemm_run(fs_pool *pool, gemm_job *j) {
     FS_ASSERT(j->M <= INT_MAX && j->Ncol <= INT_MAX && j->K <= INT_MAX);
     FS_ASSERT(j->lda <= INT_MAX && j->ldb <= INT_MAX && j->ldc <= INT_MAX);
     if (j->M <= 0 || j->Ncol <= 0) return;
-    if (j->fixed_block > 0) {
-        /* the pool hands out whole blocks, so the blocks are the same for any pool size */
-        fs_pool_parallel_for(pool, j->M, j->fixed_block, gemm_range, j);
+    if (j->tile_rows > 0) {
+        /* the pool hands out whole tiles, so the tiles are the same for any pool size */
+        j->col_tiles = (j->Ncol + j->tile_cols - 1) / j->tile_cols;
+        fs_pool_parallel_for(pool, (j->M + j->tile_rows - 1) / j->tile_rows * j->col_tiles, 1, gemm_range, j);
         return;
     }
     int threads = fs_pool_size(pool);
@@ -142,14 +149,38 @@ static void gemm_run(fs_pool *pool, gemm_job *j) {
     fs_pool_parallel_for(pool, j->split_cols ? j->Ncol : j->M, MM_GRAIN, gemm_range, j);
 }
 
-/* Rows of dweight per sgemm call, a function of OC only: about 24 blocks (enough to share
- * out over a pool), at least 96 rows, a multiple of 16. Every call repacks all of inp: at
- * N = 1024, IC = OC = 768, 64-row blocks ran 3-9% slower than a single sgemm, 96-row blocks
- * within the noise (~2%). */
-static int64_t dweight_block_rows(int64_t OC) {
-    int64_t b = (OC + 23) / 24;
-    b = (b + MM_GRAIN - 1) / MM_GRAIN * MM_GRAIN;
-    return b < 96 ? 96 : b;
+/* dweight's tiles, from OC and IC alone: OC cut into equal parts of at most DW_ROWS rows and
+ * IC into equal parts of at most DW_COLS columns (multiples of MM_GRAIN); then, until there
+ * are DW_MIN_TILES tiles (work for a few threads), the longer side of a tile halved. Each
+ * sgemm call packs its tile's share of dout and of inp, N rows deep, so a thin tile repacks
+ * the long operand many times over: one thread, N = 1024, a Xeon of family 6 model 207,
+ * OpenBLAS Cooperlake (medians of 7, cold caches; /tmp probes, 2026-12-07): 96-row blocks of
+ * the whole width (the rule before, about 24 of them) ran 119-124 GFLOP/s on small's five
+ * weight gradients against 146-153 for one sgemm; 384 x 768 tiles 142-148, 384 x 384
+ * 142-145, 256 x 192 131; on 4096 x 4096 and 4096 x 11008, 384 x 1024 tiles 133-136 against
+ * 120-130 for 176-row blocks. */
+#define DW_ROWS 384
+#define DW_COLS 1024
+#define DW_MIN_TILES 4
+
+static int64_t round_up_grain(int64_t n) { return (n + MM_GRAIN - 1) / MM_GRAIN * MM_GRAIN; }
+
+/* the side of n's equal parts of at most most */
+static int64_t equal_part(int64_t n, int64_t most) {
+    if (n <= 0) return MM_GRAIN; /* an empty product: gemm_run returns before any tile */
+    const int64_t parts = (n + most - 1) / most;
+    return round_up_grain((n + parts - 1) / parts);
+}
+
+static void dweight_tiles(int64_t OC, int64_t IC, int64_t *rows, int64_t *cols) {
+    int64_t r = equal_part(OC, DW_ROWS), c = equal_part(IC, DW_COLS);
+    for (;;) {
+        const int64_t tiles = (OC + r - 1) / r * ((IC + c - 1) / c);
+        if (tiles >= DW_MIN_TILES || (r <= MM_GRAIN && c <= MM_GRAIN)) break;
+        if (c >= r) c = round_up_grain((c + 1) / 2);
+        else r = round_up_grain((r + 1) / 2);
+    }
+    *rows = r, *cols = c;
 }
 
 static int64_t ld_of(int64_t n) { return n < 1 ? 1 : n; }
@@ -178,8 +209,8 @@ void fs_matmul_backward(fs_pool *pool, float *dinp, float *dweight, const float 
         /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC); dout is stored (N, OC) */
         gemm_job j = {.ta = CblasTrans, .tb = CblasNoTrans, .M = OC, .Ncol = IC, .K = N,
                       .A = dout, .lda = ld_of(OC), .B = inp, .ldb = ld_of(IC),
-                      .beta = accumulate_dweight ? 1.0f : 0.0f, .C = dweight,
-                      .ldc = ld_of(IC), .fixed_block = dweight_block_rows(OC)};
+                      .beta = accumulate_dweight ? 1.0f : 0.0f, .C = dweight, .ldc = ld_of(IC)};
+        dweight_tiles(OC, IC, &j.tile_rows, &j.tile_cols);
         gemm_run(pool, &j);
     }
 }
