@@ -173,6 +173,7 @@ typedef struct train_run {
     int profile, memory, no_save, ranks_here;
     int new_lineage;           /* --new-lineage */
     int lock_fd;               /* the --save root's lock, held by the writer (rank 0) for the run; -1: none */
+    int save_dir_made;         /* 1: the lock made the --save root (release_save_dir removes it if empty) */
     fs_ckpt_lineage lineage;   /* the writer's lineage in the --save root (fs_ckpt_claim) */
     fs_comm_config comm_cfg;   /* --comm-timeout, --debug-collectives */
     progress progress;       /* rank 0's */
@@ -187,6 +188,13 @@ typedef struct train_run {
      * written any more), saves the weights and checkpoints, then reports it and exits 1 */
     char output_error[1024];
 } train_run;
+
+/* Releases the --save root's lock; a root the lock made and no save filled goes with it (a
+ * run refused before step 1 leaves no directory behind). */
+static void release_save_dir(train_run *run) {
+    fs_ckpt_unlock(run->lock_fd, run->save_dir_made ? run->save_dir : NULL);
+    run->lock_fd = -1;
+}
 
 static void progress_break(progress *pg) {
     if (pg->open) {
@@ -1077,10 +1085,10 @@ int fs_cmd_train(int argc, char **argv) {
         /* a root, not a step directory or anything inside one (whose prune would then fail
          * on what the run put there) */
         st = fs_cli_check_not_in_checkpoint("--save", run.save_dir, 0);
-        if (st == FS_OK) st = fs_ckpt_lock(run.save_dir, &run.lock_fd);
+        if (st == FS_OK) st = fs_ckpt_lock(run.save_dir, &run.lock_fd, &run.save_dir_made);
         if (st == FS_OK) st = fs_ckpt_recover(run.save_dir, NULL);
         if (st != FS_OK) {
-            fs_ckpt_unlock(run.lock_fd);
+            release_save_dir(&run);
             return fs_cli_report("train", st);
         }
     }
@@ -1106,6 +1114,7 @@ int fs_cmd_train(int argc, char **argv) {
     if (st != FS_OK) {
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
+        release_save_dir(&run);
         return fs_cli_report("train", st);
     }
 
@@ -1131,6 +1140,7 @@ int fs_cmd_train(int argc, char **argv) {
         fs_token_stream_close(&data);
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
+        release_save_dir(&run);
         return fs_cli_report("train", st);
     }
     run.data = &data;
@@ -1154,6 +1164,7 @@ int fs_cmd_train(int argc, char **argv) {
         fs_token_stream_close(&eval_data);
         fs_ckpt_close(&resume);
         fs_source_close(run.source);
+        release_save_dir(&run);
         return fs_cli_report("train", st);
     }
 
@@ -1241,6 +1252,6 @@ int fs_cmd_train(int argc, char **argv) {
     fs_token_stream_close(&eval_data);
     fs_ckpt_close(&resume);
     fs_source_close(run.source);
-    fs_ckpt_unlock(run.lock_fd);
+    release_save_dir(&run);
     return exit_code;
 }

@@ -18,6 +18,7 @@
  *   - initialisation from safetensors (F32, BF16, F16) and from a Hugging Face directory
  *     with an index of shard files, each rank reading its slices.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -661,20 +662,21 @@ static void test_lock(void) {
     char root[512], path[600], want[64];
     root_path(root, sizeof root, "locked");
     rm_rf(root);
-    int fd = -1, fd2 = 7;
-    CHECK_OK(fs_ckpt_lock(root, &fd));
+    int fd = -1, fd2 = 7, made = -1;
+    CHECK_OK(fs_ckpt_lock(root, &fd, &made));
+    CHECK(made == 1, "the lock made the missing root: created = %d", made);
     snprintf(want, sizeof want, "pid %ld on host ", (long)getpid());
-    fs_status st = fs_ckpt_lock(root, &fd2);
+    fs_status st = fs_ckpt_lock(root, &fd2, NULL);
     CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "is in use by another run") && strstr(fs_error_message(), want) &&
               fd2 == -1,
           "a second writer: %s", fs_error_message());
-    fs_ckpt_unlock(fd);
+    fs_ckpt_unlock(fd, NULL);
     /* a lock file left by a process that is gone is no lock */
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
         int f = -1;
-        _exit(fs_ckpt_lock(root, &f) == FS_OK ? 0 : 1); /* exits holding it */
+        _exit(fs_ckpt_lock(root, &f, NULL) == FS_OK ? 0 : 1); /* exits holding it */
     }
     int status = 0;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
@@ -688,8 +690,24 @@ static void test_lock(void) {
     }
     snprintf(want, sizeof want, "pid %ld on host ", (long)pid);
     CHECK(strncmp(body, want, strlen(want)) == 0, "the lock file names the child: '%s'", body);
-    CHECK_OK(fs_ckpt_lock(root, &fd));
-    fs_ckpt_unlock(fd);
+    CHECK_OK(fs_ckpt_lock(root, &fd, &made));
+    CHECK(made == 0, "the root was there: created = %d", made);
+    fs_ckpt_unlock(fd, NULL);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0, "unlock without a root to remove leaves the lock file");
+
+    /* a root the lock made goes with the lock when nothing else is in it, and only then */
+    rm_rf(root);
+    CHECK_OK(fs_ckpt_lock(root, &fd, &made));
+    fs_ckpt_unlock(fd, made ? root : NULL);
+    CHECK(made == 1 && stat(root, &sb) != 0 && errno == ENOENT, "an empty root the lock made is removed (created = %d)", made);
+    CHECK_OK(fs_ckpt_lock(root, &fd, &made));
+    char inside[700];
+    snprintf(inside, sizeof inside, "%s/step-00000001", root);
+    CHECK(mkdir(inside, 0777) == 0, "mkdir %s", inside);
+    fs_ckpt_unlock(fd, made ? root : NULL);
+    CHECK(stat(inside, &sb) == 0, "a root that holds a checkpoint stays, with what it holds");
+    rm_rf(root);
 }
 
 /* A save over a checkpoint of the same name (the lineage's step 2 saved again), killed at

@@ -148,11 +148,15 @@ fs_status fs_ckpt_new_run_id(char out[FS_CKPT_ID_HEX + 1]);
 fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *resumed, int new_lineage);
 
 /* Locks root against other writers: flock(LOCK_EX | LOCK_NB) on root/.lock (root is created
- * if missing), into which it writes this process's pid and host. The lock lasts until
- * fs_ckpt_unlock or the process ends; a lock file left by a dead process is no lock. Another
- * holder: FS_ERR_USAGE naming it (the pid and host its lock file gives). */
-fs_status fs_ckpt_lock(const char *root, int *fd);
-void fs_ckpt_unlock(int fd); /* fd < 0: no-op */
+ * if missing; *created, which may be NULL, says whether this call made it), into which it
+ * writes this process's pid and host. The lock lasts until fs_ckpt_unlock or the process
+ * ends; a lock file left by a dead process is no lock. Another holder: FS_ERR_USAGE naming it
+ * (the pid and host its lock file gives). */
+fs_status fs_ckpt_lock(const char *root, int *fd, int *created);
+/* Releases the lock (fd < 0: no-op). remove_root: NULL, or the root the lock made, removed
+ * with its lock file when it holds nothing else, so that a run refused or stopped before its
+ * first save leaves no directory behind. */
+void fs_ckpt_unlock(int fd, const char *remove_root);
 
 /* Cleans up after crashed saves (rank 0, under the lock): removes "step-*.tmp" and "step-*.del"
  * directories, and for a "step-X.old" (the previous copy of X, moved aside by a save on a

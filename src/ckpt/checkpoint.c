@@ -466,8 +466,10 @@ static fs_status list_entries(const char *root, entry **out, int *n) {
     return FS_OK;
 }
 
-static fs_status mkdir_p(const char *path) {
+/* mkdir -p; *created (may be NULL): 1 when path itself was made here */
+static fs_status mkdir_p(const char *path, int *created) {
     char buf[1024];
+    if (created) *created = 0;
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
     for (char *p = buf + 1; *p; p++) {
@@ -476,8 +478,11 @@ static fs_status mkdir_p(const char *path) {
         mkdir(buf, 0777);
         *p = '/';
     }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+    if (mkdir(buf, 0777) == 0) {
+        if (created) *created = 1;
+    } else if (errno != EEXIST) {
         return fs_errorf(FS_ERR_IO, "%s: cannot create the directory: %s", path, strerror(errno));
+    }
     struct stat sb;
     if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return fs_errorf(FS_ERR_IO, "%s: not a directory", path);
@@ -578,11 +583,13 @@ fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *r
     return st;
 }
 
-fs_status fs_ckpt_lock(const char *root, int *fd_out) {
+fs_status fs_ckpt_lock(const char *root, int *fd_out, int *created) {
     *fd_out = -1;
+    if (created) *created = 0;
     if (!root[0]) return fs_errorf(FS_ERR_USAGE, "--save \"\": the path is empty; give a directory");
     if (strlen(root) > FS_CKPT_MAX_PATH) return fs_errorf(FS_ERR_USAGE, "--save %.64s...: path too long", root);
-    fs_status st = mkdir_p(root);
+    int made = 0;
+    fs_status st = mkdir_p(root, &made);
     if (st != FS_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", fs_error_message());
@@ -615,11 +622,31 @@ fs_status fs_ckpt_lock(const char *root, int *fd_out) {
         return fs_errorf(FS_ERR_IO, "%s: cannot write: %s", path, strerror(err));
     }
     *fd_out = fd;
+    if (created) *created = made;
     return FS_OK;
 }
 
-void fs_ckpt_unlock(int fd) {
-    if (fd >= 0) close(fd); /* closing the last descriptor releases the flock */
+/* 1 when the directory root holds nothing but its lock file */
+static int holds_only_the_lock(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int only = 1;
+    struct dirent *de;
+    while (only && (de = readdir(d)))
+        only = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 || strcmp(de->d_name, ".lock") == 0;
+    closedir(d);
+    return only;
+}
+
+void fs_ckpt_unlock(int fd, const char *remove_root) {
+    if (fd < 0) return;
+    if (remove_root && holds_only_the_lock(remove_root)) {
+        /* still under the lock: no other run can be using the directory */
+        char path[1100];
+        join(path, sizeof path, remove_root, ".lock");
+        if (unlink(path) == 0) rmdir(remove_root);
+    }
+    close(fd); /* closing the last descriptor releases the flock */
 }
 
 static int has_suffix(const char *s, const char *suffix) {
@@ -785,7 +812,7 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
         fs_status prep = FS_OK;
         if (rank == 0) {
             if (!lin) prep = fs_errorf(FS_ERR_INTERNAL, "checkpoint: rank 0 saves without a lineage");
-            if (prep == FS_OK) prep = mkdir_p(root);
+            if (prep == FS_OK) prep = mkdir_p(root, NULL);
             if (prep == FS_OK && !lin->run_id[0]) prep = fs_ckpt_claim(lin, root, NULL, 1);
             if (prep == FS_OK) {
                 snprintf(mine.name, sizeof mine.name, "step-%08" PRId64 "%s", step, lin->tag);

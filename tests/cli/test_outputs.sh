@@ -67,9 +67,9 @@ refuse "--trace as the --resume root's lock" 2 "^flatshard train: --trace .*/.lo
     "$FS" train "${small[@]}" --steps 2 --resume "$WORK/src-ck" --no-save --trace "$WORK/src-ck/.lock"
 refuse "--out into a step directory --save will make" 2 "is inside --save .*new-ck, which is saved into" \
     "$FS" train "${small[@]}" --steps 1 --save "$WORK/new-ck" --out "$WORK/new-ck/step-00000001/w.safetensors"
-expect_all "the sources are as they were; no step directory was made" \
+expect_all "the sources are as they were; the --save directory the refused run made (and locked) is gone" \
     '[ "$(cat "$ck_step"/* | cksum)" = "$ck_sum" ]' '[ "$(cat "$WORK/src-hf"/* | cksum)" = "$hf_sum" ]' \
-    '[ ! -e "$WORK/new-ck/step-00000001" ]'
+    '[ ! -e "$WORK/new-ck" ]'
 run "--out beside a resumed checkpoint root's step directories is fine" 0 "$FS" train "${small[@]}" --steps 2 \
     --resume "$WORK/src-ck" --save "$WORK/src-ck" --out "$WORK/src-ck/final.safetensors"
 run "and a new file beside a Hugging Face model's" 0 "$FS" train "${small[@]}" --steps 1 \
@@ -94,8 +94,14 @@ expect_all "nothing was written into the checkpoint" '[ "$(cat "$ck_step"/* 2>/d
 # --- data too short for one window: refused before any output is made
 printf 'short' >"$WORK/short.txt"
 refuse "data shorter than one window" 1 "short.txt: holds 5 tokens, fewer than the T \\+ 1 = 17" \
-    "$FS" train "${small[@]/$D/$WORK/short.txt}" --steps 1 --metrics "$WORK/short-m.jsonl" --out "$WORK/short.safetensors"
-expect "and left no output behind" bash -c "[ ! -e '$WORK/short-m.jsonl' ] && ! ls '$WORK'/short*.tmp 2>/dev/null | grep -q ."
+    "$FS" train "${small[@]/$D/$WORK/short.txt}" --steps 1 --metrics "$WORK/short-m.jsonl" --out "$WORK/short.safetensors" \
+    --save "$WORK/short-ck"
+expect "and left no output behind, no --save directory either" \
+    bash -c "[ ! -e '$WORK/short-m.jsonl' ] && [ ! -e '$WORK/short-ck' ] && ! ls '$WORK'/short*.tmp 2>/dev/null | grep -q ."
+mkdir "$WORK/user-ck"
+refuse "the same refusal into an empty --save directory the user made" 1 "short.txt: holds 5 tokens" \
+    "$FS" train "${small[@]/$D/$WORK/short.txt}" --steps 1 --no-save --save "$WORK/user-ck"
+expect "which stays" test -d "$WORK/user-ck"
 
 expect "the refused runs left no temporary file" bash -c "! ls '$WORK'/*.tmp '$WORK'/adir/*.tmp 2>/dev/null | grep -q ."
 expect "the data survived every refusal" cmp -s "$D" "$WORK/link.txt"
