@@ -62,6 +62,19 @@ run_one() { # name, command...
     fi
 }
 
+# The test programs link libflatshard.a and do not restart themselves on the OpenBLAS core
+# flatshard picks as `main` does (docs/kernels.md, "OpenBLAS's core"): they get that core
+# here, so that they test the sgemm kernels a run uses. (On a CPU OpenBLAS mistakes, the Xeon
+# of family 6 model 207, its own pick is Prescott's SSE3 kernels.) A user's OPENBLAS_CORETYPE
+# stands.
+blas_env=()
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -x "$build/flatshard" ]; then
+    core=$("$build/flatshard" --version 2>/dev/null | sed -nE 's/.*OpenBLAS core ([A-Za-z0-9_]+) \(set by flatshard.*/\1/p')
+    if [ -n "$core" ]; then
+        blas_env=(env OPENBLAS_CORETYPE="$core")
+        echo "test programs: OPENBLAS_CORETYPE=$core (the core flatshard sets on this CPU)"
+    fi
+fi
 for src in tests/test_*.c; do
     [ -f "$src" ] || continue
     t="$build/tests/$(basename "$src" .c)"
@@ -70,7 +83,7 @@ for src in tests/test_*.c; do
         crashed+=("$t (not built; its source is $src)")
         continue
     fi
-    run_one "$t" "$t"
+    run_one "$t" "${blas_env[@]}" "$t"
 done
 # Mode bits do not stop root, so a program's permission-denied cases run only as another
 # user: when the suite runs as root (CI does), these programs run a second time as nobody
@@ -87,7 +100,7 @@ if [ "$(id -u)" -eq 0 ]; then
     for t in "${as_user_programs[@]}"; do
         [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] || continue
         if [ "${#as_user[@]}" -gt 0 ]; then
-            run_one "$build/tests/$t (as the unprivileged user nobody)" "${as_user[@]}" "$build/tests/$t"
+            run_one "$build/tests/$t (as the unprivileged user nobody)" "${blas_env[@]}" "${as_user[@]}" "$build/tests/$t"
         elif [ "${CI:-}" = true ]; then
             failed=$((failed + 1))
             crashed+=("$build/tests/$t as nobody: neither setpriv nor runuser is installed (CI=true forbids skips)")
@@ -104,7 +117,7 @@ else
     # CPU would otherwise only ever test them)
     for t in test_kernels test_model; do
         [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] &&
-            run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" env FLATSHARD_KERNELS=portable "$build/tests/$t"
+            run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" "${blas_env[@]}" env FLATSHARD_KERNELS=portable "$build/tests/$t"
     done
     for s in tests/cli/test_*.sh; do
         [ -f "$s" ] || continue
