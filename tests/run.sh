@@ -83,7 +83,7 @@ for src in tests/test_*.c; do
         crashed+=("$t (not built; its source is $src)")
         continue
     fi
-    run_one "$t" "${blas_env[@]}" "$t"
+    run_one "$t" ${blas_env[@]+"${blas_env[@]}"} "$t"
 done
 # Mode bits do not stop root, so a program's permission-denied cases run only as another
 # user: when the suite runs as root (CI does), these programs run a second time as nobody
@@ -100,7 +100,7 @@ if [ "$(id -u)" -eq 0 ]; then
     for t in "${as_user_programs[@]}"; do
         [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] || continue
         if [ "${#as_user[@]}" -gt 0 ]; then
-            run_one "$build/tests/$t (as the unprivileged user nobody)" "${blas_env[@]}" "${as_user[@]}" "$build/tests/$t"
+            run_one "$build/tests/$t (as the unprivileged user nobody)" ${blas_env[@]+"${blas_env[@]}"} "${as_user[@]}" "$build/tests/$t"
         elif [ "${CI:-}" = true ]; then
             failed=$((failed + 1))
             crashed+=("$build/tests/$t as nobody: neither setpriv nor runuser is installed (CI=true forbids skips)")
@@ -117,7 +117,7 @@ else
     # CPU would otherwise only ever test them)
     for t in test_kernels test_model; do
         [ -f "tests/$t.c" ] && [ -x "$build/tests/$t" ] &&
-            run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" "${blas_env[@]}" env FLATSHARD_KERNELS=portable "$build/tests/$t"
+            run_one "$build/tests/$t (FLATSHARD_KERNELS=portable)" ${blas_env[@]+"${blas_env[@]}"} env FLATSHARD_KERNELS=portable "$build/tests/$t"
     done
     for s in tests/cli/test_*.sh; do
         [ -f "$s" ] || continue

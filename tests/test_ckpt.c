@@ -701,6 +701,11 @@ static void test_lock(void) {
     CHECK_OK(fs_ckpt_lock(root, &fd, &made));
     fs_ckpt_unlock(fd, made ? root : NULL);
     CHECK(made == 1 && stat(root, &sb) != 0 && errno == ENOENT, "an empty root the lock made is removed (created = %d)", made);
+    char slash[600];
+    snprintf(slash, sizeof slash, "%s/", root); /* --save DIR/ names DIR */
+    CHECK_OK(fs_ckpt_lock(slash, &fd, &made));
+    fs_ckpt_unlock(fd, made ? slash : NULL);
+    CHECK(made == 1 && stat(root, &sb) != 0 && errno == ENOENT, "the same given as DIR/ (created = %d)", made);
     CHECK_OK(fs_ckpt_lock(root, &fd, &made));
     char inside[700];
     snprintf(inside, sizeof inside, "%s/step-00000001", root);

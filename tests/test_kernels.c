@@ -174,9 +174,9 @@ static const mm_shape mm_shapes[] = {
     {64, 33, 3, 1},    /* OC smaller than the pool */
     {1, 512, 520, 0},  /* N = 1 above the threading threshold: columns split over the pool */
     {2, 256, 600, 0},  /* N < threads, columns split */
-    {1000, 160, 2, 0}, /* OC = 2 < threads: rows split; dweight's four tiles are columns */
-    {37, 50, 300, 0},  /* dweight's fixed tiles: four of 80 rows, the last 60 */
-    {19, 1100, 500, 0}, /* dweight's tiles a 2 x 2 grid of 256 x 560, the last row and column short */
+    {1000, 160, 2, 0}, /* OC = 2 < threads: rows split; dweight's tiles ten columns of 16 */
+    {37, 50, 300, 0},  /* dweight's fixed tiles a 7 x 2 grid of 48 x 32, the last 12 x 18 */
+    {19, 1100, 500, 0}, /* dweight's tiles a 2 x 4 grid of 256 x 288, the last 244 x 236 */
 };
 #define N_MM_SHAPES ((int)(sizeof mm_shapes / sizeof mm_shapes[0]))
 
@@ -1218,8 +1218,8 @@ static void test_backward_kernels_accumulate(void) {
  * bits for the same pool size, so they are not compared.) */
 static void test_pool_size_independence(void) {
     fs_pool *p1 = pools[0], *p3 = pools[1];
-    /* matmul dweight: OC = 500, IC = 1100 is a 2 x 2 grid of fixed tiles (256 and 244 rows,
-     * 560 and 540 columns) */
+    /* matmul dweight: OC = 500, IC = 1100 is a 2 x 4 grid of fixed tiles (256 and 244 rows,
+     * three of 288 columns and one of 236) */
     {
         const int64_t N = 61, IC = 1100, OC = 500;
         float *inp = fnew(N * IC), *w = fnew(OC * IC), *dout = fnew(N * OC);

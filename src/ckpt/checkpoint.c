@@ -472,6 +472,8 @@ static fs_status mkdir_p(const char *path, int *created) {
     if (created) *created = 0;
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
         return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
+    /* "dir/" is dir: made by the last mkdir below, not by the loop (*created) */
+    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--) buf[n - 1] = '\0';
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';

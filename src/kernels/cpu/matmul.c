@@ -132,9 +132,12 @@ static void gemm_run(fs_pool *pool, gemm_job *j) {
     FS_ASSERT(j->lda <= INT_MAX && j->ldb <= INT_MAX && j->ldc <= INT_MAX);
     if (j->M <= 0 || j->Ncol <= 0) return;
     if (j->tile_rows > 0) {
-        /* the pool hands out whole tiles, so the tiles are the same for any pool size */
+        /* the pool hands out whole tiles, so the tiles are the same for any pool size; a
+         * small product runs the same tiles on this thread */
         j->col_tiles = (j->Ncol + j->tile_cols - 1) / j->tile_cols;
-        fs_pool_parallel_for(pool, (j->M + j->tile_rows - 1) / j->tile_rows * j->col_tiles, 1, gemm_range, j);
+        const int64_t tiles = (j->M + j->tile_rows - 1) / j->tile_rows * j->col_tiles;
+        if ((double)j->M * (double)j->Ncol * (double)j->K < MM_MIN_PARALLEL_MACS) gemm_range(j, 0, tiles, 0);
+        else fs_pool_parallel_for(pool, tiles, 1, gemm_range, j);
         return;
     }
     int threads = fs_pool_size(pool);
@@ -150,35 +153,37 @@ static void gemm_run(fs_pool *pool, gemm_job *j) {
 }
 
 /* dweight's tiles, from OC and IC alone: OC cut into equal parts of at most DW_ROWS rows and
- * IC into equal parts of at most DW_COLS columns (multiples of MM_GRAIN); then, until there
- * are DW_MIN_TILES tiles (work for a few threads), the longer side of a tile halved. Each
- * sgemm call packs its tile's share of dout and of inp, N rows deep, so a thin tile repacks
- * the long operand many times over: one thread, N = 1024, a Xeon of family 6 model 207,
- * OpenBLAS Cooperlake (medians of 7, cold caches; /tmp probes, 2026-12-07): 96-row blocks of
- * the whole width (the rule before, about 24 of them) ran 119-124 GFLOP/s on small's five
- * weight gradients against 146-153 for one sgemm; 384 x 768 tiles 142-148, 384 x 384
- * 142-145, 256 x 192 131; on 4096 x 4096 and 4096 x 11008, 384 x 1024 tiles 133-136 against
- * 120-130 for 176-row blocks. */
+ * IC into equal parts of at most DW_COLS columns (each part rounded up to a multiple of
+ * MM_GRAIN, so the last one is shorter); then, until there are DW_MIN_TILES tiles, the longer
+ * side cut into twice as many parts. Each sgemm call packs its tile's share of dout and of
+ * inp, N rows deep, so a thin tile repacks the long operand many times over; eight tiles keep
+ * a pool of eight busy on small's smallest weight gradients. Measured with one thread, N =
+ * 1024, on a Xeon of family 6 model 207 with OpenBLAS Cooperlake (medians of 7, caches flushed;
+ * C probes outside the tree, 2026-12-07): blocks of 96 whole rows, the shape of the rule
+ * before (which cut OC alone, into about 24 blocks of at least 96 rows), ran 118-129 GFLOP/s on
+ * small's shapes against 146-155 for one sgemm; 384 x 768 tiles 142-148, 384 x 384 142-145,
+ * 320 x 384 140, 384 x 512 140, 384 x 192 134, 128 x 192 119; on 4096 x 4096 and 4096 x 11008
+ * (Llama 7B's), 384 x 1024 tiles 133-136 against 120-130 for the old rule's 176-row blocks. */
 #define DW_ROWS 384
 #define DW_COLS 1024
-#define DW_MIN_TILES 4
+#define DW_MIN_TILES 8
 
 static int64_t round_up_grain(int64_t n) { return (n + MM_GRAIN - 1) / MM_GRAIN * MM_GRAIN; }
 
-/* the side of n's equal parts of at most most */
-static int64_t equal_part(int64_t n, int64_t most) {
-    if (n <= 0) return MM_GRAIN; /* an empty product: gemm_run returns before any tile */
-    const int64_t parts = (n + most - 1) / most;
-    return round_up_grain((n + parts - 1) / parts);
-}
+/* the side of one of n's parts when cut into parts equal ones */
+static int64_t part_side(int64_t n, int64_t parts) { return round_up_grain((n + parts - 1) / parts); }
 
 static void dweight_tiles(int64_t OC, int64_t IC, int64_t *rows, int64_t *cols) {
-    int64_t r = equal_part(OC, DW_ROWS), c = equal_part(IC, DW_COLS);
-    for (;;) {
-        const int64_t tiles = (OC + r - 1) / r * ((IC + c - 1) / c);
-        if (tiles >= DW_MIN_TILES || (r <= MM_GRAIN && c <= MM_GRAIN)) break;
-        if (c >= r) c = round_up_grain((c + 1) / 2);
-        else r = round_up_grain((r + 1) / 2);
+    if (OC <= 0 || IC <= 0) { /* an empty product: gemm_run returns before any tile */
+        *rows = *cols = MM_GRAIN;
+        return;
+    }
+    int64_t row_parts = (OC + DW_ROWS - 1) / DW_ROWS, col_parts = (IC + DW_COLS - 1) / DW_COLS;
+    int64_t r = part_side(OC, row_parts), c = part_side(IC, col_parts);
+    /* each cut shrinks a side above MM_GRAIN, so the loop ends */
+    while ((OC + r - 1) / r * ((IC + c - 1) / c) < DW_MIN_TILES && (r > MM_GRAIN || c > MM_GRAIN)) {
+        if (c >= r) c = part_side(IC, col_parts *= 2);
+        else r = part_side(OC, row_parts *= 2);
     }
     *rows = r, *cols = c;
 }
