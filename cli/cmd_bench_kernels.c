@@ -342,7 +342,8 @@ int fs_cmd_bench_kernels(int argc, char **argv) {
     const fs_gemm_path gemm_path = fs_gemm_path_in_use();
     const char *att16_path = fs_attention_bf16_path(b.HS); /* the bf16 attention kernel timed */
     /* per core, times the threads below: the pool's threads run one to a core */
-    const double peak_fp32 = fs_cpu_peak_gflops(0), peak_bf16 = fs_cpu_peak_gflops(1);
+    double peak_fp32, peak_bf16;
+    fs_cpu_peak_gflops(&peak_fp32, &peak_bf16);
     printf("bench kernels: %s, B %" PRId64 " x T %" PRId64 " = %" PRId64 " tokens, C %" PRId64 ", FF %" PRId64
            ", heads %" PRId64 "/%" PRId64 " x %" PRId64 ", vocab %" PRId64 "; AdamW/casts over %" PRId64
            " elements; %" PRId64 " thread%s; kernels %s, OpenBLAS core %s, bf16 GEMM %s, bf16 attention %s;"

@@ -227,11 +227,11 @@ fs_kernel_isa fs_kernels_set_isa(fs_kernel_isa cap);
 const char *fs_kernels_isa_name(fs_kernel_isa isa); /* "portable", "avx512bf16", ... */
 /* NULL, or a message if FLATSHARD_KERNELS holds a value that is not a level's name. */
 const char *fs_kernels_env_error(void);
-/* One core's register-bound peak in GFLOP/s, measured now (peak.c, a few ms): fp32 FMAs, or
- * with bf16 = 1 vdpbf16ps where the CPU has AVX512-BF16 (else the fp32 figure: a bf16 product
- * there is an fp32 one), on the widest vectors the CPU has regardless of FLATSHARD_KERNELS;
- * 0 on a CPU without AVX2 and FMA. Low on a core shared with other work. */
-double fs_cpu_peak_gflops(int bf16);
+/* One core's register-bound peaks in GFLOP/s, measured now (peak.c, ~40 ms, rounds of the two
+ * alternating): *fp32 of FMAs, *bf16 of vdpbf16ps where the CPU has AVX512-BF16 (else the fp32
+ * figure: a bf16 product there is an fp32 one), on the widest vectors the CPU has regardless of
+ * FLATSHARD_KERNELS; both 0 on a CPU without AVX2 and FMA. Low on a core shared with other work. */
+void fs_cpu_peak_gflops(double *fp32, double *bf16);
 
 /* OpenBLAS 0.3.21 (Debian 12's) picks its kernels from the CPU's family and model when it
  * loads, and takes a model it does not know for an SSE3 "Prescott": an Intel Xeon of family 6

@@ -21,8 +21,10 @@ rows = {r["kernel"]: r for r in map(json.loads, re.findall(r"^\{\"bench\":\"kern
 if "kernels portable" in text.split("\n")[0] and fp32 == 0:
     sys.exit(0)
 # vdpbf16ps: about twice the FMA rate on AMD Zen 4 and 5, half of it on an Intel Xeon of
-# family 6 model 207 (AMX hidden: 85.5 against 162.8 GFLOP/s), which issues it on one port
-assert fp32 > 0 and 0.4 * fp32 <= bf16 <= 2.5 * fp32, (fp32, bf16)
+# family 6 model 207 (AMX hidden: 85.5 against 162.8 GFLOP/s), which issues it on one port.
+# The bounds catch a FLOP count off by 4x or a folded chain (355 "fp32" on a 118 core), not
+# speed: on a shared VM one kind can lose a spell to other work (CI once printed 61.1 / 178.9)
+assert fp32 > 0 and 0.25 * fp32 <= bf16 <= 2.5 * fp32, (fp32, bf16)
 assert abs(rows["gemm fp32"]["peak"] - fp32) <= 0.06 + 1e-3 * fp32, (rows["gemm fp32"]["peak"], fp32)
 assert abs(rows["attention fwd"]["peak"] - fp32) <= 0.06 + 1e-3 * fp32, rows["attention fwd"]
 assert rows["gemm fp32"]["gflops"] <= 1.25 * fp32, (rows["gemm fp32"]["gflops"], fp32)
