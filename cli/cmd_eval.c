@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "commands.h"
@@ -21,7 +22,7 @@ static const fs_command_help eval_help = {
         "Prints the mean cross-entropy (nats per token) of saved weights on a text or token\n"
         "file, averaged over --batches batches of --batch consecutive windows of --seq tokens\n"
         "read from the start of the file (fewer batches if the file is shorter; the output\n"
-        "states how many were used).\n"
+        "states how many were used). On a terminal, stderr counts the batches meanwhile.\n"
         "\n"
         "With --tokenizer tokenizer.json (a Hugging Face BPE tokenizer whose vocabulary is the\n"
         "model's) a text file is encoded as 'flatshard tokenize --tokenizer' encodes one file\n"
@@ -104,13 +105,18 @@ int fs_cmd_eval(int argc, char **argv) {
                        data_path, windows, seq, batch);
     if (st == FS_OK) st = fs_cli_forward_init(&fw, &cm, threads, batch, seq);
     if (st == FS_OK) {
+        /* a long evaluation says how far it is, on a terminal only: a batch of 1b at seq 2048
+         * takes minutes on a CPU, and a pipe or file gets the result line alone */
+        const int live = used > 1 && isatty(STDERR_FILENO);
         double sum = 0;
         for (int64_t i = 0; i < used && st == FS_OK; i++) {
+            if (live) fprintf(stderr, "\reval: batch %" PRId64 "/%" PRId64, i + 1, used);
             st = fs_token_data_check_unchanged(&data); /* never a SIGBUS (data.h) */
             if (st != FS_OK) break;
             fs_sampler_fill_sequential(&data, i * batch, batch, seq, fw.acts.inputs, fw.acts.targets);
             sum += fs_forward_loss(&fw.model, &fw.acts, &cm.weights);
         }
+        if (live) fprintf(stderr, "\r\033[K"); /* the line goes: the result (or error) is what stays */
         double loss = sum / (double)used;
         if (st != FS_OK) {
             /* reported below */

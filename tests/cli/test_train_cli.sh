@@ -67,6 +67,15 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert 0 < r["loss"] < 3.0 and r["batches"] == 8 and r["tokens"] == 8 * 4 * 64, r
 ' "$WORK/out"
+expect "eval off a terminal writes nothing to stderr" [ ! -s "$WORK/err" ]
+# on a terminal (script(1) gives it one) a line counts the batches, then goes before the result
+run "eval on a terminal" 0 script -qec "'$FS' eval --weights '$WORK/model/tiny.safetensors' --data '$WORK/fortunes.bin' --batch 4 --seq 64 --batches 8" /dev/null
+expect "it counts the batches and clears the line before the loss" /usr/bin/python3 -c '
+import re, sys
+text = open(sys.argv[1], encoding="latin-1", newline="").read()  # keep the \r
+assert "\reval: batch 1/8\r" in text and "\reval: batch 8/8\r\x1b[Kloss " in text, repr(text)
+assert re.search(r"\x1b\[Kloss [0-9.]+ nats/token .* over 8 batches of 4 x 64 tokens\r?\n$", text), repr(text)
+' "$WORK/out"
 run "generate" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
 expect_all "generate prints the prompt and 80 bytes" '[ "$(head -c 3 "$WORK/out")" = "Q: " ]' '[ "$(wc -c <"$WORK/out")" -eq $((3 + 80 + 1)) ]'
 cp "$WORK/out" "$WORK/gen1"
