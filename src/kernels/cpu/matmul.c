@@ -131,17 +131,17 @@ static void gemm_run(fs_pool *pool, gemm_job *j) {
     FS_ASSERT(j->M <= INT_MAX && j->Ncol <= INT_MAX && j->K <= INT_MAX);
     FS_ASSERT(j->lda <= INT_MAX && j->ldb <= INT_MAX && j->ldc <= INT_MAX);
     if (j->M <= 0 || j->Ncol <= 0) return;
+    const int small = (double)j->M * (double)j->Ncol * (double)j->K < MM_MIN_PARALLEL_MACS;
     if (j->tile_rows > 0) {
         /* the pool hands out whole tiles, so the tiles are the same for any pool size; a
          * small product runs the same tiles on this thread */
         j->col_tiles = (j->Ncol + j->tile_cols - 1) / j->tile_cols;
         const int64_t tiles = (j->M + j->tile_rows - 1) / j->tile_rows * j->col_tiles;
-        if ((double)j->M * (double)j->Ncol * (double)j->K < MM_MIN_PARALLEL_MACS) gemm_range(j, 0, tiles, 0);
+        if (small) gemm_range(j, 0, tiles, 0);
         else fs_pool_parallel_for(pool, tiles, 1, gemm_range, j);
         return;
     }
-    int threads = fs_pool_size(pool);
-    if ((double)j->M * (double)j->Ncol * (double)j->K < MM_MIN_PARALLEL_MACS) threads = 1;
+    const int threads = small ? 1 : fs_pool_size(pool);
     if (threads == 1) {
         gemm_range(j, 0, j->M, 0);
         return;
