@@ -441,6 +441,8 @@ static int64_t block_tokens(void) {
 enum { BK_C = CAL_C, BK_FF = 3072, BK_QKV = CAL_QKV };
 
 typedef struct block_bufs {
+    fs_mem *mem;
+    void *block;          /* every buffer below, carved from this one block of mem */
     float *w[4], *dw[4];  /* qkv, o, gate/up, down: fp32 weights and their gradients */
     uint16_t *wb[4];      /* the bf16 copies */
     float *nw, *dnw;      /* the RMSNorm weight (both norms) and its gradient */
@@ -453,58 +455,67 @@ static const struct {
 } block_linears[] = {{BK_C, BK_QKV}, {BK_C, BK_C}, {BK_C, 2 * BK_FF}, {BK_FF, BK_C}};
 
 static void block_free(block_bufs *b) {
-    for (int i = 0; i < 4; i++) {
-        free(b->w[i]);
-        free(b->dw[i]);
-        free(b->wb[i]);
-    }
-    float *a[] = {b->nw,  b->dnw, b->x,   b->xn,   b->rstd, b->qkv, b->att, b->lse,  b->h,   b->hn,  b->rstd2, b->gu,
-                  b->sw,  b->out, b->dout, b->dsw, b->dgu,  b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx};
-    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) free(a[i]);
+    if (b->block) fs_mem_release(b->mem, b->block);
     memset(b, 0, sizeof *b);
 }
 
-static fs_status block_alloc(block_bufs *b) {
-    memset(b, 0, sizeof *b);
+/* Sets every buffer's pointer into base (NULL: only counts) at 64-byte boundaries; returns the
+ * bytes they take. */
+static size_t block_layout(block_bufs *b, char *base) {
     const size_t N = (size_t)block_tokens();
-    int ok = 1;
-#define BK_ALLOC(p, n) ok &= ((p) = malloc((size_t)(n) * sizeof *(p))) != NULL
+    size_t off = 0;
+#define BK_CARVE(p, n)                                                   \
+    do {                                                                 \
+        (p) = base ? (void *)(base + off) : NULL;                        \
+        off += ((size_t)(n) * sizeof *(p) + 63) / 64 * 64;               \
+    } while (0)
     for (int i = 0; i < 4; i++) {
         const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
-        BK_ALLOC(b->w[i], n);
-        BK_ALLOC(b->dw[i], n);
-        BK_ALLOC(b->wb[i], n);
+        BK_CARVE(b->w[i], n);
+        BK_CARVE(b->dw[i], n);
+        BK_CARVE(b->wb[i], n);
     }
-    BK_ALLOC(b->nw, BK_C);
-    BK_ALLOC(b->dnw, BK_C);
-    BK_ALLOC(b->x, N * BK_C);
-    BK_ALLOC(b->xn, N * BK_C);
-    BK_ALLOC(b->rstd, N);
-    BK_ALLOC(b->qkv, N * BK_QKV);
-    BK_ALLOC(b->att, N * BK_C);
-    BK_ALLOC(b->lse, N * CAL_NH);
-    BK_ALLOC(b->h, N * BK_C);
-    BK_ALLOC(b->hn, N * BK_C);
-    BK_ALLOC(b->rstd2, N);
-    BK_ALLOC(b->gu, N * 2 * BK_FF);
-    BK_ALLOC(b->sw, N * BK_FF);
-    BK_ALLOC(b->out, N * BK_C);
-    BK_ALLOC(b->dout, N * BK_C);
-    BK_ALLOC(b->dsw, N * BK_FF);
-    BK_ALLOC(b->dgu, N * 2 * BK_FF);
-    BK_ALLOC(b->dhn, N * BK_C);
-    BK_ALLOC(b->dh, N * BK_C);
-    BK_ALLOC(b->datt, N * BK_C);
-    BK_ALLOC(b->dqkv, N * BK_QKV);
-    BK_ALLOC(b->dxn, N * BK_C);
-    BK_ALLOC(b->dx, N * BK_C);
-#undef BK_ALLOC
-    if (!ok) {
-        block_free(b);
-        return fs_errorf(FS_ERR_NOMEM, "calibration: cannot allocate the contention block");
-    }
+    BK_CARVE(b->nw, BK_C);
+    BK_CARVE(b->dnw, BK_C);
+    BK_CARVE(b->x, N * BK_C);
+    BK_CARVE(b->xn, N * BK_C);
+    BK_CARVE(b->rstd, N);
+    BK_CARVE(b->qkv, N * BK_QKV);
+    BK_CARVE(b->att, N * BK_C);
+    BK_CARVE(b->lse, N * CAL_NH);
+    BK_CARVE(b->h, N * BK_C);
+    BK_CARVE(b->hn, N * BK_C);
+    BK_CARVE(b->rstd2, N);
+    BK_CARVE(b->gu, N * 2 * BK_FF);
+    BK_CARVE(b->sw, N * BK_FF);
+    BK_CARVE(b->out, N * BK_C);
+    BK_CARVE(b->dout, N * BK_C);
+    BK_CARVE(b->dsw, N * BK_FF);
+    BK_CARVE(b->dgu, N * 2 * BK_FF);
+    BK_CARVE(b->dhn, N * BK_C);
+    BK_CARVE(b->dh, N * BK_C);
+    BK_CARVE(b->datt, N * BK_C);
+    BK_CARVE(b->dqkv, N * BK_QKV);
+    BK_CARVE(b->dxn, N * BK_C);
+    BK_CARVE(b->dx, N * BK_C);
+#undef BK_CARVE
+    return off;
+}
+
+/* The block's buffers in one block of the accounting allocator, as the model's activations
+ * and the attention operands above are (huge pages advised; zero filled, so every page is
+ * touched now and no first-touch fault lands inside a timed run). */
+static fs_status block_alloc(fs_mem *mem, block_bufs *b) {
+    memset(b, 0, sizeof *b);
+    const size_t N = (size_t)block_tokens();
+    void *block;
+    FS_TRY(fs_mem_alloc(mem, FS_MEM_ACTIVATIONS, block_layout(b, NULL), "the calibration's contention block", &block));
+    block_layout(b, block);
+    b->mem = mem;
+    b->block = block;
     /* small values of both signs, as the GEMMs' operands above; the weights scaled so that
-     * activations stay O(1) through the block (nothing overflows, no denormals) */
+     * activations stay O(1) through the block (nothing overflows, no denormals); the rest
+     * starts from zero (the RMSNorm weight's gradient, which the backward adds to, too) */
     for (int i = 0; i < 4; i++) {
         const size_t n = (size_t)(block_linears[i].ic * block_linears[i].oc);
         for (size_t j = 0; j < n; j++) {
@@ -519,14 +530,6 @@ static fs_status block_alloc(block_bufs *b) {
         b->x[j] = (float)((int)(j % 17) - 8) * 0.0625f;
         b->dout[j] = (float)((int)(j % 11) - 5) * 0.01f;
     }
-    /* every other buffer touched once: no first-touch page faults inside a timed run (and the
-     * RMSNorm weight's gradient, which the backward adds to, starts from zero) */
-    float *z[] = {b->xn,  b->qkv, b->att, b->h,    b->hn,   b->gu,  b->sw,  b->out, b->dsw,
-                  b->dgu, b->dhn, b->dh,  b->datt, b->dqkv, b->dxn, b->dx,  b->dnw};
-    const size_t zn[] = {N * BK_C,      N * BK_QKV, N * BK_C, N * BK_C,   N * BK_C, N * 2 * BK_FF,
-                         N * BK_FF,     N * BK_C,   N * BK_FF, N * 2 * BK_FF, N * BK_C, N * BK_C,
-                         N * BK_C,      N * BK_QKV, N * BK_C, N * BK_C,   BK_C};
-    for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) memset(z[i], 0, zn[i] * sizeof(float));
     fs_status st = FS_OK;
     for (int l = 0; l < 4 && st == FS_OK; l++)
         st = fs_gemm_prepare_linear((int64_t)N, block_linears[l].ic, block_linears[l].oc);
@@ -601,7 +604,7 @@ static void *block_load_main(void *arg) {
     fs_mem *mem = NULL;
     block_bufs b;
     if (fs_device_open(&dev, FS_DEVICE_CPU, 0, NULL) != FS_OK || fs_mem_init(&mem, 0) != FS_OK ||
-        fs_device_reserve_scratch(dev, mem, 1, block_stage_bytes()) != FS_OK || block_alloc(&b) != FS_OK) {
+        fs_device_reserve_scratch(dev, mem, 1, block_stage_bytes()) != FS_OK || block_alloc(mem, &b) != FS_OK) {
         fs_device_release_scratch(dev);
         fs_mem_free(mem);
         fs_device_close(dev);
@@ -615,9 +618,9 @@ static void *block_load_main(void *arg) {
         if (want < 0) nanosleep(&(struct timespec){.tv_nsec = 500000}, NULL);
         else block_run(dev, &b, want, &L->want);
     }
+    block_free(&b);
     fs_device_release_scratch(dev);
     fs_mem_free(mem);
-    block_free(&b);
     fs_device_close(dev);
     return NULL;
 }
@@ -667,7 +670,7 @@ static void contention_stop(cal_contention *k) {
 }
 
 /* The block's buffers and `cores` - 1 loading threads, each with its block ready and waiting. */
-static fs_status contention_start(cal_contention *k, int cores) {
+static fs_status contention_start(fs_mem *mem, cal_contention *k, int cores) {
     memset(k, 0, sizeof *k);
     for (int p = 0; p < 2; p++) k->alone[p] = k->busy[p] = k->busy_any[p] = INFINITY;
     atomic_init(&k->L.stop, 0);
@@ -675,7 +678,7 @@ static fs_status contention_start(cal_contention *k, int cores) {
     atomic_init(&k->L.failed, 0);
     atomic_init(&k->L.want, -1);
     for (int i = 0; i < FS_CALIBRATION_MAX_BUSY; i++) atomic_init(&k->L.running[i], -1);
-    FS_TRY(block_alloc(&k->b));
+    FS_TRY(block_alloc(mem, &k->b));
     k->have_block = 1;
     fs_status st = FS_OK;
     for (; k->n < cores - 1; k->n++) {
@@ -818,7 +821,7 @@ static fs_status work_alloc(fs_device *dev, cal_work *w, int cores) {
     FS_TRY(gemms_alloc(w->mem, &w->g));
     FS_TRY(attention_alloc(w->mem, &w->a));
     FS_TRY(adamw_alloc(w->mem, &w->o));
-    if (cores > 1) FS_TRY(contention_start(&w->k, cores));
+    if (cores > 1) FS_TRY(contention_start(w->mem, &w->k, cores));
     return FS_OK;
 }
 
