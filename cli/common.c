@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -150,11 +151,39 @@ static char *resolve(const char *path) {
     return out;
 }
 
+/* 1 when the first len bytes of the resolved path r (0: "/") name the directory d, compared
+ * by device and inode: a bind mount or a second mount of the same file system shows one
+ * directory under two paths, which no comparison of path strings sees. */
+static int prefix_is_dir(const char *r, size_t len, const struct stat *d) {
+    char *prefix = len ? strndup(r, len) : strdup("/");
+    struct stat st;
+    const int same = prefix && stat(prefix, &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev == d->st_dev &&
+                     st.st_ino == d->st_ino;
+    free(prefix);
+    return same;
+}
+
 int fs_cli_same_file(const char *a, const char *b) {
     struct stat sa, sb;
-    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ea != eb) return 0; /* one file exists, the other does not: not the same */
     char *ra = resolve(a), *rb = resolve(b);
-    int same = ra && rb ? strcmp(ra, rb) == 0 : strcmp(a, b) == 0;
+    int same;
+    if (!ra || !rb) {
+        same = strcmp(a, b) == 0;
+    } else {
+        /* neither exists yet: the same name in the same directory, that directory compared
+         * by device and inode where it exists (an alias of it by a bind mount too) */
+        const char *na = strrchr(ra, '/'), *nb = strrchr(rb, '/');
+        struct stat da;
+        char *pa = na && na != ra ? strndup(ra, (size_t)(na - ra)) : strdup("/");
+        if (na && nb && strcmp(na, nb) == 0 && pa && stat(pa, &da) == 0)
+            same = prefix_is_dir(rb, (size_t)(nb - rb), &da);
+        else
+            same = strcmp(ra, rb) == 0;
+        free(pa);
+    }
     free(ra);
     free(rb);
     return same;
@@ -166,21 +195,23 @@ int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs) {
     return 0;
 }
 
-/* The part of path below the directory dir, both resolved ("step-00000002/x.bin"), into rel:
- * 1; 0 when path is not below dir (or dir is no directory). */
+/* The part of path below the directory dir ("step-00000002/x.bin", path resolved) into rel:
+ * 1; 0 when path is not below dir (or dir is no directory). Each directory above the path is
+ * compared with dir by device and inode, not by name: through a bind mount the same directory
+ * has another path, and writing below it changes it all the same. */
 static int path_below(const char *path, const char *dir, char *rel, size_t n) {
-    char *rdir = realpath(dir, NULL), *rpath = resolve(path);
-    struct stat st;
+    struct stat sd;
+    if (stat(dir, &sd) != 0 || !S_ISDIR(sd.st_mode)) return 0;
+    char *r = resolve(path);
     int below = 0;
-    if (rdir && rpath && stat(rdir, &st) == 0 && S_ISDIR(st.st_mode)) {
-        const size_t k = strcmp(rdir, "/") == 0 ? 0 : strlen(rdir);
-        if (strncmp(rpath, rdir, k) == 0 && rpath[k] == '/' && rpath[k + 1]) {
-            snprintf(rel, n, "%s", rpath + k + 1);
+    /* r cut at each of its '/' from the last: the directories above it, nearest first (a
+     * '/' with nothing after it would make path dir itself) */
+    for (ptrdiff_t i = r ? (ptrdiff_t)strlen(r) - 1 : -1; i >= 0 && !below; i--)
+        if (r[i] == '/' && r[i + 1] && prefix_is_dir(r, (size_t)i, &sd)) {
+            snprintf(rel, n, "%s", r + i + 1);
             below = 1;
         }
-    }
-    free(rdir);
-    free(rpath);
+    free(r);
     return below;
 }
 

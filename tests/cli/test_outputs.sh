@@ -91,6 +91,25 @@ refuse "export --out into a step directory" 2 "^flatshard export: --out .*step-0
 expect_all "nothing was written into the checkpoint" '[ "$(cat "$ck_step"/* 2>/dev/null | cksum)" = "$ck_sum" ]' \
     '[ ! -e "$WORK/src-ck/config.json" ] && [ ! -e "$ck_step/hf" ] && [ ! -e "$ck_step/x" ]'
 
+# --- the same directory under a second path (a bind mount): no comparison of path strings
+# sees it, so directories are compared by device and inode
+mkdir -p "$WORK/hf-alias" "$WORK/adir-alias"
+if mount --bind "$WORK/src-hf" "$WORK/hf-alias" 2>/dev/null && mount --bind "$WORK/adir" "$WORK/adir-alias" 2>/dev/null; then
+    weights_sum=$(cksum <"$WORK/src-hf/model.safetensors")
+    refuse "--out over the --init-from model's weights through a bind mount of its directory" 2 \
+        "^flatshard train: --out .*src-hf/model.safetensors: is inside --init-from .*hf-alias, which is read" \
+        "$FS" train "${small[@]}" --steps 1 --init-from "$WORK/hf-alias" --out "$WORK/src-hf/model.safetensors"
+    refuse "--metrics and --trace one new file, through a bind mount" 2 \
+        "^flatshard train: --metrics .*adir/m.jsonl: is also --trace .*adir-alias/m.jsonl; two outputs" \
+        "$FS" train "${small[@]}" --steps 1 --no-save --trace "$WORK/adir-alias/m.jsonl" --metrics "$WORK/adir/m.jsonl"
+    expect_all "the weights are as they were, and neither file was made" \
+        '[ "$(cksum <"$WORK/src-hf/model.safetensors")" = "$weights_sum" ]' \
+        '[ ! -e "$WORK/adir/m.jsonl" ]'
+else
+    skip "bind-mounted aliases (3 checks)" "cannot bind-mount here (needs root and CAP_SYS_ADMIN)"
+fi
+umount "$WORK/hf-alias" "$WORK/adir-alias" 2>/dev/null
+
 # --- data too short for one window: refused before any output is made
 printf 'short' >"$WORK/short.txt"
 refuse "data shorter than one window" 1 "short.txt: holds 5 tokens, fewer than the T \\+ 1 = 17" \
