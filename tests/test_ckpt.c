@@ -569,6 +569,23 @@ static void test_lineages_branches_and_keep(void) {
     CHECK_OK(fs_ckpt_claim(&x, root2, &ck, 0));
     CHECK(x.continued && strcmp(x.run_id, a.run_id) == 0 && x.tag[0] == '\0' && x.seq == 0,
           "A's tip into an empty root: continued %d tag '%s'", x.continued, x.tag);
+    /* ... and once it has saved steps 4-5 there, A's step 3 is no longer A's tip: a second
+     * run from it into that root would save its own step 4 over them and prune the rest, so
+     * it is refused, naming the later checkpoint (save numbers count per directory: the
+     * continuation's step 5 is save 2 of root2, A's step 3 save 3 of root) */
+    run_spec sc = {.cfg = &cfg, .tc = ec_config(FS_STRATEGY_YAFSDP, FS_PRECISION_FP32, 1, 8), .in = in, .tg = tg,
+                   .steps = 5, .save_root = root2, .save_every = 1, .resume_path = three, .lineage = &x};
+    sc.tc.steps = 5;
+    CHECK_OK(run(2, &sc));
+    CHECK(x.seq == 2 && complete_in(root2, "step-00000004") && complete_in(root2, "step-00000005"),
+          "the continuation saved steps 4-5 into root2 (seq %lld)", (long long)x.seq);
+    st = fs_ckpt_claim(&x, root2, &ck, 0);
+    CHECK(st == FS_ERR_USAGE && strstr(fs_error_message(), "holds step 5 of the run resumed from") &&
+              strstr(fs_error_message(), "step-00000005, saved after it") && strstr(fs_error_message(), "--new-lineage"),
+          "A's step 3 again into root2: %s", fs_error_message());
+    CHECK_OK(fs_ckpt_claim(&x, root2, &ck, 1));
+    CHECK(!x.continued && strcmp(x.run_id, a.run_id) != 0 && x.tag[0] == '-', "with --new-lineage a branch beside it: tag '%s'",
+          x.tag);
     /* --new-lineage: told to, even A's tip starts a new lineage */
     CHECK_OK(fs_ckpt_claim(&x, root, &ck, 1));
     CHECK(!x.continued && strcmp(x.run_id, a.run_id) != 0 && x.tag[0] == '-', "--new-lineage from A's tip: tag '%s'", x.tag);

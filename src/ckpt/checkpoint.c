@@ -537,6 +537,7 @@ fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *r
     FS_TRY(list_entries(root, &es, &n));
     fs_status st = FS_OK;
     int in_root = 0;
+    const entry *later = NULL; /* the resumed run's own checkpoint past it in another root */
     if (resumed) {
         char from[1100];
         snprintf(out->parent_id, sizeof out->parent_id, "%s", resumed->run_id);
@@ -552,8 +553,20 @@ fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *r
             for (int i = 0; st == FS_OK && i < fn; i++)
                 if (strcmp(fe[i].run_id, resumed->run_id) == 0 && fe[i].seq > resumed->seq) out->continued = 0;
             if (fe != es) free(fe);
+            /* nor in the --save root, when that is another directory: a continuation from
+             * this checkpoint into it went on past it before (save numbers count per
+             * directory, steps do not), and continuing the run id again would save over its
+             * steps and prune the rest (newest first: es[] is in save order) */
+            for (int i = 0; st == FS_OK && !in_root && i < n && !later; i++)
+                if (strcmp(es[i].run_id, resumed->run_id) == 0 && es[i].step > resumed->step) later = &es[i];
+            if (later) out->continued = 0;
         }
     }
+    if (st == FS_OK && later) /* a branch, but into the directory of what it branches from */
+        st = fs_errorf(FS_ERR_USAGE,
+                       "--save %s holds step %" PRId64 " of the run resumed from %s (%s/%s, saved after it): continue "
+                       "that with --resume %s, branch beside it with --new-lineage, or choose another --save directory",
+                       root, later->step, resumed->dir, root, later->name, root);
     if (st == FS_OK && out->continued) snprintf(out->run_id, sizeof out->run_id, "%s", resumed->run_id);
     else if (st == FS_OK) st = fs_ckpt_new_run_id(out->run_id);
     const entry *other = NULL, *mine = NULL;
