@@ -833,7 +833,7 @@ typedef struct run_output {
 
 static fs_status check_outputs(train_run *run) {
     const int n_shards = run->data->n_shards + (run->eval_data ? run->eval_data->n_shards : 0);
-    const char **in = malloc((size_t)(5 + n_shards) * sizeof *in);
+    const char **in = malloc((size_t)(6 + n_shards) * sizeof *in);
     if (!in) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     int n = 0;
     in[n++] = run->data_path;
@@ -843,6 +843,19 @@ static fs_status check_outputs(train_run *run) {
     if (run->resume_path) in[n++] = run->resume_path;
     if (run->init_from) in[n++] = run->init_from;
     if (run->model_name) in[n++] = run->model_name; /* a config.json */
+    /* the config.json --init-from read: beside a safetensors file without flatshard's
+     * metadata (as transformers writes one) it is the model's, and `--init-from
+     * hf/model.safetensors --out hf/config.json` replaced it (exit 0) */
+    const char *src_config = run->source ? fs_source_config_path(run->source) : NULL;
+    if (src_config) in[n++] = src_config;
+    /* and the directory holding both is a model directory the run reads, as --init-from hf is */
+    char src_dir[2100] = "";
+    if (src_config) {
+        snprintf(src_dir, sizeof src_dir, "%s", src_config);
+        char *slash = strrchr(src_dir, '/');
+        if (slash) *slash = '\0';
+        if (!slash || fs_cli_same_file(src_dir, run->init_from)) src_dir[0] = '\0'; /* --init-from hf: checked below */
+    }
     run_output out[3];
     int n_out = 0;
     if (!run->no_save) out[n_out++] = (run_output){"--out", run->out_path};
@@ -860,6 +873,8 @@ static fs_status check_outputs(train_run *run) {
         const int outside = path[0] && !fs_cli_is_input(path, in, n);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
+        if (outside && st == FS_OK && src_dir[0])
+            st = fs_cli_check_outside(what, path, "the --init-from model directory", src_dir);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--data", run->data_path);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--eval-data", run->eval_path);

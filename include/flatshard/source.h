@@ -39,6 +39,10 @@ fs_status fs_source_check_dir_has_config(const char *dir);
 
 /* The model's configuration (config.json, the metadata, or the manifest). */
 const fs_llama_config *fs_source_config(const fs_source *s);
+/* The config.json that configuration was read from (a model directory's, or the one beside a
+ * safetensors file without flatshard's metadata); NULL when it came from the metadata or a
+ * manifest. A file the run reads: no output may replace it. */
+const char *fs_source_config_path(const fs_source *s);
 
 /* One line: what the source is ("safetensors file x (F32)", "checkpoint step 100 of 2 ranks"). */
 const char *fs_source_describe(const fs_source *s);

@@ -34,6 +34,7 @@ typedef struct source_entry {
 struct fs_source {
     int is_checkpoint;
     fs_llama_config cfg;
+    char config_path[2048]; /* the config.json read for cfg; "" when cfg came from elsewhere */
     char desc[1200];
     int n_files;
     fs_safetensors *files;   /* (n_files) */
@@ -182,6 +183,7 @@ fs_status fs_source_open(fs_source **out, const char *path) {
         join(config, sizeof config, path, "config.json");
         if (exists(config)) { /* a Hugging Face model directory */
             st = fs_llama_config_from_json_file(config, &s->cfg);
+            snprintf(s->config_path, sizeof s->config_path, "%s", config);
             join(buf, sizeof buf, path, "model.safetensors.index.json");
             if (st == FS_OK && exists(buf)) st = open_index(s, path, buf);
             else if (st == FS_OK) {
@@ -218,6 +220,7 @@ fs_status fs_source_open(fs_source **out, const char *path) {
             st = exists(config) ? fs_llama_config_from_json_file(config, &s->cfg)
                                 : fs_errorf(FS_ERR_FORMAT, "%s: no model config: neither flatshard_config "
                                                            "in its metadata nor a config.json beside it", path);
+            snprintf(s->config_path, sizeof s->config_path, "%s", config);
         }
         snprintf(s->desc, sizeof s->desc, "safetensors file %s", path);
     }
@@ -231,6 +234,7 @@ fs_status fs_source_open(fs_source **out, const char *path) {
 
 const fs_llama_config *fs_source_config(const fs_source *s) { return &s->cfg; }
 const char *fs_source_describe(const fs_source *s) { return s->desc; }
+const char *fs_source_config_path(const fs_source *s) { return s->config_path[0] ? s->config_path : NULL; }
 
 static const source_entry *find(const fs_source *s, const char *name) {
     for (int i = 0; i < s->n_entries; i++)

@@ -76,6 +76,24 @@ run "and a new file beside a Hugging Face model's" 0 "$FS" train "${small[@]}" -
     --init-from "$WORK/src-hf" --out "$WORK/src-hf/tuned.safetensors"
 run "and a subdirectory of a Hugging Face model's" 0 "$FS" train "${small[@]}" --steps 1 \
     --init-from "$WORK/src-hf" --out "$WORK/src-hf/ft/model.safetensors" --metrics "$WORK/src-hf/ft/m.jsonl"
+# a safetensors file without flatshard's metadata (as transformers writes one) takes its
+# config.json from beside it: that file is read too, and the directory is a model directory
+mkdir -p "$WORK/bare-hf" && cp "$WORK/src-hf/config.json" "$WORK/bare-hf/"
+/usr/bin/python3 -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h["__metadata__"] = {"format": "pt"}
+s = json.dumps(h).encode(); s += b" " * (-len(s) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(s)) + s + b[8 + n:])' "$WORK/src-hf/model.safetensors" "$WORK/bare-hf/model.safetensors"
+bare_sum=$(cat "$WORK/bare-hf"/* | cksum)
+refuse "--out over the config.json beside the --init-from safetensors file" 2 \
+    "^flatshard train: --out .*bare-hf/config.json: is the input .*bare-hf/config.json" \
+    "$FS" train "${small[@]}" --steps 1 --init-from "$WORK/bare-hf/model.safetensors" --out "$WORK/bare-hf/config.json"
+refuse "--out as an index in that model directory" 2 \
+    "^flatshard train: --out .*index.json: is inside the --init-from model directory .*bare-hf, which is read" \
+    "$FS" train "${small[@]}" --steps 1 --init-from "$WORK/bare-hf/model.safetensors" --out "$WORK/bare-hf/model.safetensors.index.json"
+expect_all "the model directory is as it was" '[ "$(cat "$WORK/bare-hf"/* | cksum)" = "$bare_sum" ]' \
+    '[ ! -e "$WORK/bare-hf/model.safetensors.index.json" ]'
 ln -sf "$ck_step/manifest.json" "$WORK/manifest-link"
 refuse "--metrics through a link into the checkpoint it resumes" 2 "^flatshard train: --metrics .*manifest-link: is inside --resume" \
     "$FS" train "${small[@]}" --steps 3 --resume "$WORK/src-ck" --no-save --metrics "$WORK/manifest-link"
