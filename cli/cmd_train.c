@@ -831,6 +831,14 @@ typedef struct run_output {
     const char *what, *path;
 } run_output;
 
+/* An output that the data spec would read as a shard the next time it is opened: a new file
+ * in one of its directories, a match of one of its patterns, a list's parts each. */
+static fs_status check_not_read(const char *spec_what, const char *spec, const char *what, const char *path) {
+    if (!spec || !fs_token_stream_spec_reads(spec, path)) return FS_OK;
+    return fs_errorf(FS_ERR_USAGE, "%s %s: is inside %s %s, which is read; writing there would add a shard to "
+                                   "it: give a path outside it", what, path, spec_what, spec);
+}
+
 static fs_status check_outputs(train_run *run) {
     const int n_shards = run->data->n_shards + (run->eval_data ? run->eval_data->n_shards : 0);
     const char **in = malloc((size_t)(6 + n_shards) * sizeof *in);
@@ -876,8 +884,8 @@ static fs_status check_outputs(train_run *run) {
         if (outside && st == FS_OK && src_dir[0])
             st = fs_cli_check_outside(what, path, "the --init-from model directory", src_dir);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
-        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--data", run->data_path);
-        if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--eval-data", run->eval_path);
+        if (outside && st == FS_OK) st = check_not_read("--data", run->data_path, what, path);
+        if (outside && st == FS_OK) st = check_not_read("--eval-data", run->eval_path, what, path);
         if (st == FS_OK) st = fs_cli_check_output(what, path, in, n, strcmp(what, "--metrics") == 0);
     }
     if (st == FS_OK && run->metrics_path) st = open_metrics(run);

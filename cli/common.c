@@ -227,11 +227,8 @@ fs_status fs_cli_check_outside(const char *what, const char *path, const char *s
     if (!src || !src[0] || !path_below(path, src, rel, sizeof rel)) return FS_OK;
     const char *slash = strchr(rel, '/');
     const size_t first = slash ? (size_t)(slash - rel) : strlen(rel); /* rel's first component */
-    const int data = strcmp(src_what, "--data") == 0 || strcmp(src_what, "--eval-data") == 0;
     int changes;
-    if (data) /* a stream of shards reads every file of the directory but hidden ones */
-        changes = !slash && rel[0] != '.';
-    else if (has_file(src, "manifest.json")) /* a checkpoint's step directory: all of it is read */
+    if (has_file(src, "manifest.json")) /* a checkpoint's step directory: all of it is read */
         changes = 1;
     else if (has_file(src, "config.json")) /* a Hugging Face model directory: its top-level files */
         changes = !slash && (strcmp(rel, "config.json") == 0 || strcmp(rel, "model.safetensors") == 0 ||

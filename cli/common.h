@@ -49,9 +49,8 @@ int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs);
  * where writing path would change what is there: anywhere in a checkpoint's step directory
  * (src holds manifest.json); in a checkpoint root's step directories or over its lock; over a
  * Hugging Face model directory's config.json, model.safetensors, index or another existing
- * .safetensors file (src holds config.json); a new file directly in a directory of data
- * shards (src_what "--data" or "--eval-data": the stream reads every file there but hidden
- * ones). Anything else (a new file beside a root's step directories or a model's files, a
+ * .safetensors file (src holds config.json). (A data spec's directories and patterns are
+ * fs_token_stream_spec_reads'.) Anything else (a new file beside a root's step directories or a model's files, a
  * subdirectory of a model directory) changes nothing read. Both paths resolved (links, "..",
  * relative paths; path need not exist). src NULL or not a directory: FS_OK. */
 fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src);

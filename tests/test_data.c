@@ -904,6 +904,25 @@ static void test_stream_patterns_and_lists(void) {
     /* the same file twice, under two names */
     snprintf(spec, sizeof spec, "%s,%s/./val_000000.bin", tpath("glob/val_000000.bin"), tpath("glob"));
     CHECK_STREAM_FAILS(spec, FS_ERR_USAGE, "each shard may appear once");
+
+    /* which files, written now, a spec would read next time (what an output may not be) */
+    char out[1024];
+    snprintf(spec, sizeof spec, "%s/train_*.bin", tpath("glob"));
+    snprintf(out, sizeof out, "%s/train_000009.bin", tpath("glob"));
+    CHECK(fs_token_stream_spec_reads(spec, out), "a new match of the pattern");
+    snprintf(out, sizeof out, "%s/./model.bin", tpath("glob"));
+    CHECK(!fs_token_stream_spec_reads(spec, out), "a name the pattern does not match");
+    snprintf(out, sizeof out, "%s/.train_9.bin", tpath("glob"));
+    CHECK(!fs_token_stream_spec_reads(spec, out), "a hidden name (glob matches none)");
+    snprintf(spec, sizeof spec, "%s,%s", tpath("glob/val_000000.bin"), tpath("empty"));
+    snprintf(out, sizeof out, "%s/../empty/w.safetensors", tpath("glob"));
+    CHECK(fs_token_stream_spec_reads(spec, out), "a new file in a directory of the list, by another path");
+    snprintf(out, sizeof out, "%s/.w", tpath("empty"));
+    CHECK(!fs_token_stream_spec_reads(spec, out), "a hidden name in that directory");
+    CHECK(fs_token_stream_spec_reads(spec, tpath("glob/val_000000.bin")), "a file of the list");
+    CHECK(!fs_token_stream_spec_reads(spec, tpath("glob/train_000001.bin")), "a file beside one of the list");
+    snprintf(out, sizeof out, "%s/sub/w.bin", tpath("empty"));
+    CHECK(!fs_token_stream_spec_reads(spec, out), "a subdirectory of a directory of the list");
     remove_subdir("glob");
     remove_subdir("empty");
 }

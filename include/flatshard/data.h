@@ -149,6 +149,11 @@ typedef struct fs_token_stream {
  * is left closed. */
 fs_status fs_token_stream_open(fs_token_stream *out, const char *spec);
 void fs_token_stream_close(fs_token_stream *s); /* idempotent */
+/* 1 when a regular file at path, existing or not yet written, would be a shard of spec the
+ * next time spec is opened: one of its files, directly in one of its directories (not a
+ * hidden name), or a match of one of its patterns. What an output of a run may not be: the
+ * next run on the same --data would train on it. */
+int fs_token_stream_spec_reads(const char *spec, const char *path);
 
 /* fs_token_data_check_vocab on every shard (the error names the shard and the position). */
 fs_status fs_token_stream_check_vocab(const fs_token_stream *s, int32_t vocab_size);

@@ -15,6 +15,7 @@
 #define _FILE_OFFSET_BITS 64
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,9 +122,12 @@ static fs_status expand_part(name_list *l, const char *part) {
     return names_add(l, part);
 }
 
-static fs_status expand_spec(name_list *l, const char *spec) {
+/* Calls each(ctx, part) for every part of spec in order: the spec itself when it holds no
+ * comma or a file has that very name, else each comma-separated name; stops at the first
+ * error. The one reading of a spec's grammar, for opening it and for asking what it reads. */
+static fs_status spec_parts(const char *spec, fs_status (*each)(void *ctx, const char *part), void *ctx) {
     struct stat sb;
-    if (!strchr(spec, ',') || stat(spec, &sb) == 0) return expand_part(l, spec);
+    if (!strchr(spec, ',') || stat(spec, &sb) == 0) return each(ctx, spec);
     char part[4096];
     for (const char *p = spec;;) {
         const char *comma = strchr(p, ',');
@@ -132,10 +136,58 @@ static fs_status expand_spec(name_list *l, const char *spec) {
         if (len >= sizeof part) return fs_errorf(FS_ERR_USAGE, "%s: a name in the list is too long", spec);
         memcpy(part, p, len);
         part[len] = '\0';
-        FS_TRY(expand_part(l, part));
+        FS_TRY(each(ctx, part));
         if (!comma) return FS_OK;
         p = comma + 1;
     }
+}
+
+static fs_status expand_each(void *l, const char *part) { return expand_part(l, part); }
+
+static fs_status expand_spec(name_list *l, const char *spec) { return spec_parts(spec, expand_each, l); }
+
+/* 1 when the directory holding path is dir (device and inode: the same directory through a
+ * link or a bind mount is itself) */
+static int parent_is(const char *dir, const char *path) {
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = '\0';
+    else *slash = '\0';
+    struct stat a, b;
+    return stat(dir, &a) == 0 && stat(parent, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+typedef struct reads_query {
+    const char *path, *base; /* the file asked about and its last component */
+    int reads;
+} reads_query;
+
+static fs_status reads_each(void *arg, const char *part) {
+    reads_query *q = arg;
+    struct stat sp, so;
+    if (stat(part, &sp) == 0) {
+        if (S_ISDIR(sp.st_mode)) /* expand_dir's rule: directly in it, no leading '.' */
+            q->reads |= q->base[0] != '.' && parent_is(part, q->path);
+        else
+            q->reads |= stat(q->path, &so) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+    } else if (strpbrk(part, "*?[")) { /* expand_glob: glob(3) matches no leading '.' */
+        const char *slash = strrchr(part, '/');
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == part ? 1 : slash - part) : 1, slash ? part : ".");
+        if (!strpbrk(dir, "*?[")) /* a pattern of names in one directory: that directory, by inode */
+            q->reads |= parent_is(dir, q->path) && fnmatch(slash ? slash + 1 : part, q->base, FNM_PERIOD) == 0;
+        else /* wildcards in the directories too: the path as written */
+            q->reads |= fnmatch(part, q->path, FNM_PATHNAME | FNM_PERIOD) == 0;
+    }
+    return FS_OK;
+}
+
+int fs_token_stream_spec_reads(const char *spec, const char *path) {
+    const char *slash = strrchr(path, '/');
+    reads_query q = {.path = path, .base = slash ? slash + 1 : path};
+    return spec_parts(spec, reads_each, &q) == FS_OK && q.reads;
 }
 
 static const char *width_name(int token_bytes) {

@@ -102,6 +102,16 @@ refuse "--save inside a checkpoint's step directory" 2 "^flatshard train: --save
 mkdir -p "$WORK/shards" && cp "$D" "$WORK/shards/a.txt"
 refuse "--out among the --data shards it would join" 2 "^flatshard train: --out .*shards/w.safetensors: is inside --data" \
     "$FS" train "${small[@]/$D/$WORK/shards}" --steps 1 --out "$WORK/shards/w.safetensors"
+refuse "--out into a directory of a --data list" 2 "^flatshard train: --out .*shards/w.safetensors: is inside --data .*,.*shards" \
+    "$FS" train "${small[@]/$D/$D,$WORK/shards}" --steps 1 --out "$WORK/shards/w.safetensors"
+refuse "--metrics as a name a --data pattern matches" 2 "^flatshard train: --metrics .*shards/run.jsonl: is inside --data .*shards/\*" \
+    "$FS" train "${small[@]/$D/$WORK/shards/*}" --steps 1 --no-save --metrics "$WORK/shards/run.jsonl"
+refuse "--trace as a match of an --eval-data pattern" 2 "^flatshard train: --trace .*shards/t.txt: is inside --eval-data" \
+    "$FS" train "${small[@]}" --eval-data "$WORK/shards/*.txt" --steps 1 --no-save --trace "$WORK/shards/t.txt"
+run "a name the pattern does not match is fine" 0 "$FS" train "${small[@]/$D/$WORK/shards/*.txt}" --steps 1 --no-save \
+    --metrics "$WORK/shards/run.jsonl"
+expect "the shards are as they were" [ "$(ls "$WORK/shards")" = "$(printf 'a.txt\nrun.jsonl')" ]
+rm -f "$WORK/shards/run.jsonl"
 refuse "export --out into the checkpoint root it reads" 2 "^flatshard export: --out .*src-ck: is a checkpoint root" \
     "$FS" export --from "$WORK/src-ck" --out "$WORK/src-ck"
 refuse "export --out into a step directory" 2 "^flatshard export: --out .*step-00000001/hf: is inside the checkpoint" \
