@@ -62,12 +62,19 @@ static void short_label(const box *b, char *buf, size_t n) {
     else snprintf(buf, n, "%s", abbr);
 }
 
+/* Text for an SVG element: the XML specials as entities, and a control byte or any byte
+ * outside ASCII as the characters \xNN, as fs_printable writes them. flatshard's names are
+ * ASCII; a timeline edited by hand or by another tool can hold a raw control character or
+ * invalid UTF-8, which makes a file no XML reader takes. */
 static void xml_escape(FILE *f, const char *s) {
     for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else fputc(*s, f);
+        const unsigned char c = (unsigned char)*s;
+        if (c == '<') fputs("&lt;", f);
+        else if (c == '>') fputs("&gt;", f);
+        else if (c == '&') fputs("&amp;", f);
+        else if (c == '"') fputs("&quot;", f);
+        else if (c < 0x20 || c > 0x7e) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
     }
 }
 
@@ -85,7 +92,7 @@ static void steps_present(const fs_trace_file *tf, char *buf, size_t n) {
     else snprintf(buf, n, "steps %ld-%ld", lo, hi);
 }
 
-static fs_status render(const fs_trace_file *tf, long step, const char *out, double width, int *n_boxes) {
+static fs_status render(const fs_trace_file *tf, const char *path, long step, const char *out, double width, int *n_boxes) {
     /* the boxes of the step (fs_trace_read_json checked every field) */
     int n = 0, world = 0;
     box *boxes = calloc((size_t)tf->n_boxes + 1, sizeof *boxes);
@@ -106,7 +113,8 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         free(boxes);
         char have[64];
         steps_present(tf, have, sizeof have);
-        return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline holds %s (train --trace-steps sets how many)", step, have);
+        return fs_errorf(FS_ERR_USAGE, "--step %ld: the timeline %s holds %s (train --trace-steps sets how many)", step,
+                         path, have);
     }
     fs_cli_output o; /* written under a temporary name, renamed when complete */
     fs_status st = fs_cli_output_open("-o", out, &o);
@@ -147,8 +155,11 @@ static fs_status render(const fs_trace_file *tf, long step, const char *out, dou
         fprintf(f, "</title></rect>\n");
         char label[32];
         short_label(b, label, sizeof label);
-        if (w > 7.0 * (double)strlen(label))
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"white\" font-size=\"10\">%s</text>\n", x + 2, y + 13, label);
+        if (w > 7.0 * (double)strlen(label)) { /* a kind flatshard does not name is the file's text */
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"white\" font-size=\"10\">", x + 2, y + 13);
+            xml_escape(f, label);
+            fputs("</text>\n", f);
+        }
     }
     /* legend */
     static const char *const legend[] = {"forward", "backward", "wait", "optimizer", "all_gather",
@@ -240,7 +251,7 @@ int fs_cmd_trace_svg(int argc, char **argv) {
         if (step == 0) st = fs_errorf(FS_ERR_FORMAT, "%s: no flatshard step events", in[0]);
     }
     int n = 0;
-    if (st == FS_OK) st = render(&tf, (long)step, out, (double)width, &n);
+    if (st == FS_OK) st = render(&tf, in[0], (long)step, out, (double)width, &n);
     fs_trace_file_free(&tf);
     if (st != FS_OK) return fs_cli_report("trace-svg", st);
     printf("drew step %lld (%d boxes) to %s\n", (long long)step, n, out);

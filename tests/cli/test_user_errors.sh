@@ -149,7 +149,7 @@ refuse "trace-svg -o /dev/full: one line, exit 1" 1 "^flatshard trace-svg: -o /d
 run "trace-svg -o into a directory that does not exist yet" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/svg/step.svg"
 expect "the picture is complete" grep -q "</svg>" "$WORK/svg/step.svg"
 cp "$WORK/svg/step.svg" "$WORK/step-copy.svg"
-refuse "trace-svg of a step the timeline lacks" 2 "--step 99: the timeline holds" \
+refuse "trace-svg of a step the timeline lacks, naming the file" 2 "--step 99: the timeline .*trace.json holds" \
     "$FS" trace-svg "$WORK/trace.json" -o "$WORK/svg/step.svg" --step 99
 expect_all "a failed trace-svg leaves the older picture and no temporary" \
     'cmp -s "$WORK/svg/step.svg" "$WORK/step-copy.svg"' '[ -z "$(ls "$WORK"/svg/step.svg*.tmp 2>/dev/null)" ]'
@@ -161,6 +161,25 @@ run "trace-svg of a timeline on a pipe" 0 "$FS" trace-svg <(cat "$WORK/padded.js
 expect "the picture from the pipe is the picture from the file" cmp -s "$WORK/pipe.svg" "$WORK/step-copy.svg"
 refuse "trace-svg of a device" 2 "^flatshard trace-svg: /dev/zero: is a device, not a timeline file$" \
     "$FS" trace-svg /dev/zero -o "$WORK/z.svg"
+# names and kinds are the file's text: an edited timeline's '<', '&', '"', a control
+# character or invalid UTF-8 once went into the picture as they were (exit 0, no XML reader
+# took it); every box of the first step renamed (raw bytes ff fe among them), its kind too
+/usr/bin/python3 -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+first = min(e["args"]["step"] for e in t["traceEvents"] if e.get("ph") == "X" and "step" in e.get("args", {}))
+for e in t["traceEvents"]:
+    if e.get("ph") == "X" and e.get("args", {}).get("step") == first and e["args"].get("kind") != "step":
+        e["name"] = "RAW\u0001<b> & \"c\" \u00e9"
+        e["args"]["kind"] = "<&x>\u0001"
+open(sys.argv[2], "wb").write(json.dumps(t).encode().replace(b"RAW", b"\xff\xfe"))' "$WORK/trace.json" "$WORK/odd.json"
+run "trace-svg of a timeline with odd names and kinds" 0 "$FS" trace-svg "$WORK/odd.json" -o "$WORK/odd.svg"
+expect "the picture is well-formed XML, the names in it escaped" /usr/bin/python3 -c '
+import sys, xml.dom.minidom
+doc = xml.dom.minidom.parse(sys.argv[1])
+titles = [t.firstChild.data for t in doc.getElementsByTagName("title")]
+assert any(t.startswith("\\xff\\xfe\\x01<b> & \"c\" \\xc3\\xa9") for t in titles), titles[:3]
+' "$WORK/odd.svg"
 
 # --- export --out
 refuse "export --out empty (it once wrote /model.safetensors)" 2 "^flatshard export: --out: the path is empty$" \
