@@ -158,16 +158,36 @@ static int set_value(const char *cmd, const fs_opt *o, const char *value) {
     return fs_usage_error(cmd, "--%s: unsupported option type", o->name);
 }
 
+/* The option arg names, as fs_args_parse reads it (NULL: a positional argument, or no option
+ * of the table); *takes_next: its value is the next argument (no "=value" in arg). */
+static const fs_opt *option_of(const fs_opt *opts, const char *arg, int *takes_next) {
+    const fs_opt *o = NULL;
+    int has_value = 0;
+    if (arg[0] == '-' && arg[1] == '-') {
+        const char *eq = strchr(arg + 2, '=');
+        o = find_long(opts, arg + 2, eq ? (size_t)(eq - arg - 2) : strlen(arg + 2));
+        has_value = eq != NULL;
+    } else if (arg[0] == '-' && arg[1] && !(arg[1] >= '0' && arg[1] <= '9') && arg[2] == '\0') {
+        o = find_short(opts, arg[1]);
+    }
+    *takes_next = o && o->type != FS_OPT_FLAG && !has_value;
+    return o;
+}
+
 int fs_args_parse(const char *cmd, const fs_command_help *help, const fs_opt *opts, int argc,
                   char **argv, const char **positional, int max_positional, int *n_positional) {
     *n_positional = 0;
-    for (int i = 1; i < argc; i++)
+    /* -h or --help anywhere prints the help, whatever else is wrong with the line; but not
+     * as an option's value (`--prompt -h` is the prompt "-h", as the walk below takes it) */
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fs_args_print_help(stdout, help, opts);
             return -1;
-        } else if (strcmp(argv[i], "--") == 0) {
-            break;
         }
+        int takes_next;
+        option_of(opts, argv[i], &takes_next);
+        i += takes_next;
+    }
     int only_positional = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -219,21 +239,11 @@ int fs_args_parse(const char *cmd, const fs_command_help *help, const fs_opt *op
 int fs_args_given(const fs_opt *opts, int argc, char **argv, const char *name) {
     /* fs_args_parse's walk, on an argv it accepted: every option it names, and the value it
      * took from the next argument skipped */
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--") == 0) break;
-        const fs_opt *o = NULL;
-        int has_value = 0;
-        if (arg[0] == '-' && arg[1] == '-') {
-            const char *eq = strchr(arg + 2, '=');
-            o = find_long(opts, arg + 2, eq ? (size_t)(eq - arg - 2) : strlen(arg + 2));
-            has_value = eq != NULL;
-        } else if (arg[0] == '-' && arg[1] && !(arg[1] >= '0' && arg[1] <= '9') && arg[2] == '\0') {
-            o = find_short(opts, arg[1]);
-        }
-        if (!o) continue; /* a positional argument */
-        if (strcmp(o->name, name) == 0) return 1;
-        if (o->type != FS_OPT_FLAG && !has_value) i++;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        int takes_next;
+        const fs_opt *o = option_of(opts, argv[i], &takes_next);
+        if (o && strcmp(o->name, name) == 0) return 1;
+        i += takes_next;
     }
     return 0;
 }

@@ -79,6 +79,12 @@ assert re.search(r"\x1b\[Kloss [0-9.]+ nats/token .* over 8 batches of 4 x 64 to
 run "generate" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
 expect_all "generate prints the prompt and 80 bytes" '[ "$(head -c 3 "$WORK/out")" = "Q: " ]' '[ "$(wc -c <"$WORK/out")" -eq $((3 + 80 + 1)) ]'
 cp "$WORK/out" "$WORK/gen1"
+# -h as an option's value is that value, as the parser takes it ("--prompt -h" once printed
+# the help and exited 0); anywhere else -h prints the help, whatever else is on the line
+run "generate --prompt -h" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt -h --tokens 5 --seed 3
+expect "the prompt is -h" [ "$(head -c 2 "$WORK/out")" = "-h" ]
+run "generate --bogus -h" 0 "$FS" generate --bogus -h
+expect "prints the help" grep -q "^usage: flatshard generate" "$WORK/out"
 run "generate again with the same seed" 0 "$FS" generate --weights "$WORK/model/tiny.safetensors" --prompt "Q: " --tokens 80 --seed 3
 expect "generation is reproducible from the seed" cmp -s "$WORK/out" "$WORK/gen1"
 run "train directly on a text file" 0 "$FS" train --data "$CORPUS_DIR/fortunes" --steps 2 --batch 2 --seq 32 --no-save
