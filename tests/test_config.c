@@ -98,6 +98,9 @@ static void test_json_errors_name_the_field(void) {
         {"{\"hidden_size\": 12, \"intermediate_size\": 8, \"num_hidden_layers\": 1, "
          "\"num_attention_heads\": 4, \"vocab_size\": 10}", "even"},
         {"{" BASE, "JSON"},
+        /* a key twice: the first counted here, the last in Python's json (transformers) */
+        {"{" BASE ", \"hidden_size\": 128}", "key 'hidden_size' appears twice"},
+        {"{" BASE ", \"rope_scaling\": {\"factor\": 2.0, \"factor\": 3.0}}", "key 'factor' appears twice"},
         {"[1, 2]", "object"},
         {"", "JSON"},
     };

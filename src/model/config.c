@@ -228,6 +228,19 @@ static fs_status parse_root(const cJSON *root, const char *origin, fs_llama_conf
     return FS_OK;
 }
 
+/* A key given twice in one object of the config (at any depth): cJSON reads the first,
+ * Python's json (and so transformers) the last, so the two would build different models. */
+static const cJSON *duplicate_key(const cJSON *obj) {
+    for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(obj) && a->string)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (b->string && strcmp(a->string, b->string) == 0) return b;
+        const cJSON *inner = cJSON_IsObject(a) || cJSON_IsArray(a) ? duplicate_key(a) : NULL;
+        if (inner) return inner;
+    }
+    return NULL;
+}
+
 fs_status fs_llama_config_from_json(const char *json, size_t len, const char *origin,
                                     fs_llama_config *out) {
     const char *end = NULL;
@@ -236,7 +249,10 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
         size_t at = end && end >= json ? (size_t)(end - json) : 0;
         return fs_errorf(FS_ERR_FORMAT, "%s: invalid JSON near byte %zu", origin, at);
     }
-    fs_status st = parse_root(root, origin, out);
+    const cJSON *dup = duplicate_key(root);
+    fs_status st = dup ? fs_errorf(FS_ERR_FORMAT, "%s: key '%s' appears twice in one object (JSON readers differ on "
+                                                  "which one counts)", origin, fs_printable(dup->string).s)
+                       : parse_root(root, origin, out);
     cJSON_Delete(root);
     return st;
 }
