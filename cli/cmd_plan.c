@@ -2,6 +2,7 @@
  * cli/cmd_plan.c — `flatshard plan`: per-device memory, communication and an estimated step
  * time for any model on any cluster, from the same plan function the engine allocates by.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -161,12 +162,14 @@ int fs_cmd_plan(int argc, char **argv) {
     if (rc != FS_EXIT_OK) return rc;
     int auto_ckpt = strcmp(ckpt, "auto") == 0;
     char *end = NULL;
+    errno = 0; /* past LLONG_MAX strtoll gives LLONG_MAX, which later messages would echo */
     long long ckpt_n = auto_ckpt ? 0 : strtoll(ckpt, &end, 10);
-    if (!auto_ckpt && (end == ckpt || *end || ckpt_n < 0))
+    if (!auto_ckpt && (end == ckpt || *end || ckpt_n < 0 || errno == ERANGE))
         return fs_usage_error("plan", "--ckpt-layers: expected a number of blocks or 'auto', got '%s'", ckpt);
     const int auto_group = strcmp(shard_group_arg, "auto") == 0;
+    errno = 0;
     long long shard_group = auto_group ? 0 : strtoll(shard_group_arg, &end, 10);
-    if (!auto_group && (end == shard_group_arg || *end || shard_group < 0 || shard_group > (1 << 20)))
+    if (!auto_group && (end == shard_group_arg || *end || shard_group < 0 || shard_group > (1 << 20) || errno == ERANGE))
         return fs_usage_error("plan", "--shard-group: expected a group size G (0 <= G <= 1048576) or 'auto', got '%s'",
                               shard_group_arg);
 

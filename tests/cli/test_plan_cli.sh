@@ -312,6 +312,8 @@ refuse "--shard-group auto under ddp" 2 "--shard-group auto: hybrid sharding is 
     "$FS" plan --model tiny --world 4 --strategy ddp --shard-group auto --device h100-80gb
 refuse "--shard-group neither a number nor auto" 2 "--shard-group: expected a group size G .* or 'auto', got 'eight'" \
     "$FS" plan --model tiny --world 4 --shard-group eight --device h100-80gb
+refuse "--ckpt-layers past a long long, echoed as typed" 2 "--ckpt-layers: expected a number of blocks or 'auto', got '99999999999999999999'" \
+    "$FS" plan --ckpt-layers 99999999999999999999
 
 # --- the largest accepted sizes: a config.json at every maximum plans without wrap-around
 cat >"$WORK/max.json" <<'EOF'
