@@ -49,6 +49,8 @@ int fs_usage_error(const char *cmd, const char *fmt, ...) {
 }
 
 int fs_args_parse_bytes(const char *text, int64_t *out) {
+    /* decimal only: strtod would also read "0x10" (16), "inf" and "nan" */
+    if (!((text[0] >= '0' && text[0] <= '9') || text[0] == '.') || strpbrk(text, "xX")) return -1;
     char *end = NULL;
     errno = 0;
     double v = strtod(text, &end);

@@ -46,6 +46,9 @@ refuse "tokenize --chunk-bytes 1 (below 1K)" 2 "^flatshard tokenize: --chunk-byt
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1 -o "$WORK/c.bin" "$D"
 refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of range" \
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 2G -o "$WORK/c.bin" "$D"
+refuse "tokenize --chunk-bytes 0x10000 (sizes are decimal; strtod read hex)" 2 \
+    "^flatshard tokenize: --chunk-bytes: expected a size in bytes such as 4096, 64K or 2GiB, got '0x10000'$" \
+    "$FS" tokenize --chunk-bytes 0x10000 -o "$WORK/x.bin" "$WORK/x.txt"
 refuse "tokenize --threads 0 (the default) without --tokenizer" 2 "^flatshard tokenize: --threads, .* need --tokenizer$" \
     "$FS" tokenize --threads 0 -o "$WORK/c.bin" "$D"
 refuse "tokenize --chunk-bytes without --tokenizer" 2 "^flatshard tokenize: --threads, --chunk-bytes, .* need --tokenizer$" \
