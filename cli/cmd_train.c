@@ -1123,6 +1123,12 @@ int fs_cmd_train(int argc, char **argv) {
         if (st == FS_OK && resume.step >= c->steps)
             st = fs_errorf(FS_ERR_USAGE, "%s is at step %" PRId64 ": nothing to do with --steps %" PRId64,
                            resume.dir, resume.step, c->steps);
+        /* the checkpoint's seed wins (its sampler continues); another one given was ignored
+         * without a word */
+        if (st == FS_OK && fs_args_given(opts, argc, argv, "seed") && c->seed != resume.seed)
+            st = fs_errorf(FS_ERR_USAGE, "--seed %" PRIu64 ": %s was trained with seed %" PRIu64 ", which a resumed run "
+                           "keeps; leave --seed out, or start anew from its weights with --init-from %s --seed %" PRIu64,
+                           c->seed, resume.dir, resume.seed, resume.dir, c->seed);
     }
     if (st == FS_OK && run.save_dir && writer)
         st = fs_ckpt_claim(&run.lineage, run.save_dir, run.resume, run.new_lineage);

@@ -73,6 +73,9 @@ refuse "inspect of a sharded model directory without config.json names its index
     "^flatshard inspect: .*hf-noconfig: holds model.safetensors.index.json but no config.json" "$FS" inspect "$WORK/hf-noconfig"
 refuse "resume with init-from" 2 "--resume and --init-from exclude each other" "$FS" train "${common[@]}" --resume "$WORK/full" --init-from "$WORK/hf"
 refuse "resume past --steps" 2 "is at step 5: nothing to do with --steps 5" "$FS" train "${common[@]}" --resume "$WORK/full"
+refuse "resume with another --seed (once ignored without a word)" 2 \
+    "^flatshard train: --seed 99: .*step-00000003 was trained with seed [0-9]+, which a resumed run keeps; leave --seed out, or start anew from its weights with --init-from" \
+    "$FS" train "${common[@]}" --resume "$WORK/full/step-00000003" --no-save --seed 99
 refuse "resume another model" 1 "of another model: hidden_size is 256 there, 768 here" "$FS" train "${common[@]}" --steps 9 --model small --resume "$WORK/full"
 cp -r "$WORK/full/step-00000005" "$WORK/bad"
 printf 'X' | dd of="$WORK/bad/rank-00000-of-00002.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
