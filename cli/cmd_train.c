@@ -15,7 +15,8 @@
  *
  * --save DIR: at start-up the writer (rank 0) locks DIR for the run, recovers what crashed
  * saves left, and claims a lineage there (fs_ckpt_claim: refused when DIR holds another
- * run's checkpoints, unless resumed from DIR or given --new-lineage; docs/checkpoint.md).
+ * run's checkpoints, unless resumed from DIR or given --new-lineage, or a later step of the
+ * run resumed from another directory; docs/checkpoint.md).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -834,7 +835,12 @@ typedef struct run_output {
 /* An output that the data spec would read as a shard the next time it is opened: a new file
  * in one of its directories, a match of one of its patterns, a list's parts each. */
 static fs_status check_not_read(const char *spec_what, const char *spec, const char *what, const char *path) {
-    if (!spec || !fs_token_stream_spec_reads(spec, path)) return FS_OK;
+    if (!spec) return FS_OK;
+    /* resolved too: "shards/new/../w" lies in shards, though shards/new does not exist yet */
+    char *resolved = fs_cli_resolve(path);
+    const int reads = fs_token_stream_spec_reads(spec, path) || (resolved && fs_token_stream_spec_reads(spec, resolved));
+    free(resolved);
+    if (!reads) return FS_OK;
     return fs_errorf(FS_ERR_USAGE, "%s %s: is inside %s %s, which is read; writing there would add a shard to "
                                    "it: give a path outside it", what, path, spec_what, spec);
 }
@@ -856,14 +862,6 @@ static fs_status check_outputs(train_run *run) {
      * hf/model.safetensors --out hf/config.json` replaced it (exit 0) */
     const char *src_config = run->source ? fs_source_config_path(run->source) : NULL;
     if (src_config) in[n++] = src_config;
-    /* and the directory holding both is a model directory the run reads, as --init-from hf is */
-    char src_dir[2100] = "";
-    if (src_config) {
-        snprintf(src_dir, sizeof src_dir, "%s", src_config);
-        char *slash = strrchr(src_dir, '/');
-        if (slash) *slash = '\0';
-        if (!slash || fs_cli_same_file(src_dir, run->init_from)) src_dir[0] = '\0'; /* --init-from hf: checked below */
-    }
     run_output out[3];
     int n_out = 0;
     if (!run->no_save) out[n_out++] = (run_output){"--out", run->out_path};
@@ -881,8 +879,6 @@ static fs_status check_outputs(train_run *run) {
         const int outside = path[0] && !fs_cli_is_input(path, in, n);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--resume", run->resume_path);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--init-from", run->init_from);
-        if (outside && st == FS_OK && src_dir[0])
-            st = fs_cli_check_outside(what, path, "the --init-from model directory", src_dir);
         if (outside && st == FS_OK) st = fs_cli_check_outside(what, path, "--save", run->save_dir);
         if (outside && st == FS_OK) st = check_not_read("--data", run->data_path, what, path);
         if (outside && st == FS_OK) st = check_not_read("--eval-data", run->eval_path, what, path);

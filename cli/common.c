@@ -102,11 +102,7 @@ static int make_parents(char *dir) {
     return 0;
 }
 
-/* The resolved form of path, which need not exist: realpath where it exists (a link in its
- * last component leads where it leads); else realpath of its deepest existing directory
- * followed by the rest as written, "." dropped and ".." taken back. malloc'ed, NULL when
- * nothing of it resolves (or out of memory). */
-static char *resolve(const char *path) {
+char *fs_cli_resolve(const char *path) {
     char *r = realpath(path, NULL);
     if (r) return r;
     char *copy = strdup(path);
@@ -168,7 +164,7 @@ int fs_cli_same_file(const char *a, const char *b) {
     const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
     if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
     if (ea != eb) return 0; /* one file exists, the other does not: not the same */
-    char *ra = resolve(a), *rb = resolve(b);
+    char *ra = fs_cli_resolve(a), *rb = fs_cli_resolve(b);
     int same;
     if (!ra || !rb) {
         same = strcmp(a, b) == 0;
@@ -202,7 +198,7 @@ int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs) {
 static int path_below(const char *path, const char *dir, char *rel, size_t n) {
     struct stat sd;
     if (stat(dir, &sd) != 0 || !S_ISDIR(sd.st_mode)) return 0;
-    char *r = resolve(path);
+    char *r = fs_cli_resolve(path);
     int below = 0;
     /* r cut at each of its '/' from the last: the directories above it, nearest first (a
      * '/' with nothing after it would make path dir itself) */
@@ -243,7 +239,7 @@ fs_status fs_cli_check_outside(const char *what, const char *path, const char *s
 }
 
 fs_status fs_cli_check_not_in_checkpoint(const char *what, const char *dir, int nor_a_root) {
-    char *r = resolve(dir);
+    char *r = fs_cli_resolve(dir);
     if (!r) return FS_OK;
     fs_status st = FS_OK;
     DIR *d = nor_a_root ? opendir(r) : NULL;

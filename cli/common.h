@@ -55,6 +55,12 @@ int fs_cli_is_input(const char *path, const char *const *inputs, int n_inputs);
  * relative paths; path need not exist). src NULL or not a directory: FS_OK. */
 fs_status fs_cli_check_outside(const char *what, const char *path, const char *src_what, const char *src);
 
+/* The resolved form of path, which need not exist: realpath where it exists (a link in its
+ * last component leads where it leads); else realpath of its deepest existing directory
+ * followed by the rest as written, "." dropped and ".." taken back. malloc'ed, NULL when
+ * nothing of it resolves (or out of memory). */
+char *fs_cli_resolve(const char *path);
+
 /* The start-up check of a directory a command writes into (--save, export's --out): refused
  * (FS_ERR_USAGE) when it is, or lies inside, a checkpoint's step directory (it or a directory
  * above holds manifest.json), and with nor_a_root when it is a checkpoint root (it holds

@@ -143,8 +143,10 @@ fs_status fs_ckpt_new_run_id(char out[FS_CKPT_ID_HEX + 1]);
  * continues resumed's run id when resumed is the newest checkpoint of that run id in its own
  * directory and new_lineage is 0; otherwise it gets a new run id whose parent is resumed.
  * FS_ERR_USAGE, naming the other run and what to do, when root holds complete checkpoints of
- * another lineage, unless the run resumes from a checkpoint in root or new_lineage is 1
- * (nothing of the other lineages is ever pruned or overwritten). */
+ * another lineage, unless the run resumes from a checkpoint in root or new_lineage is 1; and,
+ * when root is another directory than resumed's, when root holds a later step of resumed's run
+ * id (an earlier continuation from resumed went on there), unless new_lineage is 1. Nothing
+ * of any lineage is ever pruned or overwritten by another. */
 fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *resumed, int new_lineage);
 
 /* Locks root against other writers: flock(LOCK_EX | LOCK_NB) on root/.lock (root is created

@@ -174,12 +174,21 @@ static fs_status reads_each(void *arg, const char *part) {
             q->reads |= stat(q->path, &so) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
     } else if (strpbrk(part, "*?[")) { /* expand_glob: glob(3) matches no leading '.' */
         const char *slash = strrchr(part, '/');
+        const char *name = slash ? slash + 1 : part; /* the pattern of the file names */
         char dir[4096];
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == part ? 1 : slash - part) : 1, slash ? part : ".");
-        if (!strpbrk(dir, "*?[")) /* a pattern of names in one directory: that directory, by inode */
-            q->reads |= parent_is(dir, q->path) && fnmatch(slash ? slash + 1 : part, q->base, FNM_PERIOD) == 0;
-        else /* wildcards in the directories too: the path as written */
+        if (fnmatch(name, q->base, FNM_PERIOD) != 0) return FS_OK;
+        if (!strpbrk(dir, "*?[")) { /* names in one directory: that directory, by inode */
+            q->reads |= parent_is(dir, q->path);
+        } else { /* wildcards in the directories too: each directory they match now, by inode */
+            glob_t g;
+            memset(&g, 0, sizeof g);
+            if (glob(dir, GLOB_NOSORT, NULL, &g) == 0)
+                for (size_t i = 0; i < g.gl_pathc && !q->reads; i++) q->reads |= parent_is(g.gl_pathv[i], q->path);
+            globfree(&g);
+            /* and a directory the run would create, by the path as written */
             q->reads |= fnmatch(part, q->path, FNM_PATHNAME | FNM_PERIOD) == 0;
+        }
     }
     return FS_OK;
 }

@@ -228,16 +228,14 @@ static fs_status parse_root(const cJSON *root, const char *origin, fs_llama_conf
     return FS_OK;
 }
 
-/* A key given twice in one object of the config (at any depth): cJSON reads the first,
- * Python's json (and so transformers) the last, so the two would build different models. */
-static const cJSON *duplicate_key(const cJSON *obj) {
-    for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
-        if (cJSON_IsObject(obj) && a->string)
-            for (const cJSON *b = a->next; b; b = b->next)
-                if (b->string && strcmp(a->string, b->string) == 0) return b;
-        const cJSON *inner = cJSON_IsObject(a) || cJSON_IsArray(a) ? duplicate_key(a) : NULL;
-        if (inner) return inner;
-    }
+/* A key given twice in the config's object: cJSON reads the first, Python's json (and so
+ * transformers) the last, so the two would build different models. The top level only:
+ * every field flatshard reads is there, and a model's other objects (id2label, ...) are
+ * not its business. */
+static const cJSON *duplicate_key(const cJSON *root) {
+    for (const cJSON *a = root->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && strcmp(a->string, b->string) == 0) return b;
     return NULL;
 }
 
@@ -249,9 +247,9 @@ fs_status fs_llama_config_from_json(const char *json, size_t len, const char *or
         size_t at = end && end >= json ? (size_t)(end - json) : 0;
         return fs_errorf(FS_ERR_FORMAT, "%s: invalid JSON near byte %zu", origin, at);
     }
-    const cJSON *dup = duplicate_key(root);
-    fs_status st = dup ? fs_errorf(FS_ERR_FORMAT, "%s: key '%s' appears twice in one object (JSON readers differ on "
-                                                  "which one counts)", origin, fs_printable(dup->string).s)
+    const cJSON *dup = cJSON_IsObject(root) ? duplicate_key(root) : NULL;
+    fs_status st = dup ? fs_errorf(FS_ERR_FORMAT, "%s: key '%s' appears twice (JSON readers differ on which one "
+                                                  "counts)", origin, fs_printable(dup->string).s)
                        : parse_root(root, origin, out);
     cJSON_Delete(root);
     return st;
