@@ -1019,7 +1019,7 @@ int fs_cmd_train(int argc, char **argv) {
         {"comm-timeout", 0, FS_OPT_FLOAT, &comm_timeout, "SECONDS", "a rank that waits this long for a peer declares it dead or hung and the run fails, naming it (0: wait forever; on GPUs the NCCL watchdog's limit)", NULL, 0, 0},
         {"debug-collectives", 0, FS_OPT_FLAG, &debug_collectives, NULL, "check every collective's arguments across ranks (names the first that differs; slower)", NULL, 0, 0},
         {"memory", 0, FS_OPT_FLAG, &run.memory, NULL, "print each rank's memory per category, measured beside the plan", NULL, 0, 0},
-        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, skipped, eval_loss after an evaluation, rank 0's peak_bytes per memory category)", NULL, 0, 0},
+        {"metrics", 0, FS_OPT_STRING, &run.metrics_path, "FILE.jsonl", "one JSON object per step, into a file a fresh run empties and a resumed one cuts back to its step (step, loss, lr, grad_norm, tokens_per_s, mfu, step_time, compute_time, exposed_comm_time, tokens, skipped, eval_loss after an evaluation, rank 0's peak_bytes per memory category)", NULL, 0, 0},
         {"trace", 0, FS_OPT_STRING, &run.trace_path, "FILE.json", "write a timeline of every rank's compute and communication (Chrome Trace Event JSON)", NULL, 0, 0},
         {"trace-steps", 0, FS_OPT_INT, &run.trace_steps, "N", "steps the timeline records, from the second", NULL, 1, 1000},
         {"progress", 0, FS_OPT_STRING, &run.progress_mode, "MODE", "live: one line redrawn in place; lines: a log line every --log-every steps; auto: live on a terminal unless under an MPI launcher", progress_choices, 0, 0},

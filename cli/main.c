@@ -193,26 +193,8 @@ int main(int argc, char **argv) {
         print_usage(stderr);
         return FS_EXIT_USAGE;
     }
-    if (strcmp(argv[1], "help") == 0 && argc >= 3) { /* flatshard help train: train --help */
-        for (const fs_command *c = commands; c->name; c++)
-            if (strcmp(argv[2], c->name) == 0) {
-                char *help_argv[] = {argv[2], "--help", NULL};
-                return finish_stdout(c->name, c->run(2, help_argv));
-            }
-        fprintf(stderr, "flatshard help: unknown command '%s'; run 'flatshard --help' for the list\n",
-                argv[2]);
-        return FS_EXIT_USAGE;
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        strcmp(argv[1], "help") == 0) {
-        print_usage(stdout);
-        return finish_stdout(NULL, FS_EXIT_OK);
-    }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("flatshard %s\n", FS_VERSION);
-        print_paths();
-        return finish_stdout(NULL, FS_EXIT_OK);
-    }
+    /* the environment first, for every command, help and --version included: --version
+     * would print a compute path no run takes */
     const char *kernels_error = fs_kernels_env_error();
     if (kernels_error) {
         fprintf(stderr, "flatshard: %s, not '%s'\n", kernels_error, getenv("FLATSHARD_KERNELS"));
@@ -234,6 +216,29 @@ int main(int argc, char **argv) {
     if (fs_fault_check_env() != FS_OK) {
         fprintf(stderr, "flatshard: %s\n", fs_error_message());
         return FS_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "help") == 0 && argc >= 3) { /* flatshard help bench step: bench step --help */
+        for (const fs_command *c = commands; c->name; c++)
+            if (strcmp(argv[2], c->name) == 0) {
+                char *help_argv[8] = {NULL};
+                int n = 0;
+                for (int k = 2; k < argc && n < 6; k++) help_argv[n++] = argv[k];
+                help_argv[n++] = "--help";
+                return finish_stdout(c->name, c->run(n, help_argv));
+            }
+        fprintf(stderr, "flatshard help: unknown command '%s'; run 'flatshard --help' for the list\n",
+                argv[2]);
+        return FS_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        print_usage(stdout);
+        return finish_stdout(NULL, FS_EXIT_OK);
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("flatshard %s\n", FS_VERSION);
+        print_paths();
+        return finish_stdout(NULL, FS_EXIT_OK);
     }
     for (const fs_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) {

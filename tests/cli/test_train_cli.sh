@@ -18,6 +18,9 @@ expect "--help lists the commands" grep -q "train" "$WORK/out"
 "$FS" eval --help >"$WORK/eval-help.txt" 2>&1
 run "flatshard help eval" 0 "$FS" help eval
 expect "flatshard help eval is eval --help" cmp -s "$WORK/out" "$WORK/eval-help.txt"
+"$FS" bench step --help >"$WORK/bench-step-help.txt" 2>&1
+run "flatshard help bench step" 0 "$FS" help bench step
+expect "flatshard help bench step is bench step --help (it printed bench's list)" cmp -s "$WORK/out" "$WORK/bench-step-help.txt"
 refuse "flatshard help of an unknown command" 2 "^flatshard help: unknown command 'evl'" "$FS" help evl
 for cmd in train eval generate tokenize detokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
     # shellcheck disable=SC2086

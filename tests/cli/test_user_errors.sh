@@ -333,6 +333,14 @@ refuse "FLATSHARD_COMM_TIMEOUT=abc, in-process ranks" 2 "^flatshard train: FLATS
 # valid (a mistyped fault was ignored, and the test it served passed without the fault)
 refuse "FLATSHARD_FAULT=bogus:3" 2 "^flatshard: FLATSHARD_FAULT=bogus:3: unknown fault 'bogus'; the faults are die-at, .*alloc-fail, .*crash-in-save-stage" \
     env FLATSHARD_FAULT=bogus:3 "$FS" train "${small[@]}" --steps 1 --no-save
+# the environment is checked for --version and help too: --version printed the path a bad
+# FLATSHARD_GEMM would never let a run take, and exited 0
+refuse "FLATSHARD_GEMM=bogus flatshard --version" 2 "^flatshard: FLATSHARD_GEMM must be auto, onednn, flatshard or sgemm, not 'bogus'$" \
+    env FLATSHARD_GEMM=bogus "$FS" --version
+refuse "FLATSHARD_KERNELS=bogus flatshard help train" 2 "^flatshard: FLATSHARD_KERNELS must be" \
+    env FLATSHARD_KERNELS=bogus "$FS" help train
+refuse "FLATSHARD_FAULT=bogus:1 flatshard help" 2 "^flatshard: FLATSHARD_FAULT=bogus:1: unknown fault" \
+    env FLATSHARD_FAULT=bogus:1 "$FS" help
 refuse "FLATSHARD_FAULT=die-at:x" 2 "^flatshard: FLATSHARD_FAULT=die-at:x: expected die-at:S\[:R\]" \
     env FLATSHARD_FAULT=die-at:x "$FS" train "${small[@]}" --steps 1 --no-save
 refuse "FLATSHARD_FAULT=alloc-fail:3:1 (alloc-fail takes one number)" 2 "^flatshard: FLATSHARD_FAULT=alloc-fail:3:1: expected alloc-fail:N" \
