@@ -6,8 +6,9 @@
  *                GEMM shapes, the rate the whole step is compared against
  *
  * Every figure is a median over repeated runs after warm-up, with the spread printed beside
- * it; --json adds machine-readable JSON lines (one per precision, kernel or row). Formulas: a GEMM of (M x K) @ (K x N) is 2MNK
- * FLOPs; a training token is fs_layout_train_flops_per_token (model.h) FLOPs.
+ * it; --json adds machine-readable JSON lines (one per precision, kernel or row). Formulas:
+ * a GEMM of (M x K) @ (K x N) is 2MNK FLOPs; a training token is
+ * fs_layout_train_flops_per_token (model.h) FLOPs.
  */
 #include <inttypes.h>
 #include <math.h>
