@@ -616,6 +616,7 @@ static void test_lineages_branches_and_keep(void) {
           "a damaged newest save: %s", fs_error_message());
     ec_result_free(&sa.res);
     ec_result_free(&sb.res);
+    ec_result_free(&sc.res);
 }
 
 static void test_checkpoints_without_run_ids(void) {
