@@ -763,7 +763,7 @@ static fs_status check_save_dir(const char *dir) {
     char probe[2048];
     if (snprintf(probe, sizeof probe, "%s/.flatshard-write-test", dir) >= (int)sizeof probe)
         return fs_errorf(FS_ERR_USAGE, "--save %s: the path is too long", dir);
-    if (fs_cli_prepare_output_path(probe) != FS_OK)
+    if (fs_mkdirs(dir, NULL) != 0)
         return fs_errorf(FS_ERR_IO, "--save %s: cannot create the directory: %s", dir, strerror(errno));
     FILE *f = fopen(probe, "w");
     if (!f) return fs_errorf(FS_ERR_IO, "--save %s: cannot write in the directory: %s", dir, strerror(errno));
@@ -783,8 +783,7 @@ static fs_status open_metrics(train_run *run) {
      * truncated under the progress lines already in it and written at a second offset over
      * them; a duplicate of stdout's descriptor shares its offset, so the rows fall between
      * the lines (each is flushed whole) */
-    if (stat(path, &sb) == 0 && fstat(STDOUT_FILENO, &out) == 0 && sb.st_dev == out.st_dev &&
-        sb.st_ino == out.st_ino && S_ISREG(sb.st_mode)) {
+    if (stat(path, &sb) == 0 && fstat(STDOUT_FILENO, &out) == 0 && fs_stat_same(&sb, &out) && S_ISREG(sb.st_mode)) {
         int fd = dup(STDOUT_FILENO);
         run->metrics = fd >= 0 ? fdopen(fd, "a") : NULL;
         if (!run->metrics) {

@@ -53,55 +53,6 @@ void fs_cli_print_profile(FILE *f, const fs_profile *p) {
                     (long long)p->calls[k]);
 }
 
-fs_status fs_cli_prepare_output_path(const char *path) {
-    char *copy = strdup(path);
-    if (!copy) return fs_errorf(FS_ERR_NOMEM, "out of memory");
-    char *dir = dirname(copy);
-    /* mkdir -p, one component at a time */
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        mkdir(dir, 0777);
-        *p = '/';
-    }
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot create the directory %s: %s", path, dir,
-                                 strerror(errno));
-        free(copy);
-        return st;
-    }
-    int ok = access(dir, W_OK) == 0;
-    fs_status st = ok ? FS_OK
-                      : fs_errorf(FS_ERR_IO, "%s: directory %s is not writable: %s", path, dir,
-                                  strerror(errno));
-    free(copy);
-    return st;
-}
-
-/* mkdir -p of path's parent directory; 0, or -1 with errno set (ENOTDIR: a component is a
- * file). */
-static int make_parents(char *dir) {
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        int rc = mkdir(dir, 0777);
-        int e = errno;
-        *p = '/';
-        if (rc != 0 && e != EEXIST) {
-            errno = e;
-            return -1;
-        }
-    }
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(dir, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 char *fs_cli_resolve(const char *path) {
     char *r = realpath(path, NULL);
     if (r) return r;
@@ -153,8 +104,7 @@ char *fs_cli_resolve(const char *path) {
 static int prefix_is_dir(const char *r, size_t len, const struct stat *d) {
     char *prefix = len ? strndup(r, len) : strdup("/");
     struct stat st;
-    const int same = prefix && stat(prefix, &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev == d->st_dev &&
-                     st.st_ino == d->st_ino;
+    const int same = prefix && stat(prefix, &st) == 0 && S_ISDIR(st.st_mode) && fs_stat_same(&st, d);
     free(prefix);
     return same;
 }
@@ -162,7 +112,7 @@ static int prefix_is_dir(const char *r, size_t len, const struct stat *d) {
 int fs_cli_same_file(const char *a, const char *b) {
     struct stat sa, sb;
     const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
-    if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ea && eb) return fs_stat_same(&sa, &sb);
     if (ea != eb) return 0; /* one file exists, the other does not: not the same */
     char *ra = fs_cli_resolve(a), *rb = fs_cli_resolve(b);
     int same;
@@ -317,7 +267,7 @@ fs_status fs_cli_check_output(const char *what, const char *path, const char *co
     char *copy = strdup(path);
     if (!copy) return fs_errorf(FS_ERR_NOMEM, "out of memory");
     char *dir = dirname(copy);
-    if (make_parents(dir) != 0) {
+    if (fs_mkdirs(dir, NULL) != 0) {
         fs_status e = fs_errorf(FS_ERR_IO, "%s %s: cannot create the directory %s: %s", what, path,
                                 dir, strerror(errno));
         free(copy);
@@ -351,7 +301,7 @@ fs_status fs_cli_output_open(const char *what, const char *path, fs_cli_output *
             return fs_errorf(FS_ERR_IO, "%s %s: cannot create the file %s: %s", what, path, out->tmp,
                              strerror(errno));
     } else if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(STDOUT_FILENO, &so) == 0 &&
-               st.st_dev == so.st_dev && st.st_ino == so.st_ino) {
+               fs_stat_same(&st, &so)) {
         /* stdout's own file (-o /dev/stdout > file): through a duplicate of its descriptor,
          * which shares its offset, so that what the program prints there later follows the
          * output rather than overwriting its start (a second open would also truncate it) */

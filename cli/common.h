@@ -21,9 +21,6 @@ double fs_cli_median(double *v, int n);
 
 void fs_cli_print_profile(FILE *f, const fs_profile *p);
 
-/* Creates the parent directory of path if needed and checks that path can be written. */
-fs_status fs_cli_prepare_output_path(const char *path);
-
 /* The start-up check of an output file, run before any work so that a path the run could
  * not write fails now and not hours later. `what` names the option in messages ("--out").
  * Refused (FS_ERR_USAGE, one line naming what and path): an empty path, a path that is a

@@ -1,9 +1,10 @@
 /* tests/test_core.c — the accounting allocator, the thread pool, the random numbers, the
- * assertions, error messages and the names from files they print, and the removal of
- * unfinished temporary files that a signal handler makes. */
+ * assertions, error messages and the names from files they print, paths compared by inode,
+ * and the removal of unfinished temporary files that a signal handler makes. */
 #include "flatshard/core.h"
 #include "harness.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -456,6 +457,69 @@ static void test_create_sweeps_abandoned_temporaries(void) {
     CHECK(rmdir(dir) == 0, "%s is empty again", dir);
 }
 
+/* The parent of a path as the output checks use it, one directory under two paths (a
+ * symbolic link, "..") seen as one where the strings differ, and mkdir -p. */
+static void test_paths_compared_by_inode(void) {
+    static const struct { const char *path, *parent; } cases[] = {
+        {"a/b/c", "a/b"}, {"a/b/", "a"}, {"a//", "."}, {"b", "."}, {"/b", "/"}, {"/", "/"}, {"/x/y", "/x"},
+    };
+    char buf[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK(fs_path_parent(buf, sizeof buf, cases[i].path) == 1, "%s fits", cases[i].path);
+        CHECK(strcmp(buf, cases[i].parent) == 0, "parent of %s: %s, expected %s", cases[i].path, buf, cases[i].parent);
+    }
+    char small[4];
+    CHECK(fs_path_parent(small, sizeof small, "abcd/e") == 0, "a parent that does not fit is refused");
+
+    char dir[] = "/tmp/fs_test_paths_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    char sub[128], link[128], dotdot[160], other[128];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(link, sizeof link, "%s/link", dir);
+    snprintf(dotdot, sizeof dotdot, "%s/sub/../sub", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    CHECK(mkdir(sub, 0700) == 0 && mkdir(other, 0700) == 0 && symlink("sub", link) == 0, "setup");
+    CHECK(fs_path_same(sub, link), "a symbolic link is its target");
+    CHECK(fs_path_same(sub, dotdot), "sub/../sub is sub");
+    CHECK(!fs_path_same(sub, other), "two directories differ");
+    snprintf(buf, sizeof buf, "%s/none", dir);
+    CHECK(!fs_path_same(buf, buf), "a path that does not exist is the same as nothing");
+    struct stat a, b;
+    CHECK(stat(sub, &a) == 0 && stat(link, &b) == 0 && fs_stat_same(&a, &b), "fs_stat_same through the link");
+
+    /* fs_mkdirs: the whole chain, *created for the last one only, a file in the way */
+    char deep[192], file[192], under[224];
+    snprintf(deep, sizeof deep, "%s/a/b/c//", dir);
+    int created = -1;
+    CHECK(fs_mkdirs(deep, &created) == 0 && created == 1, "mkdir -p of a/b/c/ (created %d)", created);
+    CHECK(fs_mkdirs(deep, &created) == 0 && created == 0, "again: exists, not created (%d)", created);
+    snprintf(file, sizeof file, "%s/a/f", dir);
+    FILE *f = fopen(file, "w");
+    if (f) fclose(f);
+    snprintf(under, sizeof under, "%s/g/h", file);
+    errno = 0;
+    CHECK(fs_mkdirs(under, NULL) == -1 && errno == ENOTDIR, "under a file: ENOTDIR (errno %d)", errno);
+    errno = 0;
+    CHECK(fs_mkdirs(file, &created) == -1 && errno == ENOTDIR && created == 0, "a file itself: ENOTDIR");
+    errno = 0;
+    CHECK(fs_mkdirs("", NULL) == -1 && errno == ENOENT, "the empty path: ENOENT");
+    unlink(file);
+    snprintf(deep, sizeof deep, "%s/a/b/c", dir);
+    rmdir(deep);
+    snprintf(deep, sizeof deep, "%s/a/b", dir);
+    rmdir(deep);
+    snprintf(deep, sizeof deep, "%s/a", dir);
+    rmdir(deep);
+
+    unlink(link);
+    rmdir(sub);
+    rmdir(other);
+    CHECK(rmdir(dir) == 0, "everything made was removed");
+}
+
 int main(void) {
     RUN(test_mem_accounts_by_category);
     RUN(test_mem_limit_and_injected_failure);
@@ -467,6 +531,7 @@ int main(void) {
     RUN(test_error_messages);
     RUN(test_printable_names);
     RUN(test_assertions);
+    RUN(test_paths_compared_by_inode);
     RUN(test_remove_unfinished_temporaries);
     RUN(test_create_sweeps_abandoned_temporaries);
     RUN(test_remove_overlapping_a_note);

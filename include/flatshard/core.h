@@ -240,6 +240,25 @@ enum { FS_FILE_PIPE_OK = 1u };
 fs_status fs_file_open(const char *path, const char *what, unsigned flags, fs_status wrong_kind, int *fd);
 fs_status fs_file_fopen(const char *path, const char *what, unsigned flags, fs_status wrong_kind, FILE **f);
 
+/* ------------------------------------------------------------------ paths */
+
+/* Files compared by device and inode, never by their paths' strings: a symbolic link, "..", a
+ * bind mount or a second mount of one file system shows one file under two paths (path.c).
+ * fs_stat_same: whether two stat results are one file. fs_path_same: whether paths a and b
+ * both exist and are one file (or one directory). fs_path_parent: the directory that holds
+ * path's last component into buf, trailing slashes ignored ("a/b/" -> "a", "b" -> ".",
+ * "/b" -> "/"); 0 when it does not fit in n bytes. */
+struct stat;
+int fs_stat_same(const struct stat *a, const struct stat *b);
+int fs_path_same(const char *a, const char *b);
+int fs_path_parent(char *buf, size_t n, const char *path);
+/* mkdir -p: makes dir and each directory above it that is missing (mode 0777 less the umask),
+ * trailing slashes ignored. 0 when dir is a directory afterwards, with *created (may be NULL)
+ * 1 when this call made dir itself; -1 with errno saying why otherwise (ENOTDIR when dir or a
+ * component above it is not a directory, ENAMETOOLONG past 4095 bytes, ENOENT for ""); the
+ * directories it made before a failure stay. */
+int fs_mkdirs(const char *dir, int *created);
+
 /* ------------------------------------------------------------------ temporary files */
 
 /* The temporary file of a write renamed over path when complete: "<path>.<id>.tmp", id 16

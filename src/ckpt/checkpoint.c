@@ -466,28 +466,10 @@ static fs_status list_entries(const char *root, entry **out, int *n) {
     return FS_OK;
 }
 
-/* mkdir -p; *created (may be NULL): 1 when path itself was made here */
+/* mkdir -p (fs_mkdirs); *created (may be NULL): 1 when path itself was made here */
 static fs_status mkdir_p(const char *path, int *created) {
-    char buf[1024];
-    if (created) *created = 0;
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return fs_errorf(FS_ERR_USAGE, "%s: path too long", path);
-    /* "dir/" is dir: made by the last mkdir below, not by the loop (*created) */
-    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--) buf[n - 1] = '\0';
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        mkdir(buf, 0777);
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) == 0) {
-        if (created) *created = 1;
-    } else if (errno != EEXIST) {
+    if (fs_mkdirs(path, created) != 0)
         return fs_errorf(FS_ERR_IO, "%s: cannot create the directory: %s", path, strerror(errno));
-    }
-    struct stat sb;
-    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return fs_errorf(FS_ERR_IO, "%s: not a directory", path);
     return FS_OK;
 }
 
@@ -504,22 +486,6 @@ fs_status fs_ckpt_new_run_id(char out[FS_CKPT_ID_HEX + 1]) {
     }
     for (size_t i = 0; i < sizeof b; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
     return FS_OK;
-}
-
-static int same_dir(const char *a, const char *b) {
-    struct stat x, y;
-    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
-/* The directory that holds directory dir. */
-static void parent_dir(char *buf, size_t n, const char *dir) {
-    snprintf(buf, n, "%s", dir);
-    size_t len = strlen(buf);
-    while (len > 1 && buf[len - 1] == '/') buf[--len] = '\0';
-    char *slash = strrchr(buf, '/');
-    if (!slash) snprintf(buf, n, ".");
-    else if (slash == buf) buf[1] = '\0';
-    else *slash = '\0';
 }
 
 static int tag_used(const entry *es, int n, const char *tag) {
@@ -539,11 +505,11 @@ fs_status fs_ckpt_claim(fs_ckpt_lineage *out, const char *root, const fs_ckpt *r
     int in_root = 0;
     const entry *later = NULL; /* the resumed run's own checkpoint past it in another root */
     if (resumed) {
-        char from[1100];
+        char from[sizeof resumed->dir]; /* fits: the parent is shorter */
         snprintf(out->parent_id, sizeof out->parent_id, "%s", resumed->run_id);
         out->parent_step = resumed->step;
-        parent_dir(from, sizeof from, resumed->dir);
-        in_root = same_dir(from, root);
+        fs_path_parent(from, sizeof from, resumed->dir);
+        in_root = fs_path_same(from, root);
         if (!new_lineage && resumed->run_id[0]) {
             /* it continues only from the tip: nothing of its run id was saved after it there */
             entry *fe = es;

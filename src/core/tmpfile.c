@@ -185,7 +185,7 @@ static void sweep_abandoned(const char *path) {
                               ((uint32_t)(id >> 32) == here || now - held.st_mtime > FOREIGN_IDLE_S) &&
                               flock(fd, LOCK_SH | LOCK_NB) == 0;
         if (abandoned && fstatat(dirfd(d), de->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-            named.st_dev == held.st_dev && named.st_ino == held.st_ino && unlinkat(dirfd(d), de->d_name, 0) == 0)
+            fs_stat_same(&named, &held) && unlinkat(dirfd(d), de->d_name, 0) == 0)
             fprintf(stderr, "flatshard: note: removed %s%s%s (%lld bytes), left by a write of %s that did not finish\n",
                     dir, strcmp(dir, "/") == 0 ? "" : "/", de->d_name, (long long)held.st_size, path);
         close(fd); /* the lock with it */
@@ -226,8 +226,7 @@ int fs_tmp_create_id(const char *path, char *tmp, size_t tmp_bytes, uint64_t *id
             if (e == ENOMEM) break;
             continue;
         }
-        if (rc == 0 && (fstat(fd, &held) != 0 || stat(tmp, &named) != 0 || held.st_ino != named.st_ino ||
-                        held.st_dev != named.st_dev)) {
+        if (rc == 0 && (fstat(fd, &held) != 0 || stat(tmp, &named) != 0 || !fs_stat_same(&held, &named))) {
             e = EEXIST; /* taken by a sweep: as if the name had been in use */
             close(fd);
             continue;

@@ -91,19 +91,36 @@ static fs_status expand_dir(name_list *l, const char *dir) {
     return FS_OK;
 }
 
+/* The directory glob(3) could not read, and why, for expand_glob's message (per thread: the
+ * in-process ranks open their data at once; glob's callback takes no context). */
+static _Thread_local struct {
+    char path[512];
+    int err;
+} glob_failure;
+
+static int note_glob_failure(const char *path, int err) {
+    snprintf(glob_failure.path, sizeof glob_failure.path, "%s", path);
+    glob_failure.err = err;
+    return 1; /* stop: GLOB_ERR's rule */
+}
+
 /* A glob(3) pattern's matches, sorted by name. */
 static fs_status expand_glob(name_list *l, const char *pattern) {
     glob_t g;
     memset(&g, 0, sizeof g);
-    int rc = glob(pattern, GLOB_NOSORT | GLOB_ERR, NULL, &g);
+    glob_failure.path[0] = '\0';
+    int rc = glob(pattern, GLOB_NOSORT | GLOB_ERR, note_glob_failure, &g);
     if (rc == GLOB_NOMATCH) {
         globfree(&g);
         return fs_errorf(FS_ERR_IO, "%s: no file matches the pattern", pattern);
     }
     if (rc != 0) {
         globfree(&g);
-        return fs_errorf(FS_ERR_IO, "%s: cannot expand the pattern: %s", pattern,
-                         rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
+        if (rc == GLOB_NOSPACE) return fs_errorf(FS_ERR_NOMEM, "%s: cannot expand the pattern: out of memory", pattern);
+        if (glob_failure.path[0]) /* "a pattern: cannot read the directory shards: No such file or directory" */
+            return fs_errorf(FS_ERR_IO, "%s: cannot read the directory %s: %s", pattern, glob_failure.path,
+                             strerror(glob_failure.err));
+        return fs_errorf(FS_ERR_IO, "%s: cannot expand the pattern: a directory could not be read", pattern);
     }
     const int from = l->n;
     fs_status st = FS_OK;
@@ -150,13 +167,7 @@ static fs_status expand_spec(name_list *l, const char *spec) { return spec_parts
  * link or a bind mount is itself) */
 static int parent_is(const char *dir, const char *path) {
     char parent[4096];
-    snprintf(parent, sizeof parent, "%s", path);
-    char *slash = strrchr(parent, '/');
-    if (!slash) snprintf(parent, sizeof parent, ".");
-    else if (slash == parent) parent[1] = '\0';
-    else *slash = '\0';
-    struct stat a, b;
-    return stat(dir, &a) == 0 && stat(parent, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    return fs_path_parent(parent, sizeof parent, path) && fs_path_same(dir, parent);
 }
 
 typedef struct reads_query {
@@ -171,7 +182,7 @@ static fs_status reads_each(void *arg, const char *part) {
         if (S_ISDIR(sp.st_mode)) /* expand_dir's rule: directly in it, no leading '.' */
             q->reads |= q->base[0] != '.' && parent_is(part, q->path);
         else
-            q->reads |= stat(q->path, &so) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+            q->reads |= stat(q->path, &so) == 0 && fs_stat_same(&so, &sp);
     } else if (strpbrk(part, "*?[")) { /* expand_glob: glob(3) matches no leading '.' */
         const char *slash = strrchr(part, '/');
         const char *name = slash ? slash + 1 : part; /* the pattern of the file names */

@@ -968,28 +968,10 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
     return FS_OK;
 }
 
-/* mkdir -p of the directory part of path. */
-static fs_status make_parent(const char *path) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return FS_OK;
-    *slash = 0;
-    for (char *p = dir + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-                return fs_errorf(FS_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
-            *p = c;
-            if (c == 0) break;
-        }
-    }
-    return FS_OK;
-}
-
 fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
-    FS_TRY(make_parent(path));
+    char dir[4096];
+    if (!fs_path_parent(dir, sizeof dir, path) || fs_mkdirs(dir, NULL) != 0)
+        return fs_errorf(FS_ERR_IO, "%s: cannot create the directory %s: %s", path, dir, strerror(errno));
     char tmp[1100];
     FILE *f = fs_tmp_fopen(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
     if (!f) return FS_ERR_IO;                       /* its message names the file */

@@ -100,6 +100,9 @@ expect "one eval loss, after the last step" [ "$(grep -c 'eval loss' "$WORK/out"
 mkdir -p "$WORK/empty" "$WORK/mixed" "$WORK/trunc" "$WORK/badid"
 refuse "an empty directory" 1 "$WORK/empty: the directory holds no data files" "$FS" train "${common[@]}" --data "$WORK/empty" --no-save
 refuse "a pattern that matches nothing" 1 "$WORK/shards/val_\*.bin: no file matches the pattern" "$FS" train "${common[@]}" --data "$WORK/shards/val_*.bin" --no-save
+refuse "a pattern in a directory that does not exist" 1 \
+    "$WORK/nodir/\*.bin: cannot read the directory $WORK/nodir: No such file or directory\$" \
+    "$FS" train "${common[@]}" --data "$WORK/nodir/*.bin" --no-save
 cp "$WORK/shards/train_000001.bin" "$WORK/mixed/a.bin"
 cp "$WORK/part00" "$WORK/mixed/b.txt"
 refuse "text mixed with token files" 1 "$WORK/mixed/b.txt: text \(byte level\), but $WORK/mixed/a.bin is uint16 tokens" "$FS" train "${common[@]}" --data "$WORK/mixed" --no-save
