@@ -95,6 +95,12 @@ int fs_cmd_eval(int argc, char **argv) {
         fs_cli_model_free(&cm);
         return fs_cli_report("eval", st);
     }
+    /* bytes scored as the ids of a model made for a tokenizer: a loss, but of nothing it was
+     * trained on (a byte-level model's vocabulary is 256) */
+    if (data.is_text && !tokenizer && cm.layout.cfg.vocab_size != FS_BYTE_VOCAB_SIZE)
+        fprintf(stderr, "flatshard eval: note: %s is text, read as bytes (ids 0-255), but the model's vocabulary "
+                        "is %lld: give --tokenizer for the tokenizer it was trained with\n",
+                data_path, (long long)cm.layout.cfg.vocab_size);
     st = fs_token_data_check_vocab(&data, (int32_t)cm.layout.cfg.vocab_size);
     int64_t windows = st == FS_OK ? fs_sampler_n_windows(&data, seq) : 0;
     int64_t used = windows / batch < batches ? windows / batch : batches;
@@ -124,7 +130,7 @@ int fs_cmd_eval(int argc, char **argv) {
             /* JSON has no NaN or Infinity (weights holding one give one): null, as train's
              * --metrics writes it */
             char text[32] = "null";
-            if (isfinite(loss)) snprintf(text, sizeof text, "%.6f", loss);
+            if (isfinite(loss)) snprintf(text, sizeof text, "%.17g", loss);
             printf("{\"loss\": %s, \"batches\": %" PRId64 ", \"batch\": %" PRId64
                    ", \"seq\": %" PRId64 ", \"tokens\": %" PRId64 "}\n",
                    text, used, batch, seq, used * batch * seq);

@@ -685,7 +685,9 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         fs_status trace_st = fs_trainer_trace_write(&tr, run->trace_path, &dropped);
         if (trace_st != FS_OK && lead && !run->output_error[0])
             snprintf(run->output_error, sizeof run->output_error, "%s", fs_error_message());
-        if (trace_st == FS_OK && lead)
+        if (trace_st == FS_OK && lead && trace_from > cfg.steps) /* --steps 0 */
+            printf("wrote an empty timeline to %s: no step ran\n", run->trace_path);
+        else if (trace_st == FS_OK && lead)
             printf("wrote the timeline of steps %" PRId64 "-%" PRId64 " to %s%s (open it in Perfetto or chrome://tracing, "
                    "or draw a step with 'flatshard trace-svg')\n",
                    trace_from, trace_from + run->trace_steps - 1 < cfg.steps ? trace_from + run->trace_steps - 1 : cfg.steps,
@@ -1172,6 +1174,8 @@ int fs_cmd_train(int argc, char **argv) {
     if (st == FS_OK && run.eval_path) {
         st = fs_token_stream_open(&eval_data, run.eval_path);
         if (st == FS_OK) st = fs_token_stream_check_vocab(&eval_data, (int32_t)run.mcfg.vocab_size);
+        if (st == FS_OK && (st = fs_token_stream_check_same_tokenizer(&eval_data, &data)) != FS_OK)
+            st = fs_error_wrap(st, "--eval-data");
         if (st == FS_OK) run.eval_data = &eval_data;
     }
     /* the data a resumed run reads must be the data its checkpoint was trained on (ckpt.h) */

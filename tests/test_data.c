@@ -892,6 +892,22 @@ static void test_stream_patterns_and_lists(void) {
     fs_token_stream_close(&s);
     unlink(tpath("glob/a,b.bin"));
 
+    /* a comma inside a pattern's brackets is the pattern's, not the list's */
+    snprintf(spec, sizeof spec, "%s/train_00000[1,2].bin,%s", tpath("glob"), tpath("glob/val_000000.bin"));
+    CHECK_OK(fs_token_stream_open(&s, spec));
+    CHECK(s.n_shards == 3 && strstr(s.shards[0].path, "train_000001") && strstr(s.shards[2].path, "val_000000"),
+          "[1,2] in a list: %d shards", s.n_shards);
+    fs_token_stream_close(&s);
+    /* a directory a pattern matches is passed over, as a directory's subdirectories are */
+    CHECK(mkdir(tpath("glob/train_000003.bin"), 0755) == 0, "mkdir");
+    snprintf(spec, sizeof spec, "%s/train_*", tpath("glob"));
+    CHECK_OK(fs_token_stream_open(&s, spec));
+    CHECK(s.n_shards == 2, "a matching directory passed over: %d shards", s.n_shards);
+    fs_token_stream_close(&s);
+    snprintf(spec, sizeof spec, "%s/train_000003*", tpath("glob"));
+    CHECK_STREAM_FAILS(spec, FS_ERR_IO, "no file matches the pattern (only directories do)");
+    rmdir(tpath("glob/train_000003.bin"));
+
     snprintf(spec, sizeof spec, "%s/test_*.bin", tpath("glob"));
     CHECK_STREAM_FAILS(spec, FS_ERR_IO, "no file matches");
     CHECK(mkdir(tpath("empty"), 0755) == 0, "mkdir");

@@ -155,6 +155,11 @@ void fs_token_stream_close(fs_token_stream *s); /* idempotent */
  * next run on the same --data would train on it. */
 int fs_token_stream_spec_reads(const char *spec, const char *path);
 
+/* Streams a and b are of one tokenizer as far as their files tell: one vocabulary where both
+ * state one (text states the bytes', 256; a token file its header's, if any); FS_ERR_FORMAT
+ * naming both specs otherwise. For held-out data beside training data: raw text scored as
+ * the ids of a BPE tokenizer's token files gave a loss that meant nothing, without a word. */
+fs_status fs_token_stream_check_same_tokenizer(const fs_token_stream *a, const fs_token_stream *b);
 /* fs_token_data_check_vocab on every shard (the error names the shard and the position). */
 fs_status fs_token_stream_check_vocab(const fs_token_stream *s, int32_t vocab_size);
 /* Some shard holds T + 1 tokens (a window never crosses shards); the error names spec. */

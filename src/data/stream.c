@@ -124,8 +124,14 @@ static fs_status expand_glob(name_list *l, const char *pattern) {
     }
     const int from = l->n;
     fs_status st = FS_OK;
-    for (size_t i = 0; st == FS_OK && i < g.gl_pathc; i++) st = names_add(l, g.gl_pathv[i]);
+    /* a directory among the matches is passed over, as expand_dir passes over one: shards/ and
+     * every file in it read the same (a subdirectory stopped the run, "is a directory") */
+    struct stat sb;
+    for (size_t i = 0; st == FS_OK && i < g.gl_pathc; i++)
+        if (stat(g.gl_pathv[i], &sb) != 0 || !S_ISDIR(sb.st_mode)) st = names_add(l, g.gl_pathv[i]);
     globfree(&g);
+    if (st == FS_OK && l->n == from)
+        return fs_errorf(FS_ERR_IO, "%s: no file matches the pattern (only directories do)", pattern);
     if (st == FS_OK) names_sort_tail(l, from);
     return st;
 }
@@ -139,15 +145,31 @@ static fs_status expand_part(name_list *l, const char *part) {
     return names_add(l, part);
 }
 
+/* The first comma at or after p that separates two names of a list, or NULL: a comma inside a
+ * glob bracket expression ('[a,b]', '[!,]', '[],]') belongs to the pattern. */
+static const char *list_comma(const char *p) {
+    for (; *p; p++) {
+        if (*p == ',') return p;
+        if (*p != '[') continue;
+        const char *q = p + 1;
+        if (*q == '!' || *q == '^') q++;
+        if (*q == ']') q++; /* a ']' first is a member, not the end */
+        while (*q && *q != ']') q++;
+        if (*q == ']') p = q; /* an unclosed '[' is a plain character */
+    }
+    return NULL;
+}
+
 /* Calls each(ctx, part) for every part of spec in order: the spec itself when it holds no
- * comma or a file has that very name, else each comma-separated name; stops at the first
- * error. The one reading of a spec's grammar, for opening it and for asking what it reads. */
+ * comma or a file has that very name, else each comma-separated name (list_comma); stops at
+ * the first error. The one reading of a spec's grammar, for opening it and for asking what it
+ * reads. */
 static fs_status spec_parts(const char *spec, fs_status (*each)(void *ctx, const char *part), void *ctx) {
     struct stat sb;
-    if (!strchr(spec, ',') || stat(spec, &sb) == 0) return each(ctx, spec);
+    if (!list_comma(spec) || stat(spec, &sb) == 0) return each(ctx, spec);
     char part[4096];
     for (const char *p = spec;;) {
-        const char *comma = strchr(p, ',');
+        const char *comma = list_comma(p);
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         if (len == 0) return fs_errorf(FS_ERR_USAGE, "%s: an empty name in the comma-separated list", spec);
         if (len >= sizeof part) return fs_errorf(FS_ERR_USAGE, "%s: a name in the list is too long", spec);
@@ -310,6 +332,22 @@ void fs_token_stream_close(fs_token_stream *s) {
     for (int i = 0; i < s->n_shards; i++) fs_token_data_close(&s->shards[i]);
     free(s->shards);
     memset(s, 0, sizeof *s);
+}
+
+/* What a stream's vocabulary is called in messages: text's is the bytes'. */
+static void vocab_words(char *buf, size_t n, const fs_token_stream *s) {
+    if (s->is_text) snprintf(buf, n, "%s is text (byte level: a vocabulary of %d)", s->spec, FS_BYTE_VOCAB_SIZE);
+    else snprintf(buf, n, "%s was made for a vocabulary of %d", s->spec, s->vocab_size);
+}
+
+fs_status fs_token_stream_check_same_tokenizer(const fs_token_stream *a, const fs_token_stream *b) {
+    /* text is bytes, so a text file and a token file that states 256 are of one tokenizer
+     * (quickstart's fortunes-train.bin beside a text); a file that states none says nothing */
+    if (a->vocab_size <= 0 || b->vocab_size <= 0 || a->vocab_size == b->vocab_size) return FS_OK;
+    char wa[600], wb[600];
+    vocab_words(wa, sizeof wa, a);
+    vocab_words(wb, sizeof wb, b);
+    return fs_errorf(FS_ERR_FORMAT, "%s, but %s: both must come from one tokenizer", wa, wb);
 }
 
 fs_status fs_token_stream_check_vocab(const fs_token_stream *s, int32_t vocab_size) {

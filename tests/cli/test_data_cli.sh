@@ -125,6 +125,21 @@ b = sys.stdin.buffer.read(); n = (len(b) - 1024) // 2
 sys.stdout.buffer.write(b[:8] + struct.pack("<i", n) + b[12:1024 + 2 * n])' >"$WORK/small.bin"
 refuse "held-out data shorter than one evaluation batch" 1 "--eval-data $WORK/small.bin holds 1 windows of 32\+1 tokens, fewer than one evaluation batch of 2 ranks x 2" \
     "$FS" train "${common[@]}" --data "$WORK/shards" --eval-data "$WORK/small.bin" --no-save
+# held-out data of another tokenizer than the training data's: text (bytes) scored as the ids
+# of a vocabulary of 1000 gave a loss that meant nothing, exit 0
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 64}' >"$WORK/v1000.json"
+$PY -c '
+import struct, sys
+toks = [(i * 7919) % 1000 for i in range(4000)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(toks), 1000, *([0] * 252)) + struct.pack("<%dH" % len(toks), *toks))' "$WORK/v1000.bin"
+refuse "held-out text beside token files of another vocabulary" 1 \
+    "^flatshard train: --eval-data: $WORK/part03 is text \(byte level: a vocabulary of 256\), but $WORK/v1000.bin was made for a vocabulary of 1000: both must come from one tokenizer\$" \
+    "$FS" train --model "$WORK/v1000.json" --seq 32 --batch 2 --threads 1 --data "$WORK/v1000.bin" --eval-data "$WORK/part03" --no-save
+refuse "held-out token files of another vocabulary" 1 "--eval-data: $WORK/v1000.bin was made for a vocabulary of 1000, but $WORK/shards was made for a vocabulary of 256" \
+    "$FS" train --model "$WORK/v1000.json" --seq 32 --batch 2 --threads 1 --data "$WORK/shards" --eval-data "$WORK/v1000.bin" --no-save
+# bytes both ways: text held out beside byte-level token files is one tokenizer
+run "held-out text beside byte-level token files" 0 "$FS" train "${common[@]}" --data "$WORK/shards" --steps 1 \
+    --eval-data "$WORK/part03" --eval-batches 1 --no-save
 refuse "--eval-every without --eval-data" 2 "--eval-every and --eval-batches need --eval-data" \
     "$FS" train "${common[@]}" --data "$WORK/shards" --eval-every 2 --no-save
 run "train --help lists the evaluation options" 0 "$FS" train --help

@@ -206,6 +206,9 @@ run "resumed to step 30" 0 "$FS" train --model "$WORK/v1000.json" --data "$WORK/
 expect "the resumed run's weights equal the straight run's (cmp)" cmp -s "$WORK/resumed.safetensors" "$WORK/m.safetensors"
 run "eval --tokenizer encodes a text file in memory" 0 "$FS" eval --weights "$WORK/m.safetensors" --tokenizer "$T/bytelevel.json" --data "$FORTUNES/linux" --batch 2 --seq 32 --batches 3 --threads 1 --json
 cp "$WORK/out" "$WORK/eval-text.json"
+expect "with the tokenizer, no note on bytes" eval '! grep -q "note" "$WORK/err"'
+run "eval without --tokenizer reads the text as bytes" 0 "$FS" eval --weights "$WORK/m.safetensors" --data "$FORTUNES/linux" --batch 2 --seq 32 --batches 1 --threads 1 --json
+expect "and says that this is not the model's tokenizer" grep -q "^flatshard eval: note: $FORTUNES/linux is text, read as bytes (ids 0-255), but the model's vocabulary is 1000: give --tokenizer" "$WORK/err"
 run "tokenize the same file as one document" 0 "$FS" tokenize --tokenizer "$T/bytelevel.json" -o "$WORK/linux.bin" "$FORTUNES/linux"
 run "eval reads that token file" 0 "$FS" eval --weights "$WORK/m.safetensors" --data "$WORK/linux.bin" --batch 2 --seq 32 --batches 3 --threads 1 --json
 expect "both give the same loss (the same ids)" cmp "$WORK/out" "$WORK/eval-text.json"
