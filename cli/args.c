@@ -221,8 +221,8 @@ int fs_args_parse(const char *cmd, const fs_command_help *help, const fs_opt *op
                 return max_positional == 0
                            ? fs_usage_error(cmd, "unexpected argument '%s'; see 'flatshard %s --help'",
                                             arg, cmd)
-                           : fs_usage_error(cmd, "too many arguments at '%s'; see 'flatshard %s --help'",
-                                            arg, cmd);
+                           : fs_usage_error(cmd, "too many arguments at '%s' (at most %d); see 'flatshard %s --help'",
+                                            arg, max_positional, cmd);
             positional[(*n_positional)++] = arg;
             continue;
         }

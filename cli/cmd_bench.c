@@ -222,16 +222,19 @@ static int bench_step(int argc, char **argv) {
             printf("  GEMM share of step time %.1f%%\n", 100.0 * gemm_share);
             fs_cli_print_profile(stdout, &tr->profile);
         }
+        char model_json[4200], mfu_json[32] = "null"; /* no MFU on a CPU: no peak to divide by */
+        if (peak > 0) snprintf(mfu_json, sizeof mfu_json, "%.6g", mfu);
         if (json)
-            printf("{\"bench\":\"step\",\"model\":\"%s\",\"precision\":\"%s\",\"params\":%" PRId64
+            printf("{\"bench\":\"step\",\"model\":%s,\"precision\":\"%s\",\"params\":%" PRId64
                    ",\"batch\":%" PRId64 ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"steps\":%" PRId64
                    ",\"step_s_median\":%.6f,\"step_s_min\":%.6f,\"step_s_max\":%.6f,"
                    "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"gflops\":%.2f,\"gemm_share\":%.4f,"
-                   "\"blas_core\":\"%s\",\"bf16_kernel\":\"%s\",\"device\":\"%s\",\"mfu\":%.4f,"
+                   "\"blas_core\":\"%s\",\"bf16_kernel\":\"%s\",\"device\":\"%s\",\"mfu\":%s,"
                    "\"peak_bytes\":%zu}\n",
-                   model, fs_precision_name(r->precision), tr->layout.total_numel, batch, seq, threads, steps,
+                   fs_cli_json_quote(model_json, sizeof model_json, model), fs_precision_name(r->precision),
+                   tr->layout.total_numel, batch, seq, threads, steps,
                    step_med, step_min, step_max, tps, fpt, gflops, gemm_share, fs_kernels_blas_corename(),
-                   fs_gemm_path_detail(), fs_device_kind_name(cfg.device), mfu, peak_bytes);
+                   fs_gemm_path_detail(), fs_device_kind_name(cfg.device), mfu_json, peak_bytes);
     }
     if (n_runs == 2) /* a ratio below 1 is not "0.70x faster" */
         printf("bf16 step vs fp32 step: %.2fx %s\n", med[0] >= med[1] ? med[0] / med[1] : med[1] / med[0],
@@ -443,14 +446,15 @@ static int bench_gemm(int argc, char **argv) {
            " GFLOP/s (%.2fx fp32)", flops_step, sec32, g32, sec16, g16, g16 / g32);
     if (dnn) printf("; bf16 onednn %.4f s -> %.1f GFLOP/s (%.2fx fp32)", secdn, gdn, gdn / g32);
     printf("; bf16 sgemm %.4f s -> %.1f GFLOP/s (%.2fx fp32)\n", secsg, gsg, gsg / g32);
+    char model_json[4200];
     if (args.json)
-        printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"batch\":%" PRId64 ",\"seq\":%" PRId64
+        printf("{\"bench\":\"gemm\",\"model\":%s,\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"threads\":%" PRId64 ",\"step_gemm_gflops\":%.2f,\"step_gemm_gflops_bf16\":%.2f,"
                "\"square_1024_gflops\":%.2f,\"square_1024_gflops_bf16\":%.2f,\"blas_core\":\"%s\","
                "\"bf16_kernel\":\"%s\",\"bf16_mismatches\":%d,\"step_gemm_gflops_onednn\":%.2f,"
                "\"square_1024_gflops_onednn\":%.2f,\"onednn_max_rel_diff\":%.3g,\"step_gemm_gflops_sgemm\":%.2f,"
                "\"square_1024_gflops_sgemm\":%.2f,\"sgemm_max_rel_diff\":%.3g,\"bf16_path\":\"%s\"}\n",
-               args.model, args.batch, args.seq, args.threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
+               fs_cli_json_quote(model_json, sizeof model_json, args.model), args.batch, args.seq, args.threads, g32, g16, sq32, sq16, fs_kernels_blas_corename(),
                fs_kernels_isa_name(isa), mismatches, gdn, sqdn, worst_dn, gsg, sqsg, worst_sg, fs_gemm_path_name(in_use));
     free(in), free(w), free(out), free(din), free(dw), free(check), free(w16), free(t32), free(t16), free(tdn), free(tsg);
     fs_pool_free(pool);

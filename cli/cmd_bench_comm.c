@@ -47,6 +47,7 @@ typedef struct bench_args {
     int n_algos;
     int64_t wrong_total; /* out: the sum of #wrong over all rows, set by rank 0 (every rank
                           * under MPI) when the run completes */
+    int64_t rows;        /* out: the rows measured, likewise */
 } bench_args;
 
 /* What each rank reports for a row; rank 0 combines them. */
@@ -159,6 +160,7 @@ typedef struct bench_rank_ctx {
     double *times;             /* (n_algos, iters) */
     bench_rank_stats *stats;   /* (world) */
     int64_t wrong_total;       /* #wrong summed over the rows so far (the same on every rank) */
+    int64_t rows;              /* rows measured so far (the same on every rank) */
 } bench_rank_ctx;
 
 /* One collective through the worker, as the engine runs it. */
@@ -278,6 +280,7 @@ static fs_status bench_size(bench_rank_ctx *c, fs_coll coll, fs_dtype d, size_t 
             wrong += c->stats[r].wrong;
         }
         c->wrong_total += wrong;
+        c->rows++;
         if (rank != 0) continue;
         print_row(a, c->comm, coll, d, redop, a->algos[ai], bytes, count, slowest, wrong);
     }
@@ -332,7 +335,10 @@ static fs_status bench_rank(fs_comm *comm, void *arg) {
     if (st == FS_OK) st = fs_comm_worker_init(comm, 4, &c.worker);
     if (st == FS_OK) st = bench_run(&c);
     if (st == FS_OK && (fs_comm_rank(comm) == 0 || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
+    {
         ((bench_args *)arg)->wrong_total = c.wrong_total;
+        ((bench_args *)arg)->rows = c.rows;
+    }
     fs_comm_worker_free(c.worker);
     fs_mem_free(mem);
     return st;
@@ -373,7 +379,17 @@ static int parse_list(const char *opt, const char *text, int n_values,
 
 /* The verdict of a completed run: exit 1 with one line (from rank 0) when any row counted
  * wrong elements. Every rank knows the total, so under MPI every process fails alike. */
-static int report_wrong(const char *cmd, const bench_args *a, int rank) {
+/* The run's verdict: wrong results, or no row at all (every size below one element per rank:
+ * a table of headers alone said nothing, with exit 0). */
+static int report_wrong(const char *cmd, const bench_args *a, int rank, int world) {
+    if (a->rows == 0) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "flatshard %s: nothing measured: --max-bytes %" PRId64 " is below one element per rank of "
+                    "every op and dtype asked for (%d ranks); give a larger size\n",
+                    cmd, a->max_bytes, world);
+        return FS_EXIT_USAGE;
+    }
     if (a->wrong_total == 0) return FS_EXIT_OK;
     if (rank == 0)
         fprintf(stderr,
@@ -458,7 +474,7 @@ int fs_cmd_bench_comm(int argc, char **argv) {
     if (!fs_comm_mpi_launched()) {
         st = fs_comm_inproc_run(ranks > 0 ? (int)ranks : 1, cfg, bench_rank, &a);
         if (st != FS_OK) return fs_cli_report(cmd, st);
-        return report_wrong(cmd, &a, 0);
+        return report_wrong(cmd, &a, 0, ranks > 0 ? (int)ranks : 1);
     }
     fs_mem *mem = NULL;
     fs_comm *comm = NULL;
@@ -479,7 +495,7 @@ int fs_cmd_bench_comm(int argc, char **argv) {
     } else {
         /* the verdict before any process can exit: a rank that exits non-zero first ends the
          * job under mpirun, which killed rank 0 before its line (seen under load in CI) */
-        exit_code = report_wrong(cmd, &a, rank);
+        exit_code = report_wrong(cmd, &a, rank, fs_comm_world(comm));
         st = fs_comm_barrier(comm);
         if (st != FS_OK && exit_code == FS_EXIT_OK) exit_code = fs_cli_report(cmd, st);
     }

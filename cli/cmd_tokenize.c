@@ -18,8 +18,9 @@
 static const fs_command_help tokenize_help = {
     .usage = "flatshard tokenize [--tokenizer tokenizer.json] -o OUT.bin FILE...",
     .description =
-        "Converts text files into one token file (llm.c's .bin layout: a 256 x int32 header, then\n"
-        "uint16 tokens, or uint32 when the vocabulary exceeds 65536; docs/formats.md).\n"
+        "Converts text files (at most 4096 in one run) into one token file (llm.c's .bin layout:\n"
+        "a 256 x int32 header, then uint16 tokens, or uint32 when the vocabulary exceeds 65536;\n"
+        "docs/formats.md).\n"
         "\n"
         "Without --tokenizer: the byte-level tokenizer (token = byte value, vocabulary 256, no\n"
         "special tokens), the files concatenated in the order given; the options below do not\n"

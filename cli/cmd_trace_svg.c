@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "commands.h"
@@ -254,6 +256,11 @@ int fs_cmd_trace_svg(int argc, char **argv) {
     if (st == FS_OK) st = render(&tf, in[0], (long)step, out, (double)width, &n);
     fs_trace_file_free(&tf);
     if (st != FS_OK) return fs_cli_report("trace-svg", st);
-    printf("drew step %lld (%d boxes) to %s\n", (long long)step, n, out);
+    /* the picture written to standard output (-o /dev/stdout > x.svg, | less) or to some
+     * other stream must stay a picture: the line goes to stderr then */
+    struct stat so, sp;
+    const int to_stream = stat(out, &sp) != 0 || !S_ISREG(sp.st_mode) ||
+                          (fstat(STDOUT_FILENO, &so) == 0 && fs_stat_same(&sp, &so));
+    fprintf(to_stream ? stderr : stdout, "drew step %lld (%d boxes) to %s\n", (long long)step, n, out);
     return FS_EXIT_OK;
 }

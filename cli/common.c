@@ -42,6 +42,20 @@ double fs_cli_median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+const char *fs_cli_json_quote(char *buf, size_t n, const char *s) {
+    size_t k = 0;
+    buf[k++] = '"';
+    for (; *s && k + 8 < n; s++) { /* room for the longest escape, the quote and the NUL */
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') k += (size_t)snprintf(buf + k, n - k, "\\%c", c);
+        else if (c < 0x20) k += (size_t)snprintf(buf + k, n - k, "\\u%04x", c);
+        else buf[k++] = (char)c;
+    }
+    buf[k++] = '"';
+    buf[k] = '\0';
+    return buf;
+}
+
 void fs_cli_print_profile(FILE *f, const fs_profile *p) {
     double total = 0;
     for (int k = 0; k < FS_PROF_N_KINDS; k++) total += p->seconds[k];

@@ -19,6 +19,11 @@ void fs_cli_describe_model(const fs_layout *layout, char *buf, size_t n);
 /* The median of v[0..n), n >= 1 (sorts v in place): the figure every benchmark reports. */
 double fs_cli_median(double *v, int n);
 
+/* s as a JSON string, quotes included, into buf (cut short, still a string, when it does not
+ * fit): '"' and '\\' escaped, control bytes as \u00XX. For a user's text in --json lines (a
+ * model path may hold any byte). Returns buf. */
+const char *fs_cli_json_quote(char *buf, size_t n, const char *s);
+
 void fs_cli_print_profile(FILE *f, const fs_profile *p);
 
 /* The start-up check of an output file, run before any work so that a path the run could

@@ -721,8 +721,9 @@ fs_status fs_comm_inproc_run_mems(int world, fs_comm_config cfg, fs_mem *const *
         /* The first failure in time is the cause; the others are its consequences. A message
          * that already names a rank ("rank R: ...": every rank returns the failing rank's
          * words so, fs_engine_agree) is not prefixed again: whichever rank returned first,
-         * "rank 0: rank 1: ..." blamed two ranks, differently from run to run. */
-        if (names_a_rank(g->failed_msg))
+         * "rank 0: rank 1: ..." blamed two ranks, differently from run to run. One rank is
+         * not named: there is no other (docs/cli.md: rank 0's messages name no rank). */
+        if (names_a_rank(g->failed_msg) || world == 1)
             st = fs_errorf(FS_ERR_INTERNAL, "%s", g->failed_msg);
         else
             st = fs_errorf(FS_ERR_INTERNAL, "rank %d: %s", g->failed_rank, g->failed_msg);

@@ -81,10 +81,13 @@ fs_status fs_trace_write_json(const char *path, const fs_trace_event *ev, const 
     if (!f) return fs_error_wrap(FS_ERR_IO, "--trace %s", path);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"flatshard\"},\"traceEvents\":[\n");
     for (int r = 0; r < world; r++) {
+        /* a comma after each object but the file's last: a run of no steps (--steps 0)
+         * writes these alone, and a comma before ']' is not JSON */
         fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", r, r);
         fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", r, r);
         fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n", r);
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}},\n", r);
+        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}%s\n",
+                r, r + 1 < world || n > 0 ? "," : "");
     }
     for (int64_t i = 0; i < n; i++) {
         const fs_trace_event *e = &ev[i];

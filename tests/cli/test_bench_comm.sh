@@ -112,6 +112,11 @@ expect "W=2: its count is the sum of the #wrong column" check_table total 2 1000
 run "--no-check counts nothing, so the corruption passes: exit 0" 0 env FLATSHARD_FAULT=corrupt-collective:3 "$FS" bench comm --ranks 2 --no-check "${tiny[@]}"
 expect "--no-check: #wrong is N/A, null in JSON" check_table json 2 0 "$OPS" fp32,bf16 8 256 4
 expect "--no-check: no N/A is missing" test "$(grep -c ' N/A ' "$WORK/out")" -eq "$(grep -c '^{"bench":"comm"' "$WORK/out")"
+# sizes all below one element per rank: a table of headers alone said nothing, exit 0
+run "W=2, --max-bytes 1: nothing measured is a usage error" 2 "$FS" bench comm --ranks 2 -b 1 -e 1 --json
+expect "it says so in one line, naming the size and the ranks" grep -qx \
+    "flatshard bench comm: nothing measured: --max-bytes 1 is below one element per rank of every op and dtype asked for (2 ranks); give a larger size" "$WORK/err"
+expect "and no JSON line" bash -c '! grep -q "^{" "$1"' _ "$WORK/out"
 
 # ---------------------------------------------------------------- the mpi backend
 if ! command -v mpirun >/dev/null 2>&1; then

@@ -68,8 +68,21 @@ refuse "an unknown FLATSHARD_CPU_ATTENTION" 2 "FLATSHARD_CPU_ATTENTION must be a
     env FLATSHARD_CPU_ATTENTION=tiles "$FS" bench kernels --model tiny
 run "bench gemm on tiny" 0 "$FS" bench gemm --model tiny --batch 2 --seq 64 --reps 1 --json
 expect "bench gemm reports both precisions and no mismatch" grep -qE '"step_gemm_gflops_bf16":[0-9.]+,.*"bf16_mismatches":0' "$WORK/out"
+# a model path holding '"' and '\' (it made the --json lines invalid JSON)
+odd="$WORK/ti\"ny\\x.json"
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64}' >"$odd"
+run "bench gemm --json on a model path with a quote" 0 "$FS" bench gemm --model "$odd" --batch 1 --seq 16 --reps 1 --json
+expect "its JSON line parses and names the path" /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(rows) == 1 and rows[0]["model"] == sys.argv[2], rows' "$WORK/out" "$odd"
 run "bench step in both precisions" 0 "$FS" bench step --model tiny --batch 2 --seq 64 --steps 1 --warmup 0 --data /usr/share/games/fortunes/fortunes
 expect "bench step prints the bf16/fp32 ratio" grep -qE '^bf16 step vs fp32 step: [0-9.]+x (faster|slower)' "$WORK/out"
+run "bench step --json on a model path with a quote" 0 "$FS" bench step --model "$odd" --batch 1 --seq 16 --steps 1 --warmup 0 --json --data /usr/share/games/fortunes/fortunes
+expect "its JSON lines parse, name the path, and give no MFU on a CPU (null)" /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(rows) == 2 and all(r["model"] == sys.argv[2] and r["mfu"] is None for r in rows), rows' "$WORK/out" "$odd"
 run "the portable path forced" 0 env FLATSHARD_KERNELS=portable "$FS" bench kernels --model tiny --batch 1 --seq 16 --reps 1 --opt-elements 1000
 expect "the header names the portable kernels" grep -q 'kernels portable' "$WORK/out"
 refuse "an unknown FLATSHARD_GEMM" 2 "FLATSHARD_GEMM must be auto, onednn, flatshard or sgemm, not 'blas'" \

@@ -214,5 +214,10 @@ expect "one error line (no SIGBUS, no other output on stderr)" [ "$(wc -l <"$WOR
 expect "the error names the file and the new size" grep -q "victim.txt: the file was truncated to 0 bytes while in use" "$WORK/err"
 expect "the error names the last checkpoint, step 2" grep -q "the last checkpoint is $WORK/cktr/step-00000002$" "$WORK/err"
 expect "step 3 never ran" bash -c "! grep -q '^step     3/6' '$WORK/out'"
+# one rank: no other rank to tell it from, so no "rank 0:" (docs/cli.md)
+cp "$D" "$WORK/victim.txt"
+FLATSHARD_FAULT=truncate-data-at:2 run "data truncated under one rank: exit 1" 1 "$FS" train --data "$WORK/victim.txt" \
+    --seq 16 --batch 1 --threads 1 --progress lines --steps 3 --no-save
+expect "the one line names the file and no rank" grep -q "^flatshard train: $WORK/victim.txt: the file was truncated to 0 bytes" "$WORK/err"
 
 summary

@@ -189,6 +189,18 @@ for rank in (0, 1):
 assert {e["args"]["step"] for e in ev} == {2, 3}, "steps 2 and 3 by default"
 ' "$WORK/trace.json"
 run "trace-svg draws a step" 0 "$FS" trace-svg "$WORK/trace.json" -o "$WORK/step.svg" --step 3
+# the picture to standard output stays a picture: the summary line goes to stderr
+run "trace-svg -o /dev/stdout" 0 bash -c '"$1" trace-svg "$2" -o /dev/stdout --step 3 > "$3"' _ "$FS" "$WORK/trace.json" "$WORK/stdout.svg"
+expect "the SVG written to stdout parses as XML alone" /usr/bin/python3 -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' "$WORK/stdout.svg"
+expect "and its line went to stderr" grep -q "^drew step 3 (.* boxes) to /dev/stdout$" "$WORK/err"
+# --steps 0: the timeline holds the ranks' names alone (it ended in ",]", not JSON)
+run "train --steps 0 with a timeline" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --steps 0 --trace "$WORK/trace0.json"
+expect "it says the timeline is empty" grep -q "^wrote an empty timeline to $WORK/trace0.json: no step ran$" "$WORK/out"
+expect "the empty timeline is JSON" /usr/bin/python3 -c '
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+assert ev and all(e["ph"] == "M" for e in ev), ev' "$WORK/trace0.json"
+refuse "trace-svg of it says there is no step" 1 "trace0.json: no flatshard step events" "$FS" trace-svg "$WORK/trace0.json" -o "$WORK/x0.svg"
 # bf16 gradients on the wire (fs_plan_bf16_grad_wire): every unit's reduce-scatter moves half
 # the bytes of the fp32 run's; the norm group's (unit 0 of tiny) stays fp32
 run "train bf16 on 2 ranks with a timeline" 0 "$FS" train "${common[@]}" --batch 2 --ranks 2 --precision bf16 --trace "$WORK/trace-bf16.json"

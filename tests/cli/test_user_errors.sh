@@ -42,6 +42,10 @@ EOF
 
 # --- tokenize --chunk-bytes: its declared range 1K..1G is enforced (1 byte once cut every
 # line into its own job and changed the ids without a word)
+mapfile -t many < <(seq -f "$WORK/f%g.txt" 1 4097)
+refuse "tokenize of more files than it takes says how many it takes" 2 \
+    "^flatshard tokenize: too many arguments at '$WORK/f4097.txt' \(at most 4096\); see 'flatshard tokenize --help'$" \
+    "$FS" tokenize -o "$WORK/many.bin" "${many[@]}"
 refuse "tokenize --chunk-bytes 1 (below 1K)" 2 "^flatshard tokenize: --chunk-bytes: 1 is out of range \(1024 to 1073741824 bytes\)$" \
     "$FS" tokenize --tokenizer "$TOK" --chunk-bytes 1 -o "$WORK/c.bin" "$D"
 refuse "tokenize --chunk-bytes 2G (above 1G)" 2 "--chunk-bytes: 2G is out of range" \
