@@ -482,7 +482,17 @@ static const bench_command benches[] = {
 };
 
 int fs_cmd_bench(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    /* 'bench help step' is 'bench step --help', as 'flatshard help bench step' is */
+    if (argc == 3 && strcmp(argv[1], "help") == 0)
+        for (const bench_command *b = benches; b->name; b++)
+            if (strcmp(argv[2], b->name) == 0) {
+                char *help_argv[] = {argv[2], "--help", NULL};
+                return b->run(2, help_argv);
+            }
+    if (argc == 3 && strcmp(argv[1], "help") == 0)
+        return fs_usage_error("bench", "unknown benchmark '%s'; see 'flatshard bench --help'", argv[2]);
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        (argc == 2 && strcmp(argv[1], "help") == 0)) {
         FILE *f = argc < 2 ? stderr : stdout;
         fprintf(f, "usage: flatshard bench <what> [options]\n\nmeasurements:\n");
         for (const bench_command *b = benches; b->name; b++) fprintf(f, "  %-8s %s\n", b->name, b->summary);

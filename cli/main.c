@@ -217,7 +217,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "flatshard: %s\n", fs_error_message());
         return FS_EXIT_USAGE;
     }
-    if (strcmp(argv[1], "help") == 0 && argc >= 3) { /* flatshard help bench step: bench step --help */
+    /* 'flatshard help X', and 'flatshard --help X' as people type it: X's help */
+    const int help_of = argc >= 3 && (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+                                      strcmp(argv[1], "-h") == 0);
+    if (help_of && argc == 3 && strcmp(argv[2], "help") == 0) { /* help on help: the list */
+        print_usage(stdout);
+        return finish_stdout(NULL, FS_EXIT_OK);
+    }
+    if (help_of) { /* flatshard help bench step: bench step --help */
         for (const fs_command *c = commands; c->name; c++)
             if (strcmp(argv[2], c->name) == 0) {
                 char *help_argv[8] = {NULL};
@@ -227,6 +234,11 @@ int main(int argc, char **argv) {
                 return finish_stdout(c->name, c->run(n, help_argv));
             }
         fprintf(stderr, "flatshard help: unknown command '%s'; run 'flatshard --help' for the list\n",
+                argv[2]);
+        return FS_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--version") == 0 && argc > 2) { /* it printed the version, exit 0, as if 'extra' meant nothing */
+        fprintf(stderr, "flatshard: %s takes no argument, not '%s'; run 'flatshard --help' for the commands\n", argv[1],
                 argv[2]);
         return FS_EXIT_USAGE;
     }

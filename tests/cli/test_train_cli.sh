@@ -22,6 +22,16 @@ expect "flatshard help eval is eval --help" cmp -s "$WORK/out" "$WORK/eval-help.
 run "flatshard help bench step" 0 "$FS" help bench step
 expect "flatshard help bench step is bench step --help (it printed bench's list)" cmp -s "$WORK/out" "$WORK/bench-step-help.txt"
 refuse "flatshard help of an unknown command" 2 "^flatshard help: unknown command 'evl'" "$FS" help evl
+# the other ways people ask (help help was "unknown command 'help'", bench help step "unknown
+# benchmark 'help'", --version extra printed the version, exit 0)
+run "flatshard bench help step" 0 "$FS" bench help step
+expect "it is bench step --help" cmp -s "$WORK/out" "$WORK/bench-step-help.txt"
+run "flatshard --help eval" 0 "$FS" --help eval
+expect "it is eval --help" cmp -s "$WORK/out" "$WORK/eval-help.txt"
+run "flatshard help help" 0 "$FS" help help
+expect "it lists the commands" grep -q "^  train " "$WORK/out"
+refuse "flatshard bench help of an unknown benchmark" 2 "^flatshard bench: unknown benchmark 'stp'" "$FS" bench help stp
+refuse "flatshard --version with an argument" 2 "^flatshard: --version takes no argument, not 'extra'" "$FS" --version extra
 for cmd in train eval generate tokenize detokenize export inspect plan trace-svg "bench step" "bench gemm" "bench kernels" "bench comm"; do
     # shellcheck disable=SC2086
     run "flatshard $cmd --help" 0 "$FS" $cmd --help
