@@ -22,7 +22,9 @@ static const fs_command_help inspect_help = {
         "seed, world size, strategy and precision at save time, the model config, every tensor\n"
         "and every rank file with its size and checksum status (each file is read and its\n"
         "CRC-32 checked). A safetensors file or a Hugging Face model directory: the config and\n"
-        "every tensor with its dtype and shape. Exits 1 if a checksum fails.",
+        "every tensor with its dtype and shape, then whether they are the config's model (as\n"
+        "eval and --init-from check them). Exits 1 if a checksum fails or the tensors are not\n"
+        "the model's.",
     .epilog = "examples:\n  flatshard inspect out/ckpt\n  flatshard inspect out/model.safetensors",
 };
 
@@ -156,6 +158,17 @@ int fs_cmd_inspect(int argc, char **argv) {
         printf("    %-56s %-5s [%s]\n", fs_printable(name).s, dtype, dims); /* escaped, as above */
     }
     printf("  %d tensors, %" PRId64 " elements\n", n, params);
+    /* whether the tensors are the config's model, as eval, generate, export and --init-from
+     * check it: a listing alone, exit 0, passed weights that every one of them refuses (a
+     * missing tensor, a 3-D projection, I32 elements) */
+    fs_layout layout;
+    st = fs_layout_init(&layout, fs_source_config(src), 0);
+    if (st == FS_OK) {
+        st = fs_source_check(src, &layout);
+        fs_layout_free(&layout);
+    }
     fs_source_close(src);
+    if (st != FS_OK) return fs_cli_report("inspect", st);
+    printf("  every tensor of the config's model, in a dtype flatshard reads\n");
     return FS_EXIT_OK;
 }

@@ -46,6 +46,14 @@ run "export the last checkpoint as bf16 safetensors" 0 "$FS" export --from "$WOR
 expect_all "model.safetensors and config.json" '[ -s "$WORK/hf/model.safetensors" ]' 'grep -q "\"torch_dtype\": \"bfloat16\"" "$WORK/hf/config.json"'
 run "inspect the export" 0 "$FS" inspect "$WORK/hf"
 expect "inspect lists BF16 tensors with their shapes" grep -qE 'model.embed_tokens.weight +BF16 +\[256, 256\]' "$WORK/out"
+expect "and says they are the config's model" grep -qx "  every tensor of the config's model, in a dtype flatshard reads" "$WORK/out"
+# a config that is not its tensors' model: inspect listed them and exited 0, where eval,
+# export and --init-from refuse the directory
+cp -r "$WORK/hf" "$WORK/hf-5layers"
+sed -i 's/"num_hidden_layers": 4/"num_hidden_layers": 5/' "$WORK/hf-5layers/config.json"
+run "inspect of tensors that are not the config's model exits 1" 1 "$FS" inspect "$WORK/hf-5layers"
+expect "it names the missing tensor in one line" bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "^flatshard inspect: .*tensor .model.layers.4.* is missing" "$1"' _ "$WORK/err"
+expect "after the listing" grep -q "model.layers.3.mlp.down_proj.weight" "$WORK/out"
 run "eval the export" 0 "$FS" eval --weights "$WORK/hf" --data "$TEXT" --batch 2 --seq 32 --batches 2 --json
 run "eval the checkpoint itself" 0 "$FS" eval --weights "$WORK/full" --data "$TEXT" --batch 2 --seq 32 --batches 2 --json
 run "train from the export (--init-from)" 0 "$FS" train "${common[@]}" --steps 1 --init-from "$WORK/hf"
