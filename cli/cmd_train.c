@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -80,17 +81,55 @@ static atomic_int stop_acknowledged;
 static char abandon_line[1024];
 static atomic_int abandon_len;
 
-/* The first signal asks for a stop after the step in progress. A repeat before that step has
- * ended is ignored: a launcher may deliver one signal twice (GNU timeout signals its child
- * and then its process group; a terminal's Ctrl-C reaches both mpirun and the ranks). A
- * repeat after it (a second Ctrl-C during the final save) stops at once: the save being
- * written is abandoned in its temporary directory (fs_ckpt_save never touches a complete
- * checkpoint before its replacement is complete), and the program exits 128 + the signal's
- * number. Only async-signal-safe calls here: atomics, write, pause, unlink and _exit. */
+/* The first signal's time (CLOCK_MONOTONIC, ns), and the line a second one prints when the
+ * step in progress never ends (a hung rank with --comm-timeout 0 or long, a step of minutes):
+ * rank 0 rewrites it at start and after each save, into the buffer the handler is not
+ * reading (two, published by generation with release order). */
+static atomic_llong first_signal_ns;
+static char hung_line[2][1100];
+static atomic_int hung_gen, hung_len[2];
+
+static long long monotonic_ns(void) { /* clock_gettime is async-signal-safe */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Where a run stopped at once in mid-step may be resumed from, for the handler: rank 0's
+ * view in one process, each process's own under MPI. */
+static void note_resume_point(const char *save_dir, const char *last_saved_name) {
+    const int next = (atomic_load_explicit(&hung_gen, memory_order_relaxed) + 1) % 2;
+    int n;
+    if (!save_dir) n = snprintf(hung_line[next], sizeof hung_line[next], "; nothing saved (no --save)\n");
+    else if (last_saved_name[0])
+        n = snprintf(hung_line[next], sizeof hung_line[next], "; the last checkpoint is %s/%s\n", save_dir,
+                     last_saved_name);
+    else n = snprintf(hung_line[next], sizeof hung_line[next], "; this run saved no checkpoint\n");
+    atomic_store_explicit(&hung_len[next], n < 0 ? 0 : n < (int)sizeof hung_line[next] ? n : (int)sizeof hung_line[next] - 1,
+                          memory_order_relaxed);
+    atomic_store_explicit(&hung_gen, next, memory_order_release);
+}
+
+/* The first signal asks for a stop after the step in progress. A repeat within a second of
+ * it, before that step has ended, is ignored: a launcher may deliver one signal twice (GNU
+ * timeout signals its child and then its process group; a terminal's Ctrl-C reaches both
+ * mpirun and the ranks). A repeat after it (a second Ctrl-C during the final save) stops at
+ * once: the save being written is abandoned in its temporary directory (fs_ckpt_save never
+ * touches a complete checkpoint before its replacement is complete), and the program exits
+ * 128 + the signal's number. So does a repeat a second or more after the first while the
+ * step has still not ended: a hung rank's step never ends, and the run could be ended only
+ * by SIGKILL. Only async-signal-safe calls here: atomics, clock_gettime, write, pause, unlink
+ * and _exit. */
 static void on_stop_signal(int sig) {
     const int saved_errno = errno; /* the interrupted code may be about to read it */
     int expected = 0;
-    if (atomic_compare_exchange_strong(&stop_signal, &expected, sig) || !atomic_load(&stop_acknowledged)) {
+    if (atomic_compare_exchange_strong(&stop_signal, &expected, sig)) {
+        atomic_store(&first_signal_ns, monotonic_ns());
+        errno = saved_errno;
+        return;
+    }
+    const int in_step = !atomic_load(&stop_acknowledged);
+    if (in_step && monotonic_ns() - atomic_load(&first_signal_ns) < 1000000000LL) {
         errno = saved_errno;
         return;
     }
@@ -101,6 +140,19 @@ static void on_stop_signal(int sig) {
     if (atomic_flag_test_and_set(&exiting))
         for (;;) pause();
     static const char intr[] = "flatshard train: second SIGINT", term[] = "flatshard train: second SIGTERM";
+    if (in_step) {
+        static const char mid[] = ": the step in progress had not ended; stopped at once";
+        const int g = atomic_load_explicit(&hung_gen, memory_order_acquire);
+        const int n = atomic_load_explicit(&hung_len[g], memory_order_relaxed);
+        int ok = sig == SIGINT ? write(STDERR_FILENO, intr, sizeof intr - 1) >= 0
+                               : write(STDERR_FILENO, term, sizeof term - 1) >= 0;
+        ok = ok && write(STDERR_FILENO, mid, sizeof mid - 1) >= 0;
+        if (ok && write(STDERR_FILENO, n > 0 ? hung_line[g] : "\n", n > 0 ? (size_t)n : 1) < 0) {
+            /* nothing more can be done in a signal handler */
+        }
+        fs_tmp_remove_unfinished();
+        _exit(128 + sig);
+    }
     const int len = atomic_load_explicit(&abandon_len, memory_order_acquire);
     if (len > 0) { /* rank 0 */
         int ok = sig == SIGINT ? write(STDERR_FILENO, intr, sizeof intr - 1) >= 0
@@ -210,7 +262,9 @@ static void format_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%.0fs", s);
 }
 
-/* Saves a checkpoint and says so (rank 0). */
+/* Saves a checkpoint and says so (rank 0). Every MPI process keeps its name, for the
+ * failure line it prints itself (name_last_checkpoint); in one process the ranks share run,
+ * which rank 0 alone writes. */
 static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
     double t0 = fs_now();
     fs_status st = fs_trainer_save(tr, run->save_dir, (int)run->keep);
@@ -218,8 +272,11 @@ static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
         progress_break(&run->progress);
         printf("saved checkpoint %s/%s in %.2f s\n", run->save_dir, tr->lineage.last_name, fs_now() - t0);
         fflush(stdout);
+    }
+    if (st == FS_OK && (lead || fs_comm_backend_kind(tr->comm) == FS_COMM_BACKEND_MPI)) {
         run->last_saved_step = tr->step;
         snprintf(run->last_saved_name, sizeof run->last_saved_name, "%s", tr->lineage.last_name);
+        note_resume_point(run->save_dir, run->last_saved_name);
     }
     return st;
 }
@@ -1197,6 +1254,7 @@ int fs_cmd_train(int argc, char **argv) {
     }
 
     /* from here on a signal stops the run at a step boundary (the header comment) */
+    note_resume_point(run.save_dir, "");
     struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);

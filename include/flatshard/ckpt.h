@@ -166,8 +166,9 @@ void fs_ckpt_unlock(int fd, const char *remove_root);
  * to X. *repaired (may be NULL) counts the entries handled. */
 fs_status fs_ckpt_recover(const char *root, int *repaired);
 
-/* Saves the engine's state at optimizer step `step` under root as lineage lin (rank 0's;
- * ignored on the other ranks, which may pass NULL); data (may be NULL: none recorded) is the
+/* Saves the engine's state at optimizer step `step` under root as lineage lin (rank 0's; the
+ * other ranks may pass NULL, or a lineage whose last_name alone a save that succeeds sets to
+ * the checkpoint's name); data (may be NULL: none recorded) is the
  * stream the run samples, named in the manifest. Collective over the engine's ranks;
  * every rank returns the same status (the message names the rank and file that failed). An
  * unclaimed lin (run_id "") claims a new lineage (fs_ckpt_claim with new_lineage). keep > 0:

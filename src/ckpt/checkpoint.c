@@ -817,6 +817,11 @@ fs_status fs_ckpt_save(fs_engine *e, const char *root, int64_t step, uint64_t se
     if (st == FS_OK) {
         fs_status c = rank == 0 ? commit(e, root, targets[0].name, tmp, step, seed, data, recs, keep, lin) : FS_OK;
         st = fs_engine_agree(e, c);
+        /* every rank knows the name now (targets[0], rank 0's): under MPI each process says
+         * where a failed run can resume from, and a rank other than 0 said "saved no
+         * checkpoint" when rank 0 had hung */
+        if (st == FS_OK && lin && rank != 0 && targets[0].name[0]) /* rank -1: a replica group's */
+            snprintf(lin->last_name, sizeof lin->last_name, "%s", targets[0].name);
     }
     /* A save that failed (a full disk, a failed write, a peer gone) leaves nothing behind: its
      * partial files would hold the space the next save needs until a writer's recovery ran.

@@ -164,6 +164,11 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     expect "$label: the hung rank is named" grep -q "no progress from rank 1 for $TO s" "$WORK/err"
     # ranks 0 and 2 are alive, only waiting (rank 0 on rank 2 in the ring): neither is blamed
     expect "$label: no live rank is blamed" bash -c '! grep -q "no progress from rank [02] " "$1"' _ "$WORK/err"
+    # every rank that reports names the checkpoint of step 2 (ranks other than 0 said "this
+    # run saved no checkpoint": rank 0 alone kept the name)
+    expect_all "$label: each rank's line names the last checkpoint" \
+        'grep -q "the last checkpoint is $tag-hang/step-00000002" "$WORK/err"' \
+        '! grep -q "saved no checkpoint" "$WORK/err"'
     expect "$label: no process is left" [ -z "$(pgrep -f "$tag-hang")" ]
     # ranks started with different options (each process parses its own command line): the
     # ranks exchange their settings before the first step and all refuse the first difference.

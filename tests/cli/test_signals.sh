@@ -61,6 +61,28 @@ run "resume from the --save root after the abandoned save" 0 "$FS" train "${smal
     --resume "$WORK/ck2" --save "$WORK/ck2" --no-save
 expect "it resumed from step 2" grep -q "resumed from $WORK/ck2/step-00000002: step 2" "$WORK/out"
 
+# --- a rank hung in step 3 (no --comm-timeout): the step never ends, so the first SIGINT's
+# stop never comes; a repeat within a second (a launcher's duplicate) is still ignored, and a
+# later one stops at once (only SIGKILL ended such a run)
+# (signalled directly: timeout(1) in a background job does not pass SIGINT on; a watchdog
+# ends a run that would hang for ever)
+FLATSHARD_FAULT=hang-at:3:1 "$FS" train "${small[@]}" --ranks 2 --steps 8 --comm-timeout 0 \
+    --save "$WORK/ckh" --save-every 1 --no-save >"$WORK/hung.out" 2>"$WORK/hung.err" &
+pid=$!
+(sleep 120; kill -KILL "$pid") >/dev/null 2>&1 &
+watchdog=$!
+for _ in $(seq 1 1200); do [ -f "$WORK/ckh/step-00000002/COMPLETE" ] && break; sleep 0.05; done
+sleep 0.5 # into step 3, where rank 1 hangs
+kill -INT "$pid"; sleep 0.2; kill -INT "$pid"; sleep 1.5
+expect "a hung run outlives a repeat within a second of the first SIGINT" kill -0 "$pid"
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+pkill -P "$watchdog" sleep 2>/dev/null; kill "$watchdog" 2>/dev/null
+expect "a later SIGINT ends it at once: exit 130" [ "$rc" -eq 130 ]
+expect "its line says the step had not ended and names the last checkpoint" \
+    grep -qx "flatshard train: second SIGINT: the step in progress had not ended; stopped at once; the last checkpoint is $WORK/ckh/step-00000002" "$WORK/hung.err"
+
 # --- a signal from outside, sent once step 2's row is written: the run stops after the step
 # then in progress, at whichever step that is (the assertion is on steps, not on time)
 "$FS" train "${small[@]}" --steps 100000 --no-save --metrics "$WORK/ext.jsonl" >"$WORK/ext.out" 2>"$WORK/ext.err" &
