@@ -2,10 +2,10 @@
  * tests/test_bpe.c — the tokenizer.json BPE (flatshard/bpe.h) and the streaming tokenizer
  * (flatshard/tokenize.h) on hand-made tokenizer.json files whose ids can be worked out by
  * hand: merge order by rank (not by position), leftmost ties, byte fallback, unk fusing,
- * added tokens (leftmost, then longest), the post-processor template and chunk flags,
- * refusals (one line naming the file and the field), hostile text (invalid UTF-8 with the
- * U+FFFD the Unicode standard's "maximal subpart" rule gives, NUL bytes, empty text, a 3 MB
- * unsplit word), decode(encode(x)) == x, the streaming writer, and documents and threads.
+ * added tokens (leftmost, then longest; which newlines they may hold, where no chunk may be
+ * cut), the post-processor template and chunk flags, refusals (one line naming the file and
+ * the field), hostile text (invalid UTF-8 with the U+FFFD the Unicode standard's "maximal
+ * subpart" rule gives, NUL bytes, empty text, a 3 MB unsplit word), decode(encode(x)) == x, the streaming writer, and documents and threads.
  *
  * The comparison with the `tokenizers` package itself, on trained tokenizers and real text,
  * is tests/cli/test_tokenizer.sh.
@@ -474,6 +474,43 @@ static void test_normalized_added_tokens(void) {
     fs_bpe_free(bpe);
 }
 
+#define COVERS(bpe, before, after) \
+    fs_bpe_added_may_cover_newline(bpe, before, sizeof(before) - 1, after, sizeof(after) - 1)
+
+/* Added tokens that hold a newline: a cut after that newline would split one, or (after one
+ * that ends there) take the segment start from the text after it; fs_bpe_added_may_cover_newline
+ * says where that may happen. */
+static void test_cuts_keep_added_tokens(void) {
+    make_bytelevel_json();
+    static char json[40000];
+    replace_once(json, sizeof json, bytelevel_json, "\"special\": false}],",
+                 "\"special\": false},\n {\"id\": 102, \"content\": \"x\\ny\", \"special\": false, \"normalized\": false}],");
+    fs_bpe *plain = load_text("bl.json", bytelevel_json), *bl = load_text("bl-nl.json", json);
+    make_sp_json(0, 1);
+    /* under Prepend("▁") the normalized "x\ny" is matched as "▁x\ny"; "z\n" ends at a cut */
+    replace_once(json, sizeof json, sp_json, "\"special\": true, \"normalized\": false}],",
+                 "\"special\": true, \"normalized\": false},\n {\"id\": 264, \"content\": \"x\\ny\", \"special\": false, \"normalized\": true},\n"
+                 " {\"id\": 265, \"content\": \"z\\n\", \"special\": false, \"normalized\": false}],");
+    fs_bpe *sp = load_text("sp-nl.json", json);
+    if (!plain || !bl || !sp) {
+        fs_bpe_free(plain);
+        fs_bpe_free(bl);
+        fs_bpe_free(sp);
+        return;
+    }
+    CHECK(!COVERS(plain, "aax\n", "ybb"), "without an added token with a newline, a newline is clear");
+    CHECK(COVERS(bl, "aax\n", "ybb"), "x\\ny lies over the newline of aax|ybb");
+    CHECK(!COVERS(bl, "aaq\n", "ybb") && !COVERS(bl, "aax\n", "qbb"), "x\\ny does not lie over aaq|ybb or aax|qbb");
+    CHECK(COVERS(bl, "\n", "ybb") && COVERS(bl, "aax\n", ""), "text that runs out may go on matching");
+    CHECK(COVERS(plain, "aax", "ybb"), "a before that does not end in a newline gives 1");
+    CHECK(COVERS(sp, "a x\n", "ybb"), "the normalized \"\xE2\x96\x81x\\ny\" lies over a x|ybb");
+    CHECK(!COVERS(sp, "a q\n", "ybb") && !COVERS(sp, "a x\n", "qbb"), "nor over a q|ybb or a x|qbb");
+    CHECK(COVERS(sp, "aaz\n", "bb") && !COVERS(sp, "aaq\n", "bb"), "z\\n ends at the newline of aaz|bb");
+    fs_bpe_free(plain);
+    fs_bpe_free(bl);
+    fs_bpe_free(sp);
+}
+
 /* src with extra vocabulary entries (", \"x\": 9" form) and one merge of rank 0 before its
  * own, into out. */
 static void with_merge_first(char *out, size_t cap, const char *src, const char *vocab, const char *merge) {
@@ -700,6 +737,7 @@ int main(void) {
     RUN(test_chunks_equal_whole);
     RUN(test_refusals);
     RUN(test_normalized_added_tokens);
+    RUN(test_cuts_keep_added_tokens);
     RUN(test_split_at_metaspace);
     RUN(test_stream_writer);
     RUN(test_documents_and_threads);
