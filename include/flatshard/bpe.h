@@ -77,7 +77,8 @@ fs_status fs_bpe_encoder_init(fs_bpe_encoder **out, const fs_bpe *bpe);
 void fs_bpe_encoder_free(fs_bpe_encoder *enc); /* NULL is a no-op */
 
 /* Encoding flags. A long document may be encoded as several chunks cut at pre-token
- * boundaries (the CLI cuts after a newline between two non-space characters): the chunks
+ * boundaries outside added tokens (the CLI cuts after a newline between two non-space
+ * characters, where fs_bpe_added_may_cover_newline says no added token lies): the chunks
  * after the first say FS_BPE_CONTINUES (no "▁" prepended, no bos), those before the last
  * FS_BPE_CONTINUED (no template tokens after the text). */
 #define FS_BPE_ADD_SPECIAL 1u /* the post-processor's template tokens (bos), as encode() does */
