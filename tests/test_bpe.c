@@ -2,10 +2,11 @@
  * tests/test_bpe.c — the tokenizer.json BPE (flatshard/bpe.h) and the streaming tokenizer
  * (flatshard/tokenize.h) on hand-made tokenizer.json files whose ids can be worked out by
  * hand: merge order by rank (not by position), leftmost ties, byte fallback, unk fusing,
- * added tokens (leftmost, then longest), the post-processor template and chunk flags,
- * refusals (one line naming the file and the field), hostile text (invalid UTF-8 with the
- * U+FFFD the Unicode standard's "maximal subpart" rule gives, NUL bytes, empty text, a 3 MB
- * unsplit word), decode(encode(x)) == x, the streaming writer, and documents and threads.
+ * added tokens (leftmost, then longest; which newlines they may hold, where no chunk may be
+ * cut), the post-processor template and chunk flags, refusals (one line naming the file and
+ * the field), hostile text (invalid UTF-8 with the U+FFFD the Unicode standard's "maximal
+ * subpart" rule gives, NUL bytes, empty text, a 3 MB unsplit word), decode(encode(x)) == x,
+ * the streaming writer, and documents, threads and chunks.
  *
  * The comparison with the `tokenizers` package itself, on trained tokenizers and real text,
  * is tests/cli/test_tokenizer.sh.
@@ -474,6 +475,82 @@ static void test_normalized_added_tokens(void) {
     fs_bpe_free(bpe);
 }
 
+#define COVERS(bpe, before, after) \
+    fs_bpe_added_may_cover_newline(bpe, before, sizeof(before) - 1, after, sizeof(after) - 1)
+
+/* Whether tokenizing text (one document) in chunks of chunk_bytes gives the ids of encoding it
+ * whole, with the template but no eos; want: an id the whole must hold. */
+static int chunked_equals_whole(const fs_bpe *bpe, const char *name, const char *text, size_t chunk_bytes,
+                                int32_t want) {
+    write_file(tpath(name), text, strlen(text));
+    fs_tokenize_options o = fs_tokenize_options_default();
+    o.add_eos = 0;
+    o.chunk_bytes = chunk_bytes;
+    const char *inputs[] = {tpath(name)};
+    int32_t whole[4096];
+    int64_t nw = encode(bpe, text, strlen(text), FS_BPE_ADD_SPECIAL, whole, 4096);
+    int ok = nw > 0 && nw <= 4096 && fs_tokenize_files_bpe(bpe, tpath("chunked.bin"), inputs, 1, &o, NULL) == FS_OK;
+    fs_token_data d;
+    ok = ok && fs_token_data_open(&d, tpath("chunked.bin")) == FS_OK;
+    if (!ok) return 0;
+    int held = 0;
+    ok = d.n_tokens == nw;
+    for (int64_t i = 0; ok && i < nw; i++) {
+        ok = fs_token_data_get(&d, i) == whole[i];
+        held |= whole[i] == want;
+    }
+    fs_token_data_close(&d);
+    return ok && held;
+}
+
+/* Added tokens that hold a newline: a cut after that newline would split one, or (after one
+ * that ends there) take the segment start from the text after it, so the streaming tokenizer
+ * asks fs_bpe_added_may_cover_newline before it cuts there. */
+static void test_cuts_keep_added_tokens(void) {
+    make_bytelevel_json();
+    static char json[40000];
+    replace_once(json, sizeof json, bytelevel_json, "\"special\": false}],",
+                 "\"special\": false},\n {\"id\": 102, \"content\": \"x\\ny\", \"special\": false, \"normalized\": false}],");
+    fs_bpe *plain = load_text("bl.json", bytelevel_json), *bl = load_text("bl-nl.json", json);
+    make_sp_json(0, 1);
+    /* under Prepend("▁") the normalized "x\ny" is matched as "▁x\ny"; "z\n" ends at a cut */
+    replace_once(json, sizeof json, sp_json, "\"special\": true, \"normalized\": false}],",
+                 "\"special\": true, \"normalized\": false},\n {\"id\": 264, \"content\": \"x\\ny\", \"special\": false, \"normalized\": true},\n"
+                 " {\"id\": 265, \"content\": \"z\\n\", \"special\": false, \"normalized\": false}],");
+    fs_bpe *sp = load_text("sp-nl.json", json);
+    if (!plain || !bl || !sp) {
+        fs_bpe_free(plain);
+        fs_bpe_free(bl);
+        fs_bpe_free(sp);
+        return;
+    }
+    CHECK(!COVERS(plain, "aax\n", "ybb"), "without an added token with a newline, a newline is clear");
+    CHECK(COVERS(bl, "aax\n", "ybb"), "x\\ny lies over the newline of aax|ybb");
+    CHECK(!COVERS(bl, "aaq\n", "ybb") && !COVERS(bl, "aax\n", "qbb"), "x\\ny does not lie over aaq|ybb or aax|qbb");
+    CHECK(COVERS(bl, "\n", "ybb") && COVERS(bl, "aax\n", ""), "text that runs out may go on matching");
+    CHECK(COVERS(plain, "aax", "ybb"), "a before that does not end in a newline gives 1");
+    CHECK(COVERS(sp, "a x\n", "ybb"), "the normalized \"\xE2\x96\x81x\\ny\" lies over a x|ybb");
+    CHECK(!COVERS(sp, "a q\n", "ybb") && !COVERS(sp, "a x\n", "qbb"), "nor over a q|ybb or a x|qbb");
+    CHECK(COVERS(sp, "aaz\n", "bb") && !COVERS(sp, "aaq\n", "bb"), "z\\n ends at the newline of aaz|bb");
+    /* the streaming tokenizer: 1 KiB chunks, the first cut due after line 128 */
+    static char text[2048];
+    const char *ends[][2] = {{"aaaaaax", "ybbbbbb"}, {"aaaaa x", "ybbbbbb"}, {"aaaaaaz", "bbbbbbb"}};
+    const fs_bpe *tok[] = {bl, sp, sp};
+    const int32_t want[] = {102, 264, 265};
+    for (int c = 0; c < 3; c++) {
+        size_t n = 0;
+        for (int i = 0; i < 127; i++) n += (size_t)snprintf(text + n, sizeof text - n, "aaaaaaa\n");
+        n += (size_t)snprintf(text + n, sizeof text - n, "%s\n", ends[c][0]);
+        for (int i = 0; i < 10; i++) n += (size_t)snprintf(text + n, sizeof text - n, "%s\n", ends[c][1]);
+        CHECK(chunked_equals_whole(tok[c], "cut.txt", text, 1024, want[c]),
+              "case %d: 1 KiB chunks of '...%s|%s...' differ from the whole document (or lack id %d)", c,
+              ends[c][0], ends[c][1], want[c]);
+    }
+    fs_bpe_free(plain);
+    fs_bpe_free(bl);
+    fs_bpe_free(sp);
+}
+
 /* src with extra vocabulary entries (", \"x\": 9" form) and one merge of rank 0 before its
  * own, into out. */
 static void with_merge_first(char *out, size_t cap, const char *src, const char *vocab, const char *merge) {
@@ -700,6 +777,7 @@ int main(void) {
     RUN(test_chunks_equal_whole);
     RUN(test_refusals);
     RUN(test_normalized_added_tokens);
+    RUN(test_cuts_keep_added_tokens);
     RUN(test_split_at_metaspace);
     RUN(test_stream_writer);
     RUN(test_documents_and_threads);

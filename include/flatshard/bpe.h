@@ -77,12 +77,25 @@ fs_status fs_bpe_encoder_init(fs_bpe_encoder **out, const fs_bpe *bpe);
 void fs_bpe_encoder_free(fs_bpe_encoder *enc); /* NULL is a no-op */
 
 /* Encoding flags. A long document may be encoded as several chunks cut at pre-token
- * boundaries (the CLI cuts after a newline between two non-space characters): the chunks
+ * boundaries outside added tokens (the CLI cuts after a newline between two non-space
+ * characters, where fs_bpe_added_may_cover_newline says no added token lies): the chunks
  * after the first say FS_BPE_CONTINUES (no "▁" prepended, no bos), those before the last
  * FS_BPE_CONTINUED (no template tokens after the text). */
 #define FS_BPE_ADD_SPECIAL 1u /* the post-processor's template tokens (bos), as encode() does */
 #define FS_BPE_CONTINUES 2u   /* the text continues the previous chunk of a document */
 #define FS_BPE_CONTINUED 4u   /* the next chunk continues this text */
+
+/* Whether an added token may hold the newline that ends before[0, n_before) in a text that
+ * goes on with after[0, n_after): then a cut after that newline would split the token, or
+ * (if the token ends there) give the text after it no segment start of its own, and the
+ * chunks would not have the ids of the whole text. 0: no added token matches there. It errs
+ * towards 1: bytes it would need past either end count as matching, and so do bytes it cannot
+ * compare with the token's as given (outside ASCII, where U+FFFD may replace them; for a
+ * normalized token, bytes a normalizer step matches or writes). A before that does not end in
+ * a newline gives 1. Only added tokens with a newline are looked at (the list is made at
+ * load), so for most tokenizers this is a return. */
+int fs_bpe_added_may_cover_newline(const fs_bpe *bpe, const char *before, size_t n_before,
+                                   const char *after, size_t n_after);
 
 /* Appends the ids of text[0, n_bytes) to out. Errors: FS_ERR_NOMEM, FS_ERR_INTERNAL (a regex
  * match failed, e.g. PCRE2's match limit on a pathological pattern), with a message. */

@@ -13,8 +13,9 @@
  * fs_bpe_encoder), then written in order, so memory stays at a few jobs plus the longest
  * line whatever the corpus size, and the jobs (hence the ids) do not depend on the thread
  * count. A document longer than chunk_bytes is cut into chunks: after a newline that sits
- * between two ASCII non-space characters (the GPT-2 and Llama 3 split regexes never match
- * across it, so the ids are those of the whole document), or, when no such newline comes
+ * between two ASCII non-space characters and that no added token may hold
+ * (fs_bpe_added_may_cover_newline; the GPT-2 and Llama 3 split regexes never match across
+ * it, so the ids are those of the whole document), or, when no such newline comes
  * within 4 x chunk_bytes, after any newline, or inside a line longer than that at a
  * character boundary; those last two cuts, and any cut of a tokenizer without a
  * pre-tokenizer whose merges join a newline to its neighbours, may give other ids than

@@ -297,6 +297,15 @@ struct fs_bpe {
     int n_added;
     int added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
     int has_normalized_added;
+    /* fs_bpe_added_may_cover_newline: the added tokens whose match holds a newline (indices
+     * into added; usually none), the bytes a normalizer step matches or writes (a normalized
+     * token is compared with raw text only where neither side has one), and whether every
+     * newline may be in an added token (the normalizer rewrites or writes newlines, and
+     * some added token is normalized) */
+    int *nl_added;
+    int n_nl_added;
+    uint8_t norm_touches[256];
+    int nl_any_added;
     /* pipeline */
     norm_step norm[MAX_STEPS];
     int n_norm;
@@ -372,6 +381,7 @@ void fs_bpe_free(fs_bpe *t) {
     free(t->pairs);
     for (int i = 0; t->added && i < t->n_added; i++) free(t->added[i].match);
     free(t->added);
+    free(t->nl_added);
     free(t->tmpl_before);
     free(t->tmpl_after);
     free(t);
@@ -811,6 +821,28 @@ static void decide_split_at_metaspace(fs_bpe *t) {
     t->split_at_metaspace = 1;
 }
 
+/* Fills what fs_bpe_added_may_cover_newline reads, once the added tokens are sorted (the
+ * normalizer is loaded before them). */
+static fs_status find_newline_added(fs_bpe *t) {
+    for (int i = 0; i < t->n_norm; i++) {
+        const norm_step *ns = &t->norm[i];
+        for (const char *c = ns->a; c && *c; c++) t->norm_touches[(uint8_t)*c] = 1;
+        for (const char *c = ns->kind == NORM_REPLACE ? ns->b : NULL; c && *c; c++)
+            t->norm_touches[(uint8_t)*c] = 1;
+    }
+    t->nl_any_added = t->norm_touches['\n'] && t->has_normalized_added;
+    for (int i = 0; i < t->n_added; i++) {
+        const added_token *a = &t->added[i];
+        if (!memchr(a->match, '\n', a->match_len)) continue;
+        if (!t->nl_added) {
+            t->nl_added = malloc((size_t)t->n_added * sizeof *t->nl_added);
+            if (!t->nl_added) return fs_errorf(FS_ERR_NOMEM, "%s: out of memory", t->path);
+        }
+        t->nl_added[t->n_nl_added++] = i;
+    }
+    return FS_OK;
+}
+
 /* Reads the id of a vocabulary or added-token entry. */
 static fs_status get_id(const fs_bpe *t, const cJSON *v, const char *where, const char *name,
                         int32_t *out) {
@@ -961,6 +993,7 @@ static fs_status load_model_and_tokens(fs_bpe *t, const cJSON *root) {
         while (i < t->n_added && (uint8_t)t->added[i].match[0] < b) i++;
         t->added_first[b] = i;
     }
+    FS_TRY(find_newline_added(t));
 
     const cJSON *unk = field(model, "unk_token");
     t->unk_id = -1;
@@ -1606,6 +1639,49 @@ static const added_token *added_at(const fs_bpe *t, const char *s, size_t n, siz
             return a;
     }
     return NULL;
+}
+
+/* Whether the text byte r, facing the byte m of a's match, may differ from what the matcher
+ * sees there, so that r != m rules nothing out: U+FFFD replaces bytes >= 0x80 only, and a
+ * normalizer step copies a byte it neither matches nor writes as it is, next to its copied
+ * neighbours; a byte it does touch (in the text or the token: the "▁" of Prepend stands where
+ * the text may have a raw added token's last byte) may stand anywhere. */
+static int unknown_byte(const fs_bpe *t, const added_token *a, uint8_t r, uint8_t m) {
+    return r >= 0x80 || (a->normalized && (t->norm_touches[r] || t->norm_touches[m]));
+}
+
+/* Whether a's match may lie over the newline that ends before (fs_bpe_added_may_cover_newline):
+ * each newline of the match is put on it and the bytes beside it compared outward. */
+static int added_may_cover(const fs_bpe *t, const added_token *a, const char *before, size_t n_before,
+                           const char *after, size_t n_after) {
+    const uint8_t *m = (const uint8_t *)a->match;
+    for (size_t k = 0; k < a->match_len; k++) {
+        if (m[k] != '\n') continue;
+        int fits = 1;
+        /* before[n_before - 1] is the newline, so before[n_before - 1 - j] faces m[k - j];
+         * where the text runs out, the token may go on matching */
+        for (size_t j = 1; j <= k && j < n_before && fits; j++) {
+            uint8_t r = (uint8_t)before[n_before - 1 - j];
+            if (unknown_byte(t, a, r, m[k - j])) break;
+            fits = r == m[k - j];
+        }
+        for (size_t j = 0; k + 1 + j < a->match_len && j < n_after && fits; j++) {
+            uint8_t r = (uint8_t)after[j];
+            if (unknown_byte(t, a, r, m[k + 1 + j])) break;
+            fits = r == m[k + 1 + j];
+        }
+        if (fits) return 1;
+    }
+    return 0;
+}
+
+int fs_bpe_added_may_cover_newline(const fs_bpe *bpe, const char *before, size_t n_before,
+                                   const char *after, size_t n_after) {
+    if (n_before == 0 || before[n_before - 1] != '\n') return 1;
+    if (bpe->nl_any_added) return 1;
+    for (int i = 0; i < bpe->n_nl_added; i++)
+        if (added_may_cover(bpe, &bpe->added[bpe->nl_added[i]], before, n_before, after, n_after)) return 1;
+    return 0;
 }
 
 static fs_status pretokenize_and_encode(fs_bpe_encoder *e, int at_zero, int no_prefix, fs_bpe_ids *out);

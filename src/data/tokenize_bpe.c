@@ -235,7 +235,8 @@ static fs_status add_line(pipeline *p, const char *line, size_t n) {
     if (have >= p->chunk) {
         const char *u = j->text + p->unit_start;
         int safe = have >= 2 && u[have - 1] == '\n' && ascii_solid((uint8_t)u[have - 2]) &&
-                   n > 0 && ascii_solid((uint8_t)line[0]);
+                   n > 0 && ascii_solid((uint8_t)line[0]) &&
+                   !fs_bpe_added_may_cover_newline(p->bpe, u, have, line, n);
         if (safe || have >= 4 * p->chunk) FS_TRY(end_unit(p, 0));
     }
     while (n > 4 * p->chunk) { /* a huge line: cut at a character boundary */

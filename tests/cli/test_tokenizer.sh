@@ -12,8 +12,8 @@
 # spaces, CRLF, special tokens inline) and hostile text (invalid UTF-8, NUL bytes, empty,
 # whitespace runs, a 630 kB line) with both, and the ids must be identical; decoding them
 # (and random ids) must give the reference's text. 1 and 2 threads, and small chunks, must give
-# the same file. Without the test venv's `tokenizers` the checks are skipped (CI counts that
-# as a failure).
+# the same file, and small chunks must not be cut inside an added token that holds a newline.
+# Without the test venv's `tokenizers` the checks are skipped (CI counts that as a failure).
 . "$(dirname "$0")/lib.sh"
 
 PY=${FLATSHARD_TEST_PYTHON:-$PWD/.venv-test/bin/python}
@@ -142,6 +142,29 @@ for kind in gpt2-prefix metaspace-always sp-normalized words-normalized words-ig
     same_ids "$kind: unicode sample" "$T/$kind.json" "$T/unicode.txt" -- "$T/unicode.txt" --eos
     same_ids "$kind: fortunes split at % lines" "$T/$kind.json" --doc-separator % "$FORTUNES/fortunes" -- "$FORTUNES/fortunes" --doc-separator % --eos
     same_ids "$kind: 4 KiB chunks of a 240 kB document" "$T/$kind.json" --chunk-bytes 4K "$FORTUNES/computers" -- "$FORTUNES/computers" --eos
+done
+# added tokens that hold a newline (added with the tokenizers package): a chunk must not be cut
+# inside one ("x\ny"; normalized under Llama 2's normalizer, it is matched as "▁x\ny"), nor
+# right after one that ends in the newline ("x\n": the text after it starts a segment, which
+# gets ByteLevel's prefix space). With 1 KiB chunks of 8-byte lines the cut is due after line
+# 128, where the token is. Each tokenizer's id of its token goes to $T/NAME.id.
+"$PY" -c '
+import sys
+from tokenizers import Tokenizer, AddedToken
+t, w = sys.argv[1], sys.argv[2]
+for base, name, content, normalized in [("bytelevel", "bytelevel-nl-added", "x\ny", False),
+                                        ("gpt2-prefix", "gpt2-prefix-nl-added", "x\n", False),
+                                        ("sentencepiece-words", "words-nl-added", "x\ny", True)]:
+    tok = Tokenizer.from_file(f"{t}/{base}.json")
+    tok.add_tokens([AddedToken(content, normalized=normalized)])
+    tok.save(f"{t}/{name}.json")
+    open(f"{t}/{name}.id", "w").write(f"{tok.token_to_id(content)}\n")
+open(f"{w}/xy.txt", "w").write("aaaaaaa\n" * 127 + "aaaaaax\n" + "ybbbbbb\n" * 10)
+open(f"{w}/space-xy.txt", "w").write("aaaaaaa\n" * 127 + "aaaaa x\n" + "ybbbbbb\n" * 10)' "$T" "$WORK"
+for kind_text in bytelevel-nl-added:xy gpt2-prefix-nl-added:xy words-nl-added:space-xy; do
+    kind=${kind_text%%:*} text="$WORK/${kind_text#*:}.txt"
+    same_ids "$kind: 1 KiB chunks, the added token where the cut is due" "$T/$kind.json" --chunk-bytes 1K "$text" -- "$text" --eos
+    expect "$kind: the reference's ids hold the added token" grep -qxf "$T/$kind.id" "$WORK/ids.ref"
 done
 for kind in bytelevel sentencepiece sentencepiece-words; do
     tok="$T/$kind.json"
