@@ -32,7 +32,9 @@ static const fs_command_help plan_help = {
         "backward alone and with every core busy; the CPU ring between 2 ranks), cached in\n"
         "$XDG_CACHE_HOME/flatshard or ~/.cache/flatshard; ranks that fill the cores are\n"
         "estimated slower by the block's busy / alone time. The output says where the figures\n"
-        "came from. --ckpt-layers auto finds the fewest checkpointed blocks that fit.\n"
+        "came from. On this-machine the memory is the RAM, shared by the min(W, cores) ranks\n"
+        "on it: a plan fits when their totals do together. --ckpt-layers auto finds the\n"
+        "fewest checkpointed blocks that fit.\n"
         "--shard-group auto plans every group size G that divides W (hybrid sharding: shard\n"
         "within groups of G, all-reduce the gradient shards over the W/G replicas), each with\n"
         "its own --ckpt-layers, prints a table of them and the full plan of the fastest that\n"
@@ -90,10 +92,19 @@ static void free_plan(planned *p) {
     fs_layout_free(&p->layout);
 }
 
-/* The plan of tc (with auto_ckpt, the fewest checkpointed blocks that fit `capacity`, or all
- * of them: tc->ckpt_layers says which; *needed is -1 when even all do not fit). */
+/* Whether `sharing` ranks of this total fit `capacity`: the device memory of each (sharing 1,
+ * a GPU) or the RAM of a host that many ranks share (this-machine,
+ * fs_hardware_ranks_sharing_memory). In double: the product may pass 2^64. */
+static int fits_memory(uint64_t total, int sharing, double capacity) {
+    return (double)total * (double)sharing <= capacity;
+}
+
+/* The plan of tc (with auto_ckpt, the fewest checkpointed blocks that fit `capacity` shared by
+ * `sharing` ranks, or all of them: tc->ckpt_layers says which; *needed is -1 when even all do
+ * not fit). */
 static fs_status plan_fitting(planned *p, const fs_llama_config *mc, fs_train_config *tc, int world,
-                              const fs_hardware *hw, int auto_ckpt, double capacity, int64_t *needed) {
+                              const fs_hardware *hw, int auto_ckpt, double capacity, int sharing,
+                              int64_t *needed) {
     *needed = -1;
     if (auto_ckpt) tc->ckpt_layers = 0;
     fs_status st = make_plan(p, mc, tc, world, hw);
@@ -104,7 +115,7 @@ static fs_status plan_fitting(planned *p, const fs_llama_config *mc, fs_train_co
             tc->ckpt_layers = n;
             st = make_plan(p, mc, tc, world, hw);
         }
-        if (st == FS_OK && (double)p->total <= capacity) {
+        if (st == FS_OK && fits_memory(p->total, sharing, capacity)) {
             *needed = n;
             break;
         }
@@ -151,7 +162,7 @@ int fs_cmd_plan(int argc, char **argv) {
         {"precision", 0, FS_OPT_STRING, &precision, "P", "weights in the buffers and on the wire", precision_choices, 0, 0},
         {"fp32-grad-wire", 0, FS_OPT_FLAG, &fp32_grad_wire, NULL, "under bf16, unit gradients fp32 on the wire (as train --fp32-grad-wire)", NULL, 0, 0},
         {"device", 'd', FS_OPT_STRING, &device, "NAME", "a published preset, or this machine measured", device_choices, 0, 0},
-        {"device-mem", 0, FS_OPT_BYTES, &device_mem, "BYTES", "device memory (0: the preset's)", NULL, 0, 0},
+        {"device-mem", 0, FS_OPT_BYTES, &device_mem, "BYTES", "device memory (0: the preset's; this-machine: the RAM its ranks share)", NULL, 0, 0},
         {"recalibrate", 0, FS_OPT_FLAG, &recalibrate, NULL, "this-machine: measure again and rewrite the cache", NULL, 0, 0},
         {"json", 0, FS_OPT_FLAG, &json, NULL, "print one JSON object instead of the tables", NULL, 0, 0},
         {NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0},
@@ -189,6 +200,9 @@ int fs_cmd_plan(int argc, char **argv) {
         return fs_usage_error("plan", "--seq %" PRId64 " exceeds the model's max_position_embeddings (%" PRId64 ")",
                               seq, mc.max_position_embeddings);
     double capacity = device_mem > 0 ? (double)device_mem : hw->memory_bytes;
+    /* this-machine's capacity is the host's RAM, which every rank on the host takes its total
+     * from; a GPU's is the rank's own */
+    const int sharing = fs_hardware_ranks_sharing_memory(hw, (int)world);
     tc.batch = batch;
     tc.seq = seq;
     tc.grad_accum = grad_accum;
@@ -218,14 +232,14 @@ int fs_cmd_plan(int argc, char **argv) {
             t.shard_group = (int)g;
             planned q;
             int64_t need;
-            r->status = plan_fitting(&q, &mc, &t, (int)world, hw, auto_ckpt, capacity, &need);
+            r->status = plan_fitting(&q, &mc, &t, (int)world, hw, auto_ckpt, capacity, sharing, &need);
             if (r->status != FS_OK) {
                 snprintf(r->error, sizeof r->error, "%s", fs_error_message());
                 continue;
             }
             r->ckpt_layers = t.ckpt_layers;
             r->total = q.total;
-            r->fits = (double)q.total <= capacity;
+            r->fits = fits_memory(q.total, sharing, capacity);
             fs_estimate_step(&q.plan, hw, grad_accum, &r->est);
             free_plan(&q);
         }
@@ -245,14 +259,14 @@ int fs_cmd_plan(int argc, char **argv) {
 
     planned p;
     int64_t needed = -1;
-    st = plan_fitting(&p, &mc, &tc, (int)world, hw, auto_ckpt, capacity, &needed);
+    st = plan_fitting(&p, &mc, &tc, (int)world, hw, auto_ckpt, capacity, sharing, &needed);
     if (st != FS_OK) {
         free(rows);
         return fs_cli_report("plan", st);
     }
     fs_step_estimate est;
     fs_estimate_step(&p.plan, hw, grad_accum, &est);
-    const int fits = (double)p.total <= capacity;
+    const int fits = fits_memory(p.total, sharing, capacity);
     static const char *const kinds[FS_EST_N_KINDS] = {"all_gather", "reduce_scatter", "all_reduce"};
     static const char *const origin_names[] = {
         [FS_HW_PUBLISHED] = "preset", [FS_HW_MEASURED] = "measured", [FS_HW_CACHED] = "cached"};
@@ -261,10 +275,11 @@ int fs_cmd_plan(int argc, char **argv) {
         printf("{\"model\":\"%s\",\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"grad_accum\":%" PRId64 ",\"ckpt_layers\":%" PRId64 ",\"strategy\":\"%s\",\"precision\":\"%s\","
                "\"shard_group\":%d,"
-               "\"device\":\"%s\",\"device_figures\":\"%s\",\"device_bytes\":%.0f,\"fits\":%s,\"bytes\":{",
+               "\"device\":\"%s\",\"device_figures\":\"%s\",\"device_bytes\":%.0f,\"ranks_sharing_memory\":%d,"
+               "\"fits\":%s,\"bytes\":{",
                model, p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
                p.plan.cfg.world,
-               hw->name, origin_names[hw->origin], capacity, fits ? "true" : "false");
+               hw->name, origin_names[hw->origin], capacity, sharing, fits ? "true" : "false");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
             printf("\"%s\":%" PRIu64 ",", fs_mem_category_name((fs_mem_category)k), p.bytes[k]);
         printf("\"nccl\":%" PRIu64 ",\"total\":%" PRIu64 "},\"comm\":{", p.nccl, p.total);
@@ -306,6 +321,9 @@ int fs_cmd_plan(int argc, char **argv) {
     if (auto_group) {
         printf("--shard-group auto: every G dividing the %" PRId64 " ranks, each with %s (docs/planner.md)\n", world,
                auto_ckpt ? "the fewest checkpointed blocks that fit" : "--ckpt-layers as given");
+        if (sharing > 1)
+            printf("  (memory GiB per rank; fits: %d ranks on a host share its %.1f GiB of RAM)\n", sharing,
+                   capacity / 1073741824.0);
         printf("  %7s %7s %6s %11s %-12s %9s %10s %12s %6s\n", "G", "groups", "ckpt", "memory GiB", "fits",
                "step s", "exposed s", "tokens/s", "MFU");
         for (int i = 0; i < n_rows; i++) {
@@ -349,8 +367,13 @@ int fs_cmd_plan(int argc, char **argv) {
     if (tc.device == FS_DEVICE_CUDA)
         printf("  %-14s %10.3f (NCCL's communicators beside the engine's allocator, an estimate: docs/planner.md)\n",
                "nccl", (double)p.nccl / 1073741824.0);
-    printf("  %-14s %10.3f of %.1f: %s\n", "total", (double)p.total / 1073741824.0, capacity / 1073741824.0,
-           fits ? "fits" : "DOES NOT FIT");
+    if (sharing > 1) /* the RAM holds every rank of the host: say so, and the sum it must hold */
+        printf("  %-14s %10.3f per rank x %d ranks on a host = %.3f of %.1f (the host's RAM, shared): %s\n", "total",
+               (double)p.total / 1073741824.0, sharing, (double)p.total * sharing / 1073741824.0,
+               capacity / 1073741824.0, fits ? "fits" : "DOES NOT FIT");
+    else
+        printf("  %-14s %10.3f of %.1f: %s\n", "total", (double)p.total / 1073741824.0, capacity / 1073741824.0,
+               fits ? "fits" : "DOES NOT FIT");
     printf("  %-14s %10.3f (the staging of the save of --out, at the end, on top of the total)\n", "final save",
            (double)p.plan.save_bytes / 1073741824.0);
     if (auto_ckpt)

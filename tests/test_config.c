@@ -577,6 +577,29 @@ static void test_ring_busbw(void) {
     }
 }
 
+/* Whose memory a plan's total is checked against: a GPU preset's is each rank's own device;
+ * this machine's (fs_hardware_from_calibration) is the RAM the ranks on the host share, and
+ * a world larger than the cores is planned as several such hosts (docs/planner.md). */
+static void test_ranks_sharing_memory(void) {
+    for (const fs_hardware *const *h = fs_hardware_presets(); *h; h++) {
+        CHECK(!(*h)->memory_shared, "%s: memory per device", (*h)->name);
+        for (int w = 1; w <= 256; w *= 2)
+            CHECK(fs_hardware_ranks_sharing_memory(*h, w) == 1, "%s, W %d: each rank its own device", (*h)->name, w);
+    }
+    fs_calibration cal = {.gemm_fp32_flops = 1e9, .gemm_bf16_flops = 1e9, .attention_fp32_flops = 1e9,
+                          .attention_bf16_flops = 1e9, .adamw_bytes_per_s = 1e9, .ring_busbw = 1e9};
+    fs_hardware cpu;
+    fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 4, &cpu);
+    CHECK(cpu.memory_shared, "this machine's RAM is shared by its ranks");
+    static const int want[][2] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 4}, {8, 4}, {1 << 20, 4}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const int got = fs_hardware_ranks_sharing_memory(&cpu, want[i][0]);
+        CHECK(got == want[i][1], "4 cores, W %d: %d ranks share the RAM, expected %d", want[i][0], got, want[i][1]);
+    }
+    fs_hardware_from_calibration(&cal, 24.0 * 1073741824.0, 1, &cpu);
+    CHECK(fs_hardware_ranks_sharing_memory(&cpu, 2) == 1, "one core: a host per rank");
+}
+
 /* Hybrid sharding by hand: the model of test_step_time_by_hand in groups of 4 with 4 replicas
  * (W = 16) on H100s, 8 per node. The groups' collectives run inside a node at NVLink's 360
  * GB/s; each replica set (ranks 4 apart: two on each of two nodes) all-reduces at 2 NICs x 45
@@ -959,6 +982,7 @@ int main(void) {
     RUN(test_largest_plan_has_no_wrap);
     RUN(test_step_time_by_hand);
     RUN(test_ring_busbw);
+    RUN(test_ranks_sharing_memory);
     RUN(test_hsdp_step_by_hand);
     RUN(test_nccl_bytes_by_hand);
     RUN(test_contention_rule);

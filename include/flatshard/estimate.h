@@ -53,7 +53,10 @@ typedef struct fs_hardware {
     fs_hw_origin origin;
     const char *origin_note; /* one line: "published preset (docs/planner.md)", "measured now
                                 (cached in PATH)", "cached from DATE UTC (PATH)" */
-    double memory_bytes;     /* per device */
+    double memory_bytes;     /* per device; where memory_shared, a host's, for all its ranks */
+    int memory_shared;       /* memory_bytes is a host's RAM that the ranks on the host share
+                                (this-machine), not each rank's own device memory (the GPU
+                                presets): fs_hardware_ranks_sharing_memory */
     double peak_flops_fp32;  /* per device */
     double peak_flops_bf16;
     double utilisation_fp32; /* sustained / peak for the fp32 policy's compute */
@@ -104,6 +107,14 @@ typedef struct fs_hardware {
  *     apart (stride dividing it; else 1), 1 for ranks a node or more apart.
  * docs/planner.md gives the figures and their sources. */
 double fs_hardware_ring_busbw(const fs_hardware *hw, int world, int ranks, int stride);
+
+/* How many ranks' memory memory_bytes has to hold at once, in a world of `world` ranks placed
+ * devices_per_node to a host: 1 where each rank has a device of its own (the GPU presets);
+ * where memory_shared (this-machine: the RAM of a host whose cores are its "devices"), the
+ * ranks on one host, min(world, devices_per_node) — a world larger than that is planned as
+ * several such hosts, as the ring's bandwidth and the contention are. A plan fits when this
+ * many times a rank's total (rank 0's, the largest) is at most memory_bytes. */
+int fs_hardware_ranks_sharing_memory(const fs_hardware *hw, int world);
 
 /* The published presets (a100-80gb, h100-80gb, h200), NULL-terminated. */
 const fs_hardware *const *fs_hardware_presets(void);
@@ -190,7 +201,8 @@ fs_status fs_calibration_write(const char *path, const fs_calibration *cal);
  *   memory_bw             adamw_bytes_per_s (the optimizer itself: the largest memory-bound
  *                         kernel of a step)
  *   intra/nic_busbw       ring_busbw (one machine: the "NIC" figure is the same memory)
- *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores)
+ *   memory_bytes, devices_per_node  as given (the machine's RAM and online cores);
+ *                         memory_shared 1: the ranks on the machine share its RAM
  *   busy_cores, contention_fp32/bf16  as measured where busy_cores > 1; else 0
  * name, description and origin_note are left NULL for the caller. */
 void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes,

@@ -991,6 +991,7 @@ void fs_hardware_from_calibration(const fs_calibration *cal, double memory_bytes
                                   int devices_per_node, fs_hardware *out) {
     memset(out, 0, sizeof *out);
     out->memory_bytes = memory_bytes;
+    out->memory_shared = 1; /* the RAM of one machine, for every rank on it */
     out->peak_flops_fp32 = cal->gemm_fp32_flops;
     out->peak_flops_bf16 = cal->gemm_bf16_flops;
     out->utilisation_fp32 = 1; /* the rates are a layer's forward and backward products */

@@ -102,6 +102,12 @@ double fs_hardware_ring_busbw(const fs_hardware *hw, int world, int ranks, int s
     return fmin(hw->intra_busbw, (double)per_node * hw->nic_busbw);
 }
 
+int fs_hardware_ranks_sharing_memory(const fs_hardware *hw, int world) {
+    const int d = hw->devices_per_node > 0 ? hw->devices_per_node : 1;
+    if (!hw->memory_shared || world <= 1) return 1;
+    return world < d ? world : d;
+}
+
 double fs_hardware_peak(const fs_hardware *hw, fs_precision precision) {
     return precision == FS_PRECISION_BF16 ? hw->peak_flops_bf16 : hw->peak_flops_fp32;
 }

@@ -5,7 +5,9 @@
 # category against docs/planner.md's formulas computed here from the parameter count,
 # --shard-group auto (every G against its own plan, the choice on cases whose answer is known,
 # Llama 3 70B on 256 H100s), the presets' ring bandwidths, refusals, and the largest accepted
-# sizes planned without wrap-around while one past them is refused naming the field.
+# sizes planned without wrap-around while one past them is refused naming the field; the fit
+# of ranks that share this machine's RAM (--ckpt-layers and --shard-group auto too) against
+# a GPU's per-rank memory.
 . "$(dirname "$0")/lib.sh"
 
 PY=/usr/bin/python3
@@ -135,6 +137,83 @@ run "plan one GPU alone" 0 "$FS" plan --model small --world 1 --device h100-80gb
 expect "one GPU has no NCCL communicator" grep -qE "^  nccl +0\.000 " "$WORK/out"
 run "plan this-machine as text" 0 "$FS" plan "${SMALL[@]}"
 expect "this machine's ranks talk over MPI or threads: no nccl line" bash -c '! grep -q "^  nccl " "$1"' _ "$WORK/out"
+
+# --- the fit on this machine: its memory is the host's RAM, which the ranks on the host share
+# (min(W, cores) of them: docs/planner.md), so what must fit is that many ranks' totals; a GPU
+# preset's memory is each rank's own. --device-mem gives the RAM (half again rank 0's total
+# with no checkpointing), so the answers do not depend on this machine's. It said "fits" for 2
+# ranks whose totals together need more than the RAM (it compared one rank's with all of it).
+SHARE=(--model small --batch 16 --seq 2048 --precision fp32 --device this-machine)
+K=$((CORES < 2 ? CORES : 2))   # the ranks of a 2-rank world on one host
+run "plan 2 ranks on this machine, no checkpointing" 0 "$FS" plan "${SHARE[@]}" --world 2 --json
+RAM=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"]["total"] * 3 // 2)' "$WORK/out")
+run "plan 2 ranks with RAM for 1.5 of them" 0 "$FS" plan "${SHARE[@]}" --world 2 --device-mem "$RAM" --json
+cp "$WORK/out" "$WORK/share2.json"
+expect "2 ranks on a host must fit the RAM together: 1.5 ranks' worth does not hold them" $PY -c '
+import json, sys
+e, k, ram = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+t = e["bytes"]["total"]
+assert e["device_bytes"] == ram and t < ram < 2 * t, (e["device_bytes"], t, ram)
+assert e["fits"] == (k * t <= ram) and (k == 1 or not e["fits"]), (e["fits"], k, t, ram)
+assert e["ranks_sharing_memory"] == k, (e.get("ranks_sharing_memory"), k)
+' "$WORK/share2.json" "$K" "$RAM"
+run "the same as text" 0 "$FS" plan "${SHARE[@]}" --world 2 --device-mem "$RAM"
+if [ "$K" -eq 2 ]; then
+    expect "the total line says per rank, the ranks on a host, their sum, and that it does not fit" grep -qE \
+        "^  total +[0-9.]+ per rank x 2 ranks on a host = [0-9.]+ of [0-9.]+ \(the host's RAM, shared\): DOES NOT FIT$" "$WORK/out"
+else
+    skip_by_design "the total line of 2 ranks sharing the RAM" "one core: 2 ranks are planned as 2 hosts"
+fi
+run "one rank alone with the same RAM" 0 "$FS" plan "${SHARE[@]}" --world 1 --device-mem "$RAM" --json
+expect "one rank on the host: its total against the whole RAM, and it fits" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+assert e["ranks_sharing_memory"] == 1 and e["fits"] and e["bytes"]["total"] <= e["device_bytes"], e
+' "$WORK/out"
+run "one rank alone as text" 0 "$FS" plan "${SHARE[@]}" --world 1 --device-mem "$RAM"
+expect "one rank's total line is as before" grep -qE "^  total +[0-9.]+ of [0-9.]+: fits$" "$WORK/out"
+run "plan 2 ranks on this machine, --ckpt-layers auto" 0 "$FS" plan "${SHARE[@]}" --world 2 --device-mem "$RAM" \
+    --ckpt-layers auto --json
+cp "$WORK/out" "$WORK/share-auto.json"
+n=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["ckpt_layers"])' "$WORK/share-auto.json")
+run "plan 2 ranks with one checkpointed block fewer" 0 "$FS" plan "${SHARE[@]}" --world 2 --device-mem "$RAM" \
+    --ckpt-layers $((n > 0 ? n - 1 : 0)) --json
+expect "--ckpt-layers auto: the fewest blocks whose 2 ranks fit the RAM together" $PY -c '
+import json, sys
+a, less, k = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+ram = a["device_bytes"]
+assert a["fits"] and k * a["bytes"]["total"] <= ram, (a["ckpt_layers"], a["bytes"]["total"], ram)
+if k == 2:
+    assert a["ckpt_layers"] > 0, "no checkpointing would fit one rank, not two"
+    assert less["ckpt_layers"] == a["ckpt_layers"] - 1 and not less["fits"], less["ckpt_layers"]
+    assert k * less["bytes"]["total"] > ram, "one block fewer does not fit"
+' "$WORK/share-auto.json" "$WORK/out" "$K"
+run "plan 2 ranks on this machine, --shard-group auto" 0 "$FS" plan "${SHARE[@]}" --world 2 --device-mem "$RAM" \
+    --ckpt-layers auto --shard-group auto --json
+expect "--shard-group auto: every G's fit counts the ranks that share the RAM" $PY -c '
+import json, sys
+e, k = json.load(open(sys.argv[1])), int(sys.argv[2])
+ram = e["device_bytes"]
+rows = e["shard_group_auto"]["candidates"]
+assert [r["shard_group"] for r in rows] == [1, 2], rows
+for r in rows:
+    assert r["fits"] and k * r["total"] <= ram, (r, ram)
+    assert k == 1 or r["ckpt_layers"] > 0, r
+' "$WORK/out" "$K"
+# a GPU preset: each rank has its own device, so the same bytes fit where one rank's total does
+run "plan 2 ranks on H100s with memory for 1.5 of them" 0 "$FS" plan --model small --world 2 --batch 16 --seq 2048 \
+    --precision fp32 --device h100-80gb --json
+GPU=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"]["total"] * 3 // 2)' "$WORK/out")
+run "the same with --device-mem" 0 "$FS" plan --model small --world 2 --batch 16 --seq 2048 --precision fp32 \
+    --device h100-80gb --device-mem "$GPU" --json
+expect "a GPU's memory is per rank: one rank's total against it, and it fits" $PY -c '
+import json, sys
+e = json.load(open(sys.argv[1]))
+assert e["ranks_sharing_memory"] == 1 and e["fits"] and e["bytes"]["total"] <= e["device_bytes"], e
+' "$WORK/out"
+run "the same as text" 0 "$FS" plan --model small --world 2 --batch 16 --seq 2048 --precision fp32 \
+    --device h100-80gb --device-mem "$GPU"
+expect "a GPU's total line is one rank's" grep -qE "^  total +[0-9.]+ of [0-9.]+: fits$" "$WORK/out"
 
 # --- Llama 2 70B on 256 A100 80GB at 2 x 4096 tokens (a micro-batch that needs checkpointing):
 # every memory category against docs/planner.md's formulas, from the published config
