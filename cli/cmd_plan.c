@@ -134,17 +134,6 @@ typedef struct group_row {
     fs_step_estimate est;
 } group_row;
 
-static void print_json_string(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
 int fs_cmd_plan(int argc, char **argv) {
     const char *model = "small", *strategy = "yafsdp", *precision = "bf16", *device = "this-machine";
     const char *ckpt = "0", *shard_group_arg = "0";
@@ -272,12 +261,13 @@ int fs_cmd_plan(int argc, char **argv) {
         [FS_HW_PUBLISHED] = "preset", [FS_HW_MEASURED] = "measured", [FS_HW_CACHED] = "cached"};
 
     if (json) {
-        printf("{\"model\":\"%s\",\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
+        char model_json[4200];
+        printf("{\"model\":%s,\"params\":%" PRId64 ",\"world\":%" PRId64 ",\"batch\":%" PRId64 ",\"seq\":%" PRId64
                ",\"grad_accum\":%" PRId64 ",\"ckpt_layers\":%" PRId64 ",\"strategy\":\"%s\",\"precision\":\"%s\","
                "\"shard_group\":%d,"
                "\"device\":\"%s\",\"device_figures\":\"%s\",\"device_bytes\":%.0f,\"ranks_sharing_memory\":%d,"
                "\"fits\":%s,\"bytes\":{",
-               model, p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
+               fs_cli_json_quote(model_json, sizeof model_json, model), p.layout.total_numel, world, batch, seq, grad_accum, tc.ckpt_layers, strategy, precision,
                p.plan.cfg.world,
                hw->name, origin_names[hw->origin], capacity, sharing, fits ? "true" : "false");
         for (int k = 0; k < FS_MEM_N_CATEGORIES; k++)
@@ -301,9 +291,8 @@ int fs_cmd_plan(int argc, char **argv) {
                 const group_row *r = &rows[i];
                 printf("%s{\"shard_group\":%d,", i ? "," : "", r->group);
                 if (r->status != FS_OK) {
-                    printf("\"error\":");
-                    print_json_string(r->error);
-                    printf("}");
+                    char error_json[2 * sizeof r->error + 16];
+                    printf("\"error\":%s}", fs_cli_json_quote(error_json, sizeof error_json, r->error));
                     continue;
                 }
                 printf("\"ckpt_layers\":%" PRId64 ",\"total\":%" PRIu64 ",\"fits\":%s,\"step_s\":%.17g,"

@@ -431,4 +431,13 @@ sed 's/"hidden_size": 1048576/"hidden_size": 2097152/' "$WORK/max.json" >"$WORK/
 refuse "hidden_size 2^21 is refused naming the field" 1 "'hidden_size' is 2097152" \
     "$FS" plan --model "$WORK/c21.json" --device h200
 
+# a model path holding '"' and '\' stays a JSON string (the line was not JSON)
+odd="$WORK/we\"ird\\x.json"
+printf '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64}' >"$odd"
+run "plan --json of a model path with a quote" 0 "$FS" plan --device h200 --model "$odd" --world 2 --seq 64 --shard-group auto --json
+expect "it parses and names the path" /usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"] == sys.argv[2], d["model"]' "$WORK/out" "$odd"
+
 summary
