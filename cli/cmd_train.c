@@ -1097,7 +1097,7 @@ int fs_cmd_train(int argc, char **argv) {
     if (!(clip >= 0)) /* negative was once read as off: 0 is off */
         return fs_usage_error("train", "--clip must be >= 0 (0: no clipping), not %g", clip);
     const int mpi = fs_comm_mpi_launched();
-    if (mpi && ranks > 1)
+    if (mpi && ranks > 0) /* --ranks 1 under -np 2 went through as if it meant nothing */
         return fs_usage_error("train", "--ranks %" PRId64 " under an MPI launcher: the launcher sets the ranks (use -np)", ranks);
 
     c->batch = batch;
@@ -1202,7 +1202,8 @@ int fs_cmd_train(int argc, char **argv) {
     }
 
     /* Everything that can be refused is refused here, before any rank allocates: the plan of
-     * rank 0 (world size, --max-mem, option combinations). Under MPI each process checks. */
+     * rank 0 (world size, --max-mem, option combinations). Under MPI the world size is known
+     * only once MPI is up: each process checks then (below). */
     int world = mpi ? 0 : (ranks > 0 ? (int)ranks : 1);
     if (!mpi) {
         fs_plan plan;
@@ -1281,6 +1282,23 @@ int fs_cmd_train(int argc, char **argv) {
                 fs_cli_report("train", st);
                 fflush(stderr);
                 fs_comm_abort(comm);
+            }
+        }
+        /* rank 0's plan at the launcher's world size, as one process checks it before any rank
+         * allocates: the settings are the same on every rank (just checked), so every rank
+         * reaches the same verdict, and a usage error (more ranks than the model splits over,
+         * --shard-group, --max-mem, --ckpt-layers) is said once by rank 0 and ends every rank
+         * with exit 2. Met inside the trainer it aborted the job: exit 1, a line per rank and
+         * the launcher's banner. */
+        if (st == FS_OK && refused == FS_EXIT_OK) {
+            fs_plan plan;
+            fs_layout layout;
+            const fs_status planned = fs_trainer_plan(&plan, &layout, &run.mcfg, c, fs_comm_world(comm), 0);
+            fs_plan_free(&plan);
+            fs_layout_free(&layout);
+            if (planned == FS_ERR_USAGE) {
+                if (fs_comm_rank(comm) == 0) fs_cli_report("train", planned);
+                refused = FS_EXIT_USAGE;
             }
         }
         if (st == FS_OK && refused == FS_EXIT_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);

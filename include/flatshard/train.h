@@ -110,7 +110,8 @@ typedef struct fs_trainer {
 
 /* The shard plan a trainer with these settings would use on rank `rank` of `world` (with
  * cfg->shard_group: the plan of rank % G in a group of G, replicas W / G), for
- * checks and printing before anything large is allocated (and by fs_trainer_init). */
+ * checks and printing before anything large is allocated (and by fs_trainer_init). plan and
+ * layout are for fs_plan_free and fs_layout_free afterwards, whatever it returns. */
 fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_config *model_cfg,
                           const fs_train_config *cfg, int world, int rank);
 

@@ -85,6 +85,7 @@ static int64_t vocab_chunk(const fs_llama_config *c, int64_t asked) {
 fs_status fs_trainer_plan(fs_plan *plan, fs_layout *layout, const fs_llama_config *model_cfg,
                           const fs_train_config *cfg, int world, int rank) {
     memset(plan, 0, sizeof *plan);
+    memset(layout, 0, sizeof *layout); /* freeable after any refusal below */
     FS_TRY(check_config(cfg));
     FS_TRY(fs_llama_config_validate(model_cfg));
     if (cfg->seq > model_cfg->max_position_embeddings)

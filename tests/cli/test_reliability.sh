@@ -180,6 +180,15 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     expect_all "$label: the option and both values are named, once (rank 0 speaks for all)" \
         'grep -q "different options: rank 1 has --lr 0.01 where rank 0 has 0.001" "$WORK/err"' \
         '[ "$(grep -c "different options" "$WORK/err")" -eq 1 ]'
+    # a plan the world cannot run, known only once MPI is up: rank 0 says it once and every
+    # rank exits 2 (it aborted the job from inside the trainer: exit 1, a line per rank and
+    # MPI_ABORT's banner)
+    run "$label: --shard-group 3 of 2 ranks: refused, exit 2" 2 timeout -k 5 120 "$@" -np 2 "$bin" train "${common[@]}" --steps 2 --shard-group 3
+    expect_all "$label: one line, rank 0's, no abort" \
+        '[ "$(grep -c "^flatshard train: --shard-group 3 must divide the 2 ranks" "$WORK/err")" -eq 1 ]' \
+        '! grep -q "MPI_ABORT\|MPI_Abort" "$WORK/err"'
+    run "$label: --ranks 1 under the launcher: refused, exit 2" 2 timeout -k 5 120 "$@" -np 2 "$bin" train "${common[@]}" --steps 2 --ranks 1
+    expect "$label: it says the launcher sets the ranks" grep -q "^flatshard train: --ranks 1 under an MPI launcher: the launcher sets the ranks" "$WORK/err"
     # the settings exchange comes before any other collective, the debug check's included
     run "$label: rank 1 started with --debug-collectives: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --debug-collectives
     expect "$label: the debug check is named, not a mismatched message" grep -q "rank 1 has --debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES) 1 where rank 0 has 0" "$WORK/err"
