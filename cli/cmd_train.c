@@ -237,10 +237,26 @@ typedef struct train_run {
     int64_t stopped_at_step;   /* a signal stopped the run after this step (0: it did not) */
     int stopped_by;            /* that signal's number */
     int stop_reported;         /* report_stop printed the line */
-    /* the first --metrics or --trace write that failed: the run goes on (metrics are not
-     * written any more), saves the weights and checkpoints, then reports it and exits 1 */
-    char output_error[1024];
+    /* the --metrics and --trace writes that failed: the run goes on (metrics are not
+     * written any more), saves the weights and checkpoints, then reports them and exits 1 */
+    char output_error[2200];
+    /* --metrics: the bytes of its complete rows (a regular file; -1 otherwise), for cutting a
+     * row that failed half written back out of it */
+    long long metrics_bytes;
 } train_run;
+
+/* Records a failed output's message, after any earlier one (both are reported: a full disk
+ * fails the metrics and then the timeline, and the second went unsaid). */
+static void note_output_error(train_run *run, const char *msg) {
+    const size_t k = strlen(run->output_error);
+    snprintf(run->output_error + k, sizeof run->output_error - k, "%s%s", k ? "; and " : "", msg);
+}
+
+/* The size of the regular file behind f, or -1 (a pipe, a terminal, a failed fstat). */
+static long long regular_file_bytes(FILE *f) {
+    struct stat sb;
+    return fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) ? (long long)sb.st_size : -1;
+}
 
 /* Releases the --save root's lock; a root the lock made and no save filled goes with it (a
  * run refused before step 1 leaves no directory behind). */
@@ -395,14 +411,22 @@ static void report_step(train_run *run, const fs_step_stats *sp, fs_mem *mem, in
         fprintf(run->metrics, "\"total\":%zu}}\n", ms.total_peak);
         /* stdio keeps the first error: one check per record sees any failed write in it */
         if (fflush(run->metrics) != 0 || ferror(run->metrics)) {
-            snprintf(run->output_error, sizeof run->output_error,
+            char msg[1100];
+            snprintf(msg, sizeof msg,
                      "--metrics %s: write failed at step %" PRId64 ": %s (the rows from this one on are missing)",
                      run->metrics_path, s.step, strerror(errno));
+            note_output_error(run, msg);
             progress_break(pg);
-            fprintf(stderr, "flatshard train: warning: %s; training goes on, and the run will exit 1\n",
-                    run->output_error);
+            fprintf(stderr, "flatshard train: warning: %s; training goes on, and the run will exit 1\n", msg);
+            /* the part of the row that reached the file goes: the file ends with its last
+             * whole row, which a JSON-lines reader takes (a torn line stopped one) */
+            if (run->metrics_bytes >= 0 && ftruncate(fileno(run->metrics), (off_t)run->metrics_bytes) != 0) {
+                /* best effort: the warning above already says the rows from here are missing */
+            }
             fclose(run->metrics);
             run->metrics = NULL;
+        } else {
+            run->metrics_bytes = regular_file_bytes(run->metrics);
         }
     }
 }
@@ -740,8 +764,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         int64_t dropped = 0;
         /* a failed timeline is reported at the end: it never costs the weights */
         fs_status trace_st = fs_trainer_trace_write(&tr, run->trace_path, &dropped);
-        if (trace_st != FS_OK && lead && !run->output_error[0])
-            snprintf(run->output_error, sizeof run->output_error, "%s", fs_error_message());
+        if (trace_st != FS_OK && lead) note_output_error(run, fs_error_message());
         if (trace_st == FS_OK && lead && trace_from > cfg.steps) /* --steps 0 */
             printf("wrote an empty timeline to %s: no step ran\n", run->trace_path);
         else if (trace_st == FS_OK && lead)
@@ -850,6 +873,7 @@ static fs_status open_metrics(train_run *run) {
             return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
         }
         fflush(stdout); /* what is buffered goes before the first row */
+        run->metrics_bytes = -1; /* shared with the progress lines: never cut */
         return FS_OK;
     }
     if (run->resume && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
@@ -876,6 +900,7 @@ static fs_status open_metrics(train_run *run) {
         run->metrics = fopen(path, "w");
     }
     if (!run->metrics) return fs_errorf(FS_ERR_IO, "--metrics %s: cannot open for writing: %s", path, strerror(errno));
+    run->metrics_bytes = regular_file_bytes(run->metrics);
     return FS_OK;
 }
 
@@ -1339,9 +1364,11 @@ int fs_cmd_train(int argc, char **argv) {
         if (!mpi) report_stop(&run); /* under MPI rank 0 printed it */
         exit_code = 128 + run.stopped_by;
     }
-    if (run.metrics && fclose(run.metrics) != 0 && !run.output_error[0])
-        snprintf(run.output_error, sizeof run.output_error, "--metrics %s: write failed at the end: %s",
-                 run.metrics_path, strerror(errno));
+    if (run.metrics && fclose(run.metrics) != 0 && !strstr(run.output_error, "--metrics")) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "--metrics %s: write failed at the end: %s", run.metrics_path, strerror(errno));
+        note_output_error(&run, msg);
+    }
     if (st == FS_OK && run.output_error[0]) { /* everything else was saved: say what was */
         char saved[1200] = "";
         if (!run.no_save && run.stopped_at_step == 0)

@@ -206,6 +206,26 @@ run "the same run without the fault writes the trace" 0 "$FS" train "${small[@]}
     --out "$WORK/tr.safetensors" --trace "$WORK/trace.json"
 expect "the trace is JSON" python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$WORK/trace.json"
 
+# --- --metrics and --trace on a filesystem that fills: the metrics file keeps its whole rows
+# (it ended in half a row, which a JSON-lines reader stops at) and both failures are said
+# (the trace's went unsaid when the metrics had failed first)
+mkdir -p "$WORK/tiny-fs"
+if mount -t tmpfs -o size=8k tmpfs "$WORK/tiny-fs" 2>/dev/null; then
+    run "--metrics and --trace on a full filesystem exit 1" 1 "$FS" train "${small[@]}" --steps 40 --no-save \
+        --metrics "$WORK/tiny-fs/m.jsonl" --trace "$WORK/tiny-fs/t.json"
+    expect "the metrics failure is said" grep -q "flatshard train: .*--metrics $WORK/tiny-fs/m.jsonl: write failed at step" "$WORK/err"
+    expect "and the trace's too" grep -q -- "; and --trace $WORK/tiny-fs/t.json: " "$WORK/err"
+    expect "the metrics file is whole rows, each JSON" /usr/bin/python3 -c '
+import json, sys
+b = open(sys.argv[1], "rb").read()
+assert b and b.endswith(b"\n"), b[-80:]
+rows = [json.loads(l) for l in b.decode().splitlines()]
+assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)), rows' "$WORK/tiny-fs/m.jsonl"
+    umount "$WORK/tiny-fs"
+else
+    skip "a full filesystem under --metrics and --trace (4 checks)" "cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)"
+fi
+
 # --- the data file truncated under the run (truncate-data-at:3 truncates it before step 3)
 cp "$D" "$WORK/victim.txt"
 FLATSHARD_FAULT=truncate-data-at:3 run "data truncated at step 3: exit 1" 1 "$FS" train --data "$WORK/victim.txt" \
