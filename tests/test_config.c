@@ -120,6 +120,21 @@ static void test_config_file_errors(void) {
               strstr(fs_error_message(), "/nonexistent/config.json"),
           "missing file: %s", fs_error_message());
     CHECK(fs_llama_config_load("not-a-preset", &c) == FS_ERR_USAGE, "unknown preset");
+    /* beside a directory of a preset's name, the name is the preset (it was read as the
+     * directory: "tiny: is a directory, not a config.json"); ./tiny is the directory */
+    char cwd[4096], dir[] = "/tmp/fs_test_config_XXXXXX", sub[64];
+    if (!getcwd(cwd, sizeof cwd) || !mkdtemp(dir)) {
+        CHECK(0, "getcwd, mkdtemp");
+        return;
+    }
+    snprintf(sub, sizeof sub, "%s/tiny", dir);
+    CHECK(mkdir(sub, 0700) == 0 && chdir(dir) == 0, "setup");
+    CHECK(fs_llama_config_load("tiny", &c) == FS_OK && c.hidden_size == 256, "the preset beside a directory 'tiny'");
+    CHECK(fs_llama_config_load("./tiny", &c) != FS_OK && strstr(fs_error_message(), "is a directory"),
+          "./tiny is the directory: %s", fs_error_message());
+    CHECK(chdir(cwd) == 0, "back");
+    rmdir(sub);
+    rmdir(dir);
 }
 
 static void test_layout_units_tensors_ops(void) {

@@ -70,7 +70,8 @@ fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out)
 fs_status fs_llama_config_from_json(const char *json, size_t len, const char *origin,
                                     fs_llama_config *out);
 
-/* A preset name or, if `spec` names an existing file (or ends in .json), a config.json. */
+/* A preset name or, if `spec` names an existing file (or ends in .json, or holds a '/'), a
+ * config.json. A directory of a preset's name is the preset (a directory is no config.json). */
 fs_status fs_llama_config_load(const char *spec, fs_llama_config *out);
 
 /* The largest accepted values (fs_llama_config_validate; config.c says why these). */

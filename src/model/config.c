@@ -282,8 +282,16 @@ fs_status fs_llama_config_from_json_file(const char *path, fs_llama_config *out)
 fs_status fs_llama_config_load(const char *spec, fs_llama_config *out) {
     struct stat sb;
     size_t len = strlen(spec);
-    int looks_like_file = stat(spec, &sb) == 0 || (len > 5 && strcmp(spec + len - 5, ".json") == 0) ||
-                          strchr(spec, '/') != NULL;
+    /* a directory is never a config.json: `--model small` run beside a directory named small
+     * (a model's own, say) is the preset, where it said "small: is a directory"; ./small is
+     * the path */
+    const int exists = stat(spec, &sb) == 0;
+    fs_llama_config preset;
+    if (exists && S_ISDIR(sb.st_mode) && !strchr(spec, '/') && fs_llama_config_preset(spec, &preset) == FS_OK) {
+        *out = preset;
+        return FS_OK;
+    }
+    int looks_like_file = exists || (len > 5 && strcmp(spec + len - 5, ".json") == 0) || strchr(spec, '/') != NULL;
     if (looks_like_file) return fs_llama_config_from_json_file(spec, out);
     return fs_llama_config_preset(spec, out);
 }
