@@ -528,6 +528,9 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
     /* the debug check would issue its own collective first, on the ranks that have it: off for
      * this exchange, which compares it */
     const int debug = fs_comm_debug(comm);
+    char resumed_id[64] = "";
+    if (run->resume)
+        snprintf(resumed_id, sizeof resumed_id, "%s/%" PRId64, run->resume->run_id, run->resume->seq);
     const rank_setting set[] = {
         setting_int("--model (hidden_size)", m->hidden_size),
         setting_int("--model (intermediate_size)", m->intermediate_size),
@@ -564,6 +567,9 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
         setting_int("--on-nan", c->on_nan),
         setting_int("--debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES)", debug),
         setting_int("--resume (the step of its checkpoint; -1: none)", run->resume ? run->resume->step : -1),
+        /* the same step of two runs (another root on one node, a stale copy) mixed their
+         * shards into one model, exit 0: the run that saved it and its save number too */
+        setting_text("--resume (the run that saved its checkpoint, and that save's number)", resumed_id),
         setting_int("--init-from (given)", run->init_from != NULL),
         setting_int("--save (given)", run->save_dir != NULL),
         setting_int("--save-every", run->save_every),

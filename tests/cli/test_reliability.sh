@@ -189,6 +189,10 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
         '! grep -q "MPI_ABORT\|MPI_Abort" "$WORK/err"'
     run "$label: --ranks 1 under the launcher: refused, exit 2" 2 timeout -k 5 120 "$@" -np 2 "$bin" train "${common[@]}" --steps 2 --ranks 1
     expect "$label: it says the launcher sets the ranks" grep -q "^flatshard train: --ranks 1 under an MPI launcher: the launcher sets the ranks" "$WORK/err"
+    # the same step of two runs' checkpoints (another root on one node, a stale copy): the
+    # ranks mixed their shards into one model, exit 0
+    run "$label: ranks resumed from two runs' checkpoints of one step: refused, exit 2" 2 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resA" : -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resB"
+    expect "$label: the checkpoint's run is named" grep -q "rank 1 has another --resume (the run that saved its checkpoint, and that save's number) than rank 0" "$WORK/err"
     # the settings exchange comes before any other collective, the debug check's included
     run "$label: rank 1 started with --debug-collectives: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --debug-collectives
     expect "$label: the debug check is named, not a mismatched message" grep -q "rank 1 has --debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES) 1 where rank 0 has 0" "$WORK/err"
@@ -208,6 +212,9 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
 # the launchers' exit codes differ (OpenMPI's mpirun exits 1 after MPI_Abort, 137 for a
 # killed process; MPICH's hydra passes on other codes): what matters is failed or not, and
 # timeout's 124 (a hang) stays a failure of the check
+# two runs' checkpoints of step 2, for the resume check above
+run "checkpoint A of step 2" 0 "$FS" train "${common[@]}" --steps 2 --ranks 2 --save "$WORK/resA"
+run "checkpoint B of step 2, another run" 0 "$FS" train "${common[@]}" --steps 2 --ranks 2 --save "$WORK/resB"
 nonzero_is_1() { "$@"; local rc=$?; [ "$rc" -eq 124 ] && return 124; [ "$rc" -ne 0 ] && return 1; return 0; }
 export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
