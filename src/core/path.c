@@ -48,14 +48,17 @@ int fs_mkdirs(const char *dir, int *created) {
     }
     memcpy(buf, dir, len + 1);
     while (len > 1 && buf[len - 1] == '/') buf[--len] = '\0'; /* "dir/" is dir, made last */
+    struct stat st;
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        /* Linux answers EEXIST for a component that exists before any permission or read-only
-         * check, so every other error is this component's own and says why */
+        /* an existing directory is what is wanted, whatever mkdir says of it: Linux answers
+         * EEXIST first on local filesystems, but an NFS server may answer EACCES or EROFS for
+         * a directory that exists, in a parent the client may not write */
         const int rc = mkdir(buf, 0777), e = errno;
+        const int is_dir = rc != 0 && e != EEXIST && stat(buf, &st) == 0 && S_ISDIR(st.st_mode);
         *p = '/';
-        if (rc != 0 && e != EEXIST) {
+        if (rc != 0 && e != EEXIST && !is_dir) {
             errno = e;
             return -1;
         }
@@ -64,9 +67,11 @@ int fs_mkdirs(const char *dir, int *created) {
         if (created) *created = 1;
         return 0;
     }
-    if (errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(buf, &st) != 0) return -1;
+    const int e = errno;
+    if (stat(buf, &st) != 0) {
+        errno = e; /* mkdir's reason, not stat's ENOENT */
+        return -1;
+    }
     if (!S_ISDIR(st.st_mode)) {
         errno = ENOTDIR;
         return -1;

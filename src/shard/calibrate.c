@@ -970,7 +970,8 @@ fs_status fs_calibration_read(const char *path, const char *key, fs_calibration 
 
 fs_status fs_calibration_write(const char *path, const fs_calibration *cal) {
     char dir[4096];
-    if (!fs_path_parent(dir, sizeof dir, path) || fs_mkdirs(dir, NULL) != 0)
+    if (!fs_path_parent(dir, sizeof dir, path)) return fs_errorf(FS_ERR_IO, "%.200s...: path too long", path);
+    if (fs_mkdirs(dir, NULL) != 0)
         return fs_errorf(FS_ERR_IO, "%s: cannot create the directory %s: %s", path, dir, strerror(errno));
     char tmp[1100];
     FILE *f = fs_tmp_fopen(path, tmp, sizeof tmp); /* a name of this write's own (core.h) */
