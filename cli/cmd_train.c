@@ -89,6 +89,19 @@ static atomic_llong first_signal_ns;
 static char hung_line[2][1100];
 static atomic_int hung_gen, hung_len[2];
 
+/* What the run is doing, for that line: every rank stores it (in process they share it,
+ * storing the same values). */
+enum { PHASE_SETUP, PHASE_STEP, PHASE_SAVE, PHASE_END };
+static atomic_int run_phase;
+static const char *const phase_words[] = {
+    [PHASE_SETUP] = ": before step 1; stopped at once",
+    [PHASE_STEP] = ": the step in progress had not ended; stopped at once",
+    [PHASE_SAVE] = ": stopped at once; the checkpoint being saved was abandoned (its temporary directory is "
+                   "left for cleanup)",
+    [PHASE_END] = ": stopped at once; the run's last outputs (checkpoint, timeline, weights) were being written, "
+                  "and the unfinished ones were abandoned",
+};
+
 static long long monotonic_ns(void) { /* clock_gettime is async-signal-safe */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -129,7 +142,10 @@ static void on_stop_signal(int sig) {
         return;
     }
     const int in_step = !atomic_load(&stop_acknowledged);
-    if (in_step && monotonic_ns() - atomic_load(&first_signal_ns) < 1000000000LL) {
+    /* 0: the first signal's handler, on another thread, has not stored its time yet: this
+     * one came at the same moment */
+    const long long first = atomic_load(&first_signal_ns);
+    if (in_step && (first == 0 || monotonic_ns() - first < 1000000000LL)) {
         errno = saved_errno;
         return;
     }
@@ -141,12 +157,13 @@ static void on_stop_signal(int sig) {
         for (;;) pause();
     static const char intr[] = "flatshard train: second SIGINT", term[] = "flatshard train: second SIGTERM";
     if (in_step) {
-        static const char mid[] = ": the step in progress had not ended; stopped at once";
+        const int phase = atomic_load(&run_phase);
+        const char *mid = phase_words[phase >= PHASE_SETUP && phase <= PHASE_END ? phase : PHASE_STEP];
         const int g = atomic_load_explicit(&hung_gen, memory_order_acquire);
         const int n = atomic_load_explicit(&hung_len[g], memory_order_relaxed);
         int ok = sig == SIGINT ? write(STDERR_FILENO, intr, sizeof intr - 1) >= 0
                                : write(STDERR_FILENO, term, sizeof term - 1) >= 0;
-        ok = ok && write(STDERR_FILENO, mid, sizeof mid - 1) >= 0;
+        ok = ok && write(STDERR_FILENO, mid, strlen(mid)) >= 0; /* strlen is async-signal-safe */
         if (ok && write(STDERR_FILENO, n > 0 ? hung_line[g] : "\n", n > 0 ? (size_t)n : 1) < 0) {
             /* nothing more can be done in a signal handler */
         }
@@ -612,6 +629,40 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
     return st;
 }
 
+/* Under MPI, before any rank allocates: every rank's plan, and whether any refuses it with a
+ * usage error (the first such rank's words, which rank 0 prints; *refused = FS_EXIT_USAGE on
+ * every rank). Other failures are left to the trainer, which meets them again. Collective. */
+static fs_status agree_on_plan(fs_comm *comm, const train_run *run, int *refused) {
+    typedef struct plan_verdict {
+        int32_t status;
+        char message[508];
+    } plan_verdict;
+    const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
+    plan_verdict mine = {0}, *all = calloc((size_t)world, sizeof *all);
+    if (!all) return fs_errorf(FS_ERR_NOMEM, "out of memory");
+    fs_plan plan;
+    fs_layout layout;
+    mine.status = (int32_t)fs_trainer_plan(&plan, &layout, &run->mcfg, &run->cfg, world, rank);
+    if (mine.status != FS_OK) snprintf(mine.message, sizeof mine.message, "%s", fs_error_message());
+    fs_plan_free(&plan);
+    fs_layout_free(&layout);
+    const int debug = fs_comm_debug(comm); /* as check_same_settings: one fixed-size exchange */
+    fs_comm_set_debug(comm, 0);
+    fs_status st = fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, comm);
+    fs_comm_set_debug(comm, debug);
+    for (int r = 0; st == FS_OK && r < world; r++) {
+        if (all[r].status != FS_ERR_USAGE) continue;
+        if (rank == 0) {
+            if (r == 0) fprintf(stderr, "flatshard train: %s\n", all[r].message);
+            else fprintf(stderr, "flatshard train: rank %d: %s\n", r, all[r].message);
+        }
+        *refused = FS_EXIT_USAGE;
+        break;
+    }
+    free(all);
+    return st;
+}
+
 static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     const int rank = fs_comm_rank(comm), world = fs_comm_world(comm);
     const int lead = rank == 0;
@@ -722,6 +773,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
     uint64_t allocs_after_step1 = 0;
     fs_step_stats s = {0};
     for (int64_t i = tr.step; i < cfg.steps && st == FS_OK; i++) {
+        atomic_store(&run_phase, PHASE_STEP);
         st = fs_trainer_step(&tr, &s);
         /* arguments that differ across ranks (the debug check's FS_ERR_USAGE) are, in the
          * middle of a run, a fault of the program, not of its user: exit 1, not 2 */
@@ -748,8 +800,10 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         /* every process arms its own handler; in process the ranks share rank 0's */
         if (s.stop && (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
             acknowledge_stop(run->save_dir, run->last_saved_name, s.step, lead);
-        if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0)
+        if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0) {
+            atomic_store(&run_phase, PHASE_SAVE);
             st = save_checkpoint(&tr, run, lead);
+        }
         if (st == FS_OK && s.stop) { /* a signal: every rank stops after this same step */
             if (run->save_dir && (run->save_every <= 0 || s.step % run->save_every != 0))
                 st = save_checkpoint(&tr, run, lead);
@@ -763,6 +817,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             return end_rank(&tr, comm, run, st);
         }
     }
+    atomic_store(&run_phase, PHASE_END);
     if (st == FS_OK && run->save_dir && (run->save_every <= 0 || tr.step % run->save_every != 0))
         st = save_checkpoint(&tr, run, lead); /* the final state, if the last step did not save */
     if (lead) progress_break(&run->progress);
@@ -1315,22 +1370,16 @@ int fs_cmd_train(int argc, char **argv) {
                 fs_comm_abort(comm);
             }
         }
-        /* rank 0's plan at the launcher's world size, as one process checks it before any rank
-         * allocates: the settings are the same on every rank (just checked), so every rank
-         * reaches the same verdict, and a usage error (more ranks than the model splits over,
-         * --shard-group, --max-mem, --ckpt-layers) is said once by rank 0 and ends every rank
-         * with exit 2. Met inside the trainer it aborted the job: exit 1, a line per rank and
-         * the launcher's banner. */
-        if (st == FS_OK && refused == FS_EXIT_OK) {
-            fs_plan plan;
-            fs_layout layout;
-            const fs_status planned = fs_trainer_plan(&plan, &layout, &run.mcfg, c, fs_comm_world(comm), 0);
-            fs_plan_free(&plan);
-            fs_layout_free(&layout);
-            if (planned == FS_ERR_USAGE) {
-                if (fs_comm_rank(comm) == 0) fs_cli_report("train", planned);
-                refused = FS_EXIT_USAGE;
-            }
+        /* each rank's plan at the launcher's world size, as one process checks rank 0's before
+         * any rank allocates, and the verdicts exchanged: a usage error (more ranks than the
+         * model splits over, --shard-group, and the options a rank may set alone, --max-mem
+         * and --ckpt-layers) is said once by rank 0, naming the rank it is from, and ends
+         * every rank with exit 2. Met inside the trainer it aborted the job: exit 1, a line
+         * per rank and the launcher's banner. */
+        if (st == FS_OK && refused == FS_EXIT_OK && (st = agree_on_plan(comm, &run, &refused)) != FS_OK) {
+            fs_cli_report("train", st); /* the exchange itself failed: a peer may still wait in it */
+            fflush(stderr);
+            fs_comm_abort(comm);
         }
         if (st == FS_OK && refused == FS_EXIT_OK && c->device == FS_DEVICE_CUDA) refused = cuda_under_mpi(comm, c);
         if (st == FS_OK && refused == FS_EXIT_OK) {

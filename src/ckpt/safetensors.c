@@ -494,7 +494,8 @@ fs_status fs_st_parallel_open(fs_st_parallel **out, const char *path, uint64_t i
     p->fd = open(p->tmp, O_WRONLY | O_CLOEXEC);
     if (p->fd < 0) {
         fs_status st = fs_errorf(FS_ERR_IO, "%s: cannot open for writing: %s (every rank writes its own "
-                                            "part of the file: the directory must be on a filesystem all ranks share)",
+                                            "part of the file rank 0 made: give every rank the same --out, on a "
+                                            "filesystem all ranks share)",
                                  p->tmp, strerror(errno));
         free(p);
         return st;

@@ -193,6 +193,11 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
     # ranks mixed their shards into one model, exit 0
     run "$label: ranks resumed from two runs' checkpoints of one step: refused, exit 2" 2 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resA" : -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resB"
     expect "$label: the checkpoint's run is named" grep -q "rank 1 has another --resume (the run that saved its checkpoint, and that save's number) than rank 0" "$WORK/err"
+    run "$label: ranks resumed from two copies of one checkpoint: accepted" 0 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resA" : -np 1 "$bin" train "${common[@]}" --steps 3 --resume "$WORK/resA-copy"
+    # an option a rank may set alone, refused on that rank only: it must be said, naming the
+    # rank, and end every rank (rank 0 went on into a collective that rank 1 had left)
+    run "$label: --max-mem too small on rank 1 only: refused, exit 2" 2 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --max-mem 1K
+    expect "$label: rank 0 says it once, naming rank 1" bash -c '[ "$(grep -c "^flatshard train: rank 1: the plan needs .* more than --max-mem 1024 bytes" "$1")" -eq 1 ]' _ "$WORK/err"
     # the settings exchange comes before any other collective, the debug check's included
     run "$label: rank 1 started with --debug-collectives: refused" 1 nonzero_is_1 timeout -k 5 120 "$@" -np 1 "$bin" train "${common[@]}" --steps 2 : -np 1 "$bin" train "${common[@]}" --steps 2 --debug-collectives
     expect "$label: the debug check is named, not a mismatched message" grep -q "rank 1 has --debug-collectives (or FLATSHARD_DEBUG_COLLECTIVES) 1 where rank 0 has 0" "$WORK/err"
@@ -215,6 +220,7 @@ mpi_fault_runs() { # LABEL BINARY LAUNCHER...
 # two runs' checkpoints of step 2, for the resume check above
 run "checkpoint A of step 2" 0 "$FS" train "${common[@]}" --steps 2 --ranks 2 --save "$WORK/resA"
 run "checkpoint B of step 2, another run" 0 "$FS" train "${common[@]}" --steps 2 --ranks 2 --save "$WORK/resB"
+cp -r "$WORK/resA" "$WORK/resA-copy" # a copy, as on another node
 nonzero_is_1() { "$@"; local rc=$?; [ "$rc" -eq 124 ] && return 124; [ "$rc" -ne 0 ] && return 1; return 0; }
 export "${MPI_SAN_VARS[@]}"
 if command -v mpirun >/dev/null 2>&1; then
