@@ -295,6 +295,13 @@ static void format_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%.0fs", s);
 }
 
+/* Whether this rank keeps run's record of the run's progress (the last checkpoint, the
+ * stop): rank 0 in one process, where the ranks share run; every process under MPI, which
+ * reports for itself. */
+static int keeps_run_state(int lead, const fs_comm *comm) {
+    return lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI;
+}
+
 /* Saves a checkpoint and says so (rank 0). Every MPI process keeps its name, for the
  * failure line it prints itself (name_last_checkpoint); in one process the ranks share run,
  * which rank 0 alone writes. */
@@ -306,7 +313,7 @@ static fs_status save_checkpoint(fs_trainer *tr, train_run *run, int lead) {
         printf("saved checkpoint %s/%s in %.2f s\n", run->save_dir, tr->lineage.last_name, fs_now() - t0);
         fflush(stdout);
     }
-    if (st == FS_OK && (lead || fs_comm_backend_kind(tr->comm) == FS_COMM_BACKEND_MPI)) {
+    if (st == FS_OK && keeps_run_state(lead, tr->comm)) {
         run->last_saved_step = tr->step;
         snprintf(run->last_saved_name, sizeof run->last_saved_name, "%s", tr->lineage.last_name);
         note_resume_point(run->save_dir, run->last_saved_name);
@@ -539,12 +546,21 @@ static rank_setting setting_stream(const char *name, const fs_token_stream *s) {
     return (rank_setting){name, 's', s ? (h ? h : 1) : 0};
 }
 
+/* The start-up exchanges under MPI (the settings, the plans' verdicts): an all-gather of a
+ * fixed size, which cannot mismatch, outside the debug check, whose own collective would come
+ * first on the ranks that have it (the settings exchange compares whether they do). */
+static fs_status gather_before_run(fs_comm *comm, const void *mine, void *all, size_t bytes) {
+    const int debug = fs_comm_debug(comm);
+    fs_comm_set_debug(comm, 0);
+    const fs_status st = fs_comm_all_gather(mine, all, bytes, FS_DTYPE_BYTES, comm);
+    fs_comm_set_debug(comm, debug);
+    return st;
+}
+
 static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *differ) {
     const fs_llama_config *m = &run->mcfg;
     const fs_train_config *c = &run->cfg;
-    /* the debug check would issue its own collective first, on the ranks that have it: off for
-     * this exchange, which compares it */
-    const int debug = fs_comm_debug(comm);
+    const int debug = fs_comm_debug(comm); /* compared below; off during the exchange */
     char resumed_id[64] = "";
     if (run->resume)
         snprintf(resumed_id, sizeof resumed_id, "%s/%" PRId64, run->resume->run_id, run->resume->seq);
@@ -605,9 +621,7 @@ static fs_status check_same_settings(fs_comm *comm, const train_run *run, int *d
     uint64_t mine[N], *all = calloc((size_t)world * N, sizeof *all);
     if (!all) return fs_errorf(FS_ERR_NOMEM, "cannot allocate the ranks' settings (%d ranks)", world);
     for (int i = 0; i < N; i++) mine[i] = set[i].bits;
-    fs_comm_set_debug(comm, 0);
-    fs_status st = fs_comm_all_gather(mine, all, sizeof mine, FS_DTYPE_BYTES, comm);
-    fs_comm_set_debug(comm, debug);
+    fs_status st = gather_before_run(comm, mine, all, sizeof mine);
     for (int r = 1; st == FS_OK && r < world; r++)
         for (int i = 0; i < N; i++) {
             if (all[(size_t)r * N + i] == all[i]) continue;
@@ -646,10 +660,7 @@ static fs_status agree_on_plan(fs_comm *comm, const train_run *run, int *refused
     if (mine.status != FS_OK) snprintf(mine.message, sizeof mine.message, "%s", fs_error_message());
     fs_plan_free(&plan);
     fs_layout_free(&layout);
-    const int debug = fs_comm_debug(comm); /* as check_same_settings: one fixed-size exchange */
-    fs_comm_set_debug(comm, 0);
-    fs_status st = fs_comm_all_gather(&mine, all, sizeof mine, FS_DTYPE_BYTES, comm);
-    fs_comm_set_debug(comm, debug);
+    fs_status st = gather_before_run(comm, &mine, all, sizeof mine);
     for (int r = 0; st == FS_OK && r < world; r++) {
         if (all[r].status != FS_ERR_USAGE) continue;
         if (rank == 0) {
@@ -798,7 +809,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
         }
         if (lead) report_step(run, &s, state_mem, cfg.steps, first_step, &run->progress, eval_now ? &eval_loss : NULL);
         /* every process arms its own handler; in process the ranks share rank 0's */
-        if (s.stop && (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI))
+        if (s.stop && keeps_run_state(lead, comm))
             acknowledge_stop(run->save_dir, run->last_saved_name, s.step, lead);
         if (run->save_dir && run->save_every > 0 && s.step % run->save_every == 0) {
             atomic_store(&run_phase, PHASE_SAVE);
@@ -810,7 +821,7 @@ static fs_status train_rank(fs_comm *comm, fs_mem *mem, train_run *run) {
             if (lead) progress_break(&run->progress);
             /* every process exits 128 + the signal (in process, rank 0 speaks for all); the
              * signal is the one some rank saw: this one may have seen none */
-            if (lead || fs_comm_backend_kind(comm) == FS_COMM_BACKEND_MPI) {
+            if (keeps_run_state(lead, comm)) {
                 run->stopped_at_step = s.step;
                 run->stopped_by = s.stop;
             }
